@@ -1,0 +1,173 @@
+//! Roofline step-time model: a forward pass takes the longer of its compute time and its
+//! memory time, plus a fixed per-step overhead. Prefill-heavy steps end up compute-bound,
+//! decode-only steps memory-bound (reading weights once plus every sequence's KV).
+
+use serde::Deserialize;
+
+use crate::spec::{GpuSpec, ModelSpec};
+
+/// How much of the hardware's peak a worker reaches (PRESETS.md: prefill 40–60 % of peak
+/// FLOP/s, decode 60–80 % of peak bandwidth).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Fraction of peak FLOP/s achieved.
+    pub compute: f64,
+    /// Fraction of peak memory bandwidth achieved.
+    pub memory: f64,
+    /// Fixed cost of one engine step in seconds (scheduling, kernel launches).
+    pub step_overhead_s: f64,
+}
+
+impl Default for Efficiency {
+    fn default() -> Self {
+        Self {
+            compute: 0.5,
+            memory: 0.7,
+            step_overhead_s: 0.002,
+        }
+    }
+}
+
+/// Work done by one engine step, summed over the sequences scheduled in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepWork {
+    /// Prompt tokens computed this step (chunked prefill).
+    pub prefill_tokens: u64,
+    /// Σ over prefill tokens of the context each attends to (see [`prefill_pairs`]).
+    pub prefill_attention_pairs: u64,
+    /// Tokens of already-computed context the prefill chunks read from the KV cache.
+    pub prefill_context_tokens: u64,
+    /// Sequences decoding one token this step.
+    pub decode_seqs: u64,
+    /// Σ context length of the decoding sequences: the KV they read.
+    pub decode_context_tokens: u64,
+}
+
+impl StepWork {
+    /// Whether the step does nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.prefill_tokens == 0 && self.decode_seqs == 0
+    }
+}
+
+/// Attention pairs for computing `new` tokens on top of `context` cached ones: token `i`
+/// attends to `context + i + 1` positions.
+pub fn prefill_pairs(new: u64, context: u64) -> u64 {
+    new * context + new * (new + 1) / 2
+}
+
+/// The time a step takes and which bound set it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepTime {
+    pub compute_s: f64,
+    pub memory_s: f64,
+    pub total_s: f64,
+}
+
+/// A worker's hardware as the roofline sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Roofline {
+    /// Achieved FLOP/s across the worker's GPUs.
+    flops_per_s: f64,
+    /// Achieved bytes/s across the worker's GPUs.
+    bytes_per_s: f64,
+    step_overhead_s: f64,
+}
+
+impl Roofline {
+    /// Roofline of `gpus` GPUs of one kind, tensor-parallel.
+    pub fn new(gpu: &GpuSpec, gpus: u32, eff: Efficiency) -> Self {
+        let n = f64::from(gpus.max(1));
+        Self {
+            flops_per_s: gpu.bf16_tflops * 1e12 * n * eff.compute,
+            bytes_per_s: gpu.bandwidth_tbs * 1e12 * n * eff.memory,
+            step_overhead_s: eff.step_overhead_s,
+        }
+    }
+
+    /// Achieved memory bandwidth in bytes/s.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes_per_s
+    }
+
+    /// Achieved compute in FLOP/s.
+    pub fn flops_per_s(&self) -> f64 {
+        self.flops_per_s
+    }
+
+    /// Time of one step doing `work` for `model`.
+    pub fn step_time(&self, model: &ModelSpec, work: &StepWork) -> StepTime {
+        if work.is_empty() {
+            return StepTime {
+                compute_s: 0.0,
+                memory_s: 0.0,
+                total_s: 0.0,
+            };
+        }
+        let tokens = work.prefill_tokens + work.decode_seqs;
+        let flops = 2.0 * model.params_active * tokens as f64
+            + model.attention_flops_per_pair()
+                * (work.prefill_attention_pairs + work.decode_context_tokens) as f64;
+        let kv_tokens = work.decode_context_tokens + work.prefill_context_tokens + tokens;
+        let bytes = model.weight_bytes_touched(tokens) + model.kv_bytes_per_token() * kv_tokens as f64;
+        let compute_s = flops / self.flops_per_s;
+        let memory_s = bytes / self.bytes_per_s;
+        StepTime {
+            compute_s,
+            memory_s,
+            total_s: compute_s.max(memory_s) + self.step_overhead_s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama_h100() -> (ModelSpec, Roofline) {
+        let m = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let g = GpuSpec::preset("h100").unwrap();
+        (m, Roofline::new(&g, 1, Efficiency::default()))
+    }
+
+    #[test]
+    fn long_prefill_is_compute_bound() {
+        let (m, r) = llama_h100();
+        let t = r.step_time(
+            &m,
+            &StepWork {
+                prefill_tokens: 4096,
+                prefill_attention_pairs: prefill_pairs(4096, 0),
+                ..Default::default()
+            },
+        );
+        assert!(t.compute_s > 5.0 * t.memory_s, "{t:?}");
+    }
+
+    #[test]
+    fn decode_is_memory_bound_and_linear_in_kv_bytes() {
+        let (m, r) = llama_h100();
+        let step = |ctx: u64| {
+            r.step_time(
+                &m,
+                &StepWork {
+                    decode_seqs: 32,
+                    decode_context_tokens: ctx,
+                    ..Default::default()
+                },
+            )
+        };
+        let (a, b) = (step(32 * 1000), step(32 * 5000));
+        assert!(a.memory_s > a.compute_s && b.memory_s > b.compute_s);
+        let extra_bytes = m.kv_bytes_per_token() * (32.0 * 4000.0);
+        let expected = extra_bytes / r.bytes_per_s();
+        assert!(((b.total_s - a.total_s) - expected).abs() < 1e-12);
+    }
+
+    #[test]
+    fn empty_step_takes_no_time() {
+        let (m, r) = llama_h100();
+        assert_eq!(r.step_time(&m, &StepWork::default()).total_s, 0.0);
+    }
+}
