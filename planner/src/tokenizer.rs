@@ -43,7 +43,7 @@ pub fn count(text: &str) -> usize {
 }
 
 /// Calls `f` with every piece of `text`, in order.
-pub fn for_each_piece(text: &str, mut f: impl FnMut(&str)) {
+pub fn for_each_piece<'a>(text: &'a str, mut f: impl FnMut(&'a str)) {
     let mut rest = text;
     while !rest.is_empty() {
         let len = pre_token_len(rest);
@@ -53,7 +53,7 @@ pub fn for_each_piece(text: &str, mut f: impl FnMut(&str)) {
     }
 }
 
-fn split_long(word: &str, f: &mut impl FnMut(&str)) {
+fn split_long<'a>(word: &'a str, f: &mut impl FnMut(&'a str)) {
     let mut start = 0;
     let mut chars = 0;
     for (i, _) in word.char_indices() {

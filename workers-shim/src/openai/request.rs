@@ -1,0 +1,538 @@
+//! Parsing and validating OpenAI request bodies.
+
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use ownerserve_planner::tokenizer::{self, TemplateMessage};
+
+/// Which endpoint a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+}
+
+/// A request body that is not acceptable; becomes a 400 with OpenAI's error shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub message: String,
+    /// The offending field (`messages[2].role`), when there is one.
+    pub param: Option<String>,
+    /// A machine-readable code (`invalid_json`, `missing_required_parameter`, ...).
+    pub code: &'static str,
+}
+
+impl RequestError {
+    fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            param: Some(param.into()),
+            code: "invalid_value",
+        }
+    }
+
+    fn wrong_type(param: &str, err: &serde_json::Error) -> Self {
+        Self {
+            message: format!("invalid type for '{param}': {}", serde_message(err)),
+            param: Some(param.to_owned()),
+            code: "invalid_type",
+        }
+    }
+
+    fn missing(param: &str) -> Self {
+        Self {
+            message: format!("missing required parameter: '{param}'"),
+            param: Some(param.to_owned()),
+            code: "missing_required_parameter",
+        }
+    }
+}
+
+/// serde_json's message without its " at line L column C" suffix, which points into a
+/// fragment rather than the client's body.
+fn serde_message(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    match text.rfind(" at line ") {
+        Some(i) => text[..i].to_owned(),
+        None => text,
+    }
+}
+
+/// Sampling parameters the engine honours.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// `max_completion_tokens`, else `max_tokens`; `None` lets the model stop on its own.
+    pub max_tokens: Option<u32>,
+    pub n: u32,
+    pub temperature: f64,
+    pub top_p: f64,
+    pub stop: Vec<String>,
+    /// vLLM extension: keep generating past the end-of-sequence token.
+    pub ignore_eos: bool,
+    pub seed: Option<u64>,
+}
+
+/// One chat message, with its text parts borrowed from the body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message<'a> {
+    pub role: Cow<'a, str>,
+    pub parts: Vec<Cow<'a, str>>,
+}
+
+/// One completions prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput<'a> {
+    Text(Cow<'a, str>),
+    Tokens(Vec<u32>),
+}
+
+/// The prompt part of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt<'a> {
+    Chat(Vec<Message<'a>>),
+    /// A batch of prompts; each gets `n` choices.
+    Completion(Vec<PromptInput<'a>>),
+}
+
+/// A validated request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedRequest<'a> {
+    pub model: Cow<'a, str>,
+    pub prompt: Prompt<'a>,
+    pub sampling: Sampling,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+/// Most choices per prompt we accept (vLLM has no hard cap; OpenAI caps at 128).
+pub const MAX_N: u32 = 128;
+/// Most stop strings we accept.
+pub const MAX_STOP: usize = 16;
+
+#[derive(Deserialize)]
+struct RawBody<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    temperature: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    top_p: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stop: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    ignore_eos: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    seed: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<RawToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct RawPart<'a> {
+    #[serde(borrow, rename = "type")]
+    kind: Cow<'a, str>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct RawToolCall<'a> {
+    #[serde(borrow)]
+    function: RawFunction<'a>,
+}
+
+#[derive(Deserialize)]
+struct RawFunction<'a> {
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(borrow, default)]
+    arguments: Cow<'a, str>,
+}
+
+/// A string that borrows from the body when it has no escapes (a bare `Cow<str>` would
+/// always copy).
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+#[derive(Deserialize)]
+struct RawStreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+fn field<'a, T: Deserialize<'a>>(
+    raw: Option<&'a RawValue>,
+    param: &str,
+) -> Result<Option<T>, RequestError> {
+    match raw {
+        None => Ok(None),
+        Some(v) => serde_json::from_str(v.get())
+            .map(Some)
+            .map_err(|e| RequestError::wrong_type(param, &e)),
+    }
+}
+
+/// Parses and validates a request body sent to `endpoint`.
+pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, RequestError> {
+    let not_object = |detail: String| RequestError {
+        message: format!("request body is not a valid JSON object: {detail}"),
+        param: None,
+        code: "invalid_json",
+    };
+    // serde would also fill a struct from a JSON array, positionally; OpenAI bodies are objects.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(not_object("expected '{'".to_owned()));
+    }
+    let raw: RawBody<'_> =
+        serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
+    let model: Cow<'_, str> = field(raw.model, "model")?.ok_or_else(|| RequestError::missing("model"))?;
+    if model.is_empty() {
+        return Err(RequestError::invalid("model", "'model' must not be empty"));
+    }
+    let prompt = match endpoint {
+        Endpoint::ChatCompletions => Prompt::Chat(parse_messages(
+            raw.messages.ok_or_else(|| RequestError::missing("messages"))?,
+        )?),
+        Endpoint::Completions => Prompt::Completion(parse_prompt(
+            raw.prompt.ok_or_else(|| RequestError::missing("prompt"))?,
+        )?),
+    };
+    let stream: bool = field(raw.stream, "stream")?.unwrap_or(false);
+    let options: Option<RawStreamOptions> = field(raw.stream_options, "stream_options")?;
+    if options.is_some() && !stream {
+        return Err(RequestError::invalid(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true",
+        ));
+    }
+    Ok(ParsedRequest {
+        model,
+        prompt,
+        sampling: parse_sampling(&raw)?,
+        stream,
+        include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
+    })
+}
+
+fn parse_sampling(raw: &RawBody<'_>) -> Result<Sampling, RequestError> {
+    let max_tokens = match field::<i64>(raw.max_completion_tokens, "max_completion_tokens")? {
+        Some(v) => Some(("max_completion_tokens", v)),
+        None => field::<i64>(raw.max_tokens, "max_tokens")?.map(|v| ("max_tokens", v)),
+    };
+    let max_tokens = match max_tokens {
+        Some((param, v)) if !(1..=i64::from(u32::MAX)).contains(&v) => {
+            return Err(RequestError::invalid(
+                param,
+                format!("'{param}' must be at least 1, got {v}"),
+            ))
+        }
+        Some((_, v)) => Some(v as u32),
+        None => None,
+    };
+    let n: i64 = field(raw.n, "n")?.unwrap_or(1);
+    if !(1..=i64::from(MAX_N)).contains(&n) {
+        return Err(RequestError::invalid(
+            "n",
+            format!("'n' must be between 1 and {MAX_N}, got {n}"),
+        ));
+    }
+    let temperature: f64 = field(raw.temperature, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(RequestError::invalid(
+            "temperature",
+            format!("'temperature' must be between 0 and 2, got {temperature}"),
+        ));
+    }
+    let top_p: f64 = field(raw.top_p, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(RequestError::invalid(
+            "top_p",
+            format!("'top_p' must be in (0, 1], got {top_p}"),
+        ));
+    }
+    Ok(Sampling {
+        max_tokens,
+        n: n as u32,
+        temperature,
+        top_p,
+        stop: parse_stop(raw.stop)?,
+        ignore_eos: field(raw.ignore_eos, "ignore_eos")?.unwrap_or(false),
+        seed: field::<i64>(raw.seed, "seed")?.map(|s| s as u64),
+    })
+}
+
+fn parse_stop(raw: Option<&RawValue>) -> Result<Vec<String>, RequestError> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stop {
+        One(String),
+        Many(Vec<String>),
+    }
+    let stop = match field::<Option<Stop>>(raw, "stop")?.flatten() {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s],
+        Some(Stop::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOP {
+        return Err(RequestError::invalid(
+            "stop",
+            format!("at most {MAX_STOP} stop sequences are allowed, got {}", stop.len()),
+        ));
+    }
+    if stop.iter().any(String::is_empty) {
+        return Err(RequestError::invalid("stop", "stop sequences must not be empty"));
+    }
+    Ok(stop)
+}
+
+fn parse_messages(raw: &RawValue) -> Result<Vec<Message<'_>>, RequestError> {
+    let list: Vec<RawMessage<'_>> =
+        serde_json::from_str(raw.get()).map_err(|e| RequestError::wrong_type("messages", &e))?;
+    if list.is_empty() {
+        return Err(RequestError::invalid(
+            "messages",
+            "'messages' must contain at least one message",
+        ));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| parse_message(i, m))
+        .collect()
+}
+
+fn parse_message(i: usize, m: RawMessage<'_>) -> Result<Message<'_>, RequestError> {
+    if !ROLES.contains(&m.role.as_ref()) {
+        return Err(RequestError::invalid(
+            format!("messages[{i}].role"),
+            format!(
+                "unknown role '{}' (expected one of: {})",
+                m.role,
+                ROLES.join(", ")
+            ),
+        ));
+    }
+    let param = || format!("messages[{i}].content");
+    let mut parts = Vec::new();
+    if let Some(content) = m.content {
+        match content.get().as_bytes().first() {
+            Some(b'"') => parts.push(
+                serde_json::from_str::<Text<'_>>(content.get())
+                    .map_err(|e| RequestError::wrong_type(&param(), &e))?
+                    .0,
+            ),
+            Some(b'[') => {
+                let list: Vec<RawPart<'_>> = serde_json::from_str(content.get())
+                    .map_err(|e| RequestError::wrong_type(&param(), &e))?;
+                for part in list {
+                    match (part.kind.as_ref(), part.text) {
+                        ("text", Some(text)) => parts.push(text),
+                        ("text", None) => {
+                            return Err(RequestError::invalid(
+                                param(),
+                                "a 'text' content part needs a 'text' string",
+                            ))
+                        }
+                        // Images, audio, files: routed as-is; they add no text to the prompt.
+                        _ => {}
+                    }
+                }
+            }
+            Some(b'n') => {}
+            _ => {
+                return Err(RequestError {
+                    message: format!(
+                        "invalid type for '{}': expected a string, an array of content parts or null",
+                        param()
+                    ),
+                    param: Some(param()),
+                    code: "invalid_type",
+                })
+            }
+        }
+    }
+    for call in m.tool_calls.unwrap_or_default() {
+        let f = call.function;
+        parts.push(Cow::Owned(format!(
+            "<tool_call>{}({})</tool_call>",
+            f.name, f.arguments
+        )));
+    }
+    Ok(Message { role: m.role, parts })
+}
+
+fn parse_prompt(raw: &RawValue) -> Result<Vec<PromptInput<'_>>, RequestError> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw<'a> {
+        #[serde(borrow)]
+        Text(Cow<'a, str>),
+        Texts(Vec<Cow<'a, str>>),
+        Tokens(Vec<u32>),
+        TokenLists(Vec<Vec<u32>>),
+    }
+    let parsed: Raw<'_> = serde_json::from_str(raw.get()).map_err(|_| RequestError {
+        message: "invalid type for 'prompt': expected a string, an array of strings, an array \
+                  of token ids or an array of token-id arrays"
+            .to_owned(),
+        param: Some("prompt".to_owned()),
+        code: "invalid_type",
+    })?;
+    let prompts = match parsed {
+        Raw::Text(t) => vec![PromptInput::Text(t)],
+        Raw::Texts(v) => v.into_iter().map(PromptInput::Text).collect(),
+        Raw::Tokens(v) => vec![PromptInput::Tokens(v)],
+        Raw::TokenLists(v) => v.into_iter().map(PromptInput::Tokens).collect(),
+    };
+    let empty_tokens = prompts
+        .iter()
+        .any(|p| matches!(p, PromptInput::Tokens(t) if t.is_empty()));
+    if prompts.is_empty() || empty_tokens {
+        return Err(RequestError::invalid("prompt", "'prompt' must not be empty"));
+    }
+    Ok(prompts)
+}
+
+impl ParsedRequest<'_> {
+    /// Token ids of each prompt, through the built-in tokenizer and chat template.
+    pub fn prompt_tokens(&self) -> Vec<Vec<u32>> {
+        match &self.prompt {
+            Prompt::Chat(messages) => {
+                let parts: Vec<Vec<&str>> = messages
+                    .iter()
+                    .map(|m| m.parts.iter().map(|p| p.as_ref()).collect())
+                    .collect();
+                let template: Vec<TemplateMessage<'_>> = messages
+                    .iter()
+                    .zip(&parts)
+                    .map(|(m, p)| TemplateMessage {
+                        role: &m.role,
+                        parts: p,
+                    })
+                    .collect();
+                let mut text = String::new();
+                tokenizer::render_chat(&template, &mut text);
+                vec![tokenizer::encode(&text)]
+            }
+            Prompt::Completion(prompts) => prompts
+                .iter()
+                .map(|p| match p {
+                    PromptInput::Text(t) => tokenizer::encode(t),
+                    PromptInput::Tokens(t) => t.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<ParsedRequest<'_>, RequestError> {
+        parse(body.as_bytes(), Endpoint::ChatCompletions)
+    }
+
+    #[test]
+    fn parses_a_full_chat_request() {
+        let req = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
+               {"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]},
+               {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"ls","arguments":"{}"}}]}],
+               "max_tokens":5,"n":2,"temperature":0,"stop":"\n","stream":true,
+               "stream_options":{"include_usage":true},"unknown_field":[1,2]}"#,
+        )
+        .unwrap();
+        assert_eq!(req.model, "m");
+        assert!(req.stream && req.include_usage);
+        assert_eq!(req.sampling.max_tokens, Some(5));
+        assert_eq!(req.sampling.n, 2);
+        assert_eq!(req.sampling.stop, vec!["\n".to_owned()]);
+        let Prompt::Chat(m) = &req.prompt else { panic!() };
+        assert_eq!(m[1].parts, vec![Cow::Borrowed("hi")]);
+        assert_eq!(m[2].parts, vec![Cow::<str>::Owned("<tool_call>ls({})</tool_call>".into())]);
+        assert!(matches!(m[0].parts[0], Cow::Borrowed(_)), "text is not copied");
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":9,"max_completion_tokens":3}"#).unwrap();
+        assert_eq!(req.sampling.max_tokens, Some(3));
+    }
+
+    #[test]
+    fn rejects_bad_input_with_the_offending_param() {
+        let cases: &[(&str, Option<&str>, &str)] = &[
+            ("not json", None, "invalid_json"),
+            ("[1,2]", None, "invalid_json"),
+            (r#"{"messages":[{"role":"user","content":"x"}]}"#, Some("model"), "missing_required_parameter"),
+            (r#"{"model":7,"messages":[]}"#, Some("model"), "invalid_type"),
+            (r#"{"model":"m"}"#, Some("messages"), "missing_required_parameter"),
+            (r#"{"model":"m","messages":[]}"#, Some("messages"), "invalid_value"),
+            (r#"{"model":"m","messages":"hi"}"#, Some("messages"), "invalid_type"),
+            (r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#, Some("messages[0].role"), "invalid_value"),
+            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages[0].content"), "invalid_type"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens"), "invalid_value"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"5"}"#, Some("max_tokens"), "invalid_type"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":0}"#, Some("n"), "invalid_value"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature"), "invalid_value"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream"), "invalid_type"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#, Some("stream_options"), "invalid_value"),
+            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stop":[""]}"#, Some("stop"), "invalid_value"),
+        ];
+        for (body, param, code) in cases {
+            let err = chat(body).expect_err(body);
+            assert_eq!(err.param.as_deref(), *param, "{body}: {err}");
+            assert_eq!(err.code, *code, "{body}: {err}");
+            assert!(!err.message.contains(" at line "), "{}", err.message);
+        }
+    }
+
+    #[test]
+    fn completions_accept_every_prompt_shape() {
+        let p = |prompt: &str| {
+            let body = format!(r#"{{"model":"m","prompt":{prompt}}}"#);
+            parse(body.as_bytes(), Endpoint::Completions).map(|r| r.prompt_tokens().len())
+        };
+        assert_eq!(p(r#""hello""#), Ok(1));
+        assert_eq!(p(r#"["a","b"]"#), Ok(2));
+        assert_eq!(p("[1,2,3]"), Ok(1));
+        assert_eq!(p("[[1,2],[3]]"), Ok(2));
+        assert_eq!(p("[]").unwrap_err().param.as_deref(), Some("prompt"));
+        assert_eq!(p("{}").unwrap_err().code, "invalid_type");
+    }
+
+    #[test]
+    fn chat_prompt_tokens_follow_the_template() {
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#).unwrap();
+        assert_eq!(
+            req.prompt_tokens(),
+            vec![tokenizer::encode("<|user|>\nhi\n<|assistant|>\n")]
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! Settings of one simulated worker, parsed once (from flags or a TOML table) and validated
+//! into a [`SimConfig`] before any socket opens.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use ownerserve_planner::hash::XXH3_SEED;
+use ownerserve_planner::roofline::{Efficiency, Roofline};
+use ownerserve_planner::spec::{kv_capacity_blocks, GpuSpec, ModelSpec, SpecError};
+
+use super::scheduler::SchedulerConfig;
+
+/// User-facing settings of a simulated worker: `ownerserve sim-worker` flags, or a `[sim]`
+/// table in `configs/up.toml` (every key is documented in `configs/README.md`).
+#[derive(Debug, Clone, PartialEq, Deserialize, clap::Args)]
+#[serde(default, deny_unknown_fields)]
+pub struct SimSettings {
+    /// Model preset name (llama-3.1-8b, qwen3-30b-a3b, deepseek-v3) or path to a TOML file.
+    #[arg(long = "model-preset", env = "OWNERSERVE_SIM_MODEL", default_value = "llama-3.1-8b")]
+    pub model: String,
+    /// GPU preset name (h100, h20, a100, l40) or path to a TOML file.
+    #[arg(long = "gpu-preset", env = "OWNERSERVE_SIM_GPU", default_value = "h100")]
+    pub gpu: String,
+    /// GPUs per worker (tensor parallel).
+    #[arg(long, env = "OWNERSERVE_SIM_GPUS", default_value_t = 1)]
+    pub gpus: u32,
+    /// Name clients use in `"model"`; defaults to the preset's served name.
+    #[arg(long, env = "OWNERSERVE_SIM_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+    /// Tokens per KV block.
+    #[arg(long, env = "OWNERSERVE_SIM_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: u32,
+    /// Token budget of one engine step (chunked prefill).
+    #[arg(long, env = "OWNERSERVE_SIM_MAX_NUM_BATCHED_TOKENS", default_value_t = 8192)]
+    pub max_num_batched_tokens: u32,
+    /// Most sequences running at once.
+    #[arg(long, env = "OWNERSERVE_SIM_MAX_NUM_SEQS", default_value_t = 256)]
+    pub max_num_seqs: u32,
+    /// Fraction of GPU memory the engine may use (weights + KV).
+    #[arg(long, env = "OWNERSERVE_SIM_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
+    /// Cap on KV blocks below what memory allows (0 = no cap); small caches exercise eviction.
+    #[arg(long, env = "OWNERSERVE_SIM_MAX_KV_BLOCKS", default_value_t = 0)]
+    pub max_kv_blocks: u32,
+    /// Fraction of peak FLOP/s reached.
+    #[arg(long, env = "OWNERSERVE_SIM_COMPUTE_EFFICIENCY", default_value_t = 0.5)]
+    pub compute_efficiency: f64,
+    /// Fraction of peak memory bandwidth reached.
+    #[arg(long, env = "OWNERSERVE_SIM_MEMORY_EFFICIENCY", default_value_t = 0.7)]
+    pub memory_efficiency: f64,
+    /// Fixed cost of one engine step, seconds.
+    #[arg(long, env = "OWNERSERVE_SIM_STEP_OVERHEAD_S", default_value_t = 0.002)]
+    pub step_overhead_s: f64,
+    /// Simulated seconds per wall-clock second (10 = ten times faster than real time).
+    #[arg(long, env = "OWNERSERVE_SIM_TIME_SCALE", default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// No simulated delay at all: steps complete as fast as the CPU runs them.
+    #[arg(long, env = "OWNERSERVE_SIM_INSTANT", default_value_t = false)]
+    pub instant: bool,
+}
+
+impl Default for SimSettings {
+    fn default() -> Self {
+        Self {
+            model: "llama-3.1-8b".to_owned(),
+            gpu: "h100".to_owned(),
+            gpus: 1,
+            served_model_name: None,
+            block_size: 16,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            gpu_memory_utilization: 0.9,
+            max_kv_blocks: 0,
+            compute_efficiency: 0.5,
+            memory_efficiency: 0.7,
+            step_overhead_s: 0.002,
+            time_scale: 1.0,
+            instant: false,
+        }
+    }
+}
+
+/// How simulated time relates to wall-clock time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TimeMode {
+    /// Sleep `duration / scale` per step.
+    Scaled(f64),
+    /// Never sleep.
+    Instant,
+}
+
+/// A validated worker configuration.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub model: ModelSpec,
+    pub gpu: GpuSpec,
+    pub served_model_name: String,
+    pub scheduler: SchedulerConfig,
+    pub roofline: Roofline,
+    pub time: TimeMode,
+}
+
+/// Settings that cannot make a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum SimConfigError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("cannot read preset file {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{field} must be {expected}, got {value}")]
+    OutOfRange {
+        field: &'static str,
+        expected: &'static str,
+        value: f64,
+    },
+}
+
+fn range(field: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<(), SimConfigError> {
+    if ok && value.is_finite() {
+        Ok(())
+    } else {
+        Err(SimConfigError::OutOfRange {
+            field,
+            expected,
+            value,
+        })
+    }
+}
+
+fn load<T>(
+    name: &str,
+    preset: impl Fn(&str) -> Result<T, SpecError>,
+    parse: impl Fn(&str) -> Result<T, SpecError>,
+) -> Result<T, SimConfigError> {
+    if name.ends_with(".toml") {
+        let text = std::fs::read_to_string(Path::new(name)).map_err(|source| SimConfigError::Read {
+            path: name.to_owned(),
+            source,
+        })?;
+        Ok(parse(&text)?)
+    } else {
+        Ok(preset(name)?)
+    }
+}
+
+impl SimSettings {
+    /// Validates the settings and derives the engine's figures from the presets.
+    pub fn build(&self) -> Result<SimConfig, SimConfigError> {
+        let model = load(&self.model, ModelSpec::preset, ModelSpec::from_toml)?;
+        let gpu = load(&self.gpu, GpuSpec::preset, GpuSpec::from_toml)?;
+        range("gpus", f64::from(self.gpus), self.gpus >= 1, "at least 1")?;
+        range("block_size", f64::from(self.block_size), (1..=1024).contains(&self.block_size), "1..=1024")?;
+        range(
+            "max_num_batched_tokens",
+            f64::from(self.max_num_batched_tokens),
+            self.max_num_batched_tokens >= 1,
+            "at least 1",
+        )?;
+        range("max_num_seqs", f64::from(self.max_num_seqs), self.max_num_seqs >= 1, "at least 1")?;
+        let util = self.gpu_memory_utilization;
+        range("gpu_memory_utilization", util, util > 0.0 && util <= 1.0, "in (0, 1]")?;
+        for (field, v) in [
+            ("compute_efficiency", self.compute_efficiency),
+            ("memory_efficiency", self.memory_efficiency),
+        ] {
+            range(field, v, v > 0.0 && v <= 1.0, "in (0, 1]")?;
+        }
+        range("step_overhead_s", self.step_overhead_s, self.step_overhead_s >= 0.0, "non-negative")?;
+        range("time_scale", self.time_scale, self.time_scale > 0.0, "positive")?;
+
+        let mut num_blocks = kv_capacity_blocks(&model, &gpu, self.gpus, util, self.block_size)?;
+        if self.max_kv_blocks > 0 {
+            num_blocks = num_blocks.min(u64::from(self.max_kv_blocks));
+        }
+        let roofline = Roofline::new(
+            &gpu,
+            self.gpus,
+            Efficiency {
+                compute: self.compute_efficiency,
+                memory: self.memory_efficiency,
+                step_overhead_s: self.step_overhead_s,
+            },
+        );
+        Ok(SimConfig {
+            served_model_name: self
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| model.served_name.clone()),
+            scheduler: SchedulerConfig {
+                block_size: self.block_size,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                max_num_seqs: self.max_num_seqs,
+                num_blocks: u32::try_from(num_blocks).unwrap_or(u32::MAX),
+                max_model_len: model.max_model_len,
+                hash_seed: XXH3_SEED,
+            },
+            roofline,
+            time: if self.instant {
+                TimeMode::Instant
+            } else {
+                TimeMode::Scaled(self.time_scale)
+            },
+            model,
+            gpu,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_build_a_llama_on_h100() {
+        let cfg = SimSettings::default().build().unwrap();
+        assert_eq!(cfg.served_model_name, "meta-llama/Llama-3.1-8B-Instruct");
+        assert!(cfg.scheduler.num_blocks > 20_000);
+        assert_eq!(cfg.time, TimeMode::Scaled(1.0));
+    }
+
+    #[test]
+    fn bad_settings_fail_with_the_field_named() {
+        let bad = SimSettings {
+            gpu_memory_utilization: 1.5,
+            ..SimSettings::default()
+        };
+        assert!(bad.build().unwrap_err().to_string().contains("gpu_memory_utilization"));
+        let too_big = SimSettings {
+            model: "deepseek-v3".into(),
+            ..SimSettings::default()
+        };
+        assert!(too_big.build().unwrap_err().to_string().contains("no room for KV"));
+        let capped = SimSettings {
+            max_kv_blocks: 64,
+            ..SimSettings::default()
+        };
+        assert_eq!(capped.build().unwrap().scheduler.num_blocks, 64);
+    }
+}

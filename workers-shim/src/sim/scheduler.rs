@@ -1,0 +1,446 @@
+//! The simulated engine's scheduler: continuous batching with chunked prefill over a paged
+//! prefix cache, timed by the roofline. Pure: [`Scheduler::step`] takes the virtual time
+//! and returns the work done, how long it took and what it produced; the shell sleeps.
+//!
+//! Each step (vLLM V1 style) first gives every running sequence the tokens it needs (one
+//! for a decode, a chunk for a prefill) out of a token budget, preempting the newest running
+//! sequence when blocks run out, then admits waiting sequences, reusing cached prefix
+//! blocks so a prompt that shares a cached prefix only pays prefill for the rest.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use ownerserve_planner::hash::BlockChain;
+use ownerserve_planner::roofline::{prefill_pairs, Roofline, StepTime, StepWork};
+use ownerserve_planner::spec::ModelSpec;
+
+use super::block_pool::{BlockId, BlockPool};
+use super::filler::Filler;
+use crate::openai::response::FinishReason;
+
+/// Limits of one engine (vLLM's scheduler config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Token budget of one step (`max_num_batched_tokens`).
+    pub max_num_batched_tokens: u32,
+    /// Most sequences running at once (`max_num_seqs`).
+    pub max_num_seqs: u32,
+    /// KV blocks available, from HBM minus weights.
+    pub num_blocks: u32,
+    /// Longest sequence (prompt + output).
+    pub max_model_len: u32,
+    /// Seed of the block hash chain.
+    pub hash_seed: u64,
+}
+
+impl SchedulerConfig {
+    /// Checks that a sequence could ever run: it fits the context length and, alone, the
+    /// KV cache (otherwise it would preempt itself forever).
+    pub fn check(&self, prompt_len: usize, max_tokens: u32) -> Result<(), AdmitError> {
+        if prompt_len + max_tokens as usize > self.max_model_len as usize {
+            return Err(AdmitError::TooLong {
+                max: self.max_model_len,
+                prompt: prompt_len,
+                max_tokens,
+            });
+        }
+        let needed = (prompt_len + max_tokens as usize).div_ceil(self.block_size as usize);
+        if needed > self.num_blocks as usize {
+            return Err(AdmitError::ExceedsCache {
+                needed,
+                capacity: self.num_blocks as usize,
+            });
+        }
+        Ok(())
+    }
+
+    /// Tokens a sequence may generate when the client sets no `max_tokens`: up to the
+    /// context length (vLLM's default), and no more than the cache holds.
+    pub fn default_max_tokens(&self, prompt_len: usize) -> u32 {
+        let by_context = (self.max_model_len as usize).saturating_sub(prompt_len);
+        let by_cache = (self.num_blocks as usize * self.block_size as usize).saturating_sub(prompt_len);
+        by_context.min(by_cache) as u32
+    }
+}
+
+/// Engine-wide id of one sequence (one choice of one request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// A sequence to run.
+#[derive(Debug, Clone)]
+pub struct NewSeq {
+    pub id: SeqId,
+    pub prompt: Arc<[u32]>,
+    pub max_tokens: u32,
+    /// Output length at which the model emits end-of-sequence; `None` ignores EOS.
+    pub eos_after: Option<u32>,
+    pub stop: Arc<[String]>,
+    /// Start of this sequence's stream of filler pieces.
+    pub stream_seed: u64,
+    /// Virtual time the request arrived, seconds.
+    pub arrival_s: f64,
+}
+
+/// A sequence the engine cannot run at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    #[error(
+        "this model's maximum context length is {max} tokens, but {prompt} prompt tokens \
+         plus {max_tokens} max_tokens were requested"
+    )]
+    TooLong {
+        max: u32,
+        prompt: usize,
+        max_tokens: u32,
+    },
+    #[error("the prompt needs {needed} KV blocks but the cache has only {capacity}")]
+    ExceedsCache { needed: usize, capacity: usize },
+}
+
+/// First admission of a sequence: how much of its prompt came from the cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Admission {
+    pub seq: SeqId,
+    pub cached_tokens: u32,
+    pub queue_s: f64,
+}
+
+/// One generated token and the text it releases (held back while it might start a stop
+/// string).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenOut {
+    pub seq: SeqId,
+    pub token: u32,
+    pub text: String,
+    pub finish: Option<FinishReason>,
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    pub work: StepWork,
+    pub time: Option<StepTime>,
+    pub admitted: Vec<Admission>,
+    pub tokens: Vec<TokenOut>,
+    pub preempted: u32,
+}
+
+impl StepOutput {
+    /// Seconds the step took (0 for an empty step).
+    pub fn duration_s(&self) -> f64 {
+        self.time.map_or(0.0, |t| t.total_s)
+    }
+}
+
+#[derive(Debug)]
+struct Seq {
+    spec: NewSeq,
+    tokens: Vec<u32>,
+    num_output: u32,
+    computed: usize,
+    blocks: Vec<BlockId>,
+    registered: usize,
+    chain: BlockChain,
+    admitted_once: bool,
+    text: String,
+    sent: usize,
+}
+
+/// The engine's scheduling state.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    model: ModelSpec,
+    roofline: Roofline,
+    pool: BlockPool,
+    filler: Filler,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    max_stop_len: usize,
+}
+
+impl Scheduler {
+    /// An idle engine with an empty cache.
+    pub fn new(cfg: SchedulerConfig, model: ModelSpec, roofline: Roofline) -> Self {
+        Self {
+            pool: BlockPool::new(cfg.num_blocks),
+            cfg,
+            model,
+            roofline,
+            filler: Filler::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            max_stop_len: 0,
+        }
+    }
+
+    /// The limits this engine runs with.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// Whether there is nothing to do.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Sequences running (holding KV).
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Sequences waiting for admission.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// The KV cache.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Queues a sequence.
+    pub fn add(&mut self, spec: NewSeq) -> Result<(), AdmitError> {
+        self.cfg.check(spec.prompt.len(), spec.max_tokens)?;
+        self.max_stop_len = self
+            .max_stop_len
+            .max(spec.stop.iter().map(String::len).max().unwrap_or(0));
+        let mut tokens = Vec::with_capacity(spec.prompt.len() + spec.max_tokens as usize);
+        tokens.extend_from_slice(&spec.prompt);
+        self.waiting.push_back(Seq {
+            chain: BlockChain::new(self.block_size(), self.cfg.hash_seed),
+            spec,
+            tokens,
+            num_output: 0,
+            computed: 0,
+            blocks: Vec::new(),
+            registered: 0,
+            admitted_once: false,
+            text: String::new(),
+            sent: 0,
+        });
+        Ok(())
+    }
+
+    /// Drops a sequence (client gone), freeing its blocks. Returns whether it existed.
+    pub fn abort(&mut self, id: SeqId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.spec.id == id) {
+            self.waiting.remove(i);
+            return true;
+        }
+        if let Some(i) = self.running.iter().position(|s| s.spec.id == id) {
+            let mut seq = self.running.remove(i);
+            self.free_blocks(&mut seq);
+            return true;
+        }
+        false
+    }
+
+    fn block_size(&self) -> usize {
+        self.cfg.block_size as usize
+    }
+
+    fn free_blocks(&mut self, seq: &mut Seq) {
+        // Tail blocks first, so the least shareable content is evicted first (vLLM).
+        for b in seq.blocks.drain(..).rev() {
+            self.pool.release(b);
+        }
+        seq.registered = 0;
+    }
+
+    /// Runs one engine step starting at virtual time `now_s`.
+    pub fn step(&mut self, now_s: f64) -> StepOutput {
+        let mut out = StepOutput::default();
+        let mut budget = self.cfg.max_num_batched_tokens as usize;
+        let mut scheduled: Vec<(usize, usize)> = Vec::new();
+
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let need = (seq.computed + n).div_ceil(self.block_size()) - seq.blocks.len();
+            while self.pool.num_free() < need && self.running.len() > i {
+                let Some(mut victim) = self.running.pop() else {
+                    break;
+                };
+                self.free_blocks(&mut victim);
+                victim.computed = 0;
+                self.waiting.push_front(victim);
+                out.preempted += 1;
+            }
+            if self.running.len() <= i {
+                break;
+            }
+            // The loop above made `need` blocks free, so every allocation succeeds.
+            for _ in 0..need {
+                if let Some(b) = self.pool.allocate() {
+                    self.running[i].blocks.push(b);
+                }
+            }
+            scheduled.push((i, n));
+            budget -= n;
+            i += 1;
+        }
+
+        if out.preempted == 0 {
+            self.admit(now_s, &mut budget, &mut scheduled, &mut out);
+        }
+
+        for &(i, n) in &scheduled {
+            let seq = &self.running[i];
+            let decode = n == 1 && seq.computed + 1 == seq.tokens.len() && seq.num_output > 0;
+            if decode {
+                out.work.decode_seqs += 1;
+                out.work.decode_context_tokens += seq.tokens.len() as u64;
+            } else {
+                out.work.prefill_tokens += n as u64;
+                out.work.prefill_attention_pairs += prefill_pairs(n as u64, seq.computed as u64);
+                out.work.prefill_context_tokens += seq.computed as u64;
+            }
+        }
+        if !out.work.is_empty() {
+            out.time = Some(self.roofline.step_time(&self.model, &out.work));
+        }
+
+        for &(i, n) in &scheduled {
+            self.advance(i, n, &mut out.tokens);
+        }
+        let finished: Vec<SeqId> = out
+            .tokens
+            .iter()
+            .filter(|t| t.finish.is_some())
+            .map(|t| t.seq)
+            .collect();
+        for id in finished {
+            self.abort(id);
+        }
+        out
+    }
+
+    fn admit(
+        &mut self,
+        now_s: f64,
+        budget: &mut usize,
+        scheduled: &mut Vec<(usize, usize)>,
+        out: &mut StepOutput,
+    ) {
+        let bs = self.block_size();
+        while *budget > 0 && self.running.len() < self.cfg.max_num_seqs as usize {
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
+            seq.chain.extend_to(&seq.tokens);
+            let len = seq.tokens.len();
+            // At least one token is always computed, to produce logits (vLLM does the same).
+            let hit_blocks = self
+                .pool
+                .longest_cached_prefix(seq.chain.hashes())
+                .min((len - 1) / bs);
+            let hashes: Vec<u64> = seq.chain.hashes()[..hit_blocks].to_vec();
+            let hit_tokens = hit_blocks * bs;
+            let n = (len - hit_tokens).min(*budget);
+            let fresh = (hit_tokens + n).div_ceil(bs) - hit_blocks;
+
+            let mut blocks = Vec::with_capacity(hit_blocks + fresh);
+            blocks.extend(hashes.iter().filter_map(|&h| self.pool.acquire_cached(h)));
+            while blocks.len() < hit_blocks + fresh {
+                match self.pool.allocate() {
+                    Some(b) => blocks.push(b),
+                    None => break,
+                }
+            }
+            if blocks.len() < hit_blocks + fresh {
+                for b in blocks.into_iter().rev() {
+                    self.pool.release(b);
+                }
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            seq.blocks = blocks;
+            seq.computed = hit_tokens;
+            seq.registered = hit_blocks;
+            if !seq.admitted_once {
+                seq.admitted_once = true;
+                out.admitted.push(Admission {
+                    seq: seq.spec.id,
+                    cached_tokens: hit_tokens as u32,
+                    queue_s: (now_s - seq.spec.arrival_s).max(0.0),
+                });
+            }
+            self.running.push(seq);
+            scheduled.push((self.running.len() - 1, n));
+            *budget -= n;
+        }
+    }
+
+    /// Applies `n` computed tokens to running sequence `i`; samples when caught up.
+    fn advance(&mut self, i: usize, n: usize, tokens: &mut Vec<TokenOut>) {
+        let bs = self.block_size();
+        let seq = &mut self.running[i];
+        seq.computed += n;
+        seq.chain.extend_to(&seq.tokens[..seq.computed]);
+        let full = seq.computed / bs;
+        for j in seq.registered..full {
+            self.pool.register(seq.blocks[j], seq.chain.hashes()[j]);
+        }
+        seq.registered = full;
+        if seq.computed < seq.tokens.len() {
+            return;
+        }
+        let (piece, token) = self
+            .filler
+            .piece(seq.spec.stream_seed, seq.num_output as usize);
+        seq.tokens.push(token);
+        seq.num_output += 1;
+        seq.text.push_str(piece);
+
+        let mut finish = None;
+        let mut end = seq.text.len();
+        if let Some(pos) = first_stop(&seq.text, seq.sent, &seq.spec.stop) {
+            finish = Some(FinishReason::Stop);
+            end = pos.max(seq.sent);
+        } else if seq.spec.eos_after == Some(seq.num_output) {
+            finish = Some(FinishReason::Stop);
+        } else if seq.num_output >= seq.spec.max_tokens
+            || seq.tokens.len() >= self.cfg.max_model_len as usize
+        {
+            finish = Some(FinishReason::Length);
+        } else if self.max_stop_len > 0 && !seq.spec.stop.is_empty() {
+            // Hold back text that could be the start of a stop string.
+            end = end.saturating_sub(self.max_stop_len - 1).max(seq.sent);
+            while !seq.text.is_char_boundary(end) {
+                end -= 1;
+            }
+        }
+        let text = seq.text[seq.sent..end].to_owned();
+        seq.sent = end;
+        tokens.push(TokenOut {
+            seq: seq.spec.id,
+            token,
+            text,
+            finish,
+        });
+    }
+}
+
+/// Byte offset of the earliest stop string in `text` that ends after `sent` (text before
+/// `sent` was checked already).
+fn first_stop(text: &str, sent: usize, stop: &[String]) -> Option<usize> {
+    stop.iter()
+        .filter_map(|s| {
+            let mut from = sent.saturating_sub(s.len());
+            while !text.is_char_boundary(from) {
+                from -= 1;
+            }
+            text[from..].find(s.as_str()).map(|p| from + p)
+        })
+        .min()
+}
+
+#[cfg(test)]
+mod tests;

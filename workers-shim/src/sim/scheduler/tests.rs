@@ -1,0 +1,256 @@
+use std::collections::HashMap;
+
+use ownerserve_planner::hash::XXH3_SEED;
+use ownerserve_planner::roofline::Efficiency;
+use ownerserve_planner::spec::GpuSpec;
+
+use super::*;
+
+fn config(num_blocks: u32, budget: u32) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: 16,
+        max_num_batched_tokens: budget,
+        max_num_seqs: 64,
+        num_blocks,
+        max_model_len: 131_072,
+        hash_seed: XXH3_SEED,
+    }
+}
+
+fn engine(num_blocks: u32, budget: u32) -> Scheduler {
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let gpu = GpuSpec::preset("h100").unwrap();
+    Scheduler::new(
+        config(num_blocks, budget),
+        model,
+        Roofline::new(&gpu, 1, Efficiency::default()),
+    )
+}
+
+fn seq(id: u64, prompt: Vec<u32>, max_tokens: u32, arrival_s: f64) -> NewSeq {
+    NewSeq {
+        id: SeqId(id),
+        prompt: prompt.into(),
+        max_tokens,
+        eos_after: None,
+        stop: Arc::new([]),
+        stream_seed: id,
+        arrival_s,
+    }
+}
+
+fn tokens(start: u32, len: u32) -> Vec<u32> {
+    (start..start + len).collect()
+}
+
+/// What a run observed per sequence, in virtual time.
+#[derive(Default, Debug)]
+struct Run {
+    now: f64,
+    first_token_s: HashMap<SeqId, f64>,
+    cached: HashMap<SeqId, u32>,
+    outputs: HashMap<SeqId, Vec<TokenOut>>,
+    steps: Vec<StepOutput>,
+}
+
+fn run_to_idle(s: &mut Scheduler, run: &mut Run) {
+    let mut guard = 0;
+    while !s.is_idle() {
+        let out = s.step(run.now);
+        run.now += out.duration_s();
+        for a in &out.admitted {
+            run.cached.insert(a.seq, a.cached_tokens);
+        }
+        for t in &out.tokens {
+            run.first_token_s.entry(t.seq).or_insert(run.now);
+            run.outputs.entry(t.seq).or_default().push(t.clone());
+        }
+        run.steps.push(out);
+        guard += 1;
+        assert!(guard < 100_000, "engine made no progress");
+    }
+}
+
+#[test]
+fn repeated_prefix_hits_the_cache_and_lowers_ttft() {
+    let mut s = engine(10_000, 8192);
+    let mut run = Run::default();
+    let shared = tokens(1000, 4000);
+    s.add(seq(1, shared.clone(), 4, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+
+    // Same length, one with the cached 4000-token prefix, one cold.
+    let mut warm = shared.clone();
+    warm.extend(tokens(90_000, 500));
+    let cold = tokens(50_000, 4500);
+    let t0 = run.now;
+    s.add(seq(2, warm, 4, t0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    let warm_ttft = run.first_token_s[&SeqId(2)] - t0;
+    let t1 = run.now;
+    s.add(seq(3, cold, 4, t1)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    let cold_ttft = run.first_token_s[&SeqId(3)] - t1;
+
+    assert_eq!(run.cached[&SeqId(1)], 0);
+    assert_eq!(run.cached[&SeqId(2)], 4000);
+    assert_eq!(run.cached[&SeqId(3)], 0);
+    assert!(warm_ttft < cold_ttft / 3.0, "warm {warm_ttft} cold {cold_ttft}");
+}
+
+#[test]
+fn prefill_time_grows_linearly_with_new_tokens() {
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let gpu = GpuSpec::preset("h100").unwrap();
+    let eff = Efficiency::default();
+    let flops = Roofline::new(&gpu, 1, eff).flops_per_s();
+    let first_step = |len: u32| {
+        let mut s = engine(10_000, 16_384);
+        s.add(seq(1, tokens(1, len), 1, 0.0)).unwrap();
+        let out = s.step(0.0);
+        assert_eq!(out.work.prefill_tokens, u64::from(len));
+        let t = out.time.unwrap();
+        assert!(t.compute_s > t.memory_s, "prefill is compute-bound");
+        t.total_s
+    };
+    for len in [256, 1024, 4096, 8192] {
+        // Without the attention term the cost per new token is exactly 2·params / FLOP/s.
+        let attention = model.attention_flops_per_pair() * prefill_pairs(len as u64, 0) as f64;
+        let linear = first_step(len) - eff.step_overhead_s - attention / flops;
+        let per_token = linear / f64::from(len);
+        let expected = 2.0 * model.params_active / flops;
+        assert!((per_token / expected - 1.0).abs() < 1e-9, "{len}: {per_token} vs {expected}");
+    }
+    // And the attention term stays small at ordinary prompt lengths.
+    let (t1, t2, t4) = (first_step(1024), first_step(2048), first_step(4096));
+    let (m1, m2) = ((t2 - t1) / 1024.0, (t4 - t2) / 2048.0);
+    assert!((m2 / m1 - 1.0).abs() < 0.1, "marginal {m1} vs {m2}");
+}
+
+#[test]
+fn cached_prefix_pays_prefill_only_for_the_rest() {
+    let mut s = engine(10_000, 16_384);
+    let mut run = Run::default();
+    let prefix = tokens(7, 3200);
+    s.add(seq(1, prefix.clone(), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    let mut p = prefix;
+    p.extend(tokens(70_000, 320));
+    s.add(seq(2, p, 1, run.now)).unwrap();
+    let out = s.step(run.now);
+    assert_eq!(out.work.prefill_tokens, 320);
+    assert_eq!(out.work.prefill_context_tokens, 3200);
+}
+
+#[test]
+fn decode_step_time_grows_with_batch_kv_bytes() {
+    // Eight sequences decode together; compare a decode-only step at two context lengths.
+    let decode_step = |prompt_len: u32| {
+        let mut s = engine(20_000, 65_536);
+        for i in 0..8 {
+            s.add(seq(i, tokens(i as u32 * 100_000 + 1, prompt_len), 64, 0.0))
+                .unwrap();
+        }
+        let mut now = 0.0;
+        loop {
+            let out = s.step(now);
+            now += out.duration_s();
+            if out.work.prefill_tokens == 0 && out.work.decode_seqs == 8 {
+                return out;
+            }
+        }
+    };
+    let short = decode_step(1000);
+    let long = decode_step(5000);
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let gpu = GpuSpec::preset("h100").unwrap();
+    let roofline = Roofline::new(&gpu, 1, Efficiency::default());
+    let (ts, tl) = (short.time.unwrap(), long.time.unwrap());
+    assert!(ts.memory_s > ts.compute_s && tl.memory_s > tl.compute_s, "memory-bound");
+    let extra_kv_bytes = model.kv_bytes_per_token()
+        * (long.work.decode_context_tokens - short.work.decode_context_tokens) as f64;
+    let expected = extra_kv_bytes / roofline.bytes_per_s();
+    assert!(
+        ((tl.total_s - ts.total_s) - expected).abs() < 1e-9,
+        "Δt {} vs {}",
+        tl.total_s - ts.total_s,
+        expected
+    );
+}
+
+#[test]
+fn chunked_prefill_splits_long_prompts_over_steps() {
+    let mut s = engine(10_000, 2048);
+    s.add(seq(1, tokens(1, 5000), 2, 0.0)).unwrap();
+    let chunks: Vec<u64> = (0..3).map(|_| s.step(0.0).work.prefill_tokens).collect();
+    assert_eq!(chunks, vec![2048, 2048, 904]);
+}
+
+#[test]
+fn decodes_and_prefills_share_a_step_within_the_budget() {
+    let mut s = engine(10_000, 1024);
+    s.add(seq(1, tokens(1, 100), 50, 0.0)).unwrap();
+    s.step(0.0);
+    s.add(seq(2, tokens(5000, 3000), 5, 0.0)).unwrap();
+    let out = s.step(0.0);
+    assert_eq!(out.work.decode_seqs, 1);
+    assert_eq!(out.work.prefill_tokens, 1023);
+}
+
+#[test]
+fn max_tokens_eos_and_stop_strings_end_sequences() {
+    let mut s = engine(10_000, 8192);
+    let mut run = Run::default();
+    s.add(seq(1, tokens(1, 40), 7, 0.0)).unwrap();
+    let mut eos = seq(2, tokens(1, 40), 100, 0.0);
+    eos.eos_after = Some(5);
+    s.add(eos).unwrap();
+    // The filler passage starts "Lorem ipsum dolor"; stream 0 starts at its first piece.
+    let mut stop = seq(3, tokens(1, 40), 100, 0.0);
+    stop.stream_seed = 0;
+    stop.stop = Arc::new(["dolor".to_owned()]);
+    s.add(stop).unwrap();
+    run_to_idle(&mut s, &mut run);
+
+    let last = |id| run.outputs[&SeqId(id)].last().unwrap().clone();
+    assert_eq!(run.outputs[&SeqId(1)].len(), 7);
+    assert_eq!(last(1).finish, Some(FinishReason::Length));
+    assert_eq!(run.outputs[&SeqId(2)].len(), 5);
+    assert_eq!(last(2).finish, Some(FinishReason::Stop));
+    let text: String = run.outputs[&SeqId(3)].iter().map(|t| t.text.as_str()).collect();
+    assert_eq!(text, "Lorem ipsum ");
+    assert_eq!(last(3).finish, Some(FinishReason::Stop));
+}
+
+#[test]
+fn preemption_under_memory_pressure_still_finishes_everything() {
+    // 20 blocks of 16 tokens: two 150-token sequences growing to 250 cannot both fit.
+    let mut s = engine(20, 8192);
+    let mut run = Run::default();
+    s.add(seq(1, tokens(1, 150), 100, 0.0)).unwrap();
+    s.add(seq(2, tokens(10_000, 150), 100, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    assert!(run.steps.iter().map(|o| o.preempted).sum::<u32>() > 0);
+    assert_eq!(run.outputs[&SeqId(1)].len(), 100);
+    assert_eq!(run.outputs[&SeqId(2)].len(), 100);
+    assert_eq!(s.pool().num_free(), 20, "all blocks returned");
+}
+
+#[test]
+fn abort_frees_blocks_and_oversized_requests_are_refused() {
+    let mut s = engine(100, 8192);
+    s.add(seq(1, tokens(1, 500), 10, 0.0)).unwrap();
+    s.step(0.0);
+    assert!(s.pool().num_free() < 100);
+    assert!(s.abort(SeqId(1)));
+    assert_eq!(s.pool().num_free(), 100);
+    assert!(s.is_idle());
+    assert!(matches!(
+        s.add(seq(2, tokens(1, 2000), 10, 0.0)),
+        Err(AdmitError::ExceedsCache { .. })
+    ));
+    assert!(matches!(
+        s.config().check(131_000, 1000),
+        Err(AdmitError::TooLong { .. })
+    ));
+}
