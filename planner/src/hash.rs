@@ -139,7 +139,10 @@ mod tests {
         chain.extend_to(&all[..20]);
         assert_eq!(chain.hashes().len(), 1);
         chain.extend_to(&all);
-        assert_eq!(chain.hashes(), prompt_hashes(&all, 16, XXH3_SEED).as_slice());
+        assert_eq!(
+            chain.hashes(),
+            prompt_hashes(&all, 16, XXH3_SEED).as_slice()
+        );
         assert_eq!(chain.hashes().len(), 2);
     }
 }

@@ -110,7 +110,8 @@ impl Roofline {
             + model.attention_flops_per_pair()
                 * (work.prefill_attention_pairs + work.decode_context_tokens) as f64;
         let kv_tokens = work.decode_context_tokens + work.prefill_context_tokens + tokens;
-        let bytes = model.weight_bytes_touched(tokens) + model.kv_bytes_per_token() * kv_tokens as f64;
+        let bytes =
+            model.weight_bytes_touched(tokens) + model.kv_bytes_per_token() * kv_tokens as f64;
         let compute_s = flops / self.flops_per_s;
         let memory_s = bytes / self.bytes_per_s;
         StepTime {

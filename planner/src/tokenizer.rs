@@ -113,7 +113,9 @@ fn pre_token_len(s: &str) -> usize {
         (0, class(c0))
     };
     match body_class {
-        Class::Letter | Class::Other => body_start + run_len(&s[body_start..], body_class, usize::MAX),
+        Class::Letter | Class::Other => {
+            body_start + run_len(&s[body_start..], body_class, usize::MAX)
+        }
         Class::Digit => body_start + run_len(&s[body_start..], Class::Digit, 3),
         Class::Space => {
             // `\s+(?!\S)` leaves the last space of a run for the next word; else `\s+`.
@@ -184,8 +186,8 @@ mod tests {
         assert_eq!(
             pieces("Hello world, it's 12345 tokens!!\n\n  def"),
             vec![
-                "Hell", "o", " wor", "ld", ",", " it", "'s", " 123", "45", " tok", "ens",
-                "!!", "\n\n ", " def"
+                "Hell", "o", " wor", "ld", ",", " it", "'s", " 123", "45", " tok", "ens", "!!",
+                "\n\n ", " def"
             ]
         );
         assert_eq!(pieces("a  \n"), vec!["a", "  \n"]);
@@ -231,11 +233,20 @@ mod tests {
         let mut s = String::new();
         render_chat(
             &[
-                TemplateMessage { role: "system", parts: &["be brief"] },
-                TemplateMessage { role: "user", parts: &["hi", "there"] },
+                TemplateMessage {
+                    role: "system",
+                    parts: &["be brief"],
+                },
+                TemplateMessage {
+                    role: "user",
+                    parts: &["hi", "there"],
+                },
             ],
             &mut s,
         );
-        assert_eq!(s, "<|system|>\nbe brief\n<|user|>\nhi\nthere\n<|assistant|>\n");
+        assert_eq!(
+            s,
+            "<|system|>\nbe brief\n<|user|>\nhi\nthere\n<|assistant|>\n"
+        );
     }
 }

@@ -1,1 +1,36 @@
-fn main() {}
+//! `ownerserve`: the OwnerServe binary.
+//!
+//! # Layout
+//! - [`cli`]: the command line (`up`, `router`, `sim-worker`).
+//! - [`config`]: TOML + env + flags, validated before any socket opens.
+//! - [`server`]: the OpenAI proxy and operator API; [`error`] maps every error to HTTP.
+//! - [`registry`] and [`health`]: the workers and their health.
+//! - [`upstream`]: the pooled client and the streaming relay to and from workers.
+//! - [`up`]: the whole stack in one process.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod config;
+mod error;
+mod health;
+mod registry;
+mod server;
+mod up;
+mod upstream;
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    let cli = cli::Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("OWNERSERVE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(cli.run())
+}

@@ -42,12 +42,16 @@ mod tests {
     #[test]
     fn picks_the_least_busy_and_rotates_ties() {
         let ws = |loads: [u32; 3]| {
-            loads.iter().enumerate().map(|(i, &l)| WorkerView {
-                id: WorkerId(i as u32),
-                role: Role::Decode,
-                healthy: true,
-                in_flight: l,
-            }).collect::<Vec<_>>()
+            loads
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| WorkerView {
+                    id: WorkerId(i as u32),
+                    role: Role::Decode,
+                    healthy: true,
+                    in_flight: l,
+                })
+                .collect::<Vec<_>>()
         };
         let req = RouteRequest { model: "m" };
         let mut p = LeastLoaded::default();

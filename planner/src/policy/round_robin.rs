@@ -46,7 +46,9 @@ mod tests {
 
     fn picks(p: &mut RoundRobin, ws: &[WorkerView], n: usize) -> Vec<u32> {
         let req = RouteRequest { model: "m" };
-        (0..n).map(|_| p.choose(&req, ws).unwrap().worker.0).collect()
+        (0..n)
+            .map(|_| p.choose(&req, ws).unwrap().worker.0)
+            .collect()
     }
 
     #[test]

@@ -107,7 +107,14 @@ pub struct ParsedRequest<'a> {
     pub include_usage: bool,
 }
 
-const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+const ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
 /// Most choices per prompt we accept (vLLM has no hard cap; OpenAI caps at 128).
 pub const MAX_N: u32 = 128;
 /// Most stop strings we accept.
@@ -209,15 +216,16 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(not_object("expected '{'".to_owned()));
     }
-    let raw: RawBody<'_> =
-        serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
-    let model: Cow<'_, str> = field(raw.model, "model")?.ok_or_else(|| RequestError::missing("model"))?;
+    let raw: RawBody<'_> = serde_json::from_slice(body).map_err(|e| not_object(e.to_string()))?;
+    let model: Cow<'_, str> =
+        field(raw.model, "model")?.ok_or_else(|| RequestError::missing("model"))?;
     if model.is_empty() {
         return Err(RequestError::invalid("model", "'model' must not be empty"));
     }
     let prompt = match endpoint {
         Endpoint::ChatCompletions => Prompt::Chat(parse_messages(
-            raw.messages.ok_or_else(|| RequestError::missing("messages"))?,
+            raw.messages
+                .ok_or_else(|| RequestError::missing("messages"))?,
         )?),
         Endpoint::Completions => Prompt::Completion(parse_prompt(
             raw.prompt.ok_or_else(|| RequestError::missing("prompt"))?,
@@ -302,11 +310,17 @@ fn parse_stop(raw: Option<&RawValue>) -> Result<Vec<String>, RequestError> {
     if stop.len() > MAX_STOP {
         return Err(RequestError::invalid(
             "stop",
-            format!("at most {MAX_STOP} stop sequences are allowed, got {}", stop.len()),
+            format!(
+                "at most {MAX_STOP} stop sequences are allowed, got {}",
+                stop.len()
+            ),
         ));
     }
     if stop.iter().any(String::is_empty) {
-        return Err(RequestError::invalid("stop", "stop sequences must not be empty"));
+        return Err(RequestError::invalid(
+            "stop",
+            "stop sequences must not be empty",
+        ));
     }
     Ok(stop)
 }
@@ -364,16 +378,7 @@ fn parse_message(i: usize, m: RawMessage<'_>) -> Result<Message<'_>, RequestErro
                 }
             }
             Some(b'n') => {}
-            _ => {
-                return Err(RequestError {
-                    message: format!(
-                        "invalid type for '{}': expected a string, an array of content parts or null",
-                        param()
-                    ),
-                    param: Some(param()),
-                    code: "invalid_type",
-                })
-            }
+            _ => return Err(content_type_error(param())),
         }
     }
     for call in m.tool_calls.unwrap_or_default() {
@@ -383,7 +388,20 @@ fn parse_message(i: usize, m: RawMessage<'_>) -> Result<Message<'_>, RequestErro
             f.name, f.arguments
         )));
     }
-    Ok(Message { role: m.role, parts })
+    Ok(Message {
+        role: m.role,
+        parts,
+    })
+}
+
+fn content_type_error(param: String) -> RequestError {
+    RequestError {
+        message: format!(
+            "invalid type for '{param}': expected a string, an array of content parts or null"
+        ),
+        param: Some(param),
+        code: "invalid_type",
+    }
 }
 
 fn parse_prompt(raw: &RawValue) -> Result<Vec<PromptInput<'_>>, RequestError> {
@@ -413,7 +431,10 @@ fn parse_prompt(raw: &RawValue) -> Result<Vec<PromptInput<'_>>, RequestError> {
         .iter()
         .any(|p| matches!(p, PromptInput::Tokens(t) if t.is_empty()));
     if prompts.is_empty() || empty_tokens {
-        return Err(RequestError::invalid("prompt", "'prompt' must not be empty"));
+        return Err(RequestError::invalid(
+            "prompt",
+            "'prompt' must not be empty",
+        ));
     }
     Ok(prompts)
 }
@@ -473,10 +494,18 @@ mod tests {
         assert_eq!(req.sampling.max_tokens, Some(5));
         assert_eq!(req.sampling.n, 2);
         assert_eq!(req.sampling.stop, vec!["\n".to_owned()]);
-        let Prompt::Chat(m) = &req.prompt else { panic!() };
+        let Prompt::Chat(m) = &req.prompt else {
+            panic!()
+        };
         assert_eq!(m[1].parts, vec![Cow::Borrowed("hi")]);
-        assert_eq!(m[2].parts, vec![Cow::<str>::Owned("<tool_call>ls({})</tool_call>".into())]);
-        assert!(matches!(m[0].parts[0], Cow::Borrowed(_)), "text is not copied");
+        assert_eq!(
+            m[2].parts,
+            vec![Cow::<str>::Owned("<tool_call>ls({})</tool_call>".into())]
+        );
+        assert!(
+            matches!(m[0].parts[0], Cow::Borrowed(_)),
+            "text is not copied"
+        );
     }
 
     #[test]
@@ -490,20 +519,76 @@ mod tests {
         let cases: &[(&str, Option<&str>, &str)] = &[
             ("not json", None, "invalid_json"),
             ("[1,2]", None, "invalid_json"),
-            (r#"{"messages":[{"role":"user","content":"x"}]}"#, Some("model"), "missing_required_parameter"),
-            (r#"{"model":7,"messages":[]}"#, Some("model"), "invalid_type"),
-            (r#"{"model":"m"}"#, Some("messages"), "missing_required_parameter"),
-            (r#"{"model":"m","messages":[]}"#, Some("messages"), "invalid_value"),
-            (r#"{"model":"m","messages":"hi"}"#, Some("messages"), "invalid_type"),
-            (r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#, Some("messages[0].role"), "invalid_value"),
-            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages[0].content"), "invalid_type"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens"), "invalid_value"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"5"}"#, Some("max_tokens"), "invalid_type"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":0}"#, Some("n"), "invalid_value"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#, Some("temperature"), "invalid_value"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream"), "invalid_type"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#, Some("stream_options"), "invalid_value"),
-            (r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stop":[""]}"#, Some("stop"), "invalid_value"),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}]}"#,
+                Some("model"),
+                "missing_required_parameter",
+            ),
+            (
+                r#"{"model":7,"messages":[]}"#,
+                Some("model"),
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m"}"#,
+                Some("messages"),
+                "missing_required_parameter",
+            ),
+            (
+                r#"{"model":"m","messages":[]}"#,
+                Some("messages"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":"hi"}"#,
+                Some("messages"),
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#,
+                Some("messages[0].role"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
+                Some("messages[0].content"),
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+                Some("max_tokens"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"5"}"#,
+                Some("max_tokens"),
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":0}"#,
+                Some("n"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#,
+                Some("temperature"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                Some("stream"),
+                "invalid_type",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#,
+                Some("stream_options"),
+                "invalid_value",
+            ),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stop":[""]}"#,
+                Some("stop"),
+                "invalid_value",
+            ),
         ];
         for (body, param, code) in cases {
             let err = chat(body).expect_err(body);

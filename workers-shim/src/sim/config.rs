@@ -17,10 +17,18 @@ use super::scheduler::SchedulerConfig;
 #[serde(default, deny_unknown_fields)]
 pub struct SimSettings {
     /// Model preset name (llama-3.1-8b, qwen3-30b-a3b, deepseek-v3) or path to a TOML file.
-    #[arg(long = "model-preset", env = "OWNERSERVE_SIM_MODEL", default_value = "llama-3.1-8b")]
+    #[arg(
+        long = "model-preset",
+        env = "OWNERSERVE_SIM_MODEL",
+        default_value = "llama-3.1-8b"
+    )]
     pub model: String,
     /// GPU preset name (h100, h20, a100, l40) or path to a TOML file.
-    #[arg(long = "gpu-preset", env = "OWNERSERVE_SIM_GPU", default_value = "h100")]
+    #[arg(
+        long = "gpu-preset",
+        env = "OWNERSERVE_SIM_GPU",
+        default_value = "h100"
+    )]
     pub gpu: String,
     /// GPUs per worker (tensor parallel).
     #[arg(long, env = "OWNERSERVE_SIM_GPUS", default_value_t = 1)]
@@ -32,13 +40,21 @@ pub struct SimSettings {
     #[arg(long, env = "OWNERSERVE_SIM_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: u32,
     /// Token budget of one engine step (chunked prefill).
-    #[arg(long, env = "OWNERSERVE_SIM_MAX_NUM_BATCHED_TOKENS", default_value_t = 8192)]
+    #[arg(
+        long,
+        env = "OWNERSERVE_SIM_MAX_NUM_BATCHED_TOKENS",
+        default_value_t = 8192
+    )]
     pub max_num_batched_tokens: u32,
     /// Most sequences running at once.
     #[arg(long, env = "OWNERSERVE_SIM_MAX_NUM_SEQS", default_value_t = 256)]
     pub max_num_seqs: u32,
     /// Fraction of GPU memory the engine may use (weights + KV).
-    #[arg(long, env = "OWNERSERVE_SIM_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
+    #[arg(
+        long,
+        env = "OWNERSERVE_SIM_GPU_MEMORY_UTILIZATION",
+        default_value_t = 0.9
+    )]
     pub gpu_memory_utilization: f64,
     /// Cap on KV blocks below what memory allows (0 = no cap); small caches exercise eviction.
     #[arg(long, env = "OWNERSERVE_SIM_MAX_KV_BLOCKS", default_value_t = 0)]
@@ -120,7 +136,12 @@ pub enum SimConfigError {
     },
 }
 
-fn range(field: &'static str, value: f64, ok: bool, expected: &'static str) -> Result<(), SimConfigError> {
+fn range(
+    field: &'static str,
+    value: f64,
+    ok: bool,
+    expected: &'static str,
+) -> Result<(), SimConfigError> {
     if ok && value.is_finite() {
         Ok(())
     } else {
@@ -138,10 +159,11 @@ fn load<T>(
     parse: impl Fn(&str) -> Result<T, SpecError>,
 ) -> Result<T, SimConfigError> {
     if name.ends_with(".toml") {
-        let text = std::fs::read_to_string(Path::new(name)).map_err(|source| SimConfigError::Read {
-            path: name.to_owned(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(Path::new(name)).map_err(|source| SimConfigError::Read {
+                path: name.to_owned(),
+                source,
+            })?;
         Ok(parse(&text)?)
     } else {
         Ok(preset(name)?)
@@ -154,24 +176,49 @@ impl SimSettings {
         let model = load(&self.model, ModelSpec::preset, ModelSpec::from_toml)?;
         let gpu = load(&self.gpu, GpuSpec::preset, GpuSpec::from_toml)?;
         range("gpus", f64::from(self.gpus), self.gpus >= 1, "at least 1")?;
-        range("block_size", f64::from(self.block_size), (1..=1024).contains(&self.block_size), "1..=1024")?;
+        range(
+            "block_size",
+            f64::from(self.block_size),
+            (1..=1024).contains(&self.block_size),
+            "1..=1024",
+        )?;
         range(
             "max_num_batched_tokens",
             f64::from(self.max_num_batched_tokens),
             self.max_num_batched_tokens >= 1,
             "at least 1",
         )?;
-        range("max_num_seqs", f64::from(self.max_num_seqs), self.max_num_seqs >= 1, "at least 1")?;
+        range(
+            "max_num_seqs",
+            f64::from(self.max_num_seqs),
+            self.max_num_seqs >= 1,
+            "at least 1",
+        )?;
         let util = self.gpu_memory_utilization;
-        range("gpu_memory_utilization", util, util > 0.0 && util <= 1.0, "in (0, 1]")?;
+        range(
+            "gpu_memory_utilization",
+            util,
+            util > 0.0 && util <= 1.0,
+            "in (0, 1]",
+        )?;
         for (field, v) in [
             ("compute_efficiency", self.compute_efficiency),
             ("memory_efficiency", self.memory_efficiency),
         ] {
             range(field, v, v > 0.0 && v <= 1.0, "in (0, 1]")?;
         }
-        range("step_overhead_s", self.step_overhead_s, self.step_overhead_s >= 0.0, "non-negative")?;
-        range("time_scale", self.time_scale, self.time_scale > 0.0, "positive")?;
+        range(
+            "step_overhead_s",
+            self.step_overhead_s,
+            self.step_overhead_s >= 0.0,
+            "non-negative",
+        )?;
+        range(
+            "time_scale",
+            self.time_scale,
+            self.time_scale > 0.0,
+            "positive",
+        )?;
 
         let mut num_blocks = kv_capacity_blocks(&model, &gpu, self.gpus, util, self.block_size)?;
         if self.max_kv_blocks > 0 {
@@ -229,12 +276,20 @@ mod tests {
             gpu_memory_utilization: 1.5,
             ..SimSettings::default()
         };
-        assert!(bad.build().unwrap_err().to_string().contains("gpu_memory_utilization"));
+        assert!(bad
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("gpu_memory_utilization"));
         let too_big = SimSettings {
             model: "deepseek-v3".into(),
             ..SimSettings::default()
         };
-        assert!(too_big.build().unwrap_err().to_string().contains("no room for KV"));
+        assert!(too_big
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("no room for KV"));
         let capped = SimSettings {
             max_kv_blocks: 64,
             ..SimSettings::default()

@@ -131,7 +131,11 @@ pub fn spawn(
         cfg.scheduler.block_size,
     )));
     let actor = Actor {
-        scheduler: Scheduler::new(cfg.scheduler.clone(), cfg.model.clone(), cfg.roofline.clone()),
+        scheduler: Scheduler::new(
+            cfg.scheduler.clone(),
+            cfg.model.clone(),
+            cfg.roofline.clone(),
+        ),
         clock: Clock {
             mode: cfg.time,
             start: Instant::now(),
@@ -227,7 +231,9 @@ impl Actor {
         m.num_preemptions += u64::from(out.preempted);
         let mut gone = Vec::new();
         for a in &out.admitted {
-            let Some(route) = self.routes.get(&a.seq) else { continue };
+            let Some(route) = self.routes.get(&a.seq) else {
+                continue;
+            };
             m.prefix_cache_queries += route.prompt_len as u64;
             m.prefix_cache_hits += u64::from(a.cached_tokens);
             m.request_queue_time.observe(a.queue_s);
@@ -240,7 +246,9 @@ impl Actor {
             }
         }
         for t in out.tokens {
-            let Some(route) = self.routes.get_mut(&t.seq) else { continue };
+            let Some(route) = self.routes.get_mut(&t.seq) else {
+                continue;
+            };
             m.generation_tokens += 1;
             match route.last_token_s {
                 None => m.time_to_first_token.observe(now - route.arrival_s),

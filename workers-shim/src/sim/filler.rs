@@ -67,7 +67,10 @@ mod tests {
         let p = [1, 2, 3];
         assert_eq!(stream_seed(&p, None, 0.0, 0), stream_seed(&p, None, 0.0, 1));
         assert_ne!(stream_seed(&p, None, 0.7, 0), stream_seed(&p, None, 0.7, 1));
-        assert_ne!(stream_seed(&p, Some(1), 0.0, 0), stream_seed(&p, Some(2), 0.0, 0));
+        assert_ne!(
+            stream_seed(&p, Some(1), 0.0, 0),
+            stream_seed(&p, Some(2), 0.0, 0)
+        );
     }
 
     #[test]

@@ -56,8 +56,8 @@ const ITL_BUCKETS: &[f64] = &[
     40.0, 80.0,
 ];
 const REQUEST_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-    240.0, 480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// Everything the engine reports; times are simulated seconds.
@@ -116,11 +116,26 @@ impl EngineMetrics {
         let labels = format!("model_name=\"{}\",engine=\"0\"", escape(model_name));
         let mut out = String::with_capacity(8192);
         let mut gauge = |name: &str, help: &str, v: f64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v}"
+            );
         };
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.", self.num_requests_running as f64);
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", self.num_requests_waiting as f64);
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", self.kv_cache_usage_perc);
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            self.num_requests_running as f64,
+        );
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            self.num_requests_waiting as f64,
+        );
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            self.kv_cache_usage_perc,
+        );
         let _ = writeln!(
             out,
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
@@ -131,11 +146,31 @@ impl EngineMetrics {
         let mut counter = |name: &str, help: &str, v: u64| {
             let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {v}");
         };
-        counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", self.prefix_cache_queries);
-        counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", self.prefix_cache_hits);
-        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens);
-        counter("vllm:generation_tokens", "Number of generation tokens processed.", self.generation_tokens);
-        counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", self.num_preemptions);
+        counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            self.prefix_cache_queries,
+        );
+        counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            self.prefix_cache_hits,
+        );
+        counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            self.prompt_tokens,
+        );
+        counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            self.generation_tokens,
+        );
+        counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            self.num_preemptions,
+        );
         let _ = writeln!(
             out,
             "# HELP vllm:request_success_total Count of successfully processed requests.\n\
@@ -143,13 +178,32 @@ impl EngineMetrics {
         );
         for reason in ["stop", "length"] {
             let v = self.request_success.get(reason).copied().unwrap_or(0);
-            let _ = writeln!(out, "vllm:request_success_total{{finished_reason=\"{reason}\",{labels}}} {v}");
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{finished_reason=\"{reason}\",{labels}}} {v}"
+            );
         }
         for (name, help, h) in [
-            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &self.time_to_first_token),
-            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &self.inter_token_latency),
-            ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &self.e2e_request_latency),
-            ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &self.request_queue_time),
+            (
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                &self.time_to_first_token,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                &self.inter_token_latency,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+                &self.e2e_request_latency,
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+                &self.request_queue_time,
+            ),
         ] {
             render_histogram(&mut out, name, help, &labels, h);
         }
@@ -162,7 +216,10 @@ fn render_histogram(out: &mut String, name: &str, help: &str, labels: &str, h: &
     let mut cumulative = 0;
     for (bound, c) in h.bounds.iter().zip(&h.counts) {
         cumulative += c;
-        let _ = writeln!(out, "{name}_bucket{{le=\"{bound:?}\",{labels}}} {cumulative}");
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"{bound:?}\",{labels}}} {cumulative}"
+        );
     }
     let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\",{labels}}} {}", h.count);
     let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
@@ -171,7 +228,9 @@ fn render_histogram(out: &mut String, name: &str, help: &str, labels: &str, h: &
 
 /// Escapes a label value (backslash, quote, newline) per the text format.
 fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

@@ -60,7 +60,8 @@ impl SchedulerConfig {
     /// context length (vLLM's default), and no more than the cache holds.
     pub fn default_max_tokens(&self, prompt_len: usize) -> u32 {
         let by_context = (self.max_model_len as usize).saturating_sub(prompt_len);
-        let by_cache = (self.num_blocks as usize * self.block_size as usize).saturating_sub(prompt_len);
+        let by_cache =
+            (self.num_blocks as usize * self.block_size as usize).saturating_sub(prompt_len);
         by_context.min(by_cache) as u32
     }
 }

@@ -41,6 +41,8 @@ struct AppState {
     served_model: Arc<str>,
     scheduler: SchedulerConfig,
     started_unix: u64,
+    /// Distinguishes this worker's response ids from other workers' (nanoseconds at start).
+    id_salt: u64,
     next_id: AtomicU64,
 }
 
@@ -69,6 +71,9 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
         served_model: cfg.served_model_name.as_str().into(),
         scheduler: cfg.scheduler.clone(),
         started_unix: unix_now(),
+        id_salt: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
         next_id: AtomicU64::new(0),
     });
     Router::new()
@@ -78,7 +83,13 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .fallback(|| async {
-            error_response(StatusCode::NOT_FOUND, "not found", "NotFoundError", None, None)
+            error_response(
+                StatusCode::NOT_FOUND,
+                "not found",
+                "NotFoundError",
+                None,
+                None,
+            )
         })
         .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .with_state(state)
@@ -126,7 +137,10 @@ fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
     match serde_json::to_vec(value) {
         Ok(bytes) => (
             status,
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
             bytes,
         )
             .into_response(),
@@ -197,9 +211,7 @@ async fn generate(
 ) -> Response {
     let body = match body {
         Ok(b) => b,
-        Err(e) => {
-            return error_response(e.status(), &e.body_text(), "BadRequestError", None, None)
-        }
+        Err(e) => return error_response(e.status(), &e.body_text(), "BadRequestError", None, None),
     };
     let req = match openai::parse(&body, endpoint) {
         Ok(r) => r,
@@ -245,8 +257,8 @@ async fn generate(
     let id = match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
         Some(rid) => format!("{prefix}-{rid}"),
         None => format!(
-            "{prefix}-{:x}{:08x}",
-            st.started_unix,
+            "{prefix}-{:016x}{:08x}",
+            st.id_salt,
             st.next_id.fetch_add(1, Ordering::Relaxed)
         ),
     };
@@ -345,7 +357,11 @@ impl Accumulator {
     }
 
     /// Applies an event; returns the token text and finish of a `Token` event.
-    fn apply(&mut self, meta: &ResponseMeta, ev: SeqEvent) -> Option<(u32, String, Option<FinishReason>)> {
+    fn apply(
+        &mut self,
+        meta: &ResponseMeta,
+        ev: SeqEvent,
+    ) -> Option<(u32, String, Option<FinishReason>)> {
         match ev {
             SeqEvent::Admitted {
                 choice,
@@ -394,7 +410,13 @@ async fn collect(mut events: mpsc::UnboundedReceiver<SeqEvent>, meta: ResponseMe
         }
     }
     if let Some(err) = &acc.error {
-        return error_response(StatusCode::INTERNAL_SERVER_ERROR, err, "InternalServerError", None, None);
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            err,
+            "InternalServerError",
+            None,
+            None,
+        );
     }
     let usage = acc.usage(&meta);
     let finish = |i: usize| acc.finish[i].unwrap_or(FinishReason::Length);
@@ -572,7 +594,8 @@ impl SseBody {
             };
             self.pending.extend(sse_event(&chunk));
         }
-        self.pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+        self.pending
+            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
         self.done = true;
     }
 }

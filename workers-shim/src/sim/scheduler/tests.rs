@@ -95,7 +95,10 @@ fn repeated_prefix_hits_the_cache_and_lowers_ttft() {
     assert_eq!(run.cached[&SeqId(1)], 0);
     assert_eq!(run.cached[&SeqId(2)], 4000);
     assert_eq!(run.cached[&SeqId(3)], 0);
-    assert!(warm_ttft < cold_ttft / 3.0, "warm {warm_ttft} cold {cold_ttft}");
+    assert!(
+        warm_ttft < cold_ttft / 3.0,
+        "warm {warm_ttft} cold {cold_ttft}"
+    );
 }
 
 #[test]
@@ -119,7 +122,10 @@ fn prefill_time_grows_linearly_with_new_tokens() {
         let linear = first_step(len) - eff.step_overhead_s - attention / flops;
         let per_token = linear / f64::from(len);
         let expected = 2.0 * model.params_active / flops;
-        assert!((per_token / expected - 1.0).abs() < 1e-9, "{len}: {per_token} vs {expected}");
+        assert!(
+            (per_token / expected - 1.0).abs() < 1e-9,
+            "{len}: {per_token} vs {expected}"
+        );
     }
     // And the attention term stays small at ordinary prompt lengths.
     let (t1, t2, t4) = (first_step(1024), first_step(2048), first_step(4096));
@@ -166,7 +172,10 @@ fn decode_step_time_grows_with_batch_kv_bytes() {
     let gpu = GpuSpec::preset("h100").unwrap();
     let roofline = Roofline::new(&gpu, 1, Efficiency::default());
     let (ts, tl) = (short.time.unwrap(), long.time.unwrap());
-    assert!(ts.memory_s > ts.compute_s && tl.memory_s > tl.compute_s, "memory-bound");
+    assert!(
+        ts.memory_s > ts.compute_s && tl.memory_s > tl.compute_s,
+        "memory-bound"
+    );
     let extra_kv_bytes = model.kv_bytes_per_token()
         * (long.work.decode_context_tokens - short.work.decode_context_tokens) as f64;
     let expected = extra_kv_bytes / roofline.bytes_per_s();
@@ -217,7 +226,10 @@ fn max_tokens_eos_and_stop_strings_end_sequences() {
     assert_eq!(last(1).finish, Some(FinishReason::Length));
     assert_eq!(run.outputs[&SeqId(2)].len(), 5);
     assert_eq!(last(2).finish, Some(FinishReason::Stop));
-    let text: String = run.outputs[&SeqId(3)].iter().map(|t| t.text.as_str()).collect();
+    let text: String = run.outputs[&SeqId(3)]
+        .iter()
+        .map(|t| t.text.as_str())
+        .collect();
     assert_eq!(text, "Lorem ipsum ");
     assert_eq!(last(3).finish, Some(FinishReason::Stop));
 }

@@ -1,0 +1,147 @@
+//! The command line. Each subcommand loads its config (file < env < flags), validates it,
+//! then binds and runs until Ctrl-C.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use ownerserve_shim::sim::config::SimSettings;
+
+use crate::config::{
+    parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
+};
+use crate::{server, up};
+
+/// OwnerServe: an ownership-aware control plane for agentic LLM serving.
+#[derive(Debug, Parser)]
+#[command(name = "ownerserve", version)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the whole stack on this machine: the router plus a fleet of simulated workers.
+    Up(up::UpArgs),
+    /// Run the router in front of workers given in a config file or with --worker.
+    Router(RouterArgs),
+    /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
+    SimWorker(SimWorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RouterArgs {
+    /// Router config file (TOML with a `[router]` table and `[[workers]]` entries).
+    #[arg(long, env = "OWNERSERVE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: RouterOverrides,
+    /// A worker, `URL[,role=prefill|decode|hybrid][,engine=vllm|sglang|sim][,name=N]`;
+    /// repeatable, added to the file's workers.
+    #[arg(long = "worker")]
+    workers: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct SimWorkerArgs {
+    /// Address to listen on.
+    #[arg(long, env = "OWNERSERVE_SIM_HOST", default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, env = "OWNERSERVE_SIM_PORT", default_value_t = 8000)]
+    port: u16,
+    #[command(flatten)]
+    settings: SimSettings,
+}
+
+impl Cli {
+    /// Runs the chosen subcommand.
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Up(args) => up::run(args).await,
+            Command::Router(args) => run_router(args).await,
+            Command::SimWorker(args) => run_sim_worker(args).await,
+        }
+    }
+}
+
+/// Cancels `token` on Ctrl-C or SIGTERM.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = term => {}
+        }
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+}
+
+/// Binds, naming the address in the error (a busy port is the usual cause).
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))
+}
+
+/// Prints one line to stdout; tests and scripts read these.
+#[expect(clippy::print_stdout, reason = "the CLI's own output")]
+pub fn say(line: &str) {
+    println!("{line}");
+}
+
+async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+    let mut file = match &args.config {
+        Some(path) => read_toml::<RouterFile>(path)?,
+        None => RouterFile::default(),
+    };
+    args.overrides.apply(&mut file.router);
+    for flag in &args.workers {
+        file.workers.push(parse_worker_flag(flag)?);
+    }
+    let cfg = RouterConfig::validate(&file.router, worker_specs(&file.workers)?)?;
+    let listener = bind(cfg.addr).await?;
+    say(&format!(
+        "ownerserve router listening on http://{} (policy {}, {} workers)",
+        listener.local_addr()?,
+        cfg.policy,
+        cfg.workers.len()
+    ));
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    server::run(listener, cfg, shutdown).await
+}
+
+async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
+    let cfg = args.settings.build()?;
+    let listener = bind(SocketAddr::new(args.host, args.port)).await?;
+    say(&format!(
+        "ownerserve sim worker listening on http://{} ({} on {}x {}, {} KV blocks of {} tokens)",
+        listener.local_addr()?,
+        cfg.served_model_name,
+        args.settings.gpus,
+        cfg.gpu.name,
+        cfg.scheduler.num_blocks,
+        cfg.scheduler.block_size
+    ));
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone());
+    ownerserve_shim::sim::server::serve(listener, cfg, shutdown).await?;
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! Configuration: one TOML file, overridden by `OWNERSERVE_*` environment variables, then by
+//! command-line flags; validated into [`RouterConfig`] before any socket opens. Every key is
+//! documented in `configs/README.md`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use ownerserve_planner::ids::{EngineKind, Role};
+use ownerserve_planner::policy;
+use ownerserve_shim::sim::config::SimSettings;
+
+/// The `[router]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterSettings {
+    pub host: IpAddr,
+    pub port: u16,
+    pub policy: String,
+    pub health_interval_ms: u64,
+    pub health_timeout_ms: u64,
+    pub health_failure_threshold: u32,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_s: u64,
+    pub max_body_bytes: usize,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        Self {
+            host: IpAddr::from([127, 0, 0, 1]),
+            port: 8080,
+            policy: "round_robin".to_owned(),
+            health_interval_ms: 1000,
+            health_timeout_ms: 1000,
+            health_failure_threshold: 2,
+            connect_timeout_ms: 1000,
+            request_timeout_s: 600,
+            max_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// One `[[workers]]` entry of a router config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    /// Defaults to `<role>-<index>`.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub url: String,
+    pub role: Role,
+    #[serde(default = "default_engine")]
+    pub engine: EngineKind,
+}
+
+fn default_engine() -> EngineKind {
+    EngineKind::Vllm
+}
+
+/// One `[[fleet]]` entry of `up.toml`: `count` simulated workers of one role.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetGroup {
+    pub role: Role,
+    #[serde(default = "one")]
+    pub count: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A router config file (`ownerserve router --config`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterFile {
+    pub router: RouterSettings,
+    pub workers: Vec<WorkerSettings>,
+}
+
+/// The `up.toml` file: a router plus a fleet of simulated workers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpFile {
+    #[serde(default)]
+    pub router: RouterSettings,
+    #[serde(default)]
+    pub sim: SimSettings,
+    pub fleet: Vec<FleetGroup>,
+}
+
+/// The embedded default for `ownerserve up`: `configs/up.toml` as built.
+pub const DEFAULT_UP_TOML: &str = include_str!("../../configs/up.toml");
+
+/// Reads a TOML file into `T`, naming the file in every error.
+pub fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<T> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+/// Flags (or their `OWNERSERVE_*` variables) that override the `[router]` table.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RouterOverrides {
+    /// Address the router listens on.
+    #[arg(long, env = "OWNERSERVE_HOST")]
+    pub host: Option<IpAddr>,
+    /// Port the router listens on (0 picks a free one).
+    #[arg(long, env = "OWNERSERVE_PORT")]
+    pub port: Option<u16>,
+    /// Routing policy: round_robin, least_loaded.
+    #[arg(long, env = "OWNERSERVE_POLICY")]
+    pub policy: Option<String>,
+}
+
+impl RouterOverrides {
+    /// Applies the overrides that are set.
+    pub fn apply(&self, s: &mut RouterSettings) {
+        if let Some(h) = self.host {
+            s.host = h;
+        }
+        if let Some(p) = self.port {
+            s.port = p;
+        }
+        if let Some(p) = &self.policy {
+            s.policy.clone_from(p);
+        }
+    }
+}
+
+/// A worker as the router runs with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSpec {
+    pub name: String,
+    /// `http://host:port`, without a trailing slash.
+    pub base_url: String,
+    pub role: Role,
+    pub engine: EngineKind,
+}
+
+/// Validated router configuration.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub addr: SocketAddr,
+    pub policy: String,
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub health_failure_threshold: u32,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub workers: Vec<WorkerSpec>,
+}
+
+fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
+    if v == 0 {
+        bail!("router.{field} must be positive");
+    }
+    Ok(Duration::from_millis(v))
+}
+
+impl RouterConfig {
+    /// Validates settings and a worker list into a config.
+    pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> anyhow::Result<Self> {
+        policy::by_name(&s.policy).map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
+        if s.max_body_bytes < 1024 {
+            bail!("router.max_body_bytes must be at least 1024");
+        }
+        if s.health_failure_threshold == 0 {
+            bail!("router.health_failure_threshold must be at least 1");
+        }
+        if workers.is_empty() {
+            bail!("no workers configured");
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &workers {
+            if !names.insert(&w.name) {
+                bail!("worker name `{}` is used twice", w.name);
+            }
+        }
+        Ok(Self {
+            addr: SocketAddr::new(s.host, s.port),
+            policy: s.policy.clone(),
+            health_interval: millis("health_interval_ms", s.health_interval_ms)?,
+            health_timeout: millis("health_timeout_ms", s.health_timeout_ms)?,
+            health_failure_threshold: s.health_failure_threshold,
+            connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
+            request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
+            max_body_bytes: s.max_body_bytes,
+            workers,
+        })
+    }
+}
+
+/// Checks a worker URL (`http://host:port`, no path) and strips a trailing slash.
+pub fn worker_url(url: &str) -> anyhow::Result<String> {
+    let trimmed = url.trim_end_matches('/');
+    let uri: http::Uri = trimmed
+        .parse()
+        .with_context(|| format!("invalid worker url `{url}`"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        bail!("worker url `{url}` must look like http://host:port (https is not supported)");
+    }
+    if !matches!(uri.path(), "" | "/") {
+        bail!("worker url `{url}` must not have a path");
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Parses `--worker URL[,role=R][,engine=E][,name=N]`.
+pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
+    let mut parts = flag.split(',');
+    let url = parts.next().unwrap_or_default().to_owned();
+    let mut w = WorkerSettings {
+        name: None,
+        url,
+        role: Role::Hybrid,
+        engine: default_engine(),
+    };
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--worker `{flag}`: expected key=value, got `{kv}`"))?;
+        match k {
+            "role" => w.role = v.parse()?,
+            "engine" => w.engine = v.parse()?,
+            "name" => w.name = Some(v.to_owned()),
+            _ => bail!("--worker `{flag}`: unknown key `{k}` (role, engine, name)"),
+        }
+    }
+    Ok(w)
+}
+
+/// Turns configured workers into specs, naming unnamed ones `<role>-<n>`.
+pub fn worker_specs(workers: &[WorkerSettings]) -> anyhow::Result<Vec<WorkerSpec>> {
+    let mut counts = std::collections::HashMap::new();
+    workers
+        .iter()
+        .map(|w| {
+            let n = counts.entry(w.role).or_insert(0u32);
+            let name = w
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{}-{}", w.role.as_str(), n));
+            *n += 1;
+            Ok(WorkerSpec {
+                name,
+                base_url: worker_url(&w.url)?,
+                role: w.role,
+                engine: w.engine,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_up_config_parses_and_validates() {
+        let up: UpFile = toml::from_str(DEFAULT_UP_TOML).unwrap();
+        assert!(up.fleet.iter().map(|g| g.count).sum::<u32>() >= 3);
+        up.sim.build().unwrap();
+        RouterConfig::validate(
+            &up.router,
+            vec![WorkerSpec {
+                name: "a".into(),
+                base_url: "http://127.0.0.1:1".into(),
+                role: Role::Decode,
+                engine: EngineKind::Sim,
+            }],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn worker_flags_parse_and_bad_ones_are_named() {
+        let w =
+            parse_worker_flag("http://10.0.0.1:8000/,role=decode,engine=sglang,name=d1").unwrap();
+        assert_eq!(w.role, Role::Decode);
+        assert_eq!(w.engine, EngineKind::Sglang);
+        let specs = worker_specs(&[w]).unwrap();
+        assert_eq!(specs[0].base_url, "http://10.0.0.1:8000");
+        assert!(parse_worker_flag("http://x:1,role=chef").is_err());
+        assert!(worker_specs(&[parse_worker_flag("ftp://x:1").unwrap()]).is_err());
+        assert!(worker_specs(&[parse_worker_flag("http://x:1/v1").unwrap()]).is_err());
+    }
+
+    #[test]
+    fn unknown_policy_and_keys_are_refused() {
+        let s = RouterSettings {
+            policy: "magic".into(),
+            ..RouterSettings::default()
+        };
+        let err = RouterConfig::validate(&s, vec![]).unwrap_err().to_string();
+        assert!(
+            err.contains("magic") && err.contains("round_robin"),
+            "{err}"
+        );
+        assert!(toml::from_str::<RouterFile>("[router]\nprot = 1").is_err());
+    }
+
+    #[test]
+    fn overrides_win_over_the_file() {
+        let mut s = RouterSettings::default();
+        RouterOverrides {
+            host: None,
+            port: Some(9),
+            policy: Some("least_loaded".into()),
+        }
+        .apply(&mut s);
+        assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
+    }
+}

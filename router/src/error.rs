@@ -1,0 +1,172 @@
+//! The single mapping from router errors to HTTP: OpenAI's error body
+//! `{"error":{"message","type","param","code"}}` with the right status. Handlers return
+//! `Result<_, ApiError>`; nothing else builds error responses.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use ownerserve_shim::openai::RequestError;
+
+/// Everything that can go wrong serving a client request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    BadRequest(#[from] RequestError),
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("failed to read the request body: {0}")]
+    BodyRead(String),
+    #[error("the model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("no healthy worker serves model `{model}` right now")]
+    NoHealthyWorker { model: String },
+    #[error("worker {worker} is unreachable")]
+    UpstreamUnreachable { worker: String },
+    #[error("worker {worker} did not answer within {after:?}")]
+    UpstreamTimeout { worker: String, after: Duration },
+    #[error("no route for {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Detail<'a>,
+}
+
+#[derive(Serialize)]
+struct Detail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    /// HTTP status, OpenAI error type, offending parameter and code.
+    fn parts(&self) -> (StatusCode, &'static str, Option<&str>, &'static str) {
+        use ApiError::*;
+        match self {
+            BadRequest(e) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                e.param.as_deref(),
+                e.code,
+            ),
+            BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                None,
+                "request_too_large",
+            ),
+            BodyRead(_) => (
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "invalid_body",
+            ),
+            ModelNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model"),
+                "model_not_found",
+            ),
+            NoHealthyWorker { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                "no_healthy_worker",
+            ),
+            UpstreamUnreachable { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "server_error",
+                None,
+                "upstream_unreachable",
+            ),
+            UpstreamTimeout { .. } => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "server_error",
+                None,
+                "upstream_timeout",
+            ),
+            NotFound { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                "unknown_url",
+            ),
+            MethodNotAllowed { .. } => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                None,
+                "method_not_allowed",
+            ),
+        }
+    }
+
+    /// The error as an SSE event, for failures after a stream has started.
+    pub fn sse_event(&self) -> Vec<u8> {
+        let mut out = b"data: ".to_vec();
+        out.extend_from_slice(&self.body_json());
+        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+        out
+    }
+
+    fn body_json(&self) -> Vec<u8> {
+        let message = self.to_string();
+        let (_, kind, param, code) = self.parts();
+        let body = Body {
+            error: Detail {
+                message: &message,
+                kind,
+                param,
+                code: Some(code),
+            },
+        };
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, ..) = self.parts();
+        let mut resp = (status, self.body_json()).into_response();
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let e = ApiError::ModelNotFound("gpt-x".into());
+        let v: serde_json::Value = serde_json::from_slice(&e.body_json()).unwrap();
+        assert_eq!(v["error"]["message"], "the model `gpt-x` does not exist");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "model");
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(e.into_response().status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn unavailable_says_when_to_retry() {
+        let r = ApiError::NoHealthyWorker { model: "m".into() }.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+    }
+}

@@ -1,0 +1,85 @@
+//! Health checks: each worker is probed on an interval (`GET /health`, then `/v1/models`
+//! to learn what it serves) and marked up or down in the registry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::registry::{Registry, Worker};
+use crate::upstream::{get_small, HttpClient};
+
+/// How often and how patiently workers are probed.
+#[derive(Debug, Clone, Copy)]
+pub struct HealthSettings {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub failure_threshold: u32,
+}
+
+#[derive(Deserialize)]
+struct ModelList {
+    data: Vec<ModelEntry>,
+}
+
+#[derive(Deserialize)]
+struct ModelEntry {
+    id: String,
+}
+
+/// Probes one worker once and records the result.
+pub async fn check(client: &HttpClient, worker: &Worker, s: HealthSettings) {
+    let base = &worker.spec.base_url;
+    match get_small(client, base, "/health", s.timeout).await {
+        Ok((status, _)) if status.is_success() => {}
+        Ok((status, _)) => return worker.record_failure(s.failure_threshold, status.as_str()),
+        Err(e) => return worker.record_failure(s.failure_threshold, &e.to_string()),
+    }
+    if worker.is_healthy() && !worker.models().is_empty() {
+        return worker.mark_healthy(worker.models().to_vec());
+    }
+    match get_small(client, base, "/v1/models", s.timeout).await {
+        Ok((status, body)) if status.is_success() => {
+            match serde_json::from_slice::<ModelList>(&body) {
+                Ok(list) => worker.mark_healthy(list.data.into_iter().map(|m| m.id).collect()),
+                Err(_) => worker.record_failure(s.failure_threshold, "unreadable /v1/models"),
+            }
+        }
+        Ok((status, _)) => worker.record_failure(s.failure_threshold, status.as_str()),
+        Err(e) => worker.record_failure(s.failure_threshold, &e.to_string()),
+    }
+}
+
+/// Probes every worker once, concurrently, so the router starts with a current view.
+pub async fn check_all(client: &HttpClient, registry: &Registry, s: HealthSettings) {
+    let tracker = TaskTracker::new();
+    for w in registry.all() {
+        let (client, w) = (client.clone(), w.clone());
+        tracker.spawn(async move { check(&client, &w, s).await });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Starts one probe loop per worker; they stop when `cancel` fires.
+pub fn spawn(
+    client: &HttpClient,
+    registry: &Arc<Registry>,
+    s: HealthSettings,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    for w in registry.all() {
+        let (client, w, cancel) = (client.clone(), w.clone(), cancel.clone());
+        tracker.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(s.interval) => check(&client, &w, s).await,
+                    () = cancel.cancelled() => return,
+                }
+            }
+        });
+    }
+}

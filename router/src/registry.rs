@@ -1,0 +1,267 @@
+//! The router's view of its workers: identity, health, the models each serves and the
+//! requests in flight there. Shared by handlers, the health checker and the admin API.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+use ownerserve_planner::policy::WorkerView;
+
+use crate::config::WorkerSpec;
+
+/// One worker and its live state.
+#[derive(Debug)]
+pub struct Worker {
+    pub id: WorkerId,
+    pub spec: WorkerSpec,
+    healthy: AtomicBool,
+    consecutive_failures: AtomicU32,
+    in_flight: AtomicU32,
+    models: RwLock<Arc<[String]>>,
+}
+
+impl Worker {
+    /// Whether the last health checks passed.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Requests this router has sent there that have not finished.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Models the worker reported in `/v1/models`.
+    pub fn models(&self) -> Arc<[String]> {
+        self.models
+            .read()
+            .map_or_else(|e| e.into_inner().clone(), |m| m.clone())
+    }
+
+    fn serves(&self, model: &str) -> bool {
+        self.models().iter().any(|m| m == model)
+    }
+
+    /// Records a passed health check and the models the worker serves.
+    pub fn mark_healthy(&self, models: Vec<String>) {
+        let mut guard = self.models.write().unwrap_or_else(|e| e.into_inner());
+        *guard = models.into();
+        drop(guard);
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        if !self.healthy.swap(true, Ordering::Relaxed) {
+            tracing::info!(worker = %self.spec.name, "worker is healthy");
+        }
+    }
+
+    /// Records a failed check; after `threshold` in a row the worker is marked down.
+    pub fn record_failure(&self, threshold: u32, why: &str) {
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= threshold {
+            self.mark_down(why);
+        }
+    }
+
+    /// Marks the worker down at once (a refused connection needs no second opinion).
+    pub fn mark_down(&self, why: &str) {
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            tracing::warn!(worker = %self.spec.name, reason = why, "worker is down");
+        }
+    }
+
+    /// Counts a request as in flight until the guard drops.
+    pub fn start_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+/// Decrements a worker's in-flight count when the response body is done or dropped.
+#[derive(Debug)]
+pub struct InFlight(Arc<Worker>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether a model can be served right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelAvailability {
+    /// At least one healthy worker serves it.
+    Available,
+    /// Known to some worker that is down, or possibly served by a worker that has never
+    /// answered: retry later.
+    Unavailable,
+    /// Every worker has reported its models and none serves it.
+    Unknown,
+}
+
+/// All workers, in configuration order (`WorkerId` is the index).
+#[derive(Debug)]
+pub struct Registry {
+    workers: Vec<Arc<Worker>>,
+}
+
+impl Registry {
+    /// Workers from their specs, all unhealthy until their first health check.
+    pub fn new(specs: Vec<WorkerSpec>) -> Self {
+        let workers = specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                Arc::new(Worker {
+                    id: WorkerId(i as u32),
+                    spec,
+                    healthy: AtomicBool::new(false),
+                    consecutive_failures: AtomicU32::new(0),
+                    in_flight: AtomicU32::new(0),
+                    models: RwLock::new(Arc::from(Vec::new())),
+                })
+            })
+            .collect();
+        Self { workers }
+    }
+
+    /// Every worker.
+    pub fn all(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+
+    /// A worker by id.
+    pub fn get(&self, id: WorkerId) -> Option<&Arc<Worker>> {
+        self.workers.get(id.0 as usize)
+    }
+
+    /// Whether `model` can be served now.
+    pub fn availability(&self, model: &str) -> ModelAvailability {
+        let mut maybe = false;
+        for w in &self.workers {
+            if w.serves(model) && w.is_healthy() {
+                return ModelAvailability::Available;
+            }
+            maybe |= w.serves(model) || w.models().is_empty();
+        }
+        if maybe {
+            ModelAvailability::Unavailable
+        } else {
+            ModelAvailability::Unknown
+        }
+    }
+
+    /// Policy views of the workers that serve `model`, minus `excluded` ones (workers that
+    /// already failed this request).
+    pub fn candidates(&self, model: &str, excluded: &[WorkerId]) -> Vec<WorkerView> {
+        self.workers
+            .iter()
+            .filter(|w| w.serves(model) && !excluded.contains(&w.id))
+            .map(|w| WorkerView {
+                id: w.id,
+                role: w.spec.role,
+                healthy: w.is_healthy(),
+                in_flight: w.in_flight(),
+            })
+            .collect()
+    }
+
+    /// Distinct models served by healthy workers, in first-seen order.
+    pub fn healthy_models(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for w in self.workers.iter().filter(|w| w.is_healthy()) {
+            for m in w.models().iter() {
+                if !out.contains(m) {
+                    out.push(m.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// The admin API's view of every worker.
+    pub fn describe(&self) -> Vec<WorkerInfo> {
+        self.workers
+            .iter()
+            .map(|w| WorkerInfo {
+                id: w.spec.name.clone(),
+                url: w.spec.base_url.clone(),
+                role: w.spec.role,
+                engine: w.spec.engine,
+                healthy: w.is_healthy(),
+                in_flight: w.in_flight(),
+                models: w.models().to_vec(),
+            })
+            .collect()
+    }
+}
+
+/// One row of `GET /admin/v1/workers`.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub url: String,
+    pub role: Role,
+    pub engine: EngineKind,
+    pub healthy: bool,
+    pub in_flight: u32,
+    pub models: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registry() -> Registry {
+        let spec = |name: &str, role| WorkerSpec {
+            name: name.into(),
+            base_url: "http://127.0.0.1:1".into(),
+            role,
+            engine: EngineKind::Sim,
+        };
+        Registry::new(vec![spec("a", Role::Decode), spec("b", Role::Hybrid)])
+    }
+
+    #[test]
+    fn availability_follows_health_and_models() {
+        let r = registry();
+        assert_eq!(
+            r.availability("m"),
+            ModelAvailability::Unavailable,
+            "nobody answered yet"
+        );
+        r.all()[1].mark_healthy(vec!["other".into()]);
+        r.all()[0].mark_healthy(vec!["m".into()]);
+        assert_eq!(r.availability("x"), ModelAvailability::Unknown);
+        assert_eq!(r.availability("m"), ModelAvailability::Available);
+        r.all()[0].record_failure(2, "test");
+        assert_eq!(
+            r.availability("m"),
+            ModelAvailability::Available,
+            "one failure is tolerated"
+        );
+        r.all()[0].record_failure(2, "test");
+        assert_eq!(r.availability("m"), ModelAvailability::Unavailable);
+        assert_eq!(r.healthy_models(), vec!["other".to_owned()]);
+    }
+
+    #[test]
+    fn in_flight_guard_counts_and_candidates_respect_exclusions() {
+        let r = registry();
+        for w in r.all() {
+            w.mark_healthy(vec!["m".into()]);
+        }
+        let g = r.all()[1].start_request();
+        assert_eq!(
+            r.candidates("m", &[])
+                .iter()
+                .map(|v| v.in_flight)
+                .collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        drop(g);
+        assert_eq!(r.all()[1].in_flight(), 0);
+        assert_eq!(r.candidates("m", &[WorkerId(0)]).len(), 1);
+        assert!(r.candidates("other", &[]).is_empty());
+    }
+}

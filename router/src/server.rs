@@ -1,0 +1,223 @@
+//! The router's HTTP server: the OpenAI proxy (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`), `/health`, and the operator API (`/admin/v1/...`).
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use ownerserve_planner::policy::{self, Policy, RouteRequest};
+use ownerserve_shim::openai::{self, Endpoint};
+
+use crate::config::RouterConfig;
+use crate::error::ApiError;
+use crate::health::{self, HealthSettings};
+use crate::registry::{ModelAvailability, Registry};
+use crate::upstream::{self, ForwardError, HttpClient};
+
+/// Shared state of the router's handlers.
+pub struct AppState {
+    pub registry: Arc<Registry>,
+    policy: Mutex<Box<dyn Policy>>,
+    client: HttpClient,
+    cfg: RouterConfig,
+}
+
+/// Runs the router on `listener` until `shutdown` fires, then drains in-flight requests.
+pub async fn run(
+    listener: TcpListener,
+    cfg: RouterConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let policy = policy::by_name(&cfg.policy)?;
+    let client = upstream::client(cfg.connect_timeout);
+    let registry = Arc::new(Registry::new(cfg.workers.clone()));
+    let health = HealthSettings {
+        interval: cfg.health_interval,
+        timeout: cfg.health_timeout,
+        failure_threshold: cfg.health_failure_threshold,
+    };
+    health::check_all(&client, &registry, health).await;
+    let tracker = TaskTracker::new();
+    health::spawn(&client, &registry, health, &tracker, &shutdown);
+    let state = Arc::new(AppState {
+        registry,
+        policy: Mutex::new(policy),
+        client,
+        cfg,
+    });
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("router server failed");
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    served
+}
+
+/// The router's routes.
+pub fn app(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/admin/v1/workers", get(workers))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::NotFound {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_owned(),
+    }
+}
+
+async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    proxy(&st, req, Endpoint::ChatCompletions, "/v1/chat/completions").await
+}
+
+async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    proxy(&st, req, Endpoint::Completions, "/v1/completions").await
+}
+
+/// Most bytes of an oversized body read and discarded before answering 413, so the client
+/// can finish sending and read the error instead of seeing a reset connection.
+const DRAIN_LIMIT_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Reads the body up to `limit` bytes. A bigger body is drained (up to a cap) and refused.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_LIMIT_BYTES) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let mut body = body;
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::BodyRead(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_LIMIT_BYTES {
+            break;
+        }
+        if seen <= limit as u64 {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > limit as u64 {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    Ok(buf.freeze())
+}
+
+async fn proxy(
+    st: &AppState,
+    req: Request,
+    endpoint: Endpoint,
+    path: &str,
+) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
+    let parsed = openai::parse(&bytes, endpoint)?;
+    let model: &str = &parsed.model;
+    match st.registry.availability(model) {
+        ModelAvailability::Available => {}
+        ModelAvailability::Unavailable => {
+            return Err(ApiError::NoHealthyWorker {
+                model: model.to_owned(),
+            })
+        }
+        ModelAvailability::Unknown => return Err(ApiError::ModelNotFound(model.to_owned())),
+    }
+    let route = RouteRequest { model };
+    let mut failed = Vec::new();
+    loop {
+        let candidates = st.registry.candidates(model, &failed);
+        let decision = st
+            .policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .choose(&route, &candidates)
+            .map_err(|_| ApiError::NoHealthyWorker {
+                model: model.to_owned(),
+            })?;
+        let Some(worker) = st.registry.get(decision.worker) else {
+            return Err(ApiError::NoHealthyWorker {
+                model: model.to_owned(),
+            });
+        };
+        let in_flight = worker.start_request();
+        let sent = upstream::forward(
+            &st.client,
+            worker,
+            path,
+            &parts.headers,
+            bytes.clone(),
+            st.cfg.request_timeout,
+        )
+        .await;
+        match sent {
+            Ok(resp) => return Ok(upstream::relay(resp, worker, in_flight)),
+            // Nothing reached the worker: mark it down and try the next one.
+            Err(ForwardError::Connect) => {
+                worker.mark_down("connection refused");
+                failed.push(worker.id);
+            }
+            Err(e) => {
+                tracing::warn!(worker = %worker.spec.name, error = %e, "forward failed");
+                return Err(e.into_api(worker));
+            }
+        }
+    }
+}
+
+async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let data: Vec<_> = st
+        .registry
+        .healthy_models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "ownerserve"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    let healthy = st.registry.all().iter().filter(|w| w.is_healthy()).count();
+    let body =
+        json!({"status": "ok", "healthy_workers": healthy, "workers": st.registry.all().len()});
+    (StatusCode::OK, Json(body)).into_response()
+}
+
+async fn workers(State(st): State<Arc<AppState>>) -> Response {
+    Json(json!({"policy": st.cfg.policy, "workers": st.registry.describe()})).into_response()
+}

@@ -1,0 +1,135 @@
+//! `ownerserve up`: the router plus a fleet of simulated workers in one process, on the
+//! embedded default config (`configs/up.toml`) unless told otherwise.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use ownerserve_planner::ids::EngineKind;
+
+use crate::cli::{bind, cancel_on_signal, say};
+use crate::config::{
+    read_toml, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
+};
+use crate::server;
+
+/// Flags of `ownerserve up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Config file; defaults to the embedded configs/up.toml.
+    #[arg(long, env = "OWNERSERVE_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: RouterOverrides,
+    /// Simulated seconds per wall-clock second for every worker.
+    #[arg(long, env = "OWNERSERVE_TIME_SCALE")]
+    time_scale: Option<f64>,
+    /// Workers finish steps instantly (no simulated delay).
+    #[arg(long, env = "OWNERSERVE_INSTANT")]
+    instant: Option<bool>,
+}
+
+/// Starts everything, prints what runs, and waits for Ctrl-C.
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let mut file: UpFile = match &args.config {
+        Some(path) => read_toml(path)?,
+        None => toml::from_str(DEFAULT_UP_TOML).context("embedded configs/up.toml")?,
+    };
+    args.overrides.apply(&mut file.router);
+    if let Some(scale) = args.time_scale {
+        file.sim.time_scale = scale;
+    }
+    if let Some(instant) = args.instant {
+        file.sim.instant = instant;
+    }
+    let sim = file.sim.build().context("invalid [sim] settings")?;
+    if file.fleet.iter().all(|g| g.count == 0) {
+        anyhow::bail!("the fleet is empty: add [[fleet]] groups with count >= 1");
+    }
+    // Validate the router settings before starting any worker.
+    let placeholder = vec![WorkerSpec {
+        name: "check".into(),
+        base_url: "http://127.0.0.1:1".into(),
+        role: file.fleet[0].role,
+        engine: EngineKind::Sim,
+    }];
+    RouterConfig::validate(&file.router, placeholder)?;
+    let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
+
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let mut workers = Vec::new();
+    for group in &file.fleet {
+        for i in 0..group.count {
+            let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+            let addr = listener.local_addr()?;
+            let name = format!("{}-{i}", group.role.as_str());
+            let (cfg, token) = (sim.clone(), shutdown.child_token());
+            let worker_name = name.clone();
+            tracker.spawn(async move {
+                if let Err(e) = ownerserve_shim::sim::server::serve(listener, cfg, token).await {
+                    tracing::error!(worker = %worker_name, error = %e, "sim worker failed");
+                }
+            });
+            workers.push(WorkerSpec {
+                name,
+                base_url: format!("http://{addr}"),
+                role: group.role,
+                engine: EngineKind::Sim,
+            });
+        }
+    }
+    let cfg = RouterConfig::validate(&file.router, workers)?;
+    let router_addr = router_listener.local_addr()?;
+    print_summary(&cfg, router_addr, &sim.served_model_name, &file.sim);
+
+    cancel_on_signal(shutdown.clone());
+    let result = server::run(router_listener, cfg, shutdown.clone()).await;
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    say("ownerserve stopped");
+    result
+}
+
+fn print_summary(
+    cfg: &RouterConfig,
+    addr: SocketAddr,
+    model: &str,
+    sim: &ownerserve_shim::sim::config::SimSettings,
+) {
+    let timing = if sim.instant {
+        "instant".to_owned()
+    } else {
+        format!("time scale {}x", sim.time_scale)
+    };
+    say(&format!(
+        "ownerserve up: {} simulated workers ({} on {}x {}, {timing})",
+        cfg.workers.len(),
+        model,
+        sim.gpus,
+        sim.gpu
+    ));
+    for w in &cfg.workers {
+        say(&format!(
+            "  worker {:<10} {:<8} {}",
+            w.name,
+            w.role.as_str(),
+            w.base_url
+        ));
+    }
+    say(&format!(
+        "ownerserve router listening on http://{addr} (policy {})",
+        cfg.policy
+    ));
+    say("try:");
+    say(&format!(
+        "  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    \
+         -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'"
+    ));
+    say(&format!("  curl -s http://{addr}/admin/v1/workers"));
+    say("press Ctrl-C to stop");
+}

@@ -1,0 +1,162 @@
+//! Shared harness for the end-to-end tests: start real `ownerserve` processes on ephemeral
+//! ports (`--port 0`), learn their address from the line they print, and kill them on drop.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+#![allow(clippy::unwrap_used, reason = "test harness: a failure should panic")]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// A running `ownerserve` child process.
+pub struct Proc {
+    pub child: Child,
+    pub url: String,
+    pub stdout: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    /// Runs `ownerserve <args>` and waits for the line `<marker> http://ADDR`.
+    pub fn spawn(args: &[&str], envs: &[(&str, &str)], marker: &str) -> Proc {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ownerserve"));
+        cmd.args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("OWNERSERVE_LOG", "warn");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn ownerserve");
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Ok(line) = rx.recv_timeout(left) else {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("ownerserve {args:?} never printed `{marker}`");
+            };
+            if let Some(rest) = line.split(marker).nth(1) {
+                let url = rest
+                    .split_whitespace()
+                    .next()
+                    .expect("address after marker")
+                    .to_owned();
+                return Proc {
+                    child,
+                    url,
+                    stdout: rx,
+                };
+            }
+        }
+    }
+
+    /// `ownerserve up` with extra flags.
+    pub fn up(extra: &[&str]) -> Proc {
+        let mut args = vec!["up", "--port", "0"];
+        args.extend_from_slice(extra);
+        Proc::spawn(&args, &[], "ownerserve router listening on")
+    }
+
+    /// `ownerserve sim-worker` on a free port, with extra flags.
+    pub fn sim_worker(extra: &[&str]) -> Proc {
+        Proc::sim_worker_on("0", extra)
+    }
+
+    /// `ownerserve sim-worker` on `port`, with extra flags.
+    pub fn sim_worker_on(port: &str, extra: &[&str]) -> Proc {
+        let mut args = vec!["sim-worker", "--port", port];
+        args.extend_from_slice(extra);
+        Proc::spawn(&args, &[], "ownerserve sim worker listening on")
+    }
+
+    /// `ownerserve router` in front of `workers` (`URL,role=..`), with extra flags.
+    pub fn router(workers: &[String], extra: &[&str]) -> Proc {
+        let mut args: Vec<&str> = vec!["router", "--port", "0"];
+        for w in workers {
+            args.push("--worker");
+            args.push(w);
+        }
+        args.extend_from_slice(extra);
+        Proc::spawn(&args, &[], "ownerserve router listening on")
+    }
+
+    /// Sends SIGINT, as Ctrl-C would.
+    pub fn interrupt(&self) {
+        let status = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Kills the process at once (a crashed worker).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+}
+
+pub fn chat_body(content: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+    })
+}
+
+/// Polls `check` every 50 ms until it holds or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// Reads one Prometheus sample (`name{labels} value`) whose line starts with `prefix`.
+pub fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {prefix} in\n{text}"))
+}
+
+/// An address nothing listens on.
+pub fn dead_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    format!("http://{addr}")
+}

@@ -1,0 +1,377 @@
+//! The router as a black box: real `ownerserve` processes on loopback.
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{chat_body, client, dead_address, eventually, Proc, MODEL};
+use serde_json::{json, Value};
+
+async fn workers(url: &str) -> Value {
+    client()
+        .get(format!("{url}/admin/v1/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn round_robin_spreads_requests_over_decode_and_hybrid_workers() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let c = client();
+    let mut served = Vec::new();
+    for i in 0..6 {
+        let resp = c
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat_body(&format!("question {i}"), 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        served.push(
+            resp.headers()["x-ownerserve-worker"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["usage"]["completion_tokens"], 4);
+    }
+    assert_eq!(
+        served,
+        ["decode-0", "decode-1", "hybrid-0", "decode-0", "decode-1", "hybrid-0"]
+    );
+    let w = workers(&stack.url).await;
+    assert_eq!(w["policy"], "round_robin");
+    let rows = w["workers"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    for row in rows {
+        for key in ["id", "url", "role", "engine", "healthy"] {
+            assert!(row.get(key).is_some(), "{key} missing in {row}");
+        }
+        assert_eq!(row["healthy"], true);
+        assert_eq!(row["engine"], "sim");
+    }
+    let models: Value = c
+        .get(format!("{}/v1/models", stack.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], MODEL);
+}
+
+#[tokio::test]
+async fn streams_pass_through_chunk_by_chunk() {
+    // Real time: ~10 ms per decode step, so 100 tokens take about a second.
+    let stack = Proc::up(&[]);
+    let mut body = chat_body("tell me a story", 100);
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let mut resp = client()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let start = Instant::now();
+    let mut first = None;
+    let mut text = String::new();
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        first.get_or_insert(start.elapsed());
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let total = start.elapsed();
+    let first = first.unwrap();
+    // A buffering proxy would deliver everything at once at the end.
+    assert!(
+        total - first > Duration::from_millis(300),
+        "first chunk at {first:?}, end at {total:?}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let usage = &events.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 100);
+    let content_chunks = events
+        .iter()
+        .filter(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+        })
+        .count();
+    assert_eq!(content_chunks, 100);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_openai_errors_and_the_router_survives() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let c = client();
+    let chat = format!("{}/v1/chat/completions", stack.url);
+    let big = "x".repeat(33 * 1024 * 1024);
+    let cases: Vec<(&str, String, Vec<u8>, u16)> = vec![
+        ("POST", chat.clone(), b"{not json".to_vec(), 400),
+        ("POST", chat.clone(), b"[1,2,3]".to_vec(), 400),
+        ("POST", chat.clone(), b"".to_vec(), 400),
+        ("POST", chat.clone(), vec![0xff, 0xfe, 0x00], 400),
+        ("POST", chat.clone(), br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), 400),
+        ("POST", chat.clone(), br#"{"model":42,"messages":[]}"#.to_vec(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}"}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[]}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":{{"role":"user"}}}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"robot","content":"x"}}]}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":{{"a":1}}}}]}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"max_tokens":-1}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"max_tokens":"many"}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"n":1000}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"temperature":-1}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"stream":1}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"stop":[1]}}"#).into_bytes(), 400),
+        // Passes the router; the worker refuses it (context length), and the router relays that.
+        ("POST", chat.clone(), format!(r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"x"}}],"max_tokens":4000000}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), br#"{"model":"no-such-model","messages":[{"role":"user","content":"x"}]}"#.to_vec(), 404),
+        ("POST", format!("{}/v1/completions", stack.url), format!(r#"{{"model":"{MODEL}","prompt":{{}}}}"#).into_bytes(), 400),
+        ("POST", chat.clone(), big.into_bytes(), 413),
+        ("POST", format!("{}/v1/nope", stack.url), b"{}".to_vec(), 404),
+        ("GET", chat.clone(), Vec::new(), 405),
+    ];
+    for (method, url, body, status) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).into_owned();
+        let resp = c
+            .request(method.parse().unwrap(), &url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{shown}: {e}"));
+        assert_eq!(resp.status().as_u16(), status, "{method} {url} {shown}");
+        assert_eq!(
+            resp.headers()["content-type"],
+            "application/json",
+            "{shown}"
+        );
+        let err: Value = resp.json().await.unwrap();
+        let e = &err["error"];
+        assert!(
+            e["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{shown}: {err}"
+        );
+        assert!(e["type"].is_string(), "{shown}: {err}");
+        assert!(
+            e.get("param").is_some() && e.get("code").is_some(),
+            "{shown}: {err}"
+        );
+    }
+    let ok = c
+        .post(&chat)
+        .json(&chat_body("still alive?", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test]
+async fn unreachable_workers_get_503_not_a_hang() {
+    let router = Proc::router(&[format!("{},role=decode", dead_address())], &[]);
+    let start = Instant::now();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&chat_body("hello", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "no_healthy_worker");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert_eq!(workers(&router.url).await["workers"][0]["healthy"], false);
+}
+
+#[tokio::test]
+async fn a_dead_worker_is_skipped_and_marked_down_then_back_up() {
+    let mut a = Proc::sim_worker(&["--instant"]);
+    let b = Proc::sim_worker(&["--instant"]);
+    let a_port = a.url.rsplit(':').next().unwrap().to_owned();
+    let router = Proc::router(
+        &[
+            format!("{},role=decode,name=a", a.url),
+            format!("{},role=decode,name=b", b.url),
+        ],
+        &[],
+    );
+    a.kill();
+    // Until the health check notices, requests routed to `a` fail to connect and are retried on `b`.
+    let c = client();
+    for _ in 0..4 {
+        let resp = c
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&chat_body("hi", 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-ownerserve-worker"], "b");
+    }
+    let url = router.url.clone();
+    eventually(Duration::from_secs(10), "a marked down", || {
+        let url = url.clone();
+        async move { workers(&url).await["workers"][0]["healthy"] == false }
+    })
+    .await;
+    let _a2 = Proc::sim_worker_on(&a_port, &["--instant"]);
+    eventually(Duration::from_secs(10), "a healthy again", || {
+        let url = url.clone();
+        async move { workers(&url).await["workers"][0]["healthy"] == true }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_worker_that_never_answers_times_out_with_504() {
+    let silent = SilentAfterHealth::start();
+    let dir = std::env::temp_dir().join(format!("ownerserve-504-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("router.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[router]\nrequest_timeout_s = 1\n\n\
+             [[workers]]\nurl = \"{}\"\nrole = \"decode\"\nengine = \"vllm\"\n",
+            silent.url
+        ),
+    )
+    .unwrap();
+    let router = Proc::router(&[], &["--config", cfg.to_str().unwrap()]);
+    let start = Instant::now();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&chat_body("hello", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "upstream_timeout");
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+/// A fake worker that passes health checks and lists the model, then never answers a
+/// completion request.
+struct SilentAfterHealth {
+    url: String,
+}
+
+impl SilentAfterHealth {
+    fn start() -> Self {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let body = if head.starts_with("GET /health") {
+                    String::new()
+                } else if head.starts_with("GET /v1/models") {
+                    format!(r#"{{"object":"list","data":[{{"id":"{MODEL}","object":"model"}}]}}"#)
+                } else {
+                    held.push(s);
+                    continue;
+                };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        Self { url }
+    }
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let mut w = Proc::sim_worker(&[]);
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &[]);
+    let mut body = chat_body("a long answer please", 2000);
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    w.kill();
+    let mut rest = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the stream hung after the worker died");
+    assert!(rest.contains("upstream_unreachable"), "{rest}");
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+}
+
+#[tokio::test]
+async fn policy_is_chosen_by_flag_or_env_and_bad_names_fail_fast() {
+    let stack = Proc::up(&["--instant", "true", "--policy", "least_loaded"]);
+    assert_eq!(workers(&stack.url).await["policy"], "least_loaded");
+    drop(stack);
+    let env = Proc::spawn(
+        &["up", "--port", "0", "--instant", "true"],
+        &[("OWNERSERVE_POLICY", "least_loaded")],
+        "ownerserve router listening on",
+    );
+    assert_eq!(workers(&env.url).await["policy"], "least_loaded");
+    drop(env);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ownerserve"))
+        .args(["up", "--port", "0", "--policy", "bogus"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bogus") && err.contains("round_robin"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn up_stops_cleanly_on_ctrl_c() {
+    let mut stack = Proc::up(&["--instant", "true"]);
+    stack.interrupt();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = stack.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "up did not exit after SIGINT");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let lines: Vec<String> = stack.stdout.try_iter().collect();
+    assert!(lines.iter().any(|l| l == "ownerserve stopped"), "{lines:?}");
+}
