@@ -32,6 +32,15 @@ enum Command {
     Router(RouterArgs),
     /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
     SimWorker(SimWorkerArgs),
+    /// Benchmarks (they print figures against a baseline measured in the same run).
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Router overhead as a proxy: a sim worker driven directly and through the router (wrk).
+    Proxy(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,6 +75,9 @@ impl Cli {
             Command::Up(args) => up::run(args).await,
             Command::Router(args) => run_router(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
+            Command::Bench(BenchCommand::Proxy(args)) => {
+                tokio::task::spawn_blocking(move || crate::bench::run(args)).await?
+            }
         }
     }
 }

@@ -279,6 +279,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_router_config_parses() {
+        let file: RouterFile =
+            toml::from_str(include_str!("../../configs/router.example.toml")).unwrap();
+        let specs = worker_specs(&file.workers).unwrap();
+        RouterConfig::validate(&file.router, specs).unwrap();
+    }
+
+    #[test]
     fn worker_flags_parse_and_bad_ones_are_named() {
         let w =
             parse_worker_flag("http://10.0.0.1:8000/,role=decode,engine=sglang,name=d1").unwrap();

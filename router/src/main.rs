@@ -7,8 +7,10 @@
 //! - [`registry`] and [`health`]: the workers and their health.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
+//! - [`bench`]: benchmark commands.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod cli;
 mod config;
 mod error;

@@ -1,0 +1,226 @@
+//! `ownerserve bench proxy`: how much the router costs as a proxy. In one run it starts a
+//! simulated worker in instant mode and a router in front of it (separate processes), then
+//! drives both with `wrk` under the same load and prints req/s, p50/p99 and the ratios.
+//! The baseline (the worker driven directly) is always measured in the same run.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::cli::say;
+
+/// Flags of `ownerserve bench proxy`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10)]
+    duration_s: u64,
+    /// Concurrent connections for the throughput runs.
+    #[arg(long, default_value_t = 32)]
+    connections: u32,
+    /// wrk threads.
+    #[arg(long, default_value_t = 2)]
+    threads: u32,
+    /// `max_tokens` of every request.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: u32,
+}
+
+/// A child process killed on drop.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `ownerserve <args>` and returns it with the URL it prints after `marker`.
+fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
+    let exe = std::env::current_exe().context("cannot find the ownerserve binary")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .env("OWNERSERVE_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("cannot start ownerserve {args:?}"))?;
+    let out = child.stdout.take().context("no stdout")?;
+    let child = Reaped(child);
+    let mut lines = BufReader::new(out).lines();
+    while let Some(line) = lines.next().transpose()? {
+        if let Some(rest) = line.split(marker).nth(1) {
+            let url = rest.split_whitespace().next().unwrap_or_default().to_owned();
+            // Keep draining stdout so the child never blocks on a full pipe.
+            std::thread::spawn(move || lines.for_each(drop));
+            return Ok((child, url));
+        }
+    }
+    bail!("ownerserve {args:?} exited before printing `{marker}`")
+}
+
+/// One wrk measurement.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn wrk_script(body: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::temp_dir().join(format!(
+        "ownerserve-bench-{}-{}.lua",
+        std::process::id(),
+        body.len()
+    ));
+    let mut f = std::fs::File::create(&path)?;
+    // A Lua long string needs no escaping as long as the body has no "]==]".
+    writeln!(
+        f,
+        "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body}]==]"
+    )?;
+    Ok(path)
+}
+
+fn parse_duration_us(s: &str) -> Option<f64> {
+    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
+    let v: f64 = num.parse().ok()?;
+    Some(match unit {
+        "us" => v,
+        "ms" => v * 1e3,
+        "s" => v * 1e6,
+        _ => return None,
+    })
+}
+
+fn wrk(url: &str, script: &PathBuf, threads: u32, conns: u32, secs: u64) -> anyhow::Result<Measured> {
+    let out = Command::new("wrk")
+        .args([
+            "--latency",
+            "-t",
+            &threads.min(conns).to_string(),
+            "-c",
+            &conns.to_string(),
+            "-d",
+            &format!("{secs}s"),
+            "-s",
+        ])
+        .arg(script)
+        .arg(url)
+        .output()
+        .context("cannot run wrk (install it: apt-get install -y wrk)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("wrk failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    if let Some(line) = text.lines().find(|l| l.contains("Non-2xx")) {
+        bail!("the server answered errors under load: {line}");
+    }
+    let field = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_owned()))
+    };
+    let rps = field("Requests/sec:")
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no Requests/sec in wrk output:\n{text}"))?;
+    let p50_us = field("50%").and_then(|v| parse_duration_us(&v));
+    let p99_us = field("99%").and_then(|v| parse_duration_us(&v));
+    match (p50_us, p99_us) {
+        (Some(p50_us), Some(p99_us)) => Ok(Measured { rps, p50_us, p99_us }),
+        _ => bail!("no latency distribution in wrk output:\n{text}"),
+    }
+}
+
+fn chat_body(bytes: usize, max_tokens: u32) -> String {
+    let filler = "the quick brown fox jumps over the lazy dog ";
+    let head = format!(
+        r#"{{"model":"meta-llama/Llama-3.1-8B-Instruct","max_tokens":{max_tokens},"messages":[{{"role":"system","content":"You are a coding agent."}},{{"role":"user","content":""#
+    );
+    let tail = r#""}]}"#;
+    let room = bytes.saturating_sub(head.len() + tail.len());
+    let content: String = filler.chars().cycle().take(room).collect();
+    format!("{head}{content}{tail}")
+}
+
+/// Runs the benchmark and prints a Markdown table.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    Command::new("wrk")
+        .arg("--version")
+        .output()
+        .context("wrk is needed for this benchmark: apt-get install -y wrk")?;
+    let (_worker, worker_url) = start(
+        &["sim-worker", "--port", "0", "--instant"],
+        "listening on",
+    )?;
+    let worker_flag = format!("{worker_url},role=decode,engine=sim");
+    let (_router, router_url) = start(
+        &["router", "--port", "0", "--worker", &worker_flag],
+        "listening on",
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let direct = format!("{worker_url}/v1/chat/completions");
+    let routed = format!("{router_url}/v1/chat/completions");
+    let secs = args.duration_s.max(1);
+
+    say(&format!(
+        "bench proxy: wrk {}s per run, {} threads; sim worker (instant) direct vs through the router",
+        secs, args.threads
+    ));
+    say("| body | connections | direct req/s | router req/s | ratio | direct p50/p99 µs | router p50/p99 µs | added p50 µs |");
+    say("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, size, conns) in [
+        ("2 KB", 2048, args.connections),
+        ("32 KB", 32 * 1024, args.connections),
+        ("2 KB", 2048, 1),
+    ] {
+        let script = wrk_script(&chat_body(size, args.max_tokens))?;
+        // Warm both paths (connections, caches) before measuring.
+        wrk(&direct, &script, 1, conns, 1)?;
+        wrk(&routed, &script, 1, conns, 1)?;
+        let d = wrk(&direct, &script, args.threads, conns, secs)?;
+        let r = wrk(&routed, &script, args.threads, conns, secs)?;
+        let _ = std::fs::remove_file(&script);
+        say(&format!(
+            "| {label} | {conns} | {:.0} | {:.0} | {:.2}x | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} |",
+            d.rps,
+            r.rps,
+            r.rps / d.rps,
+            d.p50_us,
+            d.p99_us,
+            r.p50_us,
+            r.p99_us,
+            r.p50_us - d.p50_us
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_wrk_durations() {
+        assert_eq!(parse_duration_us("210.00us"), Some(210.0));
+        assert_eq!(parse_duration_us("1.50ms"), Some(1500.0));
+        assert_eq!(parse_duration_us("2.00s"), Some(2e6));
+        assert_eq!(parse_duration_us("x"), None);
+    }
+
+    #[test]
+    fn bodies_have_the_requested_size_and_are_valid_requests() {
+        for size in [2048, 32 * 1024] {
+            let body = chat_body(size, 16);
+            assert_eq!(body.len(), size);
+            ownerserve_shim::openai::parse(
+                body.as_bytes(),
+                ownerserve_shim::openai::Endpoint::ChatCompletions,
+            )
+            .unwrap();
+        }
+    }
+}
