@@ -54,7 +54,11 @@ fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
     let mut lines = BufReader::new(out).lines();
     while let Some(line) = lines.next().transpose()? {
         if let Some(rest) = line.split(marker).nth(1) {
-            let url = rest.split_whitespace().next().unwrap_or_default().to_owned();
+            let url = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
             // Keep draining stdout so the child never blocks on a full pipe.
             std::thread::spawn(move || lines.for_each(drop));
             return Ok((child, url));
@@ -97,7 +101,13 @@ fn parse_duration_us(s: &str) -> Option<f64> {
     })
 }
 
-fn wrk(url: &str, script: &PathBuf, threads: u32, conns: u32, secs: u64) -> anyhow::Result<Measured> {
+fn wrk(
+    url: &str,
+    script: &PathBuf,
+    threads: u32,
+    conns: u32,
+    secs: u64,
+) -> anyhow::Result<Measured> {
     let out = Command::new("wrk")
         .args([
             "--latency",
@@ -130,7 +140,11 @@ fn wrk(url: &str, script: &PathBuf, threads: u32, conns: u32, secs: u64) -> anyh
     let p50_us = field("50%").and_then(|v| parse_duration_us(&v));
     let p99_us = field("99%").and_then(|v| parse_duration_us(&v));
     match (p50_us, p99_us) {
-        (Some(p50_us), Some(p99_us)) => Ok(Measured { rps, p50_us, p99_us }),
+        (Some(p50_us), Some(p99_us)) => Ok(Measured {
+            rps,
+            p50_us,
+            p99_us,
+        }),
         _ => bail!("no latency distribution in wrk output:\n{text}"),
     }
 }
@@ -152,10 +166,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .arg("--version")
         .output()
         .context("wrk is needed for this benchmark: apt-get install -y wrk")?;
-    let (_worker, worker_url) = start(
-        &["sim-worker", "--port", "0", "--instant"],
-        "listening on",
-    )?;
+    let (_worker, worker_url) = start(&["sim-worker", "--port", "0", "--instant"], "listening on")?;
     let worker_flag = format!("{worker_url},role=decode,engine=sim");
     let (_router, router_url) = start(
         &["router", "--port", "0", "--worker", &worker_flag],

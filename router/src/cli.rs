@@ -82,27 +82,22 @@ impl Cli {
     }
 }
 
-/// Cancels `token` on Ctrl-C or SIGTERM.
-pub fn cancel_on_signal(token: CancellationToken) {
+/// Cancels `token` on Ctrl-C (SIGINT) or SIGTERM. The handlers are registered before this
+/// returns, so a signal sent right after the caller prints its address is not lost.
+pub fn cancel_on_signal(token: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    // Detached on purpose: it lives as long as the process and only cancels the token.
     tokio::spawn(async move {
-        #[cfg(unix)]
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let term = std::future::pending::<()>();
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            () = term => {}
+            _ = int.recv() => {}
+            _ = term.recv() => {}
         }
         tracing::info!("shutting down");
         token.cancel();
     });
+    Ok(())
 }
 
 /// Binds, naming the address in the error (a busy port is the usual cause).
@@ -129,20 +124,22 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     }
     let cfg = RouterConfig::validate(&file.router, worker_specs(&file.workers)?)?;
     let listener = bind(cfg.addr).await?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
     say(&format!(
         "ownerserve router listening on http://{} (policy {}, {} workers)",
         listener.local_addr()?,
         cfg.policy,
         cfg.workers.len()
     ));
-    let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone());
     server::run(listener, cfg, shutdown).await
 }
 
 async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
     let cfg = args.settings.build()?;
     let listener = bind(SocketAddr::new(args.host, args.port)).await?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
     say(&format!(
         "ownerserve sim worker listening on http://{} ({} on {}x {}, {} KV blocks of {} tokens)",
         listener.local_addr()?,
@@ -152,8 +149,6 @@ async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
         cfg.scheduler.num_blocks,
         cfg.scheduler.block_size
     ));
-    let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone());
     ownerserve_shim::sim::server::serve(listener, cfg, shutdown).await?;
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! - [`registry`] and [`health`]: the workers and their health.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
-//! - [`bench`]: benchmark commands.
+//! - [`mod@bench`]: benchmark commands.
 #![forbid(unsafe_code)]
 
 mod bench;

@@ -60,6 +60,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
 
     let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
     let tracker = TaskTracker::new();
     let mut workers = Vec::new();
     for group in &file.fleet {
@@ -86,7 +87,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let router_addr = router_listener.local_addr()?;
     print_summary(&cfg, router_addr, &sim.served_model_name, &file.sim);
 
-    cancel_on_signal(shutdown.clone());
     let result = server::run(router_listener, cfg, shutdown.clone()).await;
     shutdown.cancel();
     tracker.close();
