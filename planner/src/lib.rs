@@ -7,11 +7,13 @@
 //!   router and the simulated engine so prefixes match exactly in the embedded stack.
 //! - [`spec`]: model and GPU presets (TOML in `configs/`) and the figures derived from them.
 //! - [`roofline`]: step-time model (prefill compute-bound, decode memory-bound).
+//! - [`kv_index`]: which worker holds which KV block chain, per tier, and prefix matching.
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements.
 #![forbid(unsafe_code)]
 
 pub mod hash;
 pub mod ids;
+pub mod kv_index;
 pub mod policy;
 pub mod roofline;
 pub mod spec;

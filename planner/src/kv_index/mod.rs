@@ -1,0 +1,497 @@
+//! The KV index: which worker holds which block chain, per tier, fed by engine KV events
+//! (or, for workers without events, by the router's own routing decisions with a TTL).
+//!
+//! Blocks are keyed by *our* sequence hash ([`crate::hash`]), recomputed from the tokens in
+//! each event; engine hashes are kept only as opaque ids for parent links and removals.
+//! The index keeps two sets prefix-closed per worker: the blocks it holds in GPU memory and
+//! the blocks it holds in any tier (a worker that holds a block holds its parent). A store
+//! needs a known parent, and a removal cascades to the descendants, as a radix-tree walk
+//! would stop there anyway. That closure makes a longest-prefix match a search for the
+//! depths where the holder set changes, found by bisection with an order-independent
+//! fingerprint of each holder set: a 100K-token prompt costs tens of lookups, not thousands.
+
+mod event;
+mod matching;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, VecDeque};
+
+pub use event::{KvEvent, StoredBlock, Tier};
+pub use matching::{MatchScratch, WorkerMatch};
+
+use crate::hash::{block_seed, local_block_hash, sequence_hash};
+use crate::ids::WorkerId;
+
+/// Limits and hashing parameters of an index.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KvIndexConfig {
+    /// Tokens per block; events with another block size are refused.
+    pub block_size: usize,
+    /// Most blocks kept; beyond it the least recently used leaves are pruned.
+    pub max_blocks: usize,
+    /// Pruning stops at `max_blocks × prune_target_ratio`.
+    pub prune_target_ratio: f64,
+}
+
+impl Default for KvIndexConfig {
+    fn default() -> Self {
+        // Dynamo's defaults: 2^20 blocks, prune to 80 %.
+        Self {
+            block_size: 16,
+            max_blocks: 1 << 20,
+            prune_target_ratio: 0.8,
+        }
+    }
+}
+
+/// Why an event was not applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    #[error("parent block {parent:#x} is unknown for worker {worker}: events were missed")]
+    UnknownParent { worker: WorkerId, parent: u64 },
+    #[error(
+        "worker {worker} stored GPU block under {parent:#x}, which it does not hold in GPU memory"
+    )]
+    ParentNotInGpu { worker: WorkerId, parent: u64 },
+    #[error("event has {tokens} tokens for {blocks} blocks of {block_size}")]
+    BlockSizeMismatch {
+        tokens: usize,
+        blocks: usize,
+        block_size: usize,
+    },
+}
+
+/// One `(worker, tier)` holding a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Holder {
+    worker: WorkerId,
+    tier: Tier,
+    /// The engine's id for this block on this worker (our hash in approximate mode).
+    engine_hash: u64,
+    /// Approximate-mode entries expire; event-fed ones do not.
+    expires_at_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Node {
+    parent: Option<u64>,
+    children: Vec<u64>,
+    holders: Vec<Holder>,
+    /// XOR of the prints of the workers holding this block in GPU memory.
+    print_gpu: u64,
+    /// XOR of the prints of the workers holding this block in any tier.
+    print_any: u64,
+    last_used: u64,
+}
+
+impl Node {
+    fn holds(&self, worker: WorkerId, tier: Option<Tier>) -> bool {
+        self.holders
+            .iter()
+            .any(|h| h.worker == worker && tier.is_none_or(|t| h.tier == t))
+    }
+
+    fn recompute_prints(&mut self) {
+        let (mut gpu, mut any) = (0, 0);
+        for (i, h) in self.holders.iter().enumerate() {
+            if h.tier == Tier::Gpu {
+                gpu ^= worker_print(h.worker);
+            }
+            // Count each worker once, at its first hold.
+            if !self.holders[..i].iter().any(|x| x.worker == h.worker) {
+                any ^= worker_print(h.worker);
+            }
+        }
+        self.print_gpu = gpu;
+        self.print_any = any;
+    }
+}
+
+fn worker_print(worker: WorkerId) -> u64 {
+    // splitmix64 of the id: spreads ids so XORs of different sets differ.
+    let mut z = u64::from(worker.0).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Counters of what the index has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IndexStats {
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub events_rejected: u64,
+    pub blocks_pruned: u64,
+    pub blocks_expired: u64,
+}
+
+/// The index.
+#[derive(Debug, Clone)]
+pub struct KvIndex {
+    cfg: KvIndexConfig,
+    nodes: HashMap<u64, Node>,
+    /// Per worker: engine block id → our sequence hash.
+    engine_ids: HashMap<WorkerId, HashMap<u64, u64>>,
+    /// Approximate-mode expiries in insertion order (non-decreasing with a fixed TTL).
+    expiries: VecDeque<(u64, WorkerId, u64)>,
+    tick: u64,
+    stats: IndexStats,
+    scratch: Vec<u8>,
+}
+
+impl KvIndex {
+    /// An empty index.
+    pub fn new(cfg: KvIndexConfig) -> Self {
+        Self {
+            cfg: KvIndexConfig {
+                block_size: cfg.block_size.max(1),
+                ..cfg
+            },
+            nodes: HashMap::new(),
+            engine_ids: HashMap::new(),
+            expiries: VecDeque::new(),
+            tick: 0,
+            stats: IndexStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Blocks in the index.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether the index is empty.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// What the index has seen.
+    pub fn stats(&self) -> IndexStats {
+        self.stats
+    }
+
+    /// Block size the index hashes with.
+    pub fn block_size(&self) -> usize {
+        self.cfg.block_size
+    }
+
+    /// Applies one event from `worker`.
+    pub fn apply(&mut self, worker: WorkerId, event: &KvEvent) -> Result<(), IndexError> {
+        let result = match event {
+            KvEvent::Stored {
+                parent,
+                blocks,
+                tier,
+                lora_name,
+            } => self.store(worker, *parent, blocks, *tier, lora_name.as_deref()),
+            KvEvent::Removed { block_ids, tier } => {
+                self.remove(worker, block_ids, *tier);
+                Ok(())
+            }
+            KvEvent::Cleared => {
+                self.clear_worker(worker);
+                Ok(())
+            }
+        };
+        if result.is_err() {
+            self.stats.events_rejected += 1;
+        }
+        self.prune_if_full();
+        result
+    }
+
+    fn store(
+        &mut self,
+        worker: WorkerId,
+        parent: Option<u64>,
+        blocks: &[StoredBlock],
+        tier: Tier,
+        lora_name: Option<&str>,
+    ) -> Result<(), IndexError> {
+        let bs = self.cfg.block_size;
+        for b in blocks {
+            if b.tokens.len() != bs {
+                return Err(IndexError::BlockSizeMismatch {
+                    tokens: b.tokens.len(),
+                    blocks: blocks.len(),
+                    block_size: bs,
+                });
+            }
+        }
+        let ids = self.engine_ids.entry(worker).or_default();
+        let mut prev = match parent {
+            None => None,
+            Some(p) => match ids.get(&p) {
+                Some(&seq) => Some(seq),
+                None => return Err(IndexError::UnknownParent { worker, parent: p }),
+            },
+        };
+        // An engine's GPU prefix cache only stores a block whose parent it holds; anything
+        // else would break the closure the matching relies on.
+        if let (Some(seq), Tier::Gpu) = (prev, tier) {
+            if !self
+                .nodes
+                .get(&seq)
+                .is_some_and(|n| n.holds(worker, Some(Tier::Gpu)))
+            {
+                return Err(IndexError::ParentNotInGpu {
+                    worker,
+                    parent: parent.unwrap_or_default(),
+                });
+            }
+        }
+        let seed = block_seed(lora_name, None);
+        for b in blocks {
+            let local = local_block_hash(&b.tokens, seed, &mut self.scratch);
+            let seq = prev.map_or(local, |p| sequence_hash(p, local));
+            self.add_holder(prev, seq, worker, tier, b.block_id, None);
+            prev = Some(seq);
+        }
+        self.stats.blocks_stored += blocks.len() as u64;
+        Ok(())
+    }
+
+    fn add_holder(
+        &mut self,
+        parent: Option<u64>,
+        seq: u64,
+        worker: WorkerId,
+        tier: Tier,
+        engine_hash: u64,
+        expires_at_ms: Option<u64>,
+    ) {
+        self.tick += 1;
+        let tick = self.tick;
+        let fresh = !self.nodes.contains_key(&seq);
+        let node = self.nodes.entry(seq).or_insert_with(|| Node {
+            parent,
+            ..Node::default()
+        });
+        node.last_used = tick;
+        match node
+            .holders
+            .iter_mut()
+            .find(|h| h.worker == worker && h.tier == tier)
+        {
+            Some(h) => {
+                h.engine_hash = engine_hash;
+                h.expires_at_ms = expires_at_ms;
+            }
+            None => {
+                node.holders.push(Holder {
+                    worker,
+                    tier,
+                    engine_hash,
+                    expires_at_ms,
+                });
+                node.recompute_prints();
+            }
+        }
+        if fresh {
+            if let Some(p) = parent.and_then(|p| self.nodes.get_mut(&p)) {
+                p.children.push(seq);
+            }
+        }
+        self.engine_ids
+            .entry(worker)
+            .or_default()
+            .insert(engine_hash, seq);
+    }
+
+    fn remove(&mut self, worker: WorkerId, block_ids: &[u64], tier: Tier) {
+        for id in block_ids {
+            let Some(seq) = self
+                .engine_ids
+                .get(&worker)
+                .and_then(|m| m.get(id))
+                .copied()
+            else {
+                continue;
+            };
+            self.stats.blocks_removed += self.remove_cascade(seq, worker, Some(tier));
+        }
+    }
+
+    /// Drops `worker`'s hold (in `tier`, or every tier) on `seq`, and keeps the closure: a
+    /// dropped GPU hold drops the descendants' GPU holds, and a block the worker no longer
+    /// holds in any tier drops all of the worker's holds below it. Deletes nodes nobody
+    /// holds. Returns how many holds were dropped.
+    fn remove_cascade(&mut self, seq: u64, worker: WorkerId, tier: Option<Tier>) -> u64 {
+        let mut dropped = 0;
+        let mut stack = vec![(seq, tier)];
+        let mut emptied = Vec::new();
+        while let Some((s, t)) = stack.pop() {
+            let Some(node) = self.nodes.get_mut(&s) else {
+                continue;
+            };
+            let mut dropped_ids = Vec::new();
+            node.holders.retain(|h| {
+                let hit = h.worker == worker && t.is_none_or(|t| h.tier == t);
+                if hit {
+                    dropped_ids.push(h.engine_hash);
+                }
+                !hit
+            });
+            if dropped_ids.is_empty() {
+                continue;
+            }
+            dropped += dropped_ids.len() as u64;
+            node.recompute_prints();
+            let still_held = node.holds(worker, None);
+            if !still_held {
+                if let Some(ids) = self.engine_ids.get_mut(&worker) {
+                    for id in dropped_ids {
+                        if ids.get(&id) == Some(&s) {
+                            ids.remove(&id);
+                        }
+                    }
+                }
+            }
+            let below = match (still_held, t) {
+                (false, _) => Some(None),
+                (true, Some(Tier::Gpu)) => Some(Some(Tier::Gpu)),
+                (true, _) => None,
+            };
+            if let Some(below) = below {
+                stack.extend(node.children.iter().map(|&c| (c, below)));
+            }
+            if node.holders.is_empty() {
+                emptied.push(s);
+            }
+        }
+        for s in emptied.into_iter().rev() {
+            self.gc(s);
+        }
+        dropped
+    }
+
+    /// Deletes `seq` if nobody holds it and it has no children, then tries its parent.
+    fn gc(&mut self, mut seq: u64) {
+        loop {
+            let Some(node) = self.nodes.get(&seq) else {
+                return;
+            };
+            if !node.holders.is_empty() || !node.children.is_empty() {
+                return;
+            }
+            let parent = node.parent;
+            self.nodes.remove(&seq);
+            let Some(p) = parent else { return };
+            if let Some(pn) = self.nodes.get_mut(&p) {
+                pn.children.retain(|&c| c != seq);
+            }
+            seq = p;
+        }
+    }
+
+    /// Forgets everything `worker` holds (engine reset or worker gone).
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        let Some(ids) = self.engine_ids.remove(&worker) else {
+            return;
+        };
+        let mut touched: Vec<u64> = ids.into_values().collect();
+        touched.sort_unstable();
+        touched.dedup();
+        for &seq in &touched {
+            if let Some(node) = self.nodes.get_mut(&seq) {
+                let before = node.holders.len();
+                node.holders.retain(|h| h.worker != worker);
+                self.stats.blocks_removed += (before - node.holders.len()) as u64;
+                node.recompute_prints();
+            }
+        }
+        for seq in touched {
+            self.gc(seq);
+        }
+    }
+
+    /// Approximate mode: records that the router sent a request with these block hashes to
+    /// `worker`, valid until `now_ms + ttl_ms`.
+    pub fn insert_routed(&mut self, worker: WorkerId, hashes: &[u64], now_ms: u64, ttl_ms: u64) {
+        let expires = now_ms.saturating_add(ttl_ms);
+        let mut prev = None;
+        for &seq in hashes {
+            self.add_holder(prev, seq, worker, Tier::Gpu, seq, Some(expires));
+            self.expiries.push_back((expires, worker, seq));
+            prev = Some(seq);
+        }
+        self.prune_if_full();
+    }
+
+    /// Drops approximate-mode entries whose TTL has passed.
+    pub fn expire(&mut self, now_ms: u64) {
+        while let Some(&(at, worker, seq)) = self.expiries.front() {
+            if at > now_ms {
+                break;
+            }
+            self.expiries.pop_front();
+            let still_due = self.nodes.get(&seq).is_some_and(|n| {
+                n.holders
+                    .iter()
+                    .any(|h| h.worker == worker && h.expires_at_ms.is_some_and(|e| e <= now_ms))
+            });
+            if still_due {
+                self.stats.blocks_expired += self.remove_cascade(seq, worker, Some(Tier::Gpu));
+            }
+        }
+    }
+
+    fn prune_if_full(&mut self) {
+        if self.nodes.len() <= self.cfg.max_blocks {
+            return;
+        }
+        let target = (self.cfg.max_blocks as f64 * self.cfg.prune_target_ratio) as usize;
+        while self.nodes.len() > target {
+            let mut leaves: Vec<(u64, u64)> = self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.children.is_empty())
+                .map(|(&s, n)| (n.last_used, s))
+                .collect();
+            if leaves.is_empty() {
+                return;
+            }
+            leaves.sort_unstable();
+            let excess = self.nodes.len() - target;
+            for &(_, seq) in leaves.iter().take(excess) {
+                let holders: Vec<(WorkerId, u64)> = self.nodes[&seq]
+                    .holders
+                    .iter()
+                    .map(|h| (h.worker, h.engine_hash))
+                    .collect();
+                for (w, id) in holders {
+                    if let Some(ids) = self.engine_ids.get_mut(&w) {
+                        if ids.get(&id) == Some(&seq) {
+                            ids.remove(&id);
+                        }
+                    }
+                }
+                if let Some(n) = self.nodes.get_mut(&seq) {
+                    n.holders.clear();
+                    n.recompute_prints();
+                }
+                self.gc(seq);
+                self.stats.blocks_pruned += 1;
+            }
+        }
+    }
+
+    /// Blocks `worker` holds in any tier.
+    pub fn worker_blocks(&self, worker: WorkerId) -> usize {
+        self.engine_ids.get(&worker).map_or(0, HashMap::len)
+    }
+
+    /// Every `(sequence hash, worker, tier)` held, sorted: a canonical dump for comparing
+    /// two indexes (router replicas) and for tests.
+    pub fn dump(&self) -> Vec<(u64, WorkerId, Tier)> {
+        let mut out: Vec<_> = self
+            .nodes
+            .iter()
+            .flat_map(|(&s, n)| n.holders.iter().map(move |h| (s, h.worker, h.tier)))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+}
