@@ -108,7 +108,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads the next value (a container yields only its header).
-    pub fn next(&mut self) -> Result<Value<'a>, MsgpackError> {
+    pub fn value(&mut self) -> Result<Value<'a>, MsgpackError> {
         let m = self.byte()?;
         Ok(match m {
             0x00..=0x7f => Value::Int(Int::U(u64::from(m))),
@@ -118,7 +118,7 @@ impl<'a> Reader<'a> {
             0xc0 => Value::Nil,
             0xc2 => Value::Bool(false),
             0xc3 => Value::Bool(true),
-            0xc4 | 0xc5 | 0xc6 => {
+            0xc4..=0xc6 => {
                 let n = self.len(1 << (m - 0xc4))?;
                 Value::Bin(self.take(n)?)
             }
@@ -160,7 +160,7 @@ impl<'a> Reader<'a> {
         let mut pending: usize = 1;
         while pending > 0 {
             pending -= 1;
-            match self.next()? {
+            match self.value()? {
                 Value::Array(n) => pending += n,
                 Value::Map(n) => pending += 2 * n,
                 _ => {}
@@ -171,7 +171,7 @@ impl<'a> Reader<'a> {
 
     /// Reads an integer (or nil as `None`).
     pub fn opt_int(&mut self) -> Result<Option<Int>, MsgpackError> {
-        match self.next()? {
+        match self.value()? {
             Value::Nil => Ok(None),
             Value::Int(i) => Ok(Some(i)),
             other => Err(unexpected("an integer or nil", other)),
@@ -182,7 +182,7 @@ impl<'a> Reader<'a> {
     /// metadata maps in string slots: SGLang's salted BlockStored).
     pub fn lenient_str(&mut self) -> Result<Option<&'a str>, MsgpackError> {
         let before = self.clone();
-        match self.next()? {
+        match self.value()? {
             Value::Str(s) => Ok(Some(s)),
             Value::Array(_) | Value::Map(_) => {
                 *self = before;
@@ -195,7 +195,7 @@ impl<'a> Reader<'a> {
 
     /// Reads an array header.
     pub fn array(&mut self) -> Result<usize, MsgpackError> {
-        match self.next()? {
+        match self.value()? {
             Value::Array(n) => Ok(n),
             other => Err(unexpected("an array", other)),
         }
@@ -307,9 +307,9 @@ mod tests {
         let mut r = Reader::new(&w.buf);
         assert_eq!(r.array().unwrap(), 6);
         for v in [5u64, 200, 60_000, 4_000_000_000, u64::MAX] {
-            assert_eq!(r.next().unwrap(), Value::Int(Int::U(v)));
+            assert_eq!(r.value().unwrap(), Value::Int(Int::U(v)));
         }
-        assert_eq!(r.next().unwrap(), Value::Str(&"x".repeat(40)));
+        assert_eq!(r.value().unwrap(), Value::Str(&"x".repeat(40)));
         assert_eq!(r.remaining(), 0);
     }
 

@@ -93,7 +93,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<WireBatch, DecodeError> {
         events: Vec::new(),
         dp_rank: None,
     };
-    match r.next()? {
+    match r.value()? {
         Value::Array(n) => {
             if n < 2 {
                 return Err(DecodeError::Shape("batch: fewer than 2 fields"));
@@ -110,7 +110,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<WireBatch, DecodeError> {
         Value::Map(n) => {
             let mut saw_events = false;
             for _ in 0..n {
-                match r.next()? {
+                match r.value()? {
                     Value::Str("ts") => batch.ts = float(&mut r)?,
                     Value::Str("events") => {
                         batch.events = events(&mut r)?;
@@ -132,7 +132,7 @@ pub fn decode_batch(payload: &[u8]) -> Result<WireBatch, DecodeError> {
 }
 
 fn float(r: &mut Reader<'_>) -> Result<f64, DecodeError> {
-    match r.next()? {
+    match r.value()? {
         Value::Float(f) => Ok(f),
         Value::Int(i) => Ok(i.as_i64().unwrap_or(i64::MAX) as f64),
         _ => Err(DecodeError::Shape("ts: not a number")),
@@ -149,7 +149,7 @@ fn events(r: &mut Reader<'_>) -> Result<Vec<WireEvent>, DecodeError> {
 }
 
 fn hash(r: &mut Reader<'_>) -> Result<Option<u64>, DecodeError> {
-    match r.next()? {
+    match r.value()? {
         Value::Nil => Ok(None),
         Value::Int(i) => Ok(Some(i.as_u64_bits())),
         // Raw digests: the last 8 bytes, big-endian (vLLM's `maybe_convert_block_hash`).
@@ -183,10 +183,10 @@ fn tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, DecodeError> {
     let n = r.array()?;
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        match r.next()? {
+        match r.value()? {
             // EAGLE bigrams `[token, next_token]`: the block's content is the first.
             Value::Array(k) if k >= 1 => {
-                out.push(token(r.next()?)?);
+                out.push(token(r.value()?)?);
                 for _ in 1..k {
                     r.skip()?;
                 }
@@ -206,7 +206,7 @@ fn opt_i64(r: &mut Reader<'_>) -> Result<Option<i64>, DecodeError> {
 }
 
 fn event(r: &mut Reader<'_>) -> Result<WireEvent, DecodeError> {
-    match r.next()? {
+    match r.value()? {
         Value::Array(n) => positional_event(r, n),
         Value::Map(n) => map_event(r, n),
         _ => Err(DecodeError::Shape("event: not an array or map")),
@@ -214,7 +214,7 @@ fn event(r: &mut Reader<'_>) -> Result<WireEvent, DecodeError> {
 }
 
 fn positional_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
-    let tag = match r.next()? {
+    let tag = match r.value()? {
         Value::Str(s) => s,
         _ => return Err(DecodeError::Shape("event tag")),
     };
@@ -236,10 +236,10 @@ fn positional_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeErr
             let parent_block_hash = field!(hash(r)?, None);
             let token_ids = field!(tokens(r)?, Vec::new());
             let block_size = field!(r.opt_int()?.map_or(0, |i| i.as_u64_bits() as u32), 0);
-            let _lora_id = field!(r.skip()?, ());
+            field!(r.skip()?, ()); // lora_id (deprecated)
             let medium = field!(opt_str(r)?, None);
             let lora_name = field!(opt_str(r)?, None);
-            let _extra_keys = field!(r.skip()?, ());
+            field!(r.skip()?, ()); // extra_keys
             let group_idx = field!(opt_i64(r)?, None);
             let kv_cache_spec_kind = field!(opt_str(r)?, None);
             WireEvent::BlockStored {
@@ -283,7 +283,7 @@ fn map_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
     let mut group_idx = None;
     let mut kind = None;
     for _ in 0..n {
-        match r.next()? {
+        match r.value()? {
             Value::Str("type") => tag = opt_str(r)?,
             Value::Str("block_hashes") => block_hashes = hashes(r)?,
             Value::Str("parent_block_hash") => parent_block_hash = hash(r)?,
