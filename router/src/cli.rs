@@ -138,6 +138,14 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
     let cfg = args.settings.build()?;
     let listener = bind(SocketAddr::new(args.host, args.port)).await?;
+    let publisher = ownerserve_shim::sim::server::bind_publisher(&cfg).await?;
+    if let Some(p) = &publisher {
+        say(&format!(
+            "ownerserve sim worker kv events on {} replay {}",
+            p.endpoint,
+            p.replay_endpoint.as_deref().unwrap_or("-")
+        ));
+    }
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone())?;
     say(&format!(
@@ -149,6 +157,6 @@ async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
         cfg.scheduler.num_blocks,
         cfg.scheduler.block_size
     ));
-    ownerserve_shim::sim::server::serve(listener, cfg, shutdown).await?;
+    ownerserve_shim::sim::server::serve(listener, cfg, publisher, shutdown).await?;
     Ok(())
 }

@@ -55,6 +55,13 @@ pub struct WorkerSettings {
     pub role: Role,
     #[serde(default = "default_engine")]
     pub engine: EngineKind,
+    /// ZMQ endpoint of the worker's KV-event publisher; without it the router keeps an
+    /// approximate index from its own routing decisions.
+    #[serde(default)]
+    pub kv_events: Option<String>,
+    /// ZMQ ROUTER endpoint for replaying missed event batches.
+    #[serde(default)]
+    pub kv_replay: Option<String>,
 }
 
 fn default_engine() -> EngineKind {
@@ -140,6 +147,8 @@ pub struct WorkerSpec {
     pub base_url: String,
     pub role: Role,
     pub engine: EngineKind,
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
 }
 
 /// Validated router configuration.
@@ -220,6 +229,8 @@ pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
         url,
         role: Role::Hybrid,
         engine: default_engine(),
+        kv_events: None,
+        kv_replay: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -229,7 +240,11 @@ pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
             "role" => w.role = v.parse()?,
             "engine" => w.engine = v.parse()?,
             "name" => w.name = Some(v.to_owned()),
-            _ => bail!("--worker `{flag}`: unknown key `{k}` (role, engine, name)"),
+            "kv_events" => w.kv_events = Some(v.to_owned()),
+            "kv_replay" => w.kv_replay = Some(v.to_owned()),
+            _ => bail!(
+                "--worker `{flag}`: unknown key `{k}` (role, engine, name, kv_events, kv_replay)"
+            ),
         }
     }
     Ok(w)
@@ -252,6 +267,8 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> anyhow::Result<Vec<WorkerSpec
                 base_url: worker_url(&w.url)?,
                 role: w.role,
                 engine: w.engine,
+                kv_events: w.kv_events.clone(),
+                kv_replay: w.kv_replay.clone(),
             })
         })
         .collect()
@@ -273,6 +290,8 @@ mod tests {
                 base_url: "http://127.0.0.1:1".into(),
                 role: Role::Decode,
                 engine: EngineKind::Sim,
+                kv_events: None,
+                kv_replay: None,
             }],
         )
         .unwrap();

@@ -218,6 +218,8 @@ mod tests {
             base_url: "http://127.0.0.1:1".into(),
             role,
             engine: EngineKind::Sim,
+            kv_events: None,
+            kv_replay: None,
         };
         Registry::new(vec![spec("a", Role::Decode), spec("b", Role::Hybrid)])
     }

@@ -55,6 +55,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         base_url: "http://127.0.0.1:1".into(),
         role: file.fleet[0].role,
         engine: EngineKind::Sim,
+        kv_events: None,
+        kv_replay: None,
     }];
     RouterConfig::validate(&file.router, placeholder)?;
     let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
@@ -68,10 +70,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
             let addr = listener.local_addr()?;
             let name = format!("{}-{i}", group.role.as_str());
+            // Port-0 endpoints in the config give every worker its own event sockets.
+            let publisher = ownerserve_shim::sim::server::bind_publisher(&sim).await?;
+            let kv_events = publisher.as_ref().map(|p| p.endpoint.clone());
+            let kv_replay = publisher.as_ref().and_then(|p| p.replay_endpoint.clone());
             let (cfg, token) = (sim.clone(), shutdown.child_token());
             let worker_name = name.clone();
             tracker.spawn(async move {
-                if let Err(e) = ownerserve_shim::sim::server::serve(listener, cfg, token).await {
+                if let Err(e) =
+                    ownerserve_shim::sim::server::serve(listener, cfg, publisher, token).await
+                {
                     tracing::error!(worker = %worker_name, error = %e, "sim worker failed");
                 }
             });
@@ -80,6 +88,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 base_url: format!("http://{addr}"),
                 role: group.role,
                 engine: EngineKind::Sim,
+                kv_events,
+                kv_replay,
             });
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod msgpack;
 pub mod normalize;
+pub mod publisher;
 pub mod wire;
 
 #[cfg(test)]

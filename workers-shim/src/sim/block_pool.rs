@@ -95,8 +95,9 @@ impl BlockPool {
         Some(id)
     }
 
-    /// Takes the least recently freed block, evicting its cached content.
-    pub fn allocate(&mut self) -> Option<BlockId> {
+    /// Takes the least recently freed block, evicting its cached content; the evicted
+    /// hash, if any, is appended to `evicted`.
+    pub fn allocate(&mut self, evicted: &mut Vec<u64>) -> Option<BlockId> {
         let i = self.free_head;
         if i == NIL {
             return None;
@@ -107,18 +108,34 @@ impl BlockPool {
         if let Some(h) = block.hash.take() {
             self.cached.remove(&h);
             self.evictions += 1;
+            evicted.push(h);
         }
         Some(BlockId(i))
     }
 
-    /// Records that a full block holds content `hash`, so later prompts can reuse it. If
-    /// another block already holds that content, this one stays anonymous (as in vLLM).
-    pub fn register(&mut self, id: BlockId, hash: u64) {
+    /// Records that a full block holds content `hash`, so later prompts can reuse it.
+    /// Returns false if the block was already registered or another block already holds
+    /// that content (this one then stays anonymous, as in vLLM).
+    pub fn register(&mut self, id: BlockId, hash: u64) -> bool {
         if self.blocks[id.0 as usize].hash.is_some() || self.cached.contains_key(&hash) {
-            return;
+            return false;
         }
         self.blocks[id.0 as usize].hash = Some(hash);
         self.cached.insert(hash, id);
+        true
+    }
+
+    /// Forgets every cached hash (vLLM's `reset_prefix_cache`); refused while any block is
+    /// in use.
+    pub fn reset(&mut self) -> bool {
+        if self.num_free != self.blocks.len() {
+            return false;
+        }
+        for b in &mut self.blocks {
+            b.hash = None;
+        }
+        self.cached.clear();
+        true
     }
 
     /// Drops one reference; at zero the block becomes evictable, most recently freed last.
@@ -178,8 +195,8 @@ mod tests {
     #[test]
     fn freed_blocks_stay_cached_until_evicted_lru_first() {
         let mut pool = BlockPool::new(3);
-        let a = pool.allocate().unwrap();
-        let b = pool.allocate().unwrap();
+        let a = pool.allocate(&mut Vec::new()).unwrap();
+        let b = pool.allocate(&mut Vec::new()).unwrap();
         pool.register(a, 10);
         pool.register(b, 20);
         pool.release(a);
@@ -187,8 +204,10 @@ mod tests {
         assert_eq!(pool.num_free(), 3);
         assert_eq!(pool.longest_cached_prefix(&[10, 20, 30]), 2);
         // The never-used block goes first, then the least recently freed (a).
-        let _c = pool.allocate().unwrap();
-        let _d = pool.allocate().unwrap();
+        let mut evicted = Vec::new();
+        let _c = pool.allocate(&mut evicted).unwrap();
+        let _d = pool.allocate(&mut evicted).unwrap();
+        assert_eq!(evicted, vec![10]);
         assert_eq!(pool.longest_cached_prefix(&[10, 20]), 0);
         assert_eq!(pool.longest_cached_prefix(&[20]), 1);
         assert_eq!(pool.evictions(), 1);
@@ -197,21 +216,24 @@ mod tests {
     #[test]
     fn acquiring_a_cached_block_takes_it_off_the_free_list() {
         let mut pool = BlockPool::new(2);
-        let a = pool.allocate().unwrap();
+        let a = pool.allocate(&mut Vec::new()).unwrap();
         pool.register(a, 7);
         pool.release(a);
         assert_eq!(pool.acquire_cached(7), Some(a));
         assert_eq!(pool.num_free(), 1);
-        assert!(pool.allocate().is_some());
-        assert!(pool.allocate().is_none(), "the cached block is in use");
+        assert!(pool.allocate(&mut Vec::new()).is_some());
+        assert!(
+            pool.allocate(&mut Vec::new()).is_none(),
+            "the cached block is in use"
+        );
         assert!((pool.usage() - 1.0).abs() < 1e-12);
     }
 
     #[test]
     fn duplicate_content_is_not_registered_twice() {
         let mut pool = BlockPool::new(2);
-        let a = pool.allocate().unwrap();
-        let b = pool.allocate().unwrap();
+        let a = pool.allocate(&mut Vec::new()).unwrap();
+        let b = pool.allocate(&mut Vec::new()).unwrap();
         pool.register(a, 5);
         pool.register(b, 5);
         pool.release(a);

@@ -10,6 +10,7 @@ use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{kv_capacity_blocks, GpuSpec, ModelSpec, SpecError};
 
 use super::scheduler::SchedulerConfig;
+use crate::kv_events::wire::Encoding;
 
 /// User-facing settings of a simulated worker: `ownerserve sim-worker` flags, or a `[sim]`
 /// table in `configs/up.toml` (every key is documented in `configs/README.md`).
@@ -74,6 +75,26 @@ pub struct SimSettings {
     /// No simulated delay at all: steps complete as fast as the CPU runs them.
     #[arg(long, env = "OWNERSERVE_SIM_INSTANT", default_value_t = false)]
     pub instant: bool,
+    /// ZMQ PUB endpoint for KV events, e.g. tcp://127.0.0.1:5557 (port 0 picks one); unset
+    /// publishes nothing.
+    #[arg(long, env = "OWNERSERVE_SIM_KV_EVENTS_ENDPOINT")]
+    pub kv_events_endpoint: Option<String>,
+    /// ZMQ ROUTER endpoint serving replays of recent event batches.
+    #[arg(long, env = "OWNERSERVE_SIM_KV_REPLAY_ENDPOINT")]
+    pub kv_replay_endpoint: Option<String>,
+    /// Event layout: map (current vLLM/SGLang) or array (legacy).
+    #[arg(long, value_enum, env = "OWNERSERVE_SIM_KV_EVENTS_ENCODING", default_value_t = Encoding::Map)]
+    pub kv_events_encoding: Encoding,
+    /// First frame of every event message.
+    #[arg(long, env = "OWNERSERVE_SIM_KV_EVENTS_TOPIC", default_value = "")]
+    pub kv_events_topic: String,
+    /// Event batches kept for replay.
+    #[arg(
+        long,
+        env = "OWNERSERVE_SIM_KV_EVENTS_BUFFER_STEPS",
+        default_value_t = 10_000
+    )]
+    pub kv_events_buffer_steps: usize,
 }
 
 impl Default for SimSettings {
@@ -93,8 +114,23 @@ impl Default for SimSettings {
             step_overhead_s: 0.002,
             time_scale: 1.0,
             instant: false,
+            kv_events_endpoint: None,
+            kv_replay_endpoint: None,
+            kv_events_encoding: Encoding::Map,
+            kv_events_topic: String::new(),
+            kv_events_buffer_steps: 10_000,
         }
     }
+}
+
+/// Where and how a worker publishes KV events.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvEventsConfig {
+    pub endpoint: String,
+    pub replay_endpoint: Option<String>,
+    pub encoding: Encoding,
+    pub topic: String,
+    pub buffer_steps: usize,
 }
 
 /// How simulated time relates to wall-clock time.
@@ -115,6 +151,7 @@ pub struct SimConfig {
     pub scheduler: SchedulerConfig,
     pub roofline: Roofline,
     pub time: TimeMode,
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 /// Settings that cannot make a worker.
@@ -128,6 +165,8 @@ pub enum SimConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error("kv_replay_endpoint needs kv_events_endpoint")]
+    ReplayWithoutEvents,
     #[error("{field} must be {expected}, got {value}")]
     OutOfRange {
         field: &'static str,
@@ -245,7 +284,18 @@ impl SimSettings {
                 num_blocks: u32::try_from(num_blocks).unwrap_or(u32::MAX),
                 max_model_len: model.max_model_len,
                 hash_seed: XXH3_SEED,
+                emit_cache_events: self.kv_events_endpoint.is_some(),
             },
+            kv_events: self
+                .kv_events_endpoint
+                .clone()
+                .map(|endpoint| KvEventsConfig {
+                    endpoint,
+                    replay_endpoint: self.kv_replay_endpoint.clone(),
+                    encoding: self.kv_events_encoding,
+                    topic: self.kv_events_topic.clone(),
+                    buffer_steps: self.kv_events_buffer_steps.max(1),
+                }),
             roofline,
             time: if self.instant {
                 TimeMode::Instant

@@ -6,13 +6,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::config::{SimConfig, TimeMode};
 use super::metrics::EngineMetrics;
-use super::scheduler::{AdmitError, NewSeq, Scheduler, SeqId, StepOutput};
+use super::scheduler::{AdmitError, CacheEvent, NewSeq, Scheduler, SeqId, StepOutput};
+use crate::kv_events::wire::{WireBatch, WireEvent};
 use crate::openai::response::FinishReason;
 
 /// One sequence (choice) of a submitted request.
@@ -42,15 +43,18 @@ pub enum SeqEvent {
     Rejected { choice: u32, error: AdmitError },
 }
 
-struct Submission {
-    seqs: Vec<SeqRequest>,
-    events: mpsc::UnboundedSender<SeqEvent>,
+enum Command {
+    Submit {
+        seqs: Vec<SeqRequest>,
+        events: mpsc::UnboundedSender<SeqEvent>,
+    },
+    ResetPrefixCache(oneshot::Sender<bool>),
 }
 
 /// Handle HTTP handlers use to submit work and read metrics.
 #[derive(Clone)]
 pub struct EngineHandle {
-    tx: mpsc::UnboundedSender<Submission>,
+    tx: mpsc::UnboundedSender<Command>,
     metrics: Arc<Mutex<EngineMetrics>>,
 }
 
@@ -67,9 +71,18 @@ impl EngineHandle {
     ) -> Result<mpsc::UnboundedReceiver<SeqEvent>, EngineClosed> {
         let (events, rx) = mpsc::unbounded_channel();
         self.tx
-            .send(Submission { seqs, events })
+            .send(Command::Submit { seqs, events })
             .map_err(|_| EngineClosed)?;
         Ok(rx)
+    }
+
+    /// Drops the prefix cache if no request holds blocks; returns whether it did.
+    pub async fn reset_prefix_cache(&self) -> Result<bool, EngineClosed> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::ResetPrefixCache(tx))
+            .map_err(|_| EngineClosed)?;
+        rx.await.map_err(|_| EngineClosed)
     }
 
     /// Current metrics (a short lock; the actor updates them once per step).
@@ -119,9 +132,10 @@ struct Route {
 }
 
 /// Starts the engine actor on the current runtime; it stops when `cancel` fires or every
-/// handle is dropped.
+/// handle is dropped. Cache changes go to `kv_events` as wire batches, if given.
 pub fn spawn(
     cfg: &SimConfig,
+    kv_events: Option<mpsc::UnboundedSender<WireBatch>>,
     cancel: CancellationToken,
     tracker: &tokio_util::task::TaskTracker,
 ) -> EngineHandle {
@@ -144,6 +158,8 @@ pub fn spawn(
         routes: HashMap::new(),
         next_seq: 0,
         now_s: 0.0,
+        kv_events,
+        block_size: cfg.scheduler.block_size,
     };
     tracker.spawn(actor.run(rx, cancel));
     EngineHandle { tx, metrics }
@@ -156,25 +172,27 @@ struct Actor {
     routes: HashMap<SeqId, Route>,
     next_seq: u64,
     now_s: f64,
+    kv_events: Option<mpsc::UnboundedSender<WireBatch>>,
+    block_size: u32,
 }
 
 impl Actor {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Submission>, cancel: CancellationToken) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>, cancel: CancellationToken) {
         loop {
             if self.scheduler.is_idle() {
                 tokio::select! {
-                    sub = rx.recv() => match sub {
-                        Some(sub) => {
+                    cmd = rx.recv() => match cmd {
+                        Some(cmd) => {
                             self.now_s = self.clock.idle_now(self.now_s);
-                            self.accept(sub);
+                            self.handle(cmd);
                         }
                         None => return,
                     },
                     () = cancel.cancelled() => return,
                 }
             }
-            while let Ok(sub) = rx.try_recv() {
-                self.accept(sub);
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
             }
             if self.scheduler.is_idle() {
                 continue;
@@ -189,8 +207,61 @@ impl Actor {
         }
     }
 
-    fn accept(&mut self, sub: Submission) {
-        for req in sub.seqs {
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { seqs, events } => self.accept(seqs, &events),
+            Command::ResetPrefixCache(done) => {
+                let cleared = self.scheduler.reset_prefix_cache();
+                let ok = cleared.is_some();
+                self.publish(cleared.into_iter().collect());
+                let _ = done.send(ok);
+            }
+        }
+    }
+
+    /// Sends cache changes to the publisher as one batch.
+    fn publish(&self, changes: Vec<CacheEvent>) {
+        let Some(tx) = &self.kv_events else { return };
+        if changes.is_empty() {
+            return;
+        }
+        let events = changes
+            .into_iter()
+            .map(|c| match c {
+                CacheEvent::Stored {
+                    hashes,
+                    parent,
+                    tokens,
+                } => WireEvent::BlockStored {
+                    block_hashes: hashes,
+                    parent_block_hash: parent,
+                    token_ids: tokens,
+                    block_size: self.block_size,
+                    lora_name: None,
+                    medium: Some("GPU".to_owned()),
+                    group_idx: None,
+                    kv_cache_spec_kind: None,
+                },
+                CacheEvent::Removed { hashes } => WireEvent::BlockRemoved {
+                    block_hashes: hashes,
+                    medium: Some("GPU".to_owned()),
+                    group_idx: None,
+                },
+                CacheEvent::Cleared => WireEvent::AllBlocksCleared,
+            })
+            .collect();
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let _ = tx.send(WireBatch {
+            ts,
+            events,
+            dp_rank: Some(0),
+        });
+    }
+
+    fn accept(&mut self, seqs: Vec<SeqRequest>, events: &mpsc::UnboundedSender<SeqEvent>) {
+        for req in seqs {
             let id = SeqId(self.next_seq);
             self.next_seq += 1;
             let added = self.scheduler.add(NewSeq {
@@ -207,7 +278,7 @@ impl Actor {
                     self.routes.insert(
                         id,
                         Route {
-                            events: sub.events.clone(),
+                            events: events.clone(),
                             choice: req.choice,
                             prompt_len: req.prompt.len(),
                             arrival_s: self.now_s,
@@ -216,7 +287,7 @@ impl Actor {
                     );
                 }
                 Err(error) => {
-                    let _ = sub.events.send(SeqEvent::Rejected {
+                    let _ = events.send(SeqEvent::Rejected {
                         choice: req.choice,
                         error,
                     });
@@ -225,7 +296,8 @@ impl Actor {
         }
     }
 
-    fn deliver(&mut self, out: StepOutput) {
+    fn deliver(&mut self, mut out: StepOutput) {
+        self.publish(std::mem::take(&mut out.cache_events));
         let now = self.now_s;
         let mut m = lock(&self.metrics);
         m.num_preemptions += u64::from(out.preempted);

@@ -33,6 +33,8 @@ pub struct SchedulerConfig {
     pub max_model_len: u32,
     /// Seed of the block hash chain.
     pub hash_seed: u64,
+    /// Whether steps report cache changes ([`StepOutput::cache_events`]) for KV events.
+    pub emit_cache_events: bool,
 }
 
 impl SchedulerConfig {
@@ -119,6 +121,21 @@ pub struct TokenOut {
     pub finish: Option<FinishReason>,
 }
 
+/// A change to the prefix cache, in the order it happened (for KV events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// Consecutive full blocks of one sequence became cached, chained under `parent`.
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+    },
+    /// Cached blocks were evicted.
+    Removed { hashes: Vec<u64> },
+    /// The whole cache was dropped.
+    Cleared,
+}
+
 /// What one step did.
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
@@ -127,6 +144,8 @@ pub struct StepOutput {
     pub admitted: Vec<Admission>,
     pub tokens: Vec<TokenOut>,
     pub preempted: u32,
+    /// Cache changes, when the config asks for them.
+    pub cache_events: Vec<CacheEvent>,
 }
 
 impl StepOutput {
@@ -161,6 +180,8 @@ pub struct Scheduler {
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     max_stop_len: usize,
+    /// Hashes evicted during the current step.
+    evicted: Vec<u64>,
 }
 
 impl Scheduler {
@@ -175,6 +196,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             max_stop_len: 0,
+            evicted: Vec::new(),
         }
     }
 
@@ -224,6 +246,12 @@ impl Scheduler {
             sent: 0,
         });
         Ok(())
+    }
+
+    /// Drops every cached block (vLLM's `POST /reset_prefix_cache`). Refused (false) while
+    /// requests hold blocks.
+    pub fn reset_prefix_cache(&mut self) -> Option<CacheEvent> {
+        self.pool.reset().then_some(CacheEvent::Cleared)
     }
 
     /// Drops a sequence (client gone), freeing its blocks. Returns whether it existed.
@@ -277,7 +305,7 @@ impl Scheduler {
             }
             // The loop above made `need` blocks free, so every allocation succeeds.
             for _ in 0..need {
-                if let Some(b) = self.pool.allocate() {
+                if let Some(b) = self.pool.allocate(&mut self.evicted) {
                     self.running[i].blocks.push(b);
                 }
             }
@@ -307,7 +335,13 @@ impl Scheduler {
         }
 
         for &(i, n) in &scheduled {
-            self.advance(i, n, &mut out.tokens);
+            self.advance(i, n, &mut out);
+        }
+        let evicted = std::mem::take(&mut self.evicted);
+        if self.cfg.emit_cache_events && !evicted.is_empty() {
+            // Evictions happen while allocating, before this step stores anything.
+            out.cache_events
+                .insert(0, CacheEvent::Removed { hashes: evicted });
         }
         let finished: Vec<SeqId> = out
             .tokens
@@ -348,7 +382,7 @@ impl Scheduler {
             let mut blocks = Vec::with_capacity(hit_blocks + fresh);
             blocks.extend(hashes.iter().filter_map(|&h| self.pool.acquire_cached(h)));
             while blocks.len() < hit_blocks + fresh {
-                match self.pool.allocate() {
+                match self.pool.allocate(&mut self.evicted) {
                     Some(b) => blocks.push(b),
                     None => break,
                 }
@@ -380,16 +414,42 @@ impl Scheduler {
     }
 
     /// Applies `n` computed tokens to running sequence `i`; samples when caught up.
-    fn advance(&mut self, i: usize, n: usize, tokens: &mut Vec<TokenOut>) {
+    fn advance(&mut self, i: usize, n: usize, out: &mut StepOutput) {
         let bs = self.block_size();
         let seq = &mut self.running[i];
         seq.computed += n;
         seq.chain.extend_to(&seq.tokens[..seq.computed]);
         let full = seq.computed / bs;
+        let mut stored: Option<CacheEvent> = None;
         for j in seq.registered..full {
-            self.pool.register(seq.blocks[j], seq.chain.hashes()[j]);
+            let hash = seq.chain.hashes()[j];
+            let fresh = self.pool.register(seq.blocks[j], hash);
+            if !(fresh && self.cfg.emit_cache_events) {
+                continue;
+            }
+            let block_tokens = &seq.tokens[j * bs..(j + 1) * bs];
+            match &mut stored {
+                // Extends the run of blocks stored for this sequence in this step.
+                Some(CacheEvent::Stored { hashes, tokens, .. })
+                    if hashes.last()
+                        == j.checked_sub(1).map(|p| seq.chain.hashes()[p]).as_ref() =>
+                {
+                    hashes.push(hash);
+                    tokens.extend_from_slice(block_tokens);
+                }
+                _ => {
+                    out.cache_events.extend(stored.take());
+                    stored = Some(CacheEvent::Stored {
+                        hashes: vec![hash],
+                        parent: j.checked_sub(1).map(|p| seq.chain.hashes()[p]),
+                        tokens: block_tokens.to_vec(),
+                    });
+                }
+            }
         }
+        out.cache_events.extend(stored);
         seq.registered = full;
+        let tokens = &mut out.tokens;
         if seq.computed < seq.tokens.len() {
             return;
         }

@@ -27,6 +27,7 @@ use super::config::SimConfig;
 use super::engine::{self, EngineHandle, SeqEvent, SeqRequest};
 use super::filler;
 use super::scheduler::SchedulerConfig;
+use crate::kv_events::publisher::{BindError, Publisher};
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, Chunk, Completion, Delta, FinishReason,
     TextChoice, TextChunkChoice, Usage, UsageField,
@@ -46,14 +47,21 @@ struct AppState {
     next_id: AtomicU64,
 }
 
-/// Serves a simulated worker on `listener` until `shutdown` fires, then drains.
+/// Serves a simulated worker on `listener` until `shutdown` fires, then drains. KV events
+/// go out through `publisher` when given (bind it with [`bind_publisher`]).
 pub async fn serve(
     listener: TcpListener,
     cfg: SimConfig,
+    publisher: Option<Publisher>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let tracker = TaskTracker::new();
-    let engine = engine::spawn(&cfg, shutdown.child_token(), &tracker);
+    let kv_tx = publisher.map(|p| {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tracker.spawn(p.run(rx, shutdown.child_token()));
+        tx
+    });
+    let engine = engine::spawn(&cfg, kv_tx, shutdown.child_token(), &tracker);
     let app = app(engine, &cfg);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -62,6 +70,22 @@ pub async fn serve(
     tracker.close();
     tracker.wait().await;
     result
+}
+
+/// Binds the KV-event sockets a config asks for (none if it asks for none).
+pub async fn bind_publisher(cfg: &SimConfig) -> Result<Option<Publisher>, BindError> {
+    let Some(kv) = &cfg.kv_events else {
+        return Ok(None);
+    };
+    Publisher::bind(
+        &kv.endpoint,
+        kv.replay_endpoint.as_deref(),
+        kv.encoding,
+        &kv.topic,
+        kv.buffer_steps,
+    )
+    .await
+    .map(Some)
 }
 
 /// The worker's routes over a running engine.
@@ -82,6 +106,7 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .fallback(|| async {
             error_response(
                 StatusCode::NOT_FOUND,
@@ -173,6 +198,20 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         text,
     )
         .into_response()
+}
+
+async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
+    match st.engine.reset_prefix_cache().await {
+        Ok(true) => StatusCode::OK.into_response(),
+        Ok(false) => error_response(
+            StatusCode::CONFLICT,
+            "requests are running; the prefix cache can only be reset when idle",
+            "ConflictError",
+            None,
+            None,
+        ),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 async fn chat_completions(

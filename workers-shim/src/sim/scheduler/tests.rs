@@ -14,6 +14,7 @@ fn config(num_blocks: u32, budget: u32) -> SchedulerConfig {
         num_blocks,
         max_model_len: 131_072,
         hash_seed: XXH3_SEED,
+        emit_cache_events: true,
     }
 }
 
@@ -265,4 +266,41 @@ fn abort_frees_blocks_and_oversized_requests_are_refused() {
         s.config().check(131_000, 1000),
         Err(AdmitError::TooLong { .. })
     ));
+}
+
+#[test]
+fn cache_events_report_stored_chains_and_evictions_in_order() {
+    // 8 blocks of 16 tokens: a 64-token prompt fills 4, a second unrelated one evicts.
+    let mut s = engine(8, 8192);
+    let mut run = Run::default();
+    s.add(seq(1, tokens(1, 64), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    let events: Vec<CacheEvent> = run
+        .steps
+        .iter()
+        .flat_map(|o| o.cache_events.clone())
+        .collect();
+    let hashes = ownerserve_planner::hash::prompt_hashes(&tokens(1, 64), 16, XXH3_SEED);
+    assert_eq!(
+        events,
+        vec![CacheEvent::Stored {
+            hashes: hashes.clone(),
+            parent: None,
+            tokens: tokens(1, 64),
+        }]
+    );
+    let mut run2 = Run::default();
+    s.add(seq(2, tokens(500, 100), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run2);
+    let events: Vec<CacheEvent> = run2
+        .steps
+        .iter()
+        .flat_map(|o| o.cache_events.clone())
+        .collect();
+    let CacheEvent::Removed { hashes: evicted } = &events[0] else {
+        panic!("{events:?}")
+    };
+    assert!(!evicted.is_empty() && evicted.iter().all(|h| hashes.contains(h)));
+    assert!(matches!(events[1], CacheEvent::Stored { parent: None, .. }));
+    assert_eq!(s.reset_prefix_cache(), Some(CacheEvent::Cleared));
 }
