@@ -14,6 +14,8 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub struct Proc {
     pub child: Child,
     pub url: String,
+    /// Lines printed up to and including the marker line.
+    pub lines: Vec<String>,
     pub stdout: mpsc::Receiver<String>,
 }
 
@@ -39,6 +41,7 @@ impl Proc {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(30);
+        let mut lines = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let Ok(line) = rx.recv_timeout(left) else {
@@ -46,6 +49,7 @@ impl Proc {
                 let _ = child.wait();
                 panic!("ownerserve {args:?} never printed `{marker}`");
             };
+            lines.push(line.clone());
             if let Some(rest) = line.split(marker).nth(1) {
                 let url = rest
                     .split_whitespace()
@@ -55,6 +59,7 @@ impl Proc {
                 return Proc {
                     child,
                     url,
+                    lines,
                     stdout: rx,
                 };
             }
@@ -89,6 +94,31 @@ impl Proc {
         }
         args.extend_from_slice(extra);
         Proc::spawn(&args, &[], "ownerserve router listening on")
+    }
+
+    /// The word after `key` in the lines printed at start-up.
+    pub fn printed(&self, key: &str) -> Option<String> {
+        self.lines.iter().find_map(|l| {
+            l.split(key)
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .map(str::to_owned)
+        })
+    }
+
+    /// `sim-worker` publishing KV events on free ports: (worker, events, replay).
+    pub fn sim_worker_with_events(extra: &[&str]) -> (Proc, String, String) {
+        let mut args = vec![
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:0",
+            "--kv-replay-endpoint",
+            "tcp://127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        let w = Proc::sim_worker(&args);
+        let events = w.printed("kv events on ").expect("events endpoint");
+        let replay = w.printed(" replay ").expect("replay endpoint");
+        (w, events, replay)
     }
 
     /// Sends SIGINT, as Ctrl-C would.

@@ -5,6 +5,8 @@
 pub mod msgpack;
 pub mod normalize;
 pub mod publisher;
+pub mod shared_index;
+pub mod subscriber;
 pub mod wire;
 
 #[cfg(test)]

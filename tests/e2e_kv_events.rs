@@ -1,0 +1,210 @@
+//! KV events end to end: a real `sim-worker` process publishing on ZMQ, checked with real
+//! libzmq (pyzmq) and msgspec, and consumed by our subscriber into the KV index.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{chat_body, client, eventually, Proc, MODEL};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_shim::kv_events::shared_index::SharedIndex;
+use ownerserve_shim::kv_events::subscriber::{Subscriber, SubscriberConfig};
+use tokio_util::sync::CancellationToken;
+
+async fn send(url: &str, text: &str) {
+    let resp = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat_body(text, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+fn prompt(i: usize) -> String {
+    (0..100).map(|w| format!("request{i} word{w} ")).collect()
+}
+
+/// Runs a subscriber into `index` until `cancel`; returns it so it can run again.
+fn spawn_subscriber(
+    mut sub: Subscriber,
+    index: Arc<SharedIndex>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<Subscriber> {
+    tokio::spawn(async move {
+        sub.run(index.as_ref(), &cancel).await;
+        sub
+    })
+}
+
+fn config(events: &str, replay: &str) -> SubscriberConfig {
+    let mut cfg =
+        SubscriberConfig::new(WorkerId(0), events.to_owned(), Some(replay.to_owned()), 16);
+    cfg.idle_reconnect = Duration::from_millis(500);
+    cfg
+}
+
+#[test]
+fn real_libzmq_and_msgspec_read_our_events_and_replays() {
+    let (w, events, replay) = Proc::sim_worker_with_events(&["--instant"]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/kv_events_pyzmq_check.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([script, &w.url, &events, &replay, MODEL])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pyzmq/msgspec check failed (pip install pyzmq msgspec)\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_killed_subscriber_socket_catches_up_by_replay() {
+    let (w, events, replay) = Proc::sim_worker_with_events(&["--instant"]);
+    let reference = Arc::new(SharedIndex::new(KvIndexConfig::default()));
+    let resumed = Arc::new(SharedIndex::new(KvIndexConfig::default()));
+    let ref_cancel = CancellationToken::new();
+    let ref_task = spawn_subscriber(
+        Subscriber::new(config(&events, &replay)),
+        reference.clone(),
+        ref_cancel.clone(),
+    );
+    let cancel = CancellationToken::new();
+    let task = spawn_subscriber(
+        Subscriber::new(config(&events, &replay)),
+        resumed.clone(),
+        cancel.clone(),
+    );
+
+    for i in 0..3 {
+        send(&w.url, &prompt(i)).await;
+    }
+    let r = resumed.clone();
+    eventually(Duration::from_secs(10), "first batches indexed", || {
+        let r = r.clone();
+        async move { r.lock().len() >= 3 * 30 }
+    })
+    .await;
+
+    // Kill the socket mid-stream: batches published now are never delivered to it.
+    cancel.cancel();
+    let sub = task.await.unwrap();
+    let seen = sub.last_seq().unwrap();
+    for i in 3..8 {
+        send(&w.url, &prompt(i)).await;
+    }
+    // A new socket for the same subscriber: the next live batch reveals the gap.
+    let cancel = CancellationToken::new();
+    let task = spawn_subscriber(sub, resumed.clone(), cancel.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&w.url, &prompt(8)).await;
+
+    let (a, b) = (reference.clone(), resumed.clone());
+    eventually(Duration::from_secs(10), "both indexes agree", || {
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            let (da, db) = (a.lock().dump(), b.lock().dump());
+            !da.is_empty() && da == db
+        }
+    })
+    .await;
+    cancel.cancel();
+    ref_cancel.cancel();
+    let sub = task.await.unwrap();
+    ref_task.await.unwrap();
+    assert!(
+        sub.stats.gaps.load(Ordering::Relaxed) >= 1,
+        "the gap was detected"
+    );
+    let replayed = sub.stats.replayed_batches.load(Ordering::Relaxed);
+    assert!(replayed >= 1, "missed batches were replayed");
+    assert!(sub.last_seq().unwrap() > seen + 5);
+    assert_eq!(sub.stats.missing_history.load(Ordering::Relaxed), 0);
+    assert_eq!(sub.stats.malformed.load(Ordering::Relaxed), 0);
+    // 9 distinct prompts of well over 30 blocks each.
+    assert!(resumed.lock().len() >= 9 * 30);
+}
+
+#[tokio::test]
+async fn an_engine_restart_forgets_the_old_cache() {
+    // Fixed ports so the restarted worker publishes where the subscriber listens.
+    let port = |_| {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (ep, rp) = (
+        format!("tcp://127.0.0.1:{}", port(0)),
+        format!("tcp://127.0.0.1:{}", port(1)),
+    );
+    let args = [
+        "--instant",
+        "--kv-events-endpoint",
+        &ep,
+        "--kv-replay-endpoint",
+        &rp,
+    ];
+    let mut w = Proc::sim_worker(&args);
+    let index = Arc::new(SharedIndex::new(KvIndexConfig::default()));
+    let cancel = CancellationToken::new();
+    let sub = Subscriber::new(config(&ep, &rp));
+    let stats = sub.stats.clone();
+    let task = spawn_subscriber(sub, index.clone(), cancel.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&w.url, &prompt(0)).await;
+    send(&w.url, &prompt(1)).await;
+    let ix = index.clone();
+    eventually(Duration::from_secs(10), "old cache indexed", || {
+        let ix = ix.clone();
+        async move { matched_blocks(&ix, &prompt(0)) > 30 }
+    })
+    .await;
+
+    w.kill();
+    let w2 = Proc::sim_worker_on(w.url.rsplit(':').next().unwrap(), &args);
+    let (ix, url) = (index.clone(), w2.url.clone());
+    let mut i = 2;
+    eventually(Duration::from_secs(15), "restart detected", || {
+        let (ix, url) = (ix.clone(), url.clone());
+        i += 1;
+        let stats = stats.clone();
+        async move {
+            // Keep the new engine publishing until the subscriber has reconnected.
+            send(&url, &prompt(i)).await;
+            stats.restarts.load(Ordering::Relaxed) >= 1 && matched_blocks(&ix, &prompt(i)) > 30
+        }
+    })
+    .await;
+    cancel.cancel();
+    task.await.unwrap();
+    assert_eq!(
+        matched_blocks(&index, &prompt(0)),
+        0,
+        "the old engine's blocks are gone"
+    );
+}
+
+/// Blocks of a chat prompt's chain that worker 0 holds, per the index.
+fn matched_blocks(index: &SharedIndex, text: &str) -> u32 {
+    let body = serde_json::to_vec(&chat_body(text, 2)).unwrap();
+    let req =
+        ownerserve_shim::openai::parse(&body, ownerserve_shim::openai::Endpoint::ChatCompletions)
+            .unwrap();
+    let tokens = req.prompt_tokens().remove(0);
+    let hashes =
+        ownerserve_planner::hash::prompt_hashes(&tokens, 16, ownerserve_planner::hash::XXH3_SEED);
+    let mut out = Vec::new();
+    index
+        .lock()
+        .find_matches(&hashes, &mut Default::default(), &mut out);
+    out.first().map_or(0, |m| m.gpu_blocks)
+}
