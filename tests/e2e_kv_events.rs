@@ -122,12 +122,10 @@ async fn a_killed_subscriber_socket_catches_up_by_replay() {
     ref_cancel.cancel();
     let sub = task.await.unwrap();
     ref_task.await.unwrap();
-    assert!(
-        sub.stats.gaps.load(Ordering::Relaxed) >= 1,
-        "the gap was detected"
-    );
+    // The reconnecting socket resyncs through the replay endpoint: the 5+ batches it
+    // missed come back by replay, not from the live stream.
     let replayed = sub.stats.replayed_batches.load(Ordering::Relaxed);
-    assert!(replayed >= 1, "missed batches were replayed");
+    assert!(replayed >= 5, "missed batches were replayed: {replayed}");
     assert!(sub.last_seq().unwrap() > seen + 5);
     assert_eq!(sub.stats.missing_history.load(Ordering::Relaxed), 0);
     assert_eq!(sub.stats.malformed.load(Ordering::Relaxed), 0);

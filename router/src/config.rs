@@ -10,7 +10,8 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use ownerserve_planner::ids::{EngineKind, Role};
-use ownerserve_planner::policy;
+use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_planner::policy::{self, BusyThresholds, KvAwareConfig, PolicySettings};
 use ownerserve_shim::sim::config::SimSettings;
 
 /// The `[router]` table.
@@ -26,6 +27,26 @@ pub struct RouterSettings {
     pub connect_timeout_ms: u64,
     pub request_timeout_s: u64,
     pub max_body_bytes: usize,
+    /// Tokens per KV block of the router's index (must match the engines').
+    pub kv_block_size: usize,
+    /// Most blocks the KV index keeps before pruning.
+    pub kv_index_max_blocks: usize,
+    /// Lifetime of approximate entries for workers without KV events.
+    pub kv_approx_ttl_s: u64,
+    /// kv_aware: weight of prefill work against decode blocks.
+    pub kv_overlap_weight: f64,
+    /// kv_aware: 0 = argmin, > 0 = softmax sampling.
+    pub kv_temperature: f64,
+    /// Busy when the engine reports this many queued requests.
+    pub busy_max_waiting: Option<f64>,
+    /// Busy when the engine reports this KV usage (0..1).
+    pub busy_max_kv_usage: Option<f64>,
+    /// Busy when the router has this many prompt tokens in flight there, not yet prefilled.
+    pub busy_max_active_prefill_tokens: Option<u64>,
+    /// session_affinity: how long an idle session stays pinned.
+    pub session_ttl_s: u64,
+    /// How often each worker's `/metrics` is scraped (0: never).
+    pub scrape_interval_ms: u64,
 }
 
 impl Default for RouterSettings {
@@ -40,6 +61,16 @@ impl Default for RouterSettings {
             connect_timeout_ms: 1000,
             request_timeout_s: 600,
             max_body_bytes: 32 * 1024 * 1024,
+            kv_block_size: 16,
+            kv_index_max_blocks: 1 << 20,
+            kv_approx_ttl_s: 120,
+            kv_overlap_weight: 1.0,
+            kv_temperature: 0.0,
+            busy_max_waiting: None,
+            busy_max_kv_usage: None,
+            busy_max_active_prefill_tokens: None,
+            session_ttl_s: 1800,
+            scrape_interval_ms: 500,
         }
     }
 }
@@ -119,7 +150,7 @@ pub struct RouterOverrides {
     /// Port the router listens on (0 picks a free one).
     #[arg(long, env = "OWNERSERVE_PORT")]
     pub port: Option<u16>,
-    /// Routing policy: round_robin, least_loaded.
+    /// Routing policy: round_robin, least_loaded, kv_aware, session_affinity.
     #[arg(long, env = "OWNERSERVE_POLICY")]
     pub policy: Option<String>,
 }
@@ -163,6 +194,10 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     pub max_body_bytes: usize,
     pub workers: Vec<WorkerSpec>,
+    pub policy_settings: PolicySettings,
+    pub kv_index: KvIndexConfig,
+    pub kv_approx_ttl: Duration,
+    pub scrape_interval: Option<Duration>,
 }
 
 fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
@@ -175,7 +210,30 @@ fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
 impl RouterConfig {
     /// Validates settings and a worker list into a config.
     pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> anyhow::Result<Self> {
-        policy::by_name(&s.policy).map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
+        if !(1..=1024).contains(&s.kv_block_size) {
+            bail!("router.kv_block_size must be in 1..=1024");
+        }
+        if !(s.kv_overlap_weight >= 0.0 && s.kv_overlap_weight.is_finite()) {
+            bail!("router.kv_overlap_weight must be a non-negative number");
+        }
+        if !(s.kv_temperature >= 0.0 && s.kv_temperature.is_finite()) {
+            bail!("router.kv_temperature must be a non-negative number");
+        }
+        let policy_settings = PolicySettings {
+            kv_aware: KvAwareConfig {
+                overlap_weight: s.kv_overlap_weight,
+                temperature: s.kv_temperature,
+                busy: BusyThresholds {
+                    max_waiting: s.busy_max_waiting,
+                    max_kv_usage: s.busy_max_kv_usage,
+                    max_active_prefill_tokens: s.busy_max_active_prefill_tokens,
+                },
+            },
+            session_ttl_ms: s.session_ttl_s.saturating_mul(1000),
+            ..PolicySettings::default()
+        };
+        policy::by_name(&s.policy, &policy_settings)
+            .map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
         if s.max_body_bytes < 1024 {
             bail!("router.max_body_bytes must be at least 1024");
         }
@@ -201,6 +259,15 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
             workers,
+            policy_settings,
+            kv_index: KvIndexConfig {
+                block_size: s.kv_block_size,
+                max_blocks: s.kv_index_max_blocks.max(1024),
+                ..KvIndexConfig::default()
+            },
+            kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
+            scrape_interval: (s.scrape_interval_ms > 0)
+                .then(|| Duration::from_millis(s.scrape_interval_ms)),
         })
     }
 }

@@ -23,6 +23,8 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("no healthy worker serves model `{model}` right now")]
     NoHealthyWorker { model: String },
+    #[error("every worker serving model `{model}` is busy; retry shortly")]
+    AllBusy { model: String },
     #[error("worker {worker} is unreachable")]
     UpstreamUnreachable { worker: String },
     #[error("worker {worker} did not answer within {after:?}")]
@@ -81,6 +83,12 @@ impl ApiError {
                 "server_error",
                 None,
                 "no_healthy_worker",
+            ),
+            AllBusy { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                "all_workers_busy",
             ),
             UpstreamUnreachable { .. } => (
                 StatusCode::BAD_GATEWAY,
@@ -141,7 +149,10 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(
+            status,
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
+        ) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         resp
@@ -164,9 +175,12 @@ mod tests {
     }
 
     #[test]
-    fn unavailable_says_when_to_retry() {
+    fn unavailable_and_busy_say_when_to_retry() {
         let r = ApiError::NoHealthyWorker { model: "m".into() }.into_response();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let r = ApiError::AllBusy { model: "m".into() }.into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "1");
     }
 }

@@ -5,6 +5,7 @@
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
 //! - [`server`]: the OpenAI proxy and operator API; [`error`] maps every error to HTTP.
 //! - [`registry`] and [`health`]: the workers and their health.
+//! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
 //! - [`mod@bench`]: benchmark commands.
@@ -15,6 +16,7 @@ mod cli;
 mod config;
 mod error;
 mod health;
+mod kv;
 mod registry;
 mod server;
 mod up;

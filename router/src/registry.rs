@@ -1,13 +1,13 @@
 //! The router's view of its workers: identity, health, the models each serves and the
 //! requests in flight there. Shared by handlers, the health checker and the admin API.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 use serde::Serialize;
 
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
-use ownerserve_planner::policy::WorkerView;
+use ownerserve_planner::policy::{EngineLoad, WorkerView};
 
 use crate::config::WorkerSpec;
 
@@ -19,7 +19,10 @@ pub struct Worker {
     healthy: AtomicBool,
     consecutive_failures: AtomicU32,
     in_flight: AtomicU32,
+    active_blocks: AtomicU64,
+    active_prefill_tokens: AtomicU64,
     models: RwLock<Arc<[String]>>,
+    load: Mutex<Option<EngineLoad>>,
 }
 
 impl Worker {
@@ -70,20 +73,61 @@ impl Worker {
         }
     }
 
-    /// Counts a request as in flight until the guard drops.
-    pub fn start_request(self: &Arc<Self>) -> InFlight {
+    /// The engine's last scraped load.
+    pub fn load(&self) -> Option<EngineLoad> {
+        *self.load.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a scraped load (`None`: the scrape failed).
+    pub fn set_load(&self, load: Option<EngineLoad>) {
+        *self.load.lock().unwrap_or_else(|e| e.into_inner()) = load;
+    }
+
+    /// KV blocks of requests in flight there (the router's prediction).
+    pub fn active_blocks(&self) -> u64 {
+        self.active_blocks.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request as in flight, holding `blocks` of KV and `prefill_tokens` still to
+    /// prefill, until the guard drops.
+    pub fn start_request(self: &Arc<Self>, blocks: u64, prefill_tokens: u64) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        self.active_blocks.fetch_add(blocks, Ordering::Relaxed);
+        self.active_prefill_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
+        InFlight {
+            worker: self.clone(),
+            blocks,
+            prefill_tokens,
+        }
     }
 }
 
-/// Decrements a worker's in-flight count when the response body is done or dropped.
+/// A request in flight at a worker; undoes its accounting when dropped (response done,
+/// client gone or worker failed).
 #[derive(Debug)]
-pub struct InFlight(Arc<Worker>);
+pub struct InFlight {
+    worker: Arc<Worker>,
+    blocks: u64,
+    prefill_tokens: u64,
+}
+
+impl InFlight {
+    /// The first byte came back: the prefill is over (Dynamo's `mark_prefill_completed`).
+    pub fn prefill_done(&mut self) {
+        let t = std::mem::take(&mut self.prefill_tokens);
+        self.worker
+            .active_prefill_tokens
+            .fetch_sub(t, Ordering::Relaxed);
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.prefill_done();
+        let w = &self.worker;
+        w.in_flight.fetch_sub(1, Ordering::Relaxed);
+        w.active_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
     }
 }
 
@@ -118,7 +162,10 @@ impl Registry {
                     healthy: AtomicBool::new(false),
                     consecutive_failures: AtomicU32::new(0),
                     in_flight: AtomicU32::new(0),
+                    active_blocks: AtomicU64::new(0),
+                    active_prefill_tokens: AtomicU64::new(0),
                     models: RwLock::new(Arc::from(Vec::new())),
+                    load: Mutex::new(None),
                 })
             })
             .collect();
@@ -162,6 +209,10 @@ impl Registry {
                 role: w.spec.role,
                 healthy: w.is_healthy(),
                 in_flight: w.in_flight(),
+                active_blocks: w.active_blocks(),
+                active_prefill_tokens: w.active_prefill_tokens.load(Ordering::Relaxed),
+                cached_blocks: 0,
+                load: w.load(),
             })
             .collect()
     }
@@ -190,6 +241,13 @@ impl Registry {
                 engine: w.spec.engine,
                 healthy: w.is_healthy(),
                 in_flight: w.in_flight(),
+                active_blocks: w.active_blocks(),
+                load: w.load().map(|l| LoadInfo {
+                    running: l.running,
+                    waiting: l.waiting,
+                    kv_usage: l.kv_usage,
+                }),
+                kv_events: w.spec.kv_events.clone(),
                 models: w.models().to_vec(),
             })
             .collect()
@@ -205,7 +263,18 @@ pub struct WorkerInfo {
     pub engine: EngineKind,
     pub healthy: bool,
     pub in_flight: u32,
+    pub active_blocks: u64,
+    pub load: Option<LoadInfo>,
+    pub kv_events: Option<String>,
     pub models: Vec<String>,
+}
+
+/// The scraped load of a worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadInfo {
+    pub running: f64,
+    pub waiting: f64,
+    pub kv_usage: f64,
 }
 
 #[cfg(test)]
@@ -253,7 +322,11 @@ mod tests {
         for w in r.all() {
             w.mark_healthy(vec!["m".into()]);
         }
-        let g = r.all()[1].start_request();
+        let mut g = r.all()[1].start_request(10, 320);
+        assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 320);
+        g.prefill_done();
+        assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 0);
+        assert_eq!(r.candidates("m", &[])[1].active_blocks, 10);
         assert_eq!(
             r.candidates("m", &[])
                 .iter()
@@ -263,6 +336,7 @@ mod tests {
         );
         drop(g);
         assert_eq!(r.all()[1].in_flight(), 0);
+        assert_eq!(r.all()[1].active_blocks(), 0);
         assert_eq!(r.candidates("m", &[WorkerId(0)]).len(), 1);
         assert!(r.candidates("other", &[]).is_empty());
     }

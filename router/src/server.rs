@@ -17,12 +17,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_planner::policy::{self, Policy, RouteRequest};
+use ownerserve_planner::policy::{self, Policy, PolicyError, RouteRequest};
 use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::config::RouterConfig;
 use crate::error::ApiError;
 use crate::health::{self, HealthSettings};
+use crate::kv::{self, KvRouting};
 use crate::registry::{ModelAvailability, Registry};
 use crate::upstream::{self, ForwardError, HttpClient};
 
@@ -30,6 +31,9 @@ use crate::upstream::{self, ForwardError, HttpClient};
 pub struct AppState {
     pub registry: Arc<Registry>,
     policy: Mutex<Box<dyn Policy>>,
+    /// Whether the policy wants prompts tokenized and matched against the KV index.
+    needs_match: bool,
+    kv: Arc<KvRouting>,
     client: HttpClient,
     cfg: RouterConfig,
 }
@@ -40,9 +44,10 @@ pub async fn run(
     cfg: RouterConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let policy = policy::by_name(&cfg.policy)?;
+    let policy = policy::by_name(&cfg.policy, &cfg.policy_settings)?;
     let client = upstream::client(cfg.connect_timeout);
     let registry = Arc::new(Registry::new(cfg.workers.clone()));
+    let kv = Arc::new(KvRouting::new(cfg.kv_index, cfg.kv_approx_ttl, &registry));
     let health = HealthSettings {
         interval: cfg.health_interval,
         timeout: cfg.health_timeout,
@@ -51,9 +56,22 @@ pub async fn run(
     health::check_all(&client, &registry, health).await;
     let tracker = TaskTracker::new();
     health::spawn(&client, &registry, health, &tracker, &shutdown);
+    kv::spawn(&kv, &registry, &tracker, &shutdown);
+    if let Some(every) = cfg.scrape_interval {
+        kv::spawn_scrapers(
+            &registry,
+            &client,
+            every,
+            cfg.health_timeout,
+            &tracker,
+            &shutdown,
+        );
+    }
     let state = Arc::new(AppState {
         registry,
+        needs_match: policy.needs_prefix_match(),
         policy: Mutex::new(policy),
+        kv,
         client,
         cfg,
     });
@@ -75,6 +93,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/admin/v1/workers", get(workers))
+        .route("/admin/v1/kv", get(kv_index))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
@@ -159,24 +178,61 @@ async fn proxy(
         }
         ModelAvailability::Unknown => return Err(ApiError::ModelNotFound(model.to_owned())),
     }
-    let route = RouteRequest { model };
+    // Only policies that use the KV index pay for tokenizing and hashing the prompt.
+    let (prompt_tokens, hashes) = if st.needs_match {
+        let tokens = parsed
+            .prompt_tokens()
+            .into_iter()
+            .next()
+            .unwrap_or_default();
+        let hashes = st.kv.hashes(&tokens);
+        (u32::try_from(tokens.len()).unwrap_or(u32::MAX), hashes)
+    } else {
+        (0, Vec::new())
+    };
+    let session = parts
+        .headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .or(parsed.user.as_deref())
+        .or(parsed.session_id.as_deref());
+    let route = RouteRequest {
+        model,
+        prompt_tokens,
+        block_size: st.kv.block_size() as u32,
+        session,
+        now_ms: st.kv.now_ms(),
+    };
     let mut failed = Vec::new();
     loop {
-        let candidates = st.registry.candidates(model, &failed);
+        let mut candidates = st.registry.candidates(model, &failed);
+        if st.needs_match {
+            st.kv.fill_cached(&hashes, &mut candidates);
+        }
         let decision = st
             .policy
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .choose(&route, &candidates)
-            .map_err(|_| ApiError::NoHealthyWorker {
-                model: model.to_owned(),
+            .map_err(|e| match e {
+                PolicyError::AllBusy => ApiError::AllBusy {
+                    model: model.to_owned(),
+                },
+                PolicyError::NoHealthyWorker => ApiError::NoHealthyWorker {
+                    model: model.to_owned(),
+                },
             })?;
         let Some(worker) = st.registry.get(decision.worker) else {
             return Err(ApiError::NoHealthyWorker {
                 model: model.to_owned(),
             });
         };
-        let in_flight = worker.start_request();
+        let cached = candidates
+            .iter()
+            .find(|c| c.id == worker.id)
+            .map_or(0, |c| u64::from(c.cached_blocks));
+        let prefill = u64::from(prompt_tokens).saturating_sub(cached * route.block_size as u64);
+        let in_flight = worker.start_request(route.prompt_blocks(), prefill);
         let sent = upstream::forward(
             &st.client,
             worker,
@@ -187,7 +243,10 @@ async fn proxy(
         )
         .await;
         match sent {
-            Ok(resp) => return Ok(upstream::relay(resp, worker, in_flight)),
+            Ok(resp) => {
+                st.kv.record_routed(worker, &hashes);
+                return Ok(upstream::relay(resp, worker, in_flight));
+            }
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
@@ -216,6 +275,10 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     let body =
         json!({"status": "ok", "healthy_workers": healthy, "workers": st.registry.all().len()});
     (StatusCode::OK, Json(body)).into_response()
+}
+
+async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
+    Json(st.kv.describe(&st.registry)).into_response()
 }
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {

@@ -154,7 +154,7 @@ pub fn relay(resp: Response<Incoming>, worker: &Worker, in_flight: InFlight) -> 
         sse,
         worker: worker.spec.name.clone(),
         failed: false,
-        _in_flight: in_flight,
+        in_flight,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -167,7 +167,7 @@ struct RelayBody {
     sse: bool,
     worker: String,
     failed: bool,
-    _in_flight: InFlight,
+    in_flight: InFlight,
 }
 
 impl http_body::Body for RelayBody {
@@ -181,7 +181,11 @@ impl http_body::Body for RelayBody {
         if self.failed {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_frame(cx) {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            self.in_flight.prefill_done();
+        }
+        match polled {
             Poll::Ready(Some(Err(e))) if self.sse => {
                 tracing::warn!(worker = %self.worker, error = %e, "worker failed mid-stream");
                 self.failed = true;

@@ -4,11 +4,13 @@
 //! - [`openai`]: OpenAI request parsing and validation (shared by the router and the
 //!   simulated engine) and the response/chunk wire types.
 //! - [`kv_events`]: vLLM/SGLang KV-event codecs, the ZMQ publisher and subscriber.
+//! - [`load_metrics`]: engine `/metrics` (vLLM, SGLang names) read into a load.
 //! - [`sim`]: the simulated GPU engine behind `ownerserve sim-worker`: a pure scheduler
 //!   core (continuous batching, chunked prefill, paged prefix cache, roofline timing) and
 //!   a thin HTTP/tokio shell that speaks vLLM's OpenAI API and `/metrics`.
 #![forbid(unsafe_code)]
 
 pub mod kv_events;
+pub mod load_metrics;
 pub mod openai;
 pub mod sim;

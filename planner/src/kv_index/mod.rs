@@ -483,6 +483,17 @@ impl KvIndex {
         self.engine_ids.get(&worker).map_or(0, HashMap::len)
     }
 
+    /// A fingerprint of [`KvIndex::dump`]: equal for indexes holding the same blocks.
+    pub fn digest(&self) -> u64 {
+        let mut bytes = Vec::with_capacity(self.nodes.len() * 13);
+        for (seq, worker, tier) in self.dump() {
+            bytes.extend_from_slice(&seq.to_le_bytes());
+            bytes.extend_from_slice(&worker.0.to_le_bytes());
+            bytes.push(tier as u8);
+        }
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
+
     /// Every `(sequence hash, worker, tier)` held, sorted: a canonical dump for comparing
     /// two indexes (router replicas) and for tests.
     pub fn dump(&self) -> Vec<(u64, WorkerId, Tier)> {

@@ -46,14 +46,15 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, &l)| WorkerView {
-                    id: WorkerId(i as u32),
-                    role: Role::Decode,
-                    healthy: true,
                     in_flight: l,
+                    ..WorkerView::idle(WorkerId(i as u32), Role::Decode)
                 })
                 .collect::<Vec<_>>()
         };
-        let req = RouteRequest { model: "m" };
+        let req = RouteRequest {
+            model: "m",
+            ..Default::default()
+        };
         let mut p = LeastLoaded::default();
         assert_eq!(p.choose(&req, &ws([3, 1, 2])).unwrap().worker, WorkerId(1));
         let tied = ws([1, 1, 5]);

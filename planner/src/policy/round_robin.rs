@@ -37,15 +37,16 @@ mod tests {
 
     fn w(id: u32, role: Role, healthy: bool) -> WorkerView {
         WorkerView {
-            id: WorkerId(id),
-            role,
             healthy,
-            in_flight: 0,
+            ..WorkerView::idle(WorkerId(id), role)
         }
     }
 
     fn picks(p: &mut RoundRobin, ws: &[WorkerView], n: usize) -> Vec<u32> {
-        let req = RouteRequest { model: "m" };
+        let req = RouteRequest {
+            model: "m",
+            ..Default::default()
+        };
         (0..n)
             .map(|_| p.choose(&req, ws).unwrap().worker.0)
             .collect()
@@ -71,7 +72,10 @@ mod tests {
     #[test]
     fn no_healthy_worker_is_an_error() {
         let ws = [w(0, Role::Decode, false)];
-        let req = RouteRequest { model: "m" };
+        let req = RouteRequest {
+            model: "m",
+            ..Default::default()
+        };
         assert_eq!(
             RoundRobin::default().choose(&req, &ws),
             Err(PolicyError::NoHealthyWorker)

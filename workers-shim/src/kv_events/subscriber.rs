@@ -7,8 +7,9 @@
 //! vLLM's stream carries no engine incarnation, and a restarted engine counts from 0 again,
 //! so a new incarnation can look like a gap. The replay therefore starts at the last batch
 //! we applied: if its bytes are what we applied, the rest is the gap; if not (or it is gone),
-//! the engine is new, its blocks are forgotten and the replay rebuilds them. Malformed
-//! messages are counted and skipped.
+//! the engine is new, its blocks are forgotten and the replay rebuilds them. Every
+//! (re)connection resyncs this way at once, so a new router learns the engine's existing
+//! cache from the replay buffer. Malformed messages are counted and skipped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,8 +97,6 @@ pub struct Subscriber {
     last_seq: Option<u64>,
     /// xxh3 of the last applied payload, to recognise it in a replay.
     last_payload: u64,
-    /// Check continuity on the next message (set when a socket is (re)connected).
-    verify: bool,
     pub stats: Arc<SubscriberStats>,
 }
 
@@ -107,12 +106,16 @@ fn bump(c: &AtomicU64) {
 
 impl Subscriber {
     pub fn new(cfg: SubscriberConfig) -> Self {
+        Self::with_stats(cfg, Arc::default())
+    }
+
+    /// A subscriber counting into existing `stats` (kept across restarts of the task).
+    pub fn with_stats(cfg: SubscriberConfig, stats: Arc<SubscriberStats>) -> Self {
         Self {
             cfg,
             last_seq: None,
             last_payload: 0,
-            verify: false,
-            stats: Arc::default(),
+            stats,
         }
     }
 
@@ -133,7 +136,11 @@ impl Subscriber {
             match tokio::time::timeout(Duration::from_secs(5), connected).await {
                 Ok(Ok(())) => {
                     backoff = Duration::from_millis(50);
-                    self.verify = self.last_seq.is_some();
+                    // Catch up at once: history a new router has never seen, or what was
+                    // published while this socket was down (or by a new engine).
+                    if self.cfg.replay_endpoint.is_some() {
+                        self.resync(sink).await;
+                    }
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "kv events: connect failed");
@@ -178,7 +185,7 @@ impl Subscriber {
             Some(last) if msg.seq == last && payload == self.last_payload => return,
             Some(last) => msg.seq == last + 1,
         };
-        if !in_order || std::mem::take(&mut self.verify) {
+        if !in_order {
             if self.last_seq.is_some_and(|l| msg.seq > l + 1) {
                 bump(&self.stats.gaps);
             }
@@ -249,14 +256,17 @@ impl Subscriber {
         match (self.last_seq, first) {
             // The batch we applied last is still there, unchanged: same engine.
             (Some(last), Some((seq, payload))) if seq == last && payload == self.last_payload => {}
-            (None, Some((0, _))) => {}
+            // Nothing published yet, or the whole history from the start.
+            (None, None | Some((0, _))) => {}
+            // Our last batch is gone or different: a new engine (or one whose buffer no
+            // longer reaches back to us). Start over from what it has.
             (Some(_), _) => {
                 self.restart(sink);
-                if first.is_none_or(|(seq, _)| seq > 0) {
+                if first.is_some_and(|(seq, _)| seq > 0) {
                     bump(&self.stats.missing_history);
                 }
             }
-            (None, _) => bump(&self.stats.missing_history),
+            (None, Some(_)) => bump(&self.stats.missing_history),
         }
         for b in batches {
             bump(&self.stats.replayed_batches);

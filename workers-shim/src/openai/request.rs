@@ -105,6 +105,10 @@ pub struct ParsedRequest<'a> {
     pub sampling: Sampling,
     pub stream: bool,
     pub include_usage: bool,
+    /// OpenAI `user`.
+    pub user: Option<Cow<'a, str>>,
+    /// `metadata.session_id`.
+    pub session_id: Option<Cow<'a, str>>,
 }
 
 const ROLES: &[&str] = &[
@@ -148,6 +152,16 @@ struct RawBody<'a> {
     ignore_eos: Option<&'a RawValue>,
     #[serde(borrow, default)]
     seed: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    metadata: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawMetadata<'a> {
+    #[serde(borrow, default)]
+    session_id: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -239,12 +253,16 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
             "'stream_options' is only allowed when 'stream' is true",
         ));
     }
+    let user: Option<Text<'_>> = field(raw.user, "user")?;
+    let metadata: Option<RawMetadata<'_>> = field(raw.metadata, "metadata")?;
     Ok(ParsedRequest {
         model,
         prompt,
         sampling: parse_sampling(&raw)?,
         stream,
         include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
+        user: user.map(|u| u.0),
+        session_id: metadata.and_then(|m| m.session_id).map(|s| s.0),
     })
 }
 
@@ -505,6 +523,17 @@ mod tests {
         assert!(
             matches!(m[0].parts[0], Cow::Borrowed(_)),
             "text is not copied"
+        );
+    }
+
+    #[test]
+    fn session_hints_are_read() {
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u1","metadata":{"session_id":"s1","other":3}}"#).unwrap();
+        assert_eq!(req.user.as_deref(), Some("u1"));
+        assert_eq!(req.session_id.as_deref(), Some("s1"));
+        assert!(
+            chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"metadata":[1]}"#)
+                .is_err()
         );
     }
 

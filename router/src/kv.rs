@@ -1,0 +1,274 @@
+//! KV-aware routing state: the KV index, fed by one event subscriber per worker (or, for
+//! workers without events, by the router's own routing decisions with a TTL), plus the
+//! tasks that keep it current: subscribers, engine-load scrapers and expiry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch};
+use ownerserve_planner::policy::WorkerView;
+use ownerserve_shim::kv_events::shared_index::SharedIndex;
+use ownerserve_shim::kv_events::subscriber::{Subscriber, SubscriberConfig, SubscriberStats};
+use ownerserve_shim::load_metrics::parse_load;
+
+use crate::registry::{Registry, Worker};
+use crate::upstream::{get_small, HttpClient};
+
+/// The router's KV view.
+pub struct KvRouting {
+    pub index: Arc<SharedIndex>,
+    block_size: usize,
+    approx_ttl_ms: u64,
+    started: Instant,
+    /// Event counters per worker with a subscriber.
+    subscribers: Vec<(WorkerId, Arc<SubscriberStats>)>,
+}
+
+impl KvRouting {
+    pub fn new(cfg: KvIndexConfig, approx_ttl: Duration, registry: &Registry) -> Self {
+        Self {
+            index: Arc::new(SharedIndex::new(cfg)),
+            block_size: cfg.block_size,
+            approx_ttl_ms: approx_ttl.as_millis() as u64,
+            started: Instant::now(),
+            subscribers: registry
+                .all()
+                .iter()
+                .filter(|w| w.spec.kv_events.is_some())
+                .map(|w| (w.id, Arc::default()))
+                .collect(),
+        }
+    }
+
+    /// Router time for policies and TTLs.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Our block hashes of a prompt.
+    pub fn hashes(&self, tokens: &[u32]) -> Vec<u64> {
+        prompt_hashes(tokens, self.block_size, XXH3_SEED)
+    }
+
+    /// Fills each candidate's `cached_blocks` from the index.
+    pub fn fill_cached(&self, hashes: &[u64], candidates: &mut [WorkerView]) {
+        let mut matches = Vec::new();
+        self.index
+            .lock()
+            .find_matches(hashes, &mut MatchScratch::default(), &mut matches);
+        for c in candidates {
+            c.cached_blocks = matches
+                .iter()
+                .find(|m| m.worker == c.id)
+                .map_or(0, |m| m.gpu_blocks);
+        }
+    }
+
+    /// Remembers where a request went, for workers whose engines publish no events.
+    pub fn record_routed(&self, worker: &Worker, hashes: &[u64]) {
+        if worker.spec.kv_events.is_none() && !hashes.is_empty() {
+            let now = self.now_ms();
+            self.index
+                .lock()
+                .insert_routed(worker.id, hashes, now, self.approx_ttl_ms);
+        }
+    }
+
+    /// The admin API's view.
+    pub fn describe(&self, registry: &Registry) -> KvInfo {
+        let ix = self.index.lock();
+        KvInfo {
+            block_size: self.block_size,
+            blocks: ix.len(),
+            digest: format!("{:016x}", ix.digest()),
+            stats: ix.stats().into(),
+            workers: registry
+                .all()
+                .iter()
+                .map(|w| {
+                    let events = self
+                        .subscribers
+                        .iter()
+                        .find(|(id, _)| *id == w.id)
+                        .map(|(_, s)| EventCounters::from(s.as_ref()));
+                    WorkerKv {
+                        id: w.spec.name.clone(),
+                        blocks: ix.worker_blocks(w.id),
+                        mode: if events.is_some() {
+                            "events"
+                        } else {
+                            "approximate"
+                        },
+                        events,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `GET /admin/v1/kv`.
+#[derive(Debug, Serialize)]
+pub struct KvInfo {
+    block_size: usize,
+    blocks: usize,
+    /// Equal on two routers whose indexes hold the same blocks.
+    digest: String,
+    stats: IndexCounters,
+    workers: Vec<WorkerKv>,
+}
+
+#[derive(Debug, Serialize)]
+struct IndexCounters {
+    blocks_stored: u64,
+    blocks_removed: u64,
+    events_rejected: u64,
+    blocks_pruned: u64,
+    blocks_expired: u64,
+}
+
+impl From<IndexStats> for IndexCounters {
+    fn from(s: IndexStats) -> Self {
+        Self {
+            blocks_stored: s.blocks_stored,
+            blocks_removed: s.blocks_removed,
+            events_rejected: s.events_rejected,
+            blocks_pruned: s.blocks_pruned,
+            blocks_expired: s.blocks_expired,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WorkerKv {
+    id: String,
+    blocks: usize,
+    mode: &'static str,
+    events: Option<EventCounters>,
+}
+
+#[derive(Debug, Serialize)]
+struct EventCounters {
+    batches: u64,
+    events: u64,
+    malformed: u64,
+    gaps: u64,
+    replayed_batches: u64,
+    missing_history: u64,
+    restarts: u64,
+}
+
+impl From<&SubscriberStats> for EventCounters {
+    fn from(s: &SubscriberStats) -> Self {
+        use std::sync::atomic::Ordering::Relaxed;
+        Self {
+            batches: s.batches.load(Relaxed),
+            events: s.events.load(Relaxed),
+            malformed: s.malformed.load(Relaxed),
+            gaps: s.gaps.load(Relaxed),
+            replayed_batches: s.replayed_batches.load(Relaxed),
+            missing_history: s.missing_history.load(Relaxed),
+            restarts: s.restarts.load(Relaxed),
+        }
+    }
+}
+
+/// Starts the subscribers (one per worker with events) and the expiry tick.
+pub fn spawn(
+    kv: &Arc<KvRouting>,
+    registry: &Registry,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    for w in registry.all() {
+        let Some(endpoint) = w.spec.kv_events.clone() else {
+            continue;
+        };
+        let Some(stats) = kv
+            .subscribers
+            .iter()
+            .find(|(id, _)| *id == w.id)
+            .map(|(_, s)| s.clone())
+        else {
+            continue;
+        };
+        let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size);
+        let (index, cancel, name) = (kv.index.clone(), cancel.clone(), w.spec.name.clone());
+        tracker.spawn(supervise(cfg, stats, index, cancel, name));
+    }
+    let (kv, cancel) = (kv.clone(), cancel.clone());
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = kv.now_ms();
+                    kv.index.lock().expire(now);
+                }
+                () = cancel.cancelled() => return,
+            }
+        }
+    });
+}
+
+/// Runs a subscriber, restarting it if it panics: the ZMQ crate has `todo!()`s on paths
+/// its authors consider unreachable, and one worker's socket must not take the router down.
+async fn supervise(
+    cfg: SubscriberConfig,
+    stats: Arc<SubscriberStats>,
+    index: Arc<SharedIndex>,
+    cancel: CancellationToken,
+    worker: String,
+) {
+    while !cancel.is_cancelled() {
+        let mut sub = Subscriber::with_stats(cfg.clone(), stats.clone());
+        let (index, c) = (index.clone(), cancel.clone());
+        // A separate task only to catch a panic; it ends with `cancel` like its supervisor.
+        let run = tokio::spawn(async move { sub.run(index.as_ref(), &c).await });
+        if let Err(e) = run.await {
+            tracing::error!(%worker, error = %e, "kv event subscriber died; restarting");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// Starts one `/metrics` scraper per worker.
+pub fn spawn_scrapers(
+    registry: &Arc<Registry>,
+    client: &HttpClient,
+    interval: Duration,
+    timeout: Duration,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    for w in registry.all() {
+        let (w, client, cancel) = (w.clone(), client.clone(), cancel.clone());
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = cancel.cancelled() => return,
+                }
+                let load = match get_small(&client, &w.spec.base_url, "/metrics", timeout).await {
+                    Ok((status, body)) if status.is_success() => std::str::from_utf8(&body)
+                        .ok()
+                        .and_then(|t| parse_load(t).ok()),
+                    _ => None,
+                };
+                w.set_load(load);
+            }
+        });
+    }
+}

@@ -1,0 +1,224 @@
+//! Routing policies end to end: `kv_aware` over real ZMQ KV events and over the approximate
+//! index, `session_affinity`, and busy gating, with real `ownerserve` processes.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::{chat_body, client, eventually, metric, Proc};
+use serde_json::{json, Value};
+
+async fn get(url: &str) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Sends a chat request; returns the worker that served it.
+async fn route(router: &str, body: &Value, session: Option<&str>) -> String {
+    let mut req = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .json(body);
+    if let Some(s) = session {
+        req = req.header("x-session-id", s);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    resp.headers()["x-ownerserve-worker"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn worker_url(router: &str, name: &str) -> String {
+    let w = get(&format!("{router}/admin/v1/workers")).await;
+    w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == name)
+        .unwrap()["url"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn prefix_hits(worker: &str) -> f64 {
+    let text = client()
+        .get(format!("{worker}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metric(&text, "vllm:prefix_cache_hits_total")
+}
+
+fn long_prefix(tag: &str) -> String {
+    (0..400).map(|i| format!("{tag} line {i}; ")).collect()
+}
+
+/// Waits until the router's index holds blocks for `worker`.
+async fn indexed(router: &str, worker: &str) {
+    let (router, worker) = (router.to_owned(), worker.to_owned());
+    eventually(
+        Duration::from_secs(10),
+        "blocks indexed from KV events",
+        || {
+            let (router, worker) = (router.clone(), worker.clone());
+            async move {
+                let kv = get(&format!("{router}/admin/v1/kv")).await;
+                kv["workers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|w| w["id"] == worker && w["blocks"].as_u64().unwrap_or(0) > 50)
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn kv_aware_follows_the_prefix_through_real_kv_events_and_spreads_the_rest() {
+    let stack = Proc::up(&["--instant", "true", "--policy", "kv_aware"]);
+    let prefix = long_prefix("repo-A");
+    let first = route(
+        &stack.url,
+        &chat_body(&format!("{prefix} question one"), 2),
+        None,
+    )
+    .await;
+    indexed(&stack.url, &first).await;
+    let kv = get(&format!("{}/admin/v1/kv", stack.url)).await;
+    assert!(kv["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["mode"] == "events"));
+
+    let holder = worker_url(&stack.url, &first).await;
+    let hits_before = prefix_hits(&holder).await;
+    for q in ["question two", "question three"] {
+        let served = route(&stack.url, &chat_body(&format!("{prefix} {q}"), 2), None).await;
+        assert_eq!(served, first, "same prefix goes to the worker holding it");
+    }
+    let hits = prefix_hits(&holder).await - hits_before;
+    assert!(
+        hits >= 2.0 * 800.0,
+        "the holder's prefix cache was hit: {hits} tokens"
+    );
+
+    // Unrelated prompts spread over the decode and hybrid workers.
+    let mut served = HashSet::new();
+    for i in 0..6 {
+        served.insert(
+            route(
+                &stack.url,
+                &chat_body(&long_prefix(&format!("other-{i}")), 2),
+                None,
+            )
+            .await,
+        );
+    }
+    assert!(served.len() >= 2, "unrelated prompts spread: {served:?}");
+    assert!(
+        !served.contains("prefill-0"),
+        "plain requests avoid prefill workers"
+    );
+}
+
+#[tokio::test]
+async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
+    let a = Proc::sim_worker(&["--instant"]);
+    let b = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(
+        &[
+            format!("{},role=decode,name=a", a.url),
+            format!("{},role=decode,name=b", b.url),
+        ],
+        &["--policy", "kv_aware"],
+    );
+    let prefix = long_prefix("doc");
+    let first = route(&router.url, &chat_body(&format!("{prefix} q1"), 2), None).await;
+    for q in ["q2", "q3", "q4"] {
+        assert_eq!(
+            route(&router.url, &chat_body(&format!("{prefix} {q}"), 2), None).await,
+            first
+        );
+    }
+    let kv = get(&format!("{}/admin/v1/kv", router.url)).await;
+    assert!(kv["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|w| w["mode"] == "approximate"));
+    assert!(kv["blocks"].as_u64().unwrap() > 50);
+}
+
+#[tokio::test]
+async fn session_affinity_keeps_a_session_on_one_worker() {
+    let stack = Proc::up(&["--instant", "true", "--policy", "session_affinity"]);
+    for session in ["s-1", "s-2", "s-3"] {
+        let mut served = HashSet::new();
+        for turn in 0..4 {
+            let body = chat_body(&format!("{session} turn {turn}"), 2);
+            served.insert(route(&stack.url, &body, Some(session)).await);
+        }
+        assert_eq!(served.len(), 1, "{session} moved: {served:?}");
+    }
+    // The OpenAI `user` field names a session too.
+    let mut body = chat_body("hello", 2);
+    body["user"] = json!("alice");
+    let first = route(&stack.url, &body, None).await;
+    for _ in 0..3 {
+        assert_eq!(route(&stack.url, &body, None).await, first);
+    }
+}
+
+#[tokio::test]
+async fn saturated_workers_get_429_with_retry_after() {
+    let w = Proc::sim_worker(&["--instant"]);
+    let dir = std::env::temp_dir().join(format!("ownerserve-busy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("router.toml");
+    // KV usage is always >= 0: every worker counts as saturated once scraped.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[router]\npolicy = \"kv_aware\"\nbusy_max_kv_usage = 0.0\nscrape_interval_ms = 100\n\n\
+             [[workers]]\nurl = \"{}\"\nrole = \"decode\"\n",
+            w.url
+        ),
+    )
+    .unwrap();
+    let router = Proc::router(&[], &["--config", cfg.to_str().unwrap()]);
+    let url = router.url.clone();
+    eventually(Duration::from_secs(10), "a 429", || {
+        let url = url.clone();
+        async move {
+            let resp = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&chat_body("hi", 2))
+                .send()
+                .await
+                .unwrap();
+            if resp.status() != 429 {
+                return false;
+            }
+            assert_eq!(resp.headers()["retry-after"], "1");
+            let err: Value = resp.json().await.unwrap();
+            err["error"]["code"] == "all_workers_busy"
+        }
+    })
+    .await;
+}

@@ -1,0 +1,118 @@
+//! The subscriber's sequence handling against a real publisher (ZMQ sockets on loopback):
+//! a gap in the live stream is filled by replay; a falling sequence with different bytes is
+//! a new engine.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_shim::kv_events::publisher::Publisher;
+use ownerserve_shim::kv_events::shared_index::SharedIndex;
+use ownerserve_shim::kv_events::subscriber::{Subscriber, SubscriberConfig};
+use ownerserve_shim::kv_events::wire::{encode_batch, Encoding, WireBatch, WireEvent};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Batch `i` stores one 16-token block chained under batch `i - 1`'s block.
+fn batch(i: u64) -> WireBatch {
+    WireBatch {
+        ts: i as f64,
+        events: vec![WireEvent::BlockStored {
+            block_hashes: vec![1000 + i],
+            parent_block_hash: i.checked_sub(1).map(|p| 1000 + p),
+            token_ids: (0..16).map(|t| (i * 16 + t) as u32).collect(),
+            block_size: 16,
+            lora_name: None,
+            medium: Some("GPU".into()),
+            group_idx: None,
+            kv_cache_spec_kind: None,
+        }],
+        dp_rank: Some(0),
+    }
+}
+
+fn frames(seq: u64, b: &WireBatch) -> Vec<Bytes> {
+    vec![
+        Bytes::new(),
+        Bytes::copy_from_slice(&seq.to_be_bytes()),
+        Bytes::from(encode_batch(b, Encoding::Map)),
+    ]
+}
+
+#[tokio::test]
+async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
+    let publisher = Publisher::bind(
+        "tcp://127.0.0.1:0",
+        Some("tcp://127.0.0.1:0"),
+        Encoding::Map,
+        "",
+        100,
+    )
+    .await
+    .unwrap();
+    let replay = publisher.replay_endpoint.clone();
+    let endpoint = publisher.endpoint.clone();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(publisher.run(rx, cancel.clone()));
+    for i in 0..6 {
+        tx.send(batch(i)).unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let mut sub = Subscriber::new(SubscriberConfig::new(WorkerId(0), endpoint, replay, 16));
+    sub.on_message(frames(0, &batch(0)), &index).await;
+    sub.on_message(frames(1, &batch(1)), &index).await;
+    // Batches 2..4 never arrive live.
+    sub.on_message(frames(5, &batch(5)), &index).await;
+    assert_eq!(sub.last_seq(), Some(5));
+    assert_eq!(sub.stats.gaps.load(Ordering::Relaxed), 1);
+    assert!(sub.stats.replayed_batches.load(Ordering::Relaxed) >= 3);
+    assert_eq!(
+        index.lock().len(),
+        6,
+        "the whole chain, through the replayed middle"
+    );
+    assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 0);
+
+    // A duplicate is ignored. A stray old sequence number while the engine's replay still
+    // vouches for our last batch is ignored too (a real restart replaces the publisher).
+    sub.on_message(frames(5, &batch(5)), &index).await;
+    sub.on_message(frames(0, &batch(0)), &index).await;
+    assert_eq!(sub.stats.batches.load(Ordering::Relaxed), 6);
+    assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 0);
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test]
+async fn without_a_replay_endpoint_a_falling_sequence_is_a_restart() {
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let mut sub = Subscriber::new(SubscriberConfig::new(
+        WorkerId(0),
+        "tcp://127.0.0.1:1".into(),
+        None,
+        16,
+    ));
+    for i in 0..3 {
+        sub.on_message(frames(i, &batch(i)), &index).await;
+    }
+    assert_eq!(index.lock().len(), 3);
+    let mut new_engine = batch(0);
+    new_engine.ts = 7.0;
+    sub.on_message(frames(0, &new_engine), &index).await;
+    assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 1);
+    assert_eq!(sub.last_seq(), Some(0));
+    assert_eq!(index.lock().len(), 1, "the old engine's blocks are gone");
+    // A gap with nowhere to replay from is counted as missing history.
+    sub.on_message(frames(4, &batch(8)), &index).await;
+    assert_eq!(sub.stats.gaps.load(Ordering::Relaxed), 1);
+    assert!(sub.stats.missing_history.load(Ordering::Relaxed) >= 1);
+    // Garbage is counted and skipped.
+    sub.on_message(vec![Bytes::from_static(b"x")], &index).await;
+    assert_eq!(sub.stats.malformed.load(Ordering::Relaxed), 1);
+}
