@@ -12,6 +12,7 @@ use serde::Deserialize;
 use ownerserve_planner::ids::{EngineKind, Role};
 use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy::{self, BusyThresholds, KvAwareConfig, PolicySettings};
+use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 use ownerserve_shim::sim::config::SimSettings;
 
 /// The `[router]` table.
@@ -47,6 +48,24 @@ pub struct RouterSettings {
     pub session_ttl_s: u64,
     /// How often each worker's `/metrics` is scraped (0: never).
     pub scrape_interval_ms: u64,
+    /// Redis URL for sharing KV events between router replicas (unset: each router
+    /// subscribes to the engines itself).
+    pub kv_redis_url: Option<String>,
+    /// `publish`: this replica subscribes to the engines and appends to the streams;
+    /// `consume`: it only follows the streams. Every replica follows them.
+    pub kv_redis_role: FanoutRole,
+    /// Stream key prefix; a worker's stream is `<prefix>:<worker name>`.
+    pub kv_redis_stream_prefix: String,
+    /// Approximate length the streams are trimmed to.
+    pub kv_redis_maxlen: usize,
+}
+
+/// This replica's part in the Redis fan-out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FanoutRole {
+    Publish,
+    Consume,
 }
 
 impl Default for RouterSettings {
@@ -71,6 +90,10 @@ impl Default for RouterSettings {
             busy_max_active_prefill_tokens: None,
             session_ttl_s: 1800,
             scrape_interval_ms: 500,
+            kv_redis_url: None,
+            kv_redis_role: FanoutRole::Publish,
+            kv_redis_stream_prefix: "ownerserve:kv".to_owned(),
+            kv_redis_maxlen: 100_000,
         }
     }
 }
@@ -198,6 +221,7 @@ pub struct RouterConfig {
     pub kv_index: KvIndexConfig,
     pub kv_approx_ttl: Duration,
     pub scrape_interval: Option<Duration>,
+    pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
 }
 
 fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
@@ -210,6 +234,9 @@ fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
 impl RouterConfig {
     /// Validates settings and a worker list into a config.
     pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> anyhow::Result<Self> {
+        if let Some(url) = &s.kv_redis_url {
+            redis_url_ok(url)?;
+        }
         if !(1..=1024).contains(&s.kv_block_size) {
             bail!("router.kv_block_size must be in 1..=1024");
         }
@@ -268,8 +295,25 @@ impl RouterConfig {
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
             scrape_interval: (s.scrape_interval_ms > 0)
                 .then(|| Duration::from_millis(s.scrape_interval_ms)),
+            kv_fanout: s.kv_redis_url.clone().map(|url| {
+                (
+                    FanoutConfig {
+                        url,
+                        prefix: s.kv_redis_stream_prefix.clone(),
+                        maxlen: s.kv_redis_maxlen.max(1000),
+                    },
+                    s.kv_redis_role,
+                )
+            }),
         })
     }
+}
+
+fn redis_url_ok(url: &str) -> anyhow::Result<()> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        bail!("router.kv_redis_url `{url}` must start with redis://");
+    }
+    Ok(())
 }
 
 /// Checks a worker URL (`http://host:port`, no path) and strips a trailing slash.

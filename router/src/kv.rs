@@ -14,10 +14,14 @@ use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch};
 use ownerserve_planner::policy::WorkerView;
+use ownerserve_shim::kv_events::redis_fanout::{follow, FanoutConfig, RedisPublisher};
 use ownerserve_shim::kv_events::shared_index::SharedIndex;
-use ownerserve_shim::kv_events::subscriber::{Subscriber, SubscriberConfig, SubscriberStats};
+use ownerserve_shim::kv_events::subscriber::{
+    EventSink, Subscriber, SubscriberConfig, SubscriberStats,
+};
 use ownerserve_shim::load_metrics::parse_load;
 
+use crate::config::FanoutRole;
 use crate::registry::{Registry, Worker};
 use crate::upstream::{get_small, HttpClient};
 
@@ -184,15 +188,42 @@ impl From<&SubscriberStats> for EventCounters {
     }
 }
 
-/// Starts the subscribers (one per worker with events) and the expiry tick.
+/// Starts the subscribers (one per worker with events), the Redis fan-out if configured,
+/// and the expiry tick.
 pub fn spawn(
     kv: &Arc<KvRouting>,
     registry: &Registry,
+    fanout: Option<&(FanoutConfig, FanoutRole)>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
-) {
-    for w in registry.all() {
-        let Some(endpoint) = w.spec.kv_events.clone() else {
+) -> anyhow::Result<()> {
+    let with_events = || registry.all().iter().filter(|w| w.spec.kv_events.is_some());
+    // Where the ZMQ subscribers put events: the local index, the Redis streams, or nowhere
+    // (a consuming replica takes everything from the streams).
+    let sink: Option<Arc<dyn EventSink>> = match fanout {
+        None => Some(kv.index.clone()),
+        Some((cfg, FanoutRole::Publish)) => {
+            let keys = with_events()
+                .map(|w| (w.id, cfg.key(&w.spec.name)))
+                .collect();
+            Some(Arc::new(RedisPublisher::spawn(
+                cfg,
+                keys,
+                tracker,
+                cancel.clone(),
+            )?))
+        }
+        Some((_, FanoutRole::Consume)) => None,
+    };
+    if let Some((cfg, _)) = fanout {
+        for w in with_events() {
+            let sink: Arc<dyn EventSink> = kv.index.clone();
+            let key = cfg.key(&w.spec.name);
+            tracker.spawn(follow(cfg.url.clone(), key, w.id, sink, cancel.clone()));
+        }
+    }
+    for w in with_events() {
+        let (Some(sink), Some(endpoint)) = (sink.clone(), w.spec.kv_events.clone()) else {
             continue;
         };
         let Some(stats) = kv
@@ -204,8 +235,8 @@ pub fn spawn(
             continue;
         };
         let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size);
-        let (index, cancel, name) = (kv.index.clone(), cancel.clone(), w.spec.name.clone());
-        tracker.spawn(supervise(cfg, stats, index, cancel, name));
+        let (cancel, name) = (cancel.clone(), w.spec.name.clone());
+        tracker.spawn(supervise(cfg, stats, sink, cancel, name));
     }
     let (kv, cancel) = (kv.clone(), cancel.clone());
     tracker.spawn(async move {
@@ -220,6 +251,7 @@ pub fn spawn(
             }
         }
     });
+    Ok(())
 }
 
 /// Runs a subscriber, restarting it if it panics: the ZMQ crate has `todo!()`s on paths
@@ -227,15 +259,15 @@ pub fn spawn(
 async fn supervise(
     cfg: SubscriberConfig,
     stats: Arc<SubscriberStats>,
-    index: Arc<SharedIndex>,
+    sink: Arc<dyn EventSink>,
     cancel: CancellationToken,
     worker: String,
 ) {
     while !cancel.is_cancelled() {
         let mut sub = Subscriber::with_stats(cfg.clone(), stats.clone());
-        let (index, c) = (index.clone(), cancel.clone());
+        let (sink, c) = (sink.clone(), cancel.clone());
         // A separate task only to catch a panic; it ends with `cancel` like its supervisor.
-        let run = tokio::spawn(async move { sub.run(index.as_ref(), &c).await });
+        let run = tokio::spawn(async move { sub.run(sink.as_ref(), &c).await });
         if let Err(e) = run.await {
             tracing::error!(%worker, error = %e, "kv event subscriber died; restarting");
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -56,7 +56,7 @@ pub async fn run(
     health::check_all(&client, &registry, health).await;
     let tracker = TaskTracker::new();
     health::spawn(&client, &registry, health, &tracker, &shutdown);
-    kv::spawn(&kv, &registry, &tracker, &shutdown);
+    kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), &tracker, &shutdown)?;
     if let Some(every) = cfg.scrape_interval {
         kv::spawn_scrapers(
             &registry,

@@ -5,6 +5,7 @@
 pub mod msgpack;
 pub mod normalize;
 pub mod publisher;
+pub mod redis_fanout;
 pub mod shared_index;
 pub mod subscriber;
 pub mod wire;
