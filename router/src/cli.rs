@@ -40,7 +40,9 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Router overhead as a proxy: a sim worker driven directly and through the router (wrk).
-    Proxy(crate::bench::BenchArgs),
+    Proxy(crate::bench::proxy::BenchArgs),
+    /// KV routing hot paths: prompt hashing, event ingest, prefix match + cost.
+    Kv(crate::bench::kv::KvBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -76,7 +78,10 @@ impl Cli {
             Command::Router(args) => run_router(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
             Command::Bench(BenchCommand::Proxy(args)) => {
-                tokio::task::spawn_blocking(move || crate::bench::run(args)).await?
+                tokio::task::spawn_blocking(move || crate::bench::proxy::run(args)).await?
+            }
+            Command::Bench(BenchCommand::Kv(args)) => {
+                tokio::task::spawn_blocking(move || crate::bench::kv::run(args)).await?
             }
         }
     }

@@ -24,21 +24,15 @@ impl Tier {
     }
 }
 
-/// One full block of a `Stored` event.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredBlock {
-    /// The engine's opaque id for the block.
-    pub block_id: u64,
-    pub tokens: Vec<u32>,
-}
-
 /// A change to what one worker holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvEvent {
     /// Blocks were cached, chained under `parent` (an engine block id) or at the root.
+    /// `tokens` holds every block's tokens back to back (`block_ids.len() × block_size`).
     Stored {
         parent: Option<u64>,
-        blocks: Vec<StoredBlock>,
+        block_ids: Vec<u64>,
+        tokens: Vec<u32>,
         tier: Tier,
         lora_name: Option<String>,
     },

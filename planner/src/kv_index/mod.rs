@@ -11,13 +11,16 @@
 //! fingerprint of each holder set: a 100K-token prompt costs tens of lookups, not thousands.
 
 mod event;
+mod fast_hash;
 mod matching;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
-pub use event::{KvEvent, StoredBlock, Tier};
+use fast_hash::FastMap;
+
+pub use event::{KvEvent, Tier};
 pub use matching::{MatchScratch, WorkerMatch};
 
 use crate::hash::{block_seed, local_block_hash, sequence_hash};
@@ -130,14 +133,13 @@ pub struct IndexStats {
 #[derive(Debug, Clone)]
 pub struct KvIndex {
     cfg: KvIndexConfig,
-    nodes: HashMap<u64, Node>,
+    nodes: FastMap<u64, Node>,
     /// Per worker: engine block id → our sequence hash.
-    engine_ids: HashMap<WorkerId, HashMap<u64, u64>>,
+    engine_ids: FastMap<WorkerId, FastMap<u64, u64>>,
     /// Approximate-mode expiries in insertion order (non-decreasing with a fixed TTL).
     expiries: VecDeque<(u64, WorkerId, u64)>,
     tick: u64,
     stats: IndexStats,
-    scratch: Vec<u8>,
 }
 
 impl KvIndex {
@@ -148,12 +150,11 @@ impl KvIndex {
                 block_size: cfg.block_size.max(1),
                 ..cfg
             },
-            nodes: HashMap::new(),
-            engine_ids: HashMap::new(),
+            nodes: FastMap::default(),
+            engine_ids: FastMap::default(),
             expiries: VecDeque::new(),
             tick: 0,
             stats: IndexStats::default(),
-            scratch: Vec::new(),
         }
     }
 
@@ -182,10 +183,18 @@ impl KvIndex {
         let result = match event {
             KvEvent::Stored {
                 parent,
-                blocks,
+                block_ids,
+                tokens,
                 tier,
                 lora_name,
-            } => self.store(worker, *parent, blocks, *tier, lora_name.as_deref()),
+            } => self.store(
+                worker,
+                *parent,
+                block_ids,
+                tokens,
+                *tier,
+                lora_name.as_deref(),
+            ),
             KvEvent::Removed { block_ids, tier } => {
                 self.remove(worker, block_ids, *tier);
                 Ok(())
@@ -206,19 +215,18 @@ impl KvIndex {
         &mut self,
         worker: WorkerId,
         parent: Option<u64>,
-        blocks: &[StoredBlock],
+        block_ids: &[u64],
+        tokens: &[u32],
         tier: Tier,
         lora_name: Option<&str>,
     ) -> Result<(), IndexError> {
         let bs = self.cfg.block_size;
-        for b in blocks {
-            if b.tokens.len() != bs {
-                return Err(IndexError::BlockSizeMismatch {
-                    tokens: b.tokens.len(),
-                    blocks: blocks.len(),
-                    block_size: bs,
-                });
-            }
+        if tokens.len() != block_ids.len() * bs {
+            return Err(IndexError::BlockSizeMismatch {
+                tokens: tokens.len(),
+                blocks: block_ids.len(),
+                block_size: bs,
+            });
         }
         let ids = self.engine_ids.entry(worker).or_default();
         let mut prev = match parent {
@@ -243,13 +251,13 @@ impl KvIndex {
             }
         }
         let seed = block_seed(lora_name, None);
-        for b in blocks {
-            let local = local_block_hash(&b.tokens, seed, &mut self.scratch);
+        for (&id, block) in block_ids.iter().zip(tokens.chunks_exact(bs)) {
+            let local = local_block_hash(block, seed);
             let seq = prev.map_or(local, |p| sequence_hash(p, local));
-            self.add_holder(prev, seq, worker, tier, b.block_id, None);
+            self.add_holder(prev, seq, worker, tier, id, None);
             prev = Some(seq);
         }
-        self.stats.blocks_stored += blocks.len() as u64;
+        self.stats.blocks_stored += block_ids.len() as u64;
         Ok(())
     }
 
@@ -480,7 +488,7 @@ impl KvIndex {
 
     /// Blocks `worker` holds in any tier.
     pub fn worker_blocks(&self, worker: WorkerId) -> usize {
-        self.engine_ids.get(&worker).map_or(0, HashMap::len)
+        self.engine_ids.get(&worker).map_or(0, |m| m.len())
     }
 
     /// A fingerprint of [`KvIndex::dump`]: equal for indexes holding the same blocks.

@@ -12,19 +12,25 @@ fn index() -> KvIndex {
 
 /// Blocks of 4 tokens; block `i` of chain `c` has tokens derived from (c, i) and engine id
 /// `c * 1000 + i`.
-fn blocks(chain: u32, range: std::ops::Range<u32>) -> Vec<StoredBlock> {
-    range
-        .map(|i| StoredBlock {
-            block_id: u64::from(chain * 1000 + i),
-            tokens: (0..4).map(|t| chain * 100_000 + i * 4 + t).collect(),
-        })
-        .collect()
+struct Blocks {
+    ids: Vec<u64>,
+    tokens: Vec<u32>,
 }
 
-fn stored(parent: Option<u64>, blocks: Vec<StoredBlock>, tier: Tier) -> KvEvent {
+fn blocks(chain: u32, range: std::ops::Range<u32>) -> Blocks {
+    Blocks {
+        ids: range.clone().map(|i| u64::from(chain * 1000 + i)).collect(),
+        tokens: range
+            .flat_map(|i| (0..4).map(move |t| chain * 100_000 + i * 4 + t))
+            .collect(),
+    }
+}
+
+fn stored(parent: Option<u64>, blocks: Blocks, tier: Tier) -> KvEvent {
     KvEvent::Stored {
         parent,
-        blocks,
+        block_ids: blocks.ids,
+        tokens: blocks.tokens,
         tier,
         lora_name: None,
     }
@@ -32,11 +38,7 @@ fn stored(parent: Option<u64>, blocks: Vec<StoredBlock>, tier: Tier) -> KvEvent 
 
 /// Our hashes for the first `n` blocks of chain `c`.
 fn query(chain: u32, n: u32) -> Vec<u64> {
-    let tokens: Vec<u32> = blocks(chain, 0..n)
-        .into_iter()
-        .flat_map(|b| b.tokens)
-        .collect();
-    crate::hash::prompt_hashes(&tokens, 4, crate::hash::XXH3_SEED)
+    crate::hash::prompt_hashes(&blocks(chain, 0..n).tokens, 4, crate::hash::XXH3_SEED)
 }
 
 fn matches(ix: &KvIndex, q: &[u64]) -> Vec<WorkerMatch> {
@@ -82,8 +84,8 @@ fn events_are_matched_by_content_not_engine_ids() {
     ix.apply(W0, &stored(None, blocks(3, 0..3), Tier::Gpu))
         .unwrap();
     let mut other_ids = blocks(3, 0..3);
-    for b in &mut other_ids {
-        b.block_id = b.block_id.wrapping_mul(0x9E37_79B9) ^ 0xdead;
+    for id in &mut other_ids.ids {
+        *id = id.wrapping_mul(0x9E37_79B9) ^ 0xdead;
     }
     ix.apply(W1, &stored(None, other_ids, Tier::Gpu)).unwrap();
     assert_eq!(ix.len(), 3);
@@ -100,10 +102,10 @@ fn unknown_parents_and_wrong_block_sizes_are_rejected() {
             parent: 77
         })
     );
-    let bad = vec![StoredBlock {
-        block_id: 1,
+    let bad = Blocks {
+        ids: vec![1],
         tokens: vec![1, 2, 3],
-    }];
+    };
     assert!(matches!(
         ix.apply(W0, &stored(None, bad, Tier::Gpu)),
         Err(IndexError::BlockSizeMismatch { .. })

@@ -1,7 +1,7 @@
 //! Wire events → domain [`KvEvent`]s: tokens cut into blocks, `medium` mapped to a tier,
 //! events for non-full-attention KV groups (sliding-window layers of hybrid models) dropped.
 
-use ownerserve_planner::kv_index::{KvEvent, StoredBlock, Tier};
+use ownerserve_planner::kv_index::{KvEvent, Tier};
 
 use super::wire::WireEvent;
 
@@ -50,14 +50,8 @@ pub fn normalize(ev: WireEvent, block_size: usize) -> Result<Option<KvEvent>, No
             }
             KvEvent::Stored {
                 parent: parent_block_hash,
-                blocks: block_hashes
-                    .iter()
-                    .zip(token_ids.chunks_exact(block_size))
-                    .map(|(&block_id, t)| StoredBlock {
-                        block_id,
-                        tokens: t.to_vec(),
-                    })
-                    .collect(),
+                block_ids: block_hashes,
+                tokens: token_ids,
                 tier: Tier::from_medium(medium.as_deref()),
                 lora_name,
             }

@@ -198,7 +198,7 @@ pub async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ownerserve_planner::kv_index::{StoredBlock, Tier};
+    use ownerserve_planner::kv_index::Tier;
 
     #[test]
     fn entries_round_trip_as_json() {
@@ -206,10 +206,8 @@ mod tests {
             events: vec![
                 KvEvent::Stored {
                     parent: Some(7),
-                    blocks: vec![StoredBlock {
-                        block_id: 9,
-                        tokens: vec![1, 2],
-                    }],
+                    block_ids: vec![9],
+                    tokens: vec![1, 2],
                     tier: Tier::Cpu,
                     lora_name: None,
                 },

@@ -27,6 +27,9 @@ pub struct BenchArgs {
     /// `max_tokens` of every request.
     #[arg(long, default_value_t = 16)]
     max_tokens: u32,
+    /// Routing policy of the router under test.
+    #[arg(long, default_value = "round_robin")]
+    policy: String,
 }
 
 /// A child process killed on drop.
@@ -169,7 +172,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let (_worker, worker_url) = start(&["sim-worker", "--port", "0", "--instant"], "listening on")?;
     let worker_flag = format!("{worker_url},role=decode,engine=sim");
     let (_router, router_url) = start(
-        &["router", "--port", "0", "--worker", &worker_flag],
+        &[
+            "router",
+            "--port",
+            "0",
+            "--worker",
+            &worker_flag,
+            "--policy",
+            &args.policy,
+        ],
         "listening on",
     )?;
     std::thread::sleep(Duration::from_millis(300));
@@ -178,8 +189,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let secs = args.duration_s.max(1);
 
     say(&format!(
-        "bench proxy: wrk {}s per run, {} threads; sim worker (instant) direct vs through the router",
-        secs, args.threads
+        "bench proxy: wrk {}s per run, {} threads; sim worker (instant) direct vs through the router (policy {})",
+        secs, args.threads, args.policy
     ));
     say("| body | connections | direct req/s | router req/s | ratio | direct p50/p99 µs | router p50/p99 µs | added p50 µs |");
     say("|---|---:|---:|---:|---:|---:|---:|---:|");

@@ -1,0 +1,262 @@
+//! `ownerserve bench kv`: the KV routing hot paths on one core, each next to a baseline
+//! measured in the same run:
+//! - hashing a long prompt into block hashes (baseline: one xxh3 pass over the same bytes,
+//!   the floor for any hash of the prompt);
+//! - ingesting KV events, wire bytes to index (baseline: decoding alone);
+//! - matching a long prompt against every worker plus the kv_aware cost (baseline: a plain
+//!   walk of the chain, what a radix-tree walk does).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+use ownerserve_planner::ids::{Role, WorkerId};
+use ownerserve_planner::kv_index::{KvEvent, KvIndex, KvIndexConfig, MatchScratch, Tier};
+use ownerserve_planner::policy::{
+    KvAware, KvAwareConfig, Policy, RouteRequest, SplitMix64, WorkerView,
+};
+use ownerserve_shim::kv_events::normalize::normalize;
+use ownerserve_shim::kv_events::wire::{
+    decode_batch, encode_batch, Encoding, WireBatch, WireEvent,
+};
+
+use super::{percentile, time_us};
+use crate::cli::say;
+
+const BLOCK: usize = 16;
+
+/// Flags of `ownerserve bench kv`.
+#[derive(Debug, clap::Args)]
+pub struct KvBenchArgs {
+    /// Workers in the index.
+    #[arg(long, default_value_t = 64)]
+    workers: u32,
+    /// Tokens of the long prompt hashed and matched.
+    #[arg(long, default_value_t = 100_000)]
+    prompt_tokens: usize,
+    /// Timed repetitions of the per-request operations.
+    #[arg(long, default_value_t = 2000)]
+    iterations: usize,
+    /// Blocks ingested in the ingest measurement.
+    #[arg(long, default_value_t = 500_000)]
+    ingest_blocks: usize,
+}
+
+fn random_tokens(rng: &mut SplitMix64, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| (rng.next_u64() % 128_000) as u32 + 256)
+        .collect()
+}
+
+/// Stores `tokens` (whole blocks) for `worker` as events of 64 blocks each.
+fn store_chain(ix: &mut KvIndex, worker: WorkerId, tokens: &[u32], id_base: u64) {
+    let mut parent = None;
+    for (c, chunk) in tokens.chunks(64 * BLOCK).enumerate() {
+        let block_ids: Vec<u64> = (0..chunk.len() / BLOCK)
+            .map(|i| id_base + (c * 64 + i) as u64)
+            .collect();
+        let last = block_ids.last().copied();
+        let event = KvEvent::Stored {
+            parent,
+            block_ids,
+            tokens: chunk.to_vec(),
+            tier: Tier::Gpu,
+            lora_name: None,
+        };
+        let _ = ix.apply(worker, &event);
+        parent = last;
+    }
+}
+
+fn line(what: &str, ours: &str, baseline: &str, ratio: f64, target: &str) {
+    say(&format!(
+        "| {what} | {ours} | {baseline} | {ratio:.2}x | {target} |"
+    ));
+}
+
+/// Runs the benchmark and prints a Markdown table.
+pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
+    let mut rng = SplitMix64::new(42);
+    let n = args.iterations.max(10);
+    say(&format!(
+        "bench kv: {} workers, {}-token prompt, {} iterations, {} blocks ingested, block size {BLOCK}, one thread",
+        args.workers, args.prompt_tokens, n, args.ingest_blocks
+    ));
+    say("| measurement | ours | baseline (same run) | ours / baseline | target |");
+    say("|---|---:|---:|---:|---|");
+
+    // 1. Hashing.
+    let prompt = random_tokens(&mut rng, args.prompt_tokens);
+    let bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let ours = time_us(n, || {
+        black_box(prompt_hashes(black_box(&prompt), BLOCK, XXH3_SEED));
+    });
+    let floor = time_us(n, || {
+        black_box(xxhash_rust::xxh3::xxh3_64(black_box(&bytes)));
+    });
+    line(
+        &format!("hash a {}-token prompt, p50 (p99)", args.prompt_tokens),
+        &format!(
+            "{:.1} µs ({:.1})",
+            percentile(&ours, 50.0),
+            percentile(&ours, 99.0)
+        ),
+        &format!("{:.1} µs one xxh3 pass", percentile(&floor, 50.0)),
+        percentile(&ours, 50.0) / percentile(&floor, 50.0),
+        "≤ 40 µs",
+    );
+
+    // 2. Ingest: wire bytes → decode → normalize → index.
+    let per_event = 8;
+    let events_per_batch = 16;
+    let mut payloads = Vec::new();
+    let mut made = 0;
+    let mut next_id = 1u64;
+    while made < args.ingest_blocks {
+        let mut events = Vec::with_capacity(events_per_batch);
+        for _ in 0..events_per_batch {
+            let tokens = random_tokens(&mut rng, per_event * BLOCK);
+            let hashes: Vec<u64> = (0..per_event as u64).map(|i| next_id + i).collect();
+            next_id += per_event as u64;
+            events.push(WireEvent::BlockStored {
+                block_hashes: hashes,
+                parent_block_hash: None,
+                token_ids: tokens,
+                block_size: BLOCK as u32,
+                lora_name: None,
+                medium: Some("GPU".into()),
+                group_idx: None,
+                kv_cache_spec_kind: None,
+            });
+            made += per_event;
+        }
+        let batch = WireBatch {
+            ts: 0.0,
+            events,
+            dp_rank: Some(0),
+        };
+        payloads.push(encode_batch(&batch, Encoding::Map));
+    }
+    let workers = args.workers.max(1);
+    let decode_only = {
+        let t = Instant::now();
+        let mut blocks = 0usize;
+        for p in &payloads {
+            if let Ok(b) = decode_batch(p) {
+                for ev in b.events {
+                    if let Ok(Some(KvEvent::Stored { block_ids, .. })) = normalize(ev, BLOCK) {
+                        blocks += block_ids.len();
+                    }
+                }
+            }
+        }
+        black_box(blocks);
+        made as f64 / t.elapsed().as_secs_f64()
+    };
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: BLOCK,
+        max_blocks: made * 2,
+        ..KvIndexConfig::default()
+    });
+    let full = {
+        let t = Instant::now();
+        for (i, p) in payloads.iter().enumerate() {
+            let w = WorkerId(i as u32 % workers);
+            if let Ok(b) = decode_batch(p) {
+                for ev in b.events {
+                    if let Ok(Some(e)) = normalize(ev, BLOCK) {
+                        let _ = ix.apply(w, &e);
+                    }
+                }
+            }
+        }
+        made as f64 / t.elapsed().as_secs_f64()
+    };
+    line(
+        "ingest KV events (msgpack → index), blocks/s",
+        &format!("{:.2} M/s", full / 1e6),
+        &format!("{:.2} M/s decode only", decode_only / 1e6),
+        full / decode_only,
+        "≥ 1 M blocks/s",
+    );
+    drop(ix);
+
+    // 3. Match + cost over every worker.
+    let prompt_blocks = args.prompt_tokens / BLOCK;
+    let query = prompt_hashes(&prompt, BLOCK, XXH3_SEED);
+    let match_case = |holders: u32, label: &str, rng: &mut SplitMix64| {
+        let mut ix = KvIndex::new(KvIndexConfig {
+            block_size: BLOCK,
+            max_blocks: 4 << 20,
+            ..KvIndexConfig::default()
+        });
+        for w in 0..workers {
+            // Every worker has its own unrelated sessions...
+            for c in 0..4u64 {
+                let other = random_tokens(rng, 500 * BLOCK);
+                store_chain(
+                    &mut ix,
+                    WorkerId(w),
+                    &other,
+                    (u64::from(w) << 40) | (c << 32),
+                );
+            }
+            // ...and `holders` of them hold the long prompt to different depths.
+            if w < holders {
+                let depth = prompt_blocks * (holders - w) as usize / holders as usize;
+                store_chain(
+                    &mut ix,
+                    WorkerId(w),
+                    &prompt[..depth * BLOCK],
+                    (u64::from(w) << 40) | (9 << 32),
+                );
+            }
+        }
+        let views: Vec<WorkerView> = (0..workers)
+            .map(|w| WorkerView::idle(WorkerId(w), Role::Decode))
+            .collect();
+        let req = RouteRequest {
+            model: "m",
+            prompt_tokens: args.prompt_tokens as u32,
+            block_size: BLOCK as u32,
+            ..Default::default()
+        };
+        let mut policy = KvAware::new(KvAwareConfig::default(), 1);
+        let mut scratch = MatchScratch::default();
+        let mut out = Vec::new();
+        let mut candidates = views.clone();
+        let mut route = |linear: bool| {
+            if linear {
+                out = ix.find_matches_linear(&query);
+            } else {
+                ix.find_matches(&query, &mut scratch, &mut out);
+            }
+            candidates.clone_from(&views);
+            for m in &out {
+                if let Some(c) = candidates.get_mut(m.worker.0 as usize) {
+                    c.cached_blocks = m.gpu_blocks;
+                }
+            }
+            black_box(policy.choose(&req, &candidates).ok());
+        };
+        let ours = time_us(n, || route(false));
+        let walk = time_us(n.min(200), || route(true));
+        line(
+            &format!(
+                "match {}-token prompt + kv_aware cost, {workers} workers, {label}, p50 (p99)",
+                args.prompt_tokens
+            ),
+            &format!(
+                "{:.2} µs ({:.2})",
+                percentile(&ours, 50.0),
+                percentile(&ours, 99.0)
+            ),
+            &format!("{:.1} µs plain walk", percentile(&walk, 50.0)),
+            percentile(&ours, 50.0) / percentile(&walk, 50.0),
+            "≤ 5 µs p99",
+        );
+    };
+    match_case(4, "4 holders", &mut rng);
+    match_case(workers, "every worker a holder (worst case)", &mut rng);
+    Ok(())
+}
