@@ -116,3 +116,51 @@ async fn without_a_replay_endpoint_a_falling_sequence_is_a_restart() {
     sub.on_message(vec![Bytes::from_static(b"x")], &index).await;
     assert_eq!(sub.stats.malformed.load(Ordering::Relaxed), 1);
 }
+
+#[tokio::test]
+async fn replay_replies_with_a_topic_frame_are_accepted() {
+    use ownerserve_shim::kv_events::publisher::END_SEQ;
+    use ownerserve_shim::kv_events::subscriber::fetch_replay;
+    use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+    // A ROUTER answering like vLLM after #45177: [identity, b"", topic, seq, payload].
+    let mut router = RouterSocket::new();
+    let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let server = tokio::spawn(async move {
+        let request = router.recv().await.unwrap().into_vec();
+        let (identity, start) = (request[0].clone(), request[2].clone());
+        assert_eq!(start.as_ref(), 3u64.to_be_bytes());
+        for seq in 3..5u64 {
+            let payload = Bytes::from(encode_batch(&batch(seq), Encoding::Array));
+            let reply = vec![
+                identity.clone(),
+                Bytes::new(),
+                Bytes::from_static(b"kv@pod@model"),
+                Bytes::copy_from_slice(&seq.to_be_bytes()),
+                payload,
+            ];
+            router
+                .send(ZmqMessage::try_from(reply).unwrap())
+                .await
+                .unwrap();
+        }
+        let end = vec![
+            identity,
+            Bytes::new(),
+            Bytes::from_static(b"kv@pod@model"),
+            Bytes::from_static(&END_SEQ),
+            Bytes::new(),
+        ];
+        router
+            .send(ZmqMessage::try_from(end).unwrap())
+            .await
+            .unwrap();
+    });
+    let replayed = fetch_replay(&endpoint, 3).await.unwrap();
+    assert_eq!(
+        replayed.iter().map(|b| b.seq).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(replayed[1].batch, batch(4));
+    server.await.unwrap();
+}
