@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, Proc};
+use common::{chat_body, client, eventually, get_json, temp_config, Proc};
 use serde_json::Value;
 
 struct Redis(Child);
@@ -51,7 +51,6 @@ fn start_redis() -> (Redis, u16) {
 }
 
 fn router_config(
-    dir: &std::path::Path,
     name: &str,
     redis: u16,
     role: &str,
@@ -68,20 +67,11 @@ fn router_config(
              kv_events = \"{events}\"\nkv_replay = \"{replay}\"\n"
         ));
     }
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path.to_str().unwrap().to_owned()
+    temp_config(&format!("{name}.toml"), &text)
 }
 
 async fn kv(router: &str) -> Value {
-    client()
-        .get(format!("{router}/admin/v1/kv"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    get_json(&format!("{router}/admin/v1/kv")).await
 }
 
 #[tokio::test]
@@ -90,25 +80,17 @@ async fn two_replicas_fed_through_redis_streams_hold_identical_indexes() {
     let (a, a_events, a_replay) = Proc::sim_worker_with_events(&["--instant"]);
     let (b, b_events, b_replay) =
         Proc::sim_worker_with_events(&["--instant", "--max-kv-blocks", "200"]);
-    let dir = std::env::temp_dir().join(format!("ownerserve-redis-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let workers = [
         ("a", a.url.as_str(), a_events.as_str(), a_replay.as_str()),
         ("b", b.url.as_str(), b_events.as_str(), b_replay.as_str()),
     ];
     let publisher = Proc::router(
         &[],
-        &[
-            "--config",
-            &router_config(&dir, "pub", port, "publish", &workers),
-        ],
+        &["--config", &router_config("pub", port, "publish", &workers)],
     );
     let consumer = Proc::router(
         &[],
-        &[
-            "--config",
-            &router_config(&dir, "con", port, "consume", &workers),
-        ],
+        &["--config", &router_config("con", port, "consume", &workers)],
     );
 
     // Traffic through the publishing replica; worker b's small cache also evicts (removals).

@@ -5,18 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{chat_body, client, dead_address, eventually, Proc, MODEL};
+use common::{chat_body, client, dead_address, eventually, get_json, temp_config, Proc, MODEL};
 use serde_json::{json, Value};
 
 async fn workers(url: &str) -> Value {
-    client()
-        .get(format!("{url}/admin/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    get_json(&format!("{url}/admin/v1/workers")).await
 }
 
 #[tokio::test]
@@ -56,14 +49,7 @@ async fn round_robin_spreads_requests_over_decode_and_hybrid_workers() {
         assert_eq!(row["healthy"], true);
         assert_eq!(row["engine"], "sim");
     }
-    let models: Value = c
-        .get(format!("{}/v1/models", stack.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&format!("{}/v1/models", stack.url)).await;
     assert_eq!(models["data"][0]["id"], MODEL);
 }
 
@@ -244,19 +230,15 @@ async fn a_dead_worker_is_skipped_and_marked_down_then_back_up() {
 #[tokio::test]
 async fn a_worker_that_never_answers_times_out_with_504() {
     let silent = SilentAfterHealth::start();
-    let dir = std::env::temp_dir().join(format!("ownerserve-504-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("router.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = temp_config(
+        "silent.toml",
+        &format!(
             "[router]\nrequest_timeout_s = 1\n\n\
              [[workers]]\nurl = \"{}\"\nrole = \"decode\"\nengine = \"vllm\"\n",
             silent.url
         ),
-    )
-    .unwrap();
-    let router = Proc::router(&[], &["--config", cfg.to_str().unwrap()]);
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
     let start = Instant::now();
     let resp = client()
         .post(format!("{}/v1/chat/completions", router.url))

@@ -8,19 +8,8 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, metric, Proc};
+use common::{chat_body, client, eventually, get_json, get_text, metric, temp_config, Proc};
 use serde_json::{json, Value};
-
-async fn get(url: &str) -> Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
-}
 
 /// Sends a chat request; returns the worker that served it.
 async fn route(router: &str, body: &Value, session: Option<&str>) -> String {
@@ -39,7 +28,7 @@ async fn route(router: &str, body: &Value, session: Option<&str>) -> String {
 }
 
 async fn worker_url(router: &str, name: &str) -> String {
-    let w = get(&format!("{router}/admin/v1/workers")).await;
+    let w = get_json(&format!("{router}/admin/v1/workers")).await;
     w["workers"]
         .as_array()
         .unwrap()
@@ -52,15 +41,10 @@ async fn worker_url(router: &str, name: &str) -> String {
 }
 
 async fn prefix_hits(worker: &str) -> f64 {
-    let text = client()
-        .get(format!("{worker}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    metric(&text, "vllm:prefix_cache_hits_total")
+    metric(
+        &get_text(&format!("{worker}/metrics")).await,
+        "vllm:prefix_cache_hits_total",
+    )
 }
 
 fn long_prefix(tag: &str) -> String {
@@ -76,7 +60,7 @@ async fn indexed(router: &str, worker: &str) {
         || {
             let (router, worker) = (router.clone(), worker.clone());
             async move {
-                let kv = get(&format!("{router}/admin/v1/kv")).await;
+                let kv = get_json(&format!("{router}/admin/v1/kv")).await;
                 kv["workers"]
                     .as_array()
                     .unwrap()
@@ -99,7 +83,7 @@ async fn kv_aware_follows_the_prefix_through_real_kv_events_and_spreads_the_rest
     )
     .await;
     indexed(&stack.url, &first).await;
-    let kv = get(&format!("{}/admin/v1/kv", stack.url)).await;
+    let kv = get_json(&format!("{}/admin/v1/kv", stack.url)).await;
     assert!(kv["workers"]
         .as_array()
         .unwrap()
@@ -156,7 +140,7 @@ async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
             first
         );
     }
-    let kv = get(&format!("{}/admin/v1/kv", router.url)).await;
+    let kv = get_json(&format!("{}/admin/v1/kv", router.url)).await;
     assert!(kv["workers"]
         .as_array()
         .unwrap()
@@ -188,20 +172,16 @@ async fn session_affinity_keeps_a_session_on_one_worker() {
 #[tokio::test]
 async fn saturated_workers_get_429_with_retry_after() {
     let w = Proc::sim_worker(&["--instant"]);
-    let dir = std::env::temp_dir().join(format!("ownerserve-busy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let cfg = dir.join("router.toml");
     // KV usage is always >= 0: every worker counts as saturated once scraped.
-    std::fs::write(
-        &cfg,
-        format!(
+    let cfg = temp_config(
+        "busy.toml",
+        &format!(
             "[router]\npolicy = \"kv_aware\"\nbusy_max_kv_usage = 0.0\nscrape_interval_ms = 100\n\n\
              [[workers]]\nurl = \"{}\"\nrole = \"decode\"\n",
             w.url
         ),
-    )
-    .unwrap();
-    let router = Proc::router(&[], &["--config", cfg.to_str().unwrap()]);
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
     let url = router.url.clone();
     eventually(Duration::from_secs(10), "a 429", || {
         let url = url.clone();

@@ -5,18 +5,11 @@ mod common;
 
 use std::time::Instant;
 
-use common::{chat_body, client, metric, Proc, MODEL};
+use common::{chat_body, client, get_json, get_text, metric, Proc, MODEL};
 use serde_json::{json, Value};
 
 async fn metrics(url: &str) -> String {
-    client()
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    get_text(&format!("{url}/metrics")).await
 }
 
 async fn chat(url: &str, body: &Value) -> Value {
@@ -240,14 +233,7 @@ async fn unknown_models_and_oversized_prompts_are_refused() {
             .contains("KV blocks"),
         "{err}"
     );
-    let models: Value = c
-        .get(format!("{}/v1/models", w.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&format!("{}/v1/models", w.url)).await;
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(
         c.get(format!("{}/health", w.url))

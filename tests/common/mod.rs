@@ -190,3 +190,36 @@ pub fn dead_address() -> String {
     drop(l);
     format!("http://{addr}")
 }
+
+/// GETs `url` and parses the body as JSON.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// GETs `url` and returns the body as text.
+pub async fn get_text(url: &str) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Writes `text` to a file named `name` in a per-process temp folder; returns its path.
+pub fn temp_config(name: &str, text: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("ownerserve-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_str().unwrap().to_owned()
+}

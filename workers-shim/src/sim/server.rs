@@ -536,21 +536,31 @@ impl SseBody {
         }
     }
 
-    fn chat_chunk(&mut self, choice: u32, delta: Delta<'_>, finish: Option<FinishReason>) {
+    /// Queues one chunk of this endpoint's kind.
+    fn push_chunk<C: Serialize>(&mut self, choices: Vec<C>, usage: UsageField) {
+        let object = match self.meta.endpoint {
+            Endpoint::ChatCompletions => "chat.completion.chunk",
+            Endpoint::Completions => "text_completion",
+        };
         let chunk = Chunk {
             id: &self.meta.id,
-            object: "chat.completion.chunk",
+            object,
             created: self.meta.created,
             model: &self.meta.model,
-            choices: vec![ChatChunkChoice {
-                index: choice,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }],
-            usage: self.usage_field(),
+            choices,
+            usage,
         };
         self.pending.extend(sse_event(&chunk));
+    }
+
+    fn chat_chunk(&mut self, choice: u32, delta: Delta<'_>, finish: Option<FinishReason>) {
+        let choices = vec![ChatChunkChoice {
+            index: choice,
+            delta,
+            logprobs: None,
+            finish_reason: finish,
+        }];
+        self.push_chunk(choices, self.usage_field());
     }
 
     fn on_event(&mut self, ev: SeqEvent) {
@@ -586,20 +596,13 @@ impl SseBody {
                 if text.is_empty() && finish.is_none() {
                     return;
                 }
-                let chunk = Chunk {
-                    id: &self.meta.id,
-                    object: "text_completion",
-                    created: self.meta.created,
-                    model: &self.meta.model,
-                    choices: vec![TextChunkChoice {
-                        index: choice,
-                        text: &text,
-                        logprobs: None,
-                        finish_reason: finish,
-                    }],
-                    usage: self.usage_field(),
-                };
-                self.pending.extend(sse_event(&chunk));
+                let choices = vec![TextChunkChoice {
+                    index: choice,
+                    text: &text,
+                    logprobs: None,
+                    finish_reason: finish,
+                }];
+                self.push_chunk(choices, self.usage_field());
             }
         }
     }
@@ -619,19 +622,8 @@ impl SseBody {
             };
             self.pending.extend(sse_event(&body));
         } else if self.meta.include_usage {
-            let object = match self.meta.endpoint {
-                Endpoint::ChatCompletions => "chat.completion.chunk",
-                Endpoint::Completions => "text_completion",
-            };
-            let chunk: Chunk<'_, ()> = Chunk {
-                id: &self.meta.id,
-                object,
-                created: self.meta.created,
-                model: &self.meta.model,
-                choices: Vec::new(),
-                usage: UsageField::Totals(self.state.usage(&self.meta)),
-            };
-            self.pending.extend(sse_event(&chunk));
+            let usage = UsageField::Totals(self.state.usage(&self.meta));
+            self.push_chunk(Vec::<()>::new(), usage);
         }
         self.pending
             .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
