@@ -254,7 +254,7 @@ pub fn spawn(
     Ok(())
 }
 
-/// Runs a subscriber, restarting it if it panics: the ZMQ crate has `todo!()`s on paths
+/// Runs a subscriber, restarting it if it panics: the ZMQ crate panics on a few paths
 /// its authors consider unreachable, and one worker's socket must not take the router down.
 async fn supervise(
     cfg: SubscriberConfig,
