@@ -1,7 +1,27 @@
-//! The ownership directory: one owner per long-lived KV prefix, with leases, fencing epochs
-//! and copy-on-write fork refs, as a pure state machine replicated with openraft.
+//! The ownership directory: one authoritative owner per long-lived KV prefix (MISSION.md
+//! "Ownership rules"), with worker leases, fencing epochs and copy-on-write fork refs.
 //!
-//! Nothing lives here yet: the directory lands with issue 4. The crate exists now so the
-//! workspace has the agreed shape and the dependency direction (`ownership → planner`) is
-//! fixed from the start.
+//! # Layout
+//! - [`ids`]: lease, epoch, prefix-key, session and client identities.
+//! - [`command`]: what can be asked of the directory ([`Envelope`] = command + leader
+//!   timestamp + optional idempotency key).
+//! - [`state`]: the directory's state, serialisable as a snapshot.
+//! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`.
+//! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
+//!   fork ref counts), used by the property tests.
+//!
+//! The state machine is pure: it reads no clock (time is the leader's stamp in each
+//! entry, folded into a monotonic `now`), does no IO, and every owner change takes the
+//! entry's log index as its epoch, the fencing token every later write must present.
+//! Replication with openraft and the operator API wrap it (issue 4, not done yet).
 #![forbid(unsafe_code)]
+
+pub mod apply;
+pub mod command;
+pub mod ids;
+pub mod invariants;
+pub mod state;
+
+pub use apply::{Outcome, Rejection};
+pub use command::{Command, Envelope};
+pub use state::Directory;

@@ -1,0 +1,151 @@
+//! Leases: grant, keep-alive (renewing every attached key at once, etcd style), revoke, and
+//! the expiry cascade run by `Tick`: a dead lease's prefixes pass to a live worker holding a
+//! copy (new epoch) or are marked for recompute; its sessions follow their prefix's new
+//! owner or end, releasing their fork reference.
+
+use super::{Outcome, Rejection};
+use crate::ids::{Epoch, Key, LeaseId, WorkerId};
+use crate::state::{Directory, Lease, Owner};
+
+impl Directory {
+    pub(super) fn grant(&mut self, lease: LeaseId, worker: WorkerId, ttl_ms: u64) -> Outcome {
+        let expires_at_ms = self.now_ms.saturating_add(ttl_ms);
+        self.leases.insert(
+            lease,
+            Lease {
+                worker,
+                ttl_ms,
+                expires_at_ms,
+                keys: Default::default(),
+            },
+        );
+        Outcome::LeaseGranted {
+            lease,
+            expires_at_ms,
+        }
+    }
+
+    pub(super) fn keep_alive(&mut self, lease: LeaseId) -> Outcome {
+        if let Err(r) = self.live_lease(lease) {
+            return r.into();
+        }
+        let now = self.now_ms;
+        match self.leases.get_mut(&lease) {
+            Some(l) => {
+                l.expires_at_ms = now.saturating_add(l.ttl_ms);
+                Outcome::LeaseRenewed {
+                    expires_at_ms: l.expires_at_ms,
+                }
+            }
+            None => Rejection::UnknownLease(lease).into(),
+        }
+    }
+
+    pub(super) fn revoke(&mut self, lease: LeaseId, epoch: Epoch) -> Outcome {
+        if !self.leases.contains_key(&lease) {
+            return Rejection::UnknownLease(lease).into();
+        }
+        Outcome::LeaseEnded {
+            dropped: self.end_lease(lease, epoch),
+        }
+    }
+
+    pub(super) fn tick(&mut self, epoch: Epoch) -> Outcome {
+        let expired: Vec<LeaseId> = self
+            .leases
+            .keys()
+            .copied()
+            .filter(|&l| !self.lease_live(l))
+            .collect();
+        for &l in &expired {
+            self.end_lease(l, epoch);
+        }
+        Outcome::Ticked { expired }
+    }
+
+    /// Removes a lease and cascades to its keys; returns them.
+    fn end_lease(&mut self, lease: LeaseId, epoch: Epoch) -> Vec<Key> {
+        let Some(dead) = self.leases.remove(&lease) else {
+            return Vec::new();
+        };
+        // Without another live lease the worker is gone, and so are its copies.
+        let worker_gone = !self
+            .leases
+            .iter()
+            .any(|(&id, l)| l.worker == dead.worker && self.lease_live(id));
+        if worker_gone {
+            for a in self.artifacts.values_mut() {
+                a.locations.retain(|loc| loc.worker != dead.worker);
+            }
+        }
+        // `Key` orders prefixes before sessions, so sessions see their prefix's new owner.
+        for key in &dead.keys {
+            match key {
+                Key::Prefix(p) => self.reassign_prefix(*p, lease, epoch),
+                Key::Session(s) => self.reassign_session(s, lease, epoch),
+            }
+        }
+        dead.keys.into_iter().collect()
+    }
+
+    /// A live lease of a worker holding a copy of `key`, if any (lowest id: deterministic).
+    fn successor(&self, key: crate::ids::PrefixKey) -> Option<Owner> {
+        let art = self.artifacts.get(&key)?;
+        art.locations.iter().find_map(|loc| {
+            self.leases
+                .iter()
+                .find(|(&id, l)| l.worker == loc.worker && self.lease_live(id))
+                .map(|(&id, l)| Owner {
+                    worker: l.worker,
+                    lease: id,
+                    epoch: Epoch(0),
+                })
+        })
+    }
+
+    fn reassign_prefix(&mut self, key: crate::ids::PrefixKey, dead: LeaseId, epoch: Epoch) {
+        if self
+            .artifacts
+            .get(&key)
+            .and_then(|a| a.owner)
+            .is_none_or(|o| o.lease != dead)
+        {
+            return;
+        }
+        let next = self.successor(key).map(|o| Owner { epoch, ..o });
+        if let Some(o) = next {
+            self.attach(o.lease, Key::Prefix(key));
+        }
+        if let Some(a) = self.artifacts.get_mut(&key) {
+            a.owner = next;
+            a.epoch = epoch;
+            a.needs_recompute = next.is_none();
+        }
+    }
+
+    fn reassign_session(&mut self, id: &crate::ids::SessionId, dead: LeaseId, epoch: Epoch) {
+        let Some(s) = self.sessions.get(id) else {
+            return;
+        };
+        if s.owner.is_none_or(|o| o.lease != dead) {
+            return;
+        }
+        let follow = s
+            .prefix
+            .and_then(|p| self.artifacts.get(&p))
+            .and_then(|a| a.owner)
+            .filter(|o| self.lease_live(o.lease))
+            .map(|o| Owner { epoch, ..o });
+        match follow {
+            Some(o) => {
+                self.attach(o.lease, Key::Session(id.clone()));
+                if let Some(s) = self.sessions.get_mut(id) {
+                    s.owner = Some(o);
+                    s.epoch = epoch;
+                }
+            }
+            // Its decode state died with the worker and nothing holds its prefix.
+            None => self.remove_session(id),
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! `Directory::apply`: the deterministic transition. It folds the entry's leader timestamp
+//! into the monotonic clock, answers retried `(client, seq)` pairs from the dedup table,
+//! dispatches to the handlers (`leases`, `artifacts`, `sessions` submodules), and gives every
+//! owner change the entry's log index as its epoch.
+
+mod artifacts;
+mod leases;
+mod sessions;
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Command, Envelope};
+use crate::ids::{Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
+use crate::state::{Directory, Owner};
+
+/// The result of applying a command (rejections included, so retries see them too).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    LeaseGranted {
+        lease: LeaseId,
+        expires_at_ms: u64,
+    },
+    LeaseRenewed {
+        expires_at_ms: u64,
+    },
+    /// A lease ended (revoked or expired); these keys lost their owner.
+    LeaseEnded {
+        dropped: Vec<Key>,
+    },
+    /// The caller's worker owns the key under this epoch (new or unchanged).
+    Owned {
+        worker: WorkerId,
+        epoch: Epoch,
+    },
+    /// Someone else owns the key: the caller's copy is only a replica.
+    Held {
+        owner: Owner,
+    },
+    Released,
+    Replicated,
+    SessionEnded,
+    Ticked {
+        expired: Vec<LeaseId>,
+    },
+    Rejected(Rejection),
+}
+
+/// Why a command was refused. `StaleEpoch` is the fencing refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("unknown lease {0:?}")]
+    UnknownLease(LeaseId),
+    #[error("lease {0:?} has expired")]
+    LeaseExpired(LeaseId),
+    #[error("unknown prefix {0:?}")]
+    UnknownPrefix(PrefixKey),
+    #[error("unknown session {0:?}")]
+    UnknownSession(SessionId),
+    #[error("session {0:?} already exists")]
+    SessionExists(SessionId),
+    #[error("stale epoch {given:?}; the current one is {current:?}")]
+    StaleEpoch { current: Epoch, given: Epoch },
+    #[error("{worker} holds no copy of {key:?} yet")]
+    NotReady { key: PrefixKey, worker: WorkerId },
+    #[error("{0:?} has no owner")]
+    NoOwner(PrefixKey),
+    #[error("retry of an older command (seq {given}, last {last})")]
+    StaleRetry { given: u64, last: u64 },
+}
+
+impl Rejection {
+    /// The caller acted on an outdated view (fencing) and should refresh, not retry.
+    pub fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            Rejection::StaleEpoch { .. } | Rejection::StaleRetry { .. }
+        )
+    }
+}
+
+impl From<Rejection> for Outcome {
+    fn from(r: Rejection) -> Self {
+        Outcome::Rejected(r)
+    }
+}
+
+impl Directory {
+    /// Applies the entry at log `index` (strictly increasing across calls).
+    pub fn apply(&mut self, index: u64, env: &Envelope) -> Outcome {
+        self.applied = index;
+        self.now_ms = self.now_ms.max(env.now_ms);
+        if let Some((client, seq)) = env.client {
+            if let Some((last, outcome)) = self.dedup.get(&client) {
+                if seq == *last {
+                    return outcome.clone();
+                }
+                if seq < *last {
+                    return Rejection::StaleRetry {
+                        given: seq,
+                        last: *last,
+                    }
+                    .into();
+                }
+            }
+        }
+        let epoch = Epoch(index);
+        let outcome = match &env.command {
+            Command::GrantLease { worker, ttl_ms } => self.grant(LeaseId(index), *worker, *ttl_ms),
+            Command::KeepAlive { lease } => self.keep_alive(*lease),
+            Command::RevokeLease { lease } => self.revoke(*lease, epoch),
+            Command::Tick => self.tick(epoch),
+            Command::Claim {
+                key,
+                lease,
+                spec,
+                expect_epoch,
+            } => self.claim(*key, *lease, spec, *expect_epoch, epoch),
+            Command::Extend {
+                key,
+                spec,
+                parent_epoch,
+            } => self.extend(*key, spec, *parent_epoch, epoch),
+            Command::Release { key, epoch: given } => self.release(*key, *given, epoch),
+            Command::ReplicateReadOnly { key, worker, tier } => {
+                self.replicate(*key, *worker, *tier)
+            }
+            Command::Migrate {
+                key,
+                from_epoch,
+                to_lease,
+            } => self.migrate(*key, *from_epoch, *to_lease, epoch),
+            Command::SetDecodeOwner {
+                session,
+                lease,
+                prefix,
+                tail_tokens,
+                predicted_tool_gap_ms,
+                expect_epoch,
+            } => self.set_decode_owner(
+                session,
+                *lease,
+                *prefix,
+                *tail_tokens,
+                *predicted_tool_gap_ms,
+                *expect_epoch,
+                epoch,
+            ),
+            Command::Fork {
+                parent,
+                child,
+                lease,
+                parent_epoch,
+            } => self.fork(parent, child, *lease, *parent_epoch, epoch),
+            Command::EndSession {
+                session,
+                epoch: given,
+            } => self.end_session(session, *given),
+        };
+        if let Some((client, seq)) = env.client {
+            self.dedup.insert(client, (seq, outcome.clone()));
+        }
+        outcome
+    }
+
+    /// The live lease's worker, or why there is none.
+    fn live_lease(&self, lease: LeaseId) -> Result<WorkerId, Rejection> {
+        match self.leases.get(&lease) {
+            None => Err(Rejection::UnknownLease(lease)),
+            Some(_) if !self.lease_live(lease) => Err(Rejection::LeaseExpired(lease)),
+            Some(l) => Ok(l.worker),
+        }
+    }
+
+    fn attach(&mut self, lease: LeaseId, key: Key) {
+        if let Some(l) = self.leases.get_mut(&lease) {
+            l.keys.insert(key);
+        }
+    }
+
+    fn detach(&mut self, lease: LeaseId, key: &Key) {
+        if let Some(l) = self.leases.get_mut(&lease) {
+            l.keys.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+//! Sessions: the decode owner of an agent session, on top of a prefix artifact; forks are
+//! copy-on-write branches sharing the parent's prefix (its `ref_count` counts them).
+
+use super::{Outcome, Rejection};
+use crate::ids::{Epoch, Key, LeaseId, PrefixKey, SessionId};
+use crate::state::{Directory, Owner, Session};
+
+impl Directory {
+    fn add_ref(&mut self, prefix: Option<PrefixKey>, delta: i64) {
+        if let Some(a) = prefix.and_then(|p| self.artifacts.get_mut(&p)) {
+            a.ref_count = (i64::from(a.ref_count) + delta).max(0) as u32;
+        }
+    }
+
+    /// Drops a session, its lease attachment and its prefix reference.
+    pub(super) fn remove_session(&mut self, id: &SessionId) {
+        let Some(s) = self.sessions.remove(id) else {
+            return;
+        };
+        if let Some(o) = s.owner {
+            self.detach(o.lease, &Key::Session(id.clone()));
+        }
+        self.add_ref(s.prefix, -1);
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "one per field of the command")]
+    pub(super) fn set_decode_owner(
+        &mut self,
+        id: &SessionId,
+        lease: LeaseId,
+        prefix: Option<PrefixKey>,
+        tail_tokens: u32,
+        predicted_tool_gap_ms: Option<u64>,
+        expect_epoch: Option<Epoch>,
+        epoch: Epoch,
+    ) -> Outcome {
+        let worker = match self.live_lease(lease) {
+            Ok(w) => w,
+            Err(r) => return r.into(),
+        };
+        if let Some(p) = prefix.filter(|p| !self.artifacts.contains_key(p)) {
+            return Rejection::UnknownPrefix(p).into();
+        }
+        let now = self.now_ms;
+        let existing = self.sessions.get(id).map(|s| (s.epoch, s.owner, s.prefix));
+        if let Some((current, _, _)) = existing {
+            if let Some(given) = expect_epoch.filter(|&e| e != current) {
+                return Rejection::StaleEpoch { current, given }.into();
+            }
+        }
+        let owner = match existing {
+            Some((_, Some(o), _)) if o.lease == lease => o,
+            Some((_, Some(o), _)) if expect_epoch.is_none() && self.lease_live(o.lease) => {
+                return Outcome::Held { owner: o };
+            }
+            Some((_, previous, _)) => {
+                if let Some(p) = previous {
+                    self.detach(p.lease, &Key::Session(id.clone()));
+                }
+                Owner {
+                    worker,
+                    lease,
+                    epoch,
+                }
+            }
+            None => Owner {
+                worker,
+                lease,
+                epoch,
+            },
+        };
+        let old_prefix = existing.and_then(|(_, _, p)| p);
+        if existing.is_none() || old_prefix != prefix {
+            self.add_ref(old_prefix, -1);
+            self.add_ref(prefix, 1);
+        }
+        self.attach(lease, Key::Session(id.clone()));
+        let session = self.sessions.entry(id.clone()).or_insert_with(|| Session {
+            owner: None,
+            epoch: Epoch(0),
+            prefix: None,
+            tail_tokens: 0,
+            parent: None,
+            predicted_tool_gap_ms: None,
+            last_access_ms: now,
+        });
+        session.owner = Some(owner);
+        session.epoch = owner.epoch;
+        session.prefix = prefix;
+        session.tail_tokens = tail_tokens;
+        session.predicted_tool_gap_ms = predicted_tool_gap_ms;
+        session.last_access_ms = now;
+        Outcome::Owned {
+            worker,
+            epoch: owner.epoch,
+        }
+    }
+
+    pub(super) fn fork(
+        &mut self,
+        parent: &SessionId,
+        child: &SessionId,
+        lease: LeaseId,
+        parent_epoch: Epoch,
+        epoch: Epoch,
+    ) -> Outcome {
+        let worker = match self.live_lease(lease) {
+            Ok(w) => w,
+            Err(r) => return r.into(),
+        };
+        let Some(p) = self.sessions.get(parent) else {
+            return Rejection::UnknownSession(parent.clone()).into();
+        };
+        if p.epoch != parent_epoch {
+            return Rejection::StaleEpoch {
+                current: p.epoch,
+                given: parent_epoch,
+            }
+            .into();
+        }
+        if self.sessions.contains_key(child) {
+            return Rejection::SessionExists(child.clone()).into();
+        }
+        let prefix = p.prefix;
+        let owner = Owner {
+            worker,
+            lease,
+            epoch,
+        };
+        self.add_ref(prefix, 1);
+        self.attach(lease, Key::Session(child.clone()));
+        let now = self.now_ms;
+        self.sessions.insert(
+            child.clone(),
+            Session {
+                owner: Some(owner),
+                epoch,
+                prefix,
+                tail_tokens: 0,
+                parent: Some(parent.clone()),
+                predicted_tool_gap_ms: None,
+                last_access_ms: now,
+            },
+        );
+        Outcome::Owned { worker, epoch }
+    }
+
+    pub(super) fn end_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
+        let Some(s) = self.sessions.get(id) else {
+            return Rejection::UnknownSession(id.clone()).into();
+        };
+        if s.epoch != given {
+            return Rejection::StaleEpoch {
+                current: s.epoch,
+                given,
+            }
+            .into();
+        }
+        self.remove_session(id);
+        Outcome::SessionEnded
+    }
+}

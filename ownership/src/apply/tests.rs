@@ -1,0 +1,356 @@
+use super::*;
+use crate::command::ArtifactSpec;
+use crate::ids::{ClientId, Tier};
+use crate::invariants;
+
+const W0: WorkerId = WorkerId(0);
+const W1: WorkerId = WorkerId(1);
+const P: PrefixKey = PrefixKey(0xabc);
+
+/// Drives a directory with increasing log indices, checking invariants after each entry.
+struct Log {
+    d: Directory,
+    index: u64,
+    now_ms: u64,
+}
+
+impl Log {
+    fn new() -> Self {
+        Self {
+            d: Directory::new(500),
+            index: 0,
+            now_ms: 1_000,
+        }
+    }
+
+    fn at(&mut self, now_ms: u64) -> &mut Self {
+        self.now_ms = now_ms;
+        self
+    }
+
+    fn run(&mut self, command: Command) -> Outcome {
+        self.index += 1;
+        let out = self.d.apply(
+            self.index,
+            &Envelope {
+                now_ms: self.now_ms,
+                client: None,
+                command,
+            },
+        );
+        assert_eq!(
+            invariants::check(&self.d),
+            vec![],
+            "after entry {}",
+            self.index
+        );
+        out
+    }
+
+    fn lease(&mut self, worker: WorkerId, ttl_ms: u64) -> LeaseId {
+        match self.run(Command::GrantLease { worker, ttl_ms }) {
+            Outcome::LeaseGranted { lease, .. } => lease,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+fn spec() -> ArtifactSpec {
+    ArtifactSpec {
+        parent: None,
+        blocks: (0, 64),
+        kv_type: "gqa-bf16".into(),
+        size_bytes: 64 * 16 * 131_072,
+    }
+}
+
+fn claim(key: PrefixKey, lease: LeaseId) -> Command {
+    Command::Claim {
+        key,
+        lease,
+        spec: spec(),
+        expect_epoch: None,
+    }
+}
+
+#[test]
+fn the_first_claim_owns_with_its_index_as_epoch_and_later_claims_become_replicas() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 10_000);
+    let b = log.lease(W1, 10_000);
+    assert_eq!(
+        log.run(claim(P, a)),
+        Outcome::Owned {
+            worker: W0,
+            epoch: Epoch(3)
+        }
+    );
+    assert_eq!(
+        log.run(claim(P, a)),
+        Outcome::Owned {
+            worker: W0,
+            epoch: Epoch(3)
+        },
+        "idempotent"
+    );
+    let held = log.run(claim(P, b));
+    assert_eq!(
+        held,
+        Outcome::Held {
+            owner: Owner {
+                worker: W0,
+                lease: a,
+                epoch: Epoch(3)
+            }
+        }
+    );
+    assert_eq!(
+        log.d.artifacts[&P].locations.len(),
+        2,
+        "the loser's copy is a replica"
+    );
+}
+
+#[test]
+fn an_expired_owner_is_replaced_under_a_higher_epoch_and_its_writes_are_fenced() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 60_000);
+    let Outcome::Owned { epoch: old, .. } = log.run(claim(P, a)) else {
+        panic!()
+    };
+    // Past TTL + grace, before any tick: the dead owner's claim no longer stands.
+    log.at(2_600);
+    let Outcome::Owned { epoch: new, worker } = log.run(claim(P, b)) else {
+        panic!()
+    };
+    assert_eq!(worker, W1);
+    assert!(new > old);
+    // The paused old owner comes back with its old epoch: refused.
+    assert_eq!(
+        log.run(Command::Release { key: P, epoch: old }),
+        Outcome::Rejected(Rejection::StaleEpoch {
+            current: new,
+            given: old
+        })
+    );
+    assert_eq!(
+        log.run(Command::KeepAlive { lease: a }),
+        Outcome::Rejected(Rejection::LeaseExpired(a))
+    );
+}
+
+#[test]
+fn keep_alive_renews_every_key_and_tick_expires_the_rest() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    log.run(claim(P, a));
+    log.run(claim(PrefixKey(2), a));
+    log.at(1_800);
+    assert_eq!(
+        log.run(Command::KeepAlive { lease: a }),
+        Outcome::LeaseRenewed {
+            expires_at_ms: 2_800
+        }
+    );
+    log.at(3_000);
+    assert_eq!(
+        log.run(Command::Tick),
+        Outcome::Ticked { expired: vec![] },
+        "within grace"
+    );
+    log.at(3_300);
+    assert_eq!(log.run(Command::Tick), Outcome::Ticked { expired: vec![a] });
+    assert!(log
+        .d
+        .artifacts
+        .values()
+        .all(|x| x.owner.is_none() && x.needs_recompute));
+}
+
+#[test]
+fn expiry_passes_ownership_to_a_live_replica_holder_or_marks_recompute() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 60_000);
+    let Outcome::Owned { epoch: e0, .. } = log.run(claim(P, a)) else {
+        panic!()
+    };
+    log.run(Command::ReplicateReadOnly {
+        key: P,
+        worker: W1,
+        tier: Tier::Cpu,
+    });
+    log.run(claim(PrefixKey(9), a));
+    log.at(5_000);
+    log.run(Command::Tick);
+    let art = &log.d.artifacts[&P];
+    let owner = art.owner.unwrap();
+    assert_eq!((owner.worker, owner.lease), (W1, b));
+    assert!(owner.epoch > e0);
+    assert!(
+        art.locations.iter().all(|l| l.worker == W1),
+        "the dead worker's copies are gone"
+    );
+    assert!(log.d.artifacts[&PrefixKey(9)].needs_recompute);
+}
+
+#[test]
+fn migration_waits_for_the_copy_and_is_a_cas_on_the_epoch() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let b = log.lease(W1, 60_000);
+    let Outcome::Owned { epoch, .. } = log.run(claim(P, a)) else {
+        panic!()
+    };
+    let migrate = |from_epoch| Command::Migrate {
+        key: P,
+        from_epoch,
+        to_lease: b,
+    };
+    assert_eq!(
+        log.run(migrate(epoch)),
+        Outcome::Rejected(Rejection::NotReady { key: P, worker: W1 })
+    );
+    log.run(Command::ReplicateReadOnly {
+        key: P,
+        worker: W1,
+        tier: Tier::Gpu,
+    });
+    let Outcome::Owned {
+        worker,
+        epoch: moved,
+    } = log.run(migrate(epoch))
+    else {
+        panic!()
+    };
+    assert_eq!(worker, W1);
+    assert!(matches!(
+        log.run(migrate(epoch)),
+        Outcome::Rejected(Rejection::StaleEpoch { .. })
+    ));
+    assert!(!log.d.leases[&a].keys.contains(&Key::Prefix(P)));
+    assert_eq!(
+        log.run(Command::Release {
+            key: P,
+            epoch: moved
+        }),
+        Outcome::Released
+    );
+}
+
+#[test]
+fn extend_seals_the_next_artifact_under_the_same_owner_fenced_by_the_parent() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let Outcome::Owned { epoch, .. } = log.run(claim(P, a)) else {
+        panic!()
+    };
+    let next = ArtifactSpec {
+        parent: Some(P),
+        blocks: (64, 80),
+        ..spec()
+    };
+    let extend = |parent_epoch| Command::Extend {
+        key: PrefixKey(7),
+        spec: next.clone(),
+        parent_epoch,
+    };
+    assert!(matches!(
+        log.run(extend(Epoch(1))),
+        Outcome::Rejected(Rejection::StaleEpoch { .. })
+    ));
+    assert!(matches!(
+        log.run(extend(epoch)),
+        Outcome::Owned { worker: W0, .. }
+    ));
+    assert_eq!(log.d.artifacts[&PrefixKey(7)].parent, Some(P));
+}
+
+#[test]
+fn forks_share_the_prefix_and_count_references() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 60_000);
+    log.run(claim(P, a));
+    let s = |n: &str| SessionId(n.into());
+    let Outcome::Owned { epoch, .. } = log.run(Command::SetDecodeOwner {
+        session: s("root"),
+        lease: a,
+        prefix: Some(P),
+        tail_tokens: 100,
+        predicted_tool_gap_ms: Some(30_000),
+        expect_epoch: None,
+    }) else {
+        panic!()
+    };
+    for child in ["fork-1", "fork-2"] {
+        let fork = Command::Fork {
+            parent: s("root"),
+            child: s(child),
+            lease: b,
+            parent_epoch: epoch,
+        };
+        assert!(matches!(log.run(fork), Outcome::Owned { worker: W1, .. }));
+    }
+    assert_eq!(log.d.artifacts[&P].ref_count, 3);
+    let e2 = log.d.sessions[&s("fork-2")].epoch;
+    assert_eq!(
+        log.run(Command::EndSession {
+            session: s("fork-2"),
+            epoch: e2
+        }),
+        Outcome::SessionEnded
+    );
+    assert_eq!(log.d.artifacts[&P].ref_count, 2);
+    // The root's decode owner dies with nothing else holding the prefix: the session ends
+    // and releases its reference; the fork on the live worker stays.
+    log.at(5_000);
+    log.run(Command::Tick);
+    assert!(!log.d.sessions.contains_key(&s("root")));
+    assert_eq!(log.d.artifacts[&P].ref_count, 1);
+}
+
+#[test]
+fn retries_get_the_first_outcome_and_time_never_goes_back() {
+    let mut d = Directory::new(0);
+    let env = |now_ms, seq| Envelope {
+        now_ms,
+        client: Some((ClientId(7), seq)),
+        command: Command::GrantLease {
+            worker: W0,
+            ttl_ms: 100,
+        },
+    };
+    let first = d.apply(1, &env(1_000, 1));
+    assert_eq!(
+        d.apply(2, &env(1_000, 1)),
+        first,
+        "a retry is not applied twice"
+    );
+    assert_eq!(d.leases.len(), 1);
+    assert_eq!(
+        d.apply(3, &env(1_000, 0)),
+        Outcome::Rejected(Rejection::StaleRetry { given: 0, last: 1 })
+    );
+    d.apply(4, &env(500, 2));
+    assert_eq!(
+        d.now_ms, 1_000,
+        "an older leader stamp does not move time back"
+    );
+}
+
+#[test]
+fn snapshots_round_trip_exactly() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    log.run(claim(P, a));
+    log.run(Command::ReplicateReadOnly {
+        key: P,
+        worker: W1,
+        tier: Tier::Disk,
+    });
+    let json = serde_json::to_string(&log.d).unwrap();
+    let back: Directory = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, log.d);
+}

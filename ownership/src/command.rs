@@ -1,0 +1,90 @@
+//! Commands to the directory. The leader stamps `now_ms` into each entry just before
+//! proposing it; apply folds it into a monotonic clock and never reads its own.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{ClientId, Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
+
+/// A command with its timestamp and, for retries, its idempotency key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Leader wall-clock time in milliseconds when the entry was proposed.
+    pub now_ms: u64,
+    /// `(client, seq)`: a retried command with the same pair gets the first outcome back.
+    pub client: Option<(ClientId, u64)>,
+    pub command: Command,
+}
+
+/// What a sealed prefix artifact covers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArtifactSpec {
+    /// The artifact this one extends, if any.
+    pub parent: Option<PrefixKey>,
+    /// Blocks `[start, end)` of the prefix this artifact seals.
+    pub blocks: (u32, u32),
+    /// KV layout (e.g. "gqa-bf16", "mla-fp8").
+    pub kv_type: String,
+    pub size_bytes: u64,
+}
+
+/// Everything the directory can be asked to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Command {
+    /// A worker's lease, valid `ttl_ms` from now.
+    GrantLease { worker: WorkerId, ttl_ms: u64 },
+    /// Renews a lease, and with it every key attached to it.
+    KeepAlive { lease: LeaseId },
+    /// Ends a lease now (operator, or worker shutdown), cascading like an expiry.
+    RevokeLease { lease: LeaseId },
+    /// Claims ownership of a sealed prefix artifact for `lease`'s worker. With
+    /// `expect_epoch`, only if the key's current epoch is that one (CAS).
+    Claim {
+        key: PrefixKey,
+        lease: LeaseId,
+        spec: ArtifactSpec,
+        expect_epoch: Option<Epoch>,
+    },
+    /// Seals `key` after `spec.parent`, owned by the parent's owner: fenced by the parent's
+    /// epoch.
+    Extend {
+        key: PrefixKey,
+        spec: ArtifactSpec,
+        parent_epoch: Epoch,
+    },
+    /// Gives up ownership (the copies stay as read-only replicas).
+    Release { key: PrefixKey, epoch: Epoch },
+    /// Registers a read-only copy of an artifact on `worker`.
+    ReplicateReadOnly {
+        key: PrefixKey,
+        worker: WorkerId,
+        tier: Tier,
+    },
+    /// Moves ownership to `to_lease`'s worker, which must already hold a copy (the owner
+    /// flips only once the KV is in place); CAS on the current epoch.
+    Migrate {
+        key: PrefixKey,
+        from_epoch: Epoch,
+        to_lease: LeaseId,
+    },
+    /// Makes `lease`'s worker the session's decode owner, on top of `prefix`.
+    SetDecodeOwner {
+        session: SessionId,
+        lease: LeaseId,
+        prefix: Option<PrefixKey>,
+        tail_tokens: u32,
+        predicted_tool_gap_ms: Option<u64>,
+        expect_epoch: Option<Epoch>,
+    },
+    /// Starts `child` as a copy-on-write branch of `parent` (sharing its prefix artifact),
+    /// decoded by `lease`'s worker; fenced by the parent's epoch.
+    Fork {
+        parent: SessionId,
+        child: SessionId,
+        lease: LeaseId,
+        parent_epoch: Epoch,
+    },
+    /// Ends a session, dropping its reference to its prefix.
+    EndSession { session: SessionId, epoch: Epoch },
+    /// Advances time: expires leases past their TTL plus grace and cascades.
+    Tick,
+}

@@ -1,0 +1,96 @@
+//! The directory's state. Everything is in ordered maps so snapshots are canonical and
+//! iteration (for example, expiry) is deterministic on every replica.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::apply::Outcome;
+use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
+
+/// A worker's lease and the keys it keeps alive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub worker: WorkerId,
+    pub ttl_ms: u64,
+    pub expires_at_ms: u64,
+    pub keys: BTreeSet<Key>,
+}
+
+/// Who owns a key, and under which fencing epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub worker: WorkerId,
+    pub lease: LeaseId,
+    pub epoch: Epoch,
+}
+
+/// A copy of an artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Location {
+    pub worker: WorkerId,
+    pub tier: Tier,
+}
+
+/// A sealed prefix artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub parent: Option<PrefixKey>,
+    pub blocks: (u32, u32),
+    pub kv_type: String,
+    pub size_bytes: u64,
+    pub owner: Option<Owner>,
+    /// Epoch of the last owner change, kept when the owner goes so epochs keep increasing.
+    pub epoch: Epoch,
+    pub locations: BTreeSet<Location>,
+    /// Live sessions built on this artifact (forks share it).
+    pub ref_count: u32,
+    /// Its owner died with no copy elsewhere: the next user recomputes it.
+    pub needs_recompute: bool,
+    pub last_access_ms: u64,
+}
+
+/// An agent session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    pub owner: Option<Owner>,
+    pub epoch: Epoch,
+    pub prefix: Option<PrefixKey>,
+    pub tail_tokens: u32,
+    pub parent: Option<SessionId>,
+    pub predicted_tool_gap_ms: Option<u64>,
+    pub last_access_ms: u64,
+}
+
+/// The directory.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Directory {
+    /// High-water mark of leader-stamped time.
+    pub now_ms: u64,
+    /// Slack added to every expiry, covering clock offset between successive leaders.
+    pub grace_ms: u64,
+    pub leases: BTreeMap<LeaseId, Lease>,
+    pub artifacts: BTreeMap<PrefixKey, Artifact>,
+    pub sessions: BTreeMap<SessionId, Session>,
+    /// Last `(seq, outcome)` per client, for idempotent retries.
+    pub dedup: BTreeMap<ClientId, (u64, Outcome)>,
+    /// Log index of the last applied entry.
+    pub applied: u64,
+}
+
+impl Directory {
+    /// An empty directory with `grace_ms` of expiry slack.
+    pub fn new(grace_ms: u64) -> Self {
+        Self {
+            grace_ms,
+            ..Self::default()
+        }
+    }
+
+    /// Whether a lease exists and has not expired (grace included) at the current time.
+    pub fn lease_live(&self, lease: LeaseId) -> bool {
+        self.leases
+            .get(&lease)
+            .is_some_and(|l| l.expires_at_ms + self.grace_ms > self.now_ms)
+    }
+}
