@@ -22,6 +22,9 @@ pub mod ids;
 pub mod invariants;
 pub mod state;
 
+#[cfg(feature = "raft")]
+pub mod raft;
+
 pub use apply::{Outcome, Rejection};
 pub use command::{Command, Envelope};
 pub use state::Directory;

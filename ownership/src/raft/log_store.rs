@@ -1,0 +1,211 @@
+//! The Raft log on redb: table `logs` (index → JSON entry) and table `meta` (vote,
+//! committed, last purged). Every write transaction commits with `Durability::Immediate`,
+//! so an appended batch is fsynced once before openraft is told it is durable.
+
+use std::fmt::Debug;
+use std::ops::RangeBounds;
+use std::path::Path;
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{Entry, LogId, StorageError, StorageIOError, Vote};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{io_err, NodeId, TypeConfig};
+
+const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// The durable log of one node.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<Database>,
+}
+
+type StoreResult<T> = Result<T, StorageError<NodeId>>;
+
+impl LogStore {
+    /// Opens (or creates) the log file.
+    pub fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+        let db = Database::create(path)?;
+        Ok(Self { db: Arc::new(db) })
+    }
+
+    fn write<T>(
+        &self,
+        make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>,
+    ) -> StoreResult<T> {
+        let run = || -> Result<T, redb::Error> {
+            let mut tx = self.db.begin_write()?;
+            tx.set_durability(Durability::Immediate)
+                .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        };
+        run().map_err(|e| io_err(make, &e))
+    }
+
+    fn put_meta<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    ) -> StoreResult<()> {
+        let bytes = serde_json::to_vec(value).map_err(|e| io_err(make, &e))?;
+        self.write(make, |tx| {
+            tx.open_table(META)?.insert(key, bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &str,
+        make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    ) -> StoreResult<Option<T>> {
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let tx = self.db.begin_read()?;
+            let table = match tx.open_table(META) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            Ok(table.get(key)?.map(|v| v.value().to_vec()))
+        };
+        match read().map_err(|e| io_err(make, &e))? {
+            None => Ok(None),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| io_err(make, &e)),
+        }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> StoreResult<Vec<Entry<TypeConfig>>> {
+        let read = || -> Result<Vec<Vec<u8>>, redb::Error> {
+            let tx = self.db.begin_read()?;
+            let table = match tx.open_table(LOGS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut out = Vec::new();
+            for item in table.range::<u64>(range)? {
+                out.push(item?.1.value().to_vec());
+            }
+            Ok(out)
+        };
+        let raw = read().map_err(|e| io_err(StorageIOError::read_logs, &e))?;
+        raw.iter()
+            .map(|b| serde_json::from_slice(b).map_err(|e| io_err(StorageIOError::read_logs, &e)))
+            .collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> StoreResult<LogState<TypeConfig>> {
+        let last_purged: Option<LogId<NodeId>> =
+            self.get_meta("last_purged", StorageIOError::read_logs)?;
+        let read = || -> Result<Option<Vec<u8>>, redb::Error> {
+            let tx = self.db.begin_read()?;
+            let table = match tx.open_table(LOGS) {
+                Ok(t) => t,
+                Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            };
+            let last = table.last()?.map(|(_, v)| v.value().to_vec());
+            Ok(last)
+        };
+        let last = read().map_err(|e| io_err(StorageIOError::read_logs, &e))?;
+        let last_log_id = match last {
+            Some(bytes) => {
+                let entry: Entry<TypeConfig> = serde_json::from_slice(&bytes)
+                    .map_err(|e| io_err(StorageIOError::read_logs, &e))?;
+                Some(entry.log_id)
+            }
+            None => last_purged,
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
+        self.put_meta("vote", vote, StorageIOError::write_vote)
+    }
+
+    async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
+        self.get_meta("vote", StorageIOError::read_vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
+        self.put_meta("committed", &committed, StorageIOError::write_logs)
+    }
+
+    async fn read_committed(&mut self) -> StoreResult<Option<LogId<NodeId>>> {
+        Ok(self
+            .get_meta::<Option<LogId<NodeId>>>("committed", StorageIOError::read_logs)?
+            .flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StoreResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let mut encoded = Vec::new();
+        for e in entries {
+            let bytes =
+                serde_json::to_vec(&e).map_err(|err| io_err(StorageIOError::write_logs, &err))?;
+            encoded.push((e.log_id.index, bytes));
+        }
+        // One transaction, one fsync, for the whole batch; only then is it acknowledged.
+        let result = self.write(StorageIOError::write_logs, |tx| {
+            let mut table = tx.open_table(LOGS)?;
+            for (index, bytes) in &encoded {
+                table.insert(*index, bytes.as_slice())?;
+            }
+            Ok(())
+        });
+        match &result {
+            Ok(()) => callback.log_io_completed(Ok(())),
+            Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
+        }
+        result
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
+        self.write(StorageIOError::write_logs, |tx| {
+            tx.open_table(LOGS)?
+                .retain_in::<u64, _>(log_id.index.., |_, _| false)?;
+            Ok(())
+        })
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
+        let bytes = serde_json::to_vec(&Some(log_id))
+            .map_err(|e| io_err(StorageIOError::write_logs, &e))?;
+        self.write(StorageIOError::write_logs, |tx| {
+            tx.open_table(META)?
+                .insert("last_purged", bytes.as_slice())?;
+            tx.open_table(LOGS)?
+                .retain_in::<u64, _>(..=log_id.index, |_, _| false)?;
+            Ok(())
+        })
+    }
+}
