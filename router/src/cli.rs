@@ -32,6 +32,8 @@ enum Command {
     Router(RouterArgs),
     /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
     SimWorker(SimWorkerArgs),
+    /// Run one node of the replicated ownership directory.
+    Directory(crate::directory::DirectoryArgs),
     /// Benchmarks (they print figures against a baseline measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -77,6 +79,7 @@ impl Cli {
             Command::Up(args) => up::run(args).await,
             Command::Router(args) => run_router(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
+            Command::Directory(args) => crate::directory::run(args).await,
             Command::Bench(BenchCommand::Proxy(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::proxy::run(args)).await?
             }

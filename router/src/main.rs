@@ -8,12 +8,14 @@
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
+//! - [`directory`]: one node of the replicated ownership directory.
 //! - [`mod@bench`]: benchmark commands.
 #![forbid(unsafe_code)]
 
 mod bench;
 mod cli;
 mod config;
+mod directory;
 mod error;
 mod health;
 mod kv;

@@ -1,8 +1,8 @@
-//! The replicated shell around [`Directory`](crate::Directory): openraft 0.9 with a redb
+//! The replicated shell around [`Directory`]: openraft 0.9 with a redb
 //! log ([`log_store`]), the state machine and its snapshots ([`state_machine`]), and an
 //! HTTP transport client ([`network`]). The HTTP server side is mounted by the binary.
 //!
-//! Entries carry an [`Envelope`](crate::Envelope) whose `now_ms` the leader stamps just
+//! Entries carry an [`Envelope`] whose `now_ms` the leader stamps just
 //! before proposing; applying folds it into the directory's monotonic clock, so replicas
 //! and replays never read their own clocks.
 
@@ -11,9 +11,13 @@
 #![allow(clippy::result_large_err, reason = "the error type is openraft's")]
 
 pub mod log_store;
+pub mod network;
 pub mod state_machine;
 
 use std::io::Cursor;
+
+#[cfg(doc)]
+use crate::Directory;
 
 use crate::{Envelope, Outcome};
 

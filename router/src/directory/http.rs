@@ -1,0 +1,108 @@
+//! The directory node's HTTP surface: Raft RPCs and the directory API.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use serde::Deserialize;
+use serde_json::json;
+
+use ownerserve_ownership::ids::ClientId;
+use ownerserve_ownership::raft::{NodeId, TypeConfig};
+use ownerserve_ownership::Command;
+
+use super::Node;
+
+pub fn app(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/raft/append", post(append))
+        .route("/raft/vote", post(vote))
+        .route("/raft/snapshot", post(snapshot))
+        .route("/directory/v1/commands", post(command))
+        .route("/directory/v1/state", get(state))
+        .route("/directory/v1/cluster", get(cluster))
+        .with_state(node)
+}
+
+async fn append(
+    State(n): State<Arc<Node>>,
+    Json(req): Json<AppendEntriesRequest<TypeConfig>>,
+) -> Response {
+    Json(n.raft.append_entries(req).await).into_response()
+}
+
+async fn vote(State(n): State<Arc<Node>>, Json(req): Json<VoteRequest<NodeId>>) -> Response {
+    Json(n.raft.vote(req).await).into_response()
+}
+
+async fn snapshot(
+    State(n): State<Arc<Node>>,
+    Json(req): Json<InstallSnapshotRequest<TypeConfig>>,
+) -> Response {
+    Json(n.raft.install_snapshot(req).await).into_response()
+}
+
+#[derive(Deserialize)]
+struct CommandRequest {
+    #[serde(default)]
+    client: Option<(ClientId, u64)>,
+    command: Command,
+}
+
+fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Response {
+    let mut body = json!({"error": {"message": message, "type": "directory_error"}});
+    if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        obj.extend(extra.clone());
+    }
+    (status, Json(body)).into_response()
+}
+
+fn forward(n: &Node, leader: Option<NodeId>) -> Response {
+    let addr = leader.and_then(|l| n.nodes.get(&l)).map(|b| b.addr.clone());
+    error(
+        StatusCode::MISDIRECTED_REQUEST,
+        "not the leader".into(),
+        json!({"leader_id": leader, "leader_addr": addr}),
+    )
+}
+
+async fn command(State(n): State<Arc<Node>>, Json(req): Json<CommandRequest>) -> Response {
+    match n.propose(req.command, req.client).await {
+        Ok(resp) => {
+            Json(json!({"outcome": resp.data, "log_index": resp.log_id.index})).into_response()
+        }
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => forward(&n, f.leader_id),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
+    }
+}
+
+async fn state(State(n): State<Arc<Node>>) -> Response {
+    match n.raft.ensure_linearizable().await {
+        Ok(_) => n.machine.read(|s| {
+            Json(json!({"directory": s.directory, "last_applied": s.last_applied})).into_response()
+        }),
+        Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+            forward(&n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
+    }
+}
+
+async fn cluster(State(n): State<Arc<Node>>) -> Response {
+    let m = n.raft.metrics().borrow().clone();
+    Json(json!({
+        "id": n.id,
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "last_log_index": m.last_log_index,
+        "last_applied": m.last_applied.map(|l| l.index),
+        "members": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+        "state": format!("{:?}", m.state),
+    }))
+    .into_response()
+}

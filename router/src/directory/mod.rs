@@ -1,0 +1,189 @@
+//! `ownerserve directory`: one node of the replicated ownership directory. It runs openraft
+//! over the redb log and the pure state machine (`ownerserve_ownership`), serves the Raft
+//! RPCs and the directory API over HTTP, and, while leader, proposes a `Tick` every
+//! `tick_ms` so expired leases cascade.
+//!
+//! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
+//! log_index}` (followers answer 421 with the leader's address); `GET /directory/v1/state`
+//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`.
+
+mod http;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use openraft::{BasicNode, Config};
+use tokio_util::sync::CancellationToken;
+
+use ownerserve_ownership::raft::log_store::LogStore;
+use ownerserve_ownership::raft::network::HttpNetworkFactory;
+use ownerserve_ownership::raft::state_machine::StateMachineStore;
+use ownerserve_ownership::raft::{NodeId, Raft};
+use ownerserve_ownership::{Command, Envelope};
+
+use crate::cli::{bind, cancel_on_signal, say};
+
+/// Flags of `ownerserve directory`.
+#[derive(Debug, clap::Args)]
+pub struct DirectoryArgs {
+    /// This node's id (unique in the cluster, ≥ 1).
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_ID")]
+    id: NodeId,
+    /// Address to listen on for Raft RPCs and the directory API.
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_LISTEN")]
+    listen: SocketAddr,
+    /// Folder for the Raft log and snapshots (created if missing).
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_DATA_DIR")]
+    data_dir: PathBuf,
+    /// A cluster member `ID=HOST:PORT` (repeat for every member, this node included).
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// Initialise the cluster with the given peers (safe to repeat on restart).
+    #[arg(long)]
+    init: bool,
+    /// Slack added to every lease expiry, covering clock offset between leaders.
+    #[arg(long, default_value_t = 500)]
+    grace_ms: u64,
+    /// How often the leader proposes a `Tick`.
+    #[arg(long, default_value_t = 250)]
+    tick_ms: u64,
+}
+
+/// Wall-clock milliseconds, stamped by the leader into each entry.
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<NodeId, BasicNode>> {
+    peers
+        .iter()
+        .map(|p| {
+            let (id, addr) = p
+                .split_once('=')
+                .with_context(|| format!("--peer `{p}`: expected ID=HOST:PORT"))?;
+            let id: NodeId = id
+                .parse()
+                .with_context(|| format!("--peer `{p}`: bad id"))?;
+            addr.parse::<SocketAddr>()
+                .with_context(|| format!("--peer `{p}`: bad address"))?;
+            Ok((id, BasicNode::new(addr)))
+        })
+        .collect()
+}
+
+/// A running node's handles.
+pub struct Node {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub machine: StateMachineStore,
+    pub nodes: BTreeMap<NodeId, BasicNode>,
+}
+
+impl Node {
+    /// Proposes `command` stamped with the leader's clock.
+    pub async fn propose(
+        &self,
+        command: Command,
+        client: Option<(ownerserve_ownership::ids::ClientId, u64)>,
+    ) -> Result<
+        openraft::raft::ClientWriteResponse<ownerserve_ownership::raft::TypeConfig>,
+        openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>,
+    > {
+        self.raft
+            .client_write(Envelope {
+                now_ms: unix_ms(),
+                client,
+                command,
+            })
+            .await
+    }
+}
+
+/// Runs a directory node until Ctrl-C.
+pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
+    if args.id == 0 {
+        bail!("--id must be at least 1");
+    }
+    let nodes = parse_peers(&args.peers)?;
+    if args.init && !nodes.contains_key(&args.id) {
+        bail!("--init needs this node ({}) among the --peer list", args.id);
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let log =
+        LogStore::open(&args.data_dir.join("log.redb")).context("cannot open the raft log")?;
+    let machine = StateMachineStore::open(Some(&args.data_dir), args.grace_ms)
+        .context("cannot load the snapshot")?;
+    let config = Config {
+        cluster_name: "ownerserve-directory".into(),
+        heartbeat_interval: 100,
+        election_timeout_min: 400,
+        election_timeout_max: 800,
+        ..Default::default()
+    }
+    .validate()?;
+    let raft = Raft::new(
+        args.id,
+        Arc::new(config),
+        HttpNetworkFactory::default(),
+        log,
+        machine.clone(),
+    )
+    .await
+    .context("cannot start raft")?;
+    let node = Arc::new(Node {
+        id: args.id,
+        raft,
+        machine,
+        nodes: nodes.clone(),
+    });
+    let listener = bind(args.listen).await?;
+    let shutdown = CancellationToken::new();
+    cancel_on_signal(shutdown.clone())?;
+    if args.init {
+        match node.raft.initialize(nodes).await {
+            Ok(()) => {}
+            // Already initialised (a restart): fine.
+            Err(openraft::error::RaftError::APIError(
+                openraft::error::InitializeError::NotAllowed(_),
+            )) => {}
+            Err(e) => return Err(e).context("cannot initialise the cluster"),
+        }
+    }
+    let ticker = {
+        let (node, cancel) = (node.clone(), shutdown.clone());
+        let every = Duration::from_millis(args.tick_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = cancel.cancelled() => return,
+                }
+                if node.raft.current_leader().await == Some(node.id) {
+                    if let Err(e) = node.propose(Command::Tick, None).await {
+                        tracing::debug!(error = %e, "tick not committed");
+                    }
+                }
+            }
+        })
+    };
+    say(&format!(
+        "ownerserve directory node {} listening on http://{}",
+        args.id,
+        listener.local_addr()?
+    ));
+    let served = axum::serve(listener, http::app(node.clone()))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    let _ = ticker.await;
+    node.raft.shutdown().await.ok();
+    served.context("directory server failed")
+}
