@@ -87,4 +87,10 @@ pub enum Command {
     EndSession { session: SessionId, epoch: Epoch },
     /// Advances time: expires leases past their TTL plus grace and cascades.
     Tick,
+    /// Several commands in one entry (one Raft round trip, one fsync), applied in order;
+    /// each gets its own epoch. At most [`MAX_BATCH`] commands; batches do not nest.
+    Batch { commands: Vec<Command> },
 }
+
+/// Most commands in one [`Command::Batch`].
+pub const MAX_BATCH: usize = 4096;

@@ -5,14 +5,23 @@ use serde::{Deserialize, Serialize};
 pub use ownerserve_planner::ids::WorkerId;
 pub use ownerserve_planner::kv_index::Tier;
 
-/// A lease: the log index of the entry that granted it.
+/// A lease: the [`Epoch::of`] number of the command that granted it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LeaseId(pub u64);
 
-/// A fencing token: the log index of the entry that last changed a key's owner. Strictly
-/// increasing per key; writes carrying an older one are refused.
+/// A fencing token: derived from the log position of the command that last changed a key's
+/// owner, so it is unique and strictly increasing per key; writes carrying an older one are
+/// refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Epoch(pub u64);
+
+impl Epoch {
+    /// The epoch of command `position` in the entry at log `index`:
+    /// `index × 4096 + position` (a lone command is position 0).
+    pub fn of(index: u64, position: usize) -> Epoch {
+        Epoch(index.saturating_mul(crate::command::MAX_BATCH as u64) + position as u64)
+    }
+}
 
 /// A sealed prefix artifact, keyed by the chain hash of its last block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -11,8 +11,9 @@
 //!   fork ref counts), used by the property tests.
 //!
 //! The state machine is pure: it reads no clock (time is the leader's stamp in each
-//! entry, folded into a monotonic `now`), does no IO, and every owner change takes the
-//! entry's log index as its epoch, the fencing token every later write must present.
+//! entry, folded into a monotonic `now`), does no IO, and every owner change takes an
+//! epoch derived from its log position (index × 4096 + position in a batch), the fencing
+//! token every later write must present.
 //! Replication with openraft and the operator API wrap it (issue 4, not done yet).
 #![forbid(unsafe_code)]
 

@@ -77,6 +77,8 @@ enum Op {
     },
     /// Re-sends the previous command with the same idempotency key.
     Retry,
+    /// Several of the above in one entry.
+    Batch(Vec<Op>),
 }
 
 fn cas() -> impl Strategy<Value = Cas> {
@@ -84,6 +86,13 @@ fn cas() -> impl Strategy<Value = Cas> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        9 => single_op(),
+        1 => proptest::collection::vec(single_op(), 2..5).prop_map(Op::Batch),
+    ]
+}
+
+fn single_op() -> impl Strategy<Value = Op> {
     let k = 0u8..5;
     let slot = 0u8..8;
     prop_oneof![
@@ -213,6 +222,9 @@ fn command(d: &Directory, granted: &[LeaseId], op: &Op) -> Command {
             session: session(s),
             epoch: session_epoch(&session(s), cas),
         },
+        Op::Batch(ref ops) => Command::Batch {
+            commands: ops.iter().map(|o| command(d, granted, o)).collect(),
+        },
     }
 }
 
@@ -264,6 +276,7 @@ fn fence(cmd: &Command) -> Option<(Key, Epoch)> {
 /// Whether `cmd` may legitimately take `key` from a live owner holding `lease`.
 fn may_take(cmd: &Command, key: &Key, lease: LeaseId) -> bool {
     match (cmd, key) {
+        (Command::Batch { commands }, _) => commands.iter().any(|c| may_take(c, key, lease)),
         (Command::RevokeLease { lease: l }, _) => *l == lease,
         (Command::Release { key: k, .. } | Command::Migrate { key: k, .. }, Key::Prefix(p)) => {
             k == p
@@ -326,8 +339,13 @@ proptest! {
                     prop_assert_eq!(now.get(&key), Some(&(*owner, *current)));
                 }
             }
-            if let Outcome::LeaseGranted { lease, .. } = outcome {
-                leases.push(lease);
+            match &outcome {
+                Outcome::LeaseGranted { lease, .. } => leases.push(*lease),
+                Outcome::Batch { outcomes } => leases.extend(outcomes.iter().filter_map(|o| match o {
+                    Outcome::LeaseGranted { lease, .. } => Some(*lease),
+                    _ => None,
+                })),
+                _ => {}
             }
             prop_assert_eq!(invariants::check(&d), vec![], "after {:?}", op);
             let after = owners(&d);

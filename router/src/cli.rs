@@ -45,6 +45,8 @@ enum BenchCommand {
     Proxy(crate::bench::proxy::BenchArgs),
     /// KV routing hot paths: prompt hashing, event ingest, prefix match + cost.
     Kv(crate::bench::kv::KvBenchArgs),
+    /// Ownership writes on a local 3-node directory cluster, and memory for 1M sessions.
+    Directory(crate::bench::directory::DirectoryBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -82,6 +84,9 @@ impl Cli {
             Command::Directory(args) => crate::directory::run(args).await,
             Command::Bench(BenchCommand::Proxy(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::proxy::run(args)).await?
+            }
+            Command::Bench(BenchCommand::Directory(args)) => {
+                crate::bench::directory::run(args).await
             }
             Command::Bench(BenchCommand::Kv(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::kv::run(args)).await?

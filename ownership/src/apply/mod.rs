@@ -1,7 +1,7 @@
 //! `Directory::apply`: the deterministic transition. It folds the entry's leader timestamp
 //! into the monotonic clock, answers retried `(client, seq)` pairs from the dedup table,
 //! dispatches to the handlers (`leases`, `artifacts`, `sessions` submodules), and gives every
-//! owner change the entry's log index as its epoch.
+//! owner change an epoch derived from its log position ([`Epoch::of`]).
 
 mod artifacts;
 mod leases;
@@ -9,7 +9,7 @@ mod sessions;
 
 use serde::{Deserialize, Serialize};
 
-use crate::command::{Command, Envelope};
+use crate::command::{Command, Envelope, MAX_BATCH};
 use crate::ids::{Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
 use crate::state::{Directory, Owner};
 
@@ -42,6 +42,10 @@ pub enum Outcome {
     Ticked {
         expired: Vec<LeaseId>,
     },
+    /// One outcome per command of a batch, in order.
+    Batch {
+        outcomes: Vec<Outcome>,
+    },
     Rejected(Rejection),
 }
 
@@ -66,6 +70,8 @@ pub enum Rejection {
     NoOwner(PrefixKey),
     #[error("retry of an older command (seq {given}, last {last})")]
     StaleRetry { given: u64, last: u64 },
+    #[error("a batch holds at most {max} commands and no batches")]
+    BadBatch { max: usize },
 }
 
 impl Rejection {
@@ -103,9 +109,35 @@ impl Directory {
                 }
             }
         }
-        let epoch = Epoch(index);
         let outcome = match &env.command {
-            Command::GrantLease { worker, ttl_ms } => self.grant(LeaseId(index), *worker, *ttl_ms),
+            Command::Batch { commands } => {
+                if commands.len() > MAX_BATCH
+                    || commands.iter().any(|c| matches!(c, Command::Batch { .. }))
+                {
+                    Rejection::BadBatch { max: MAX_BATCH }.into()
+                } else {
+                    let outcomes = commands
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| self.apply_one(Epoch::of(index, i), c))
+                        .collect();
+                    Outcome::Batch { outcomes }
+                }
+            }
+            command => self.apply_one(Epoch::of(index, 0), command),
+        };
+        if let Some((client, seq)) = env.client {
+            self.dedup.insert(client, (seq, outcome.clone()));
+        }
+        outcome
+    }
+
+    /// Applies one (non-batch) command; `epoch` is its position in the log.
+    fn apply_one(&mut self, epoch: Epoch, command: &Command) -> Outcome {
+        match command {
+            Command::GrantLease { worker, ttl_ms } => {
+                self.grant(LeaseId(epoch.0), *worker, *ttl_ms)
+            }
             Command::KeepAlive { lease } => self.keep_alive(*lease),
             Command::RevokeLease { lease } => self.revoke(*lease, epoch),
             Command::Tick => self.tick(epoch),
@@ -155,11 +187,8 @@ impl Directory {
                 session,
                 epoch: given,
             } => self.end_session(session, *given),
-        };
-        if let Some((client, seq)) = env.client {
-            self.dedup.insert(client, (seq, outcome.clone()));
+            Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
         }
-        outcome
     }
 
     /// The live lease's worker, or why there is none.

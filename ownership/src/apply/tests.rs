@@ -82,14 +82,14 @@ fn the_first_claim_owns_with_its_index_as_epoch_and_later_claims_become_replicas
         log.run(claim(P, a)),
         Outcome::Owned {
             worker: W0,
-            epoch: Epoch(3)
+            epoch: Epoch::of(3, 0)
         }
     );
     assert_eq!(
         log.run(claim(P, a)),
         Outcome::Owned {
             worker: W0,
-            epoch: Epoch(3)
+            epoch: Epoch::of(3, 0)
         },
         "idempotent"
     );
@@ -100,7 +100,7 @@ fn the_first_claim_owns_with_its_index_as_epoch_and_later_claims_become_replicas
             owner: Owner {
                 worker: W0,
                 lease: a,
-                epoch: Epoch(3)
+                epoch: Epoch::of(3, 0)
             }
         }
     );
@@ -353,4 +353,60 @@ fn snapshots_round_trip_exactly() {
     let json = serde_json::to_string(&log.d).unwrap();
     let back: Directory = serde_json::from_str(&json).unwrap();
     assert_eq!(back, log.d);
+}
+
+#[test]
+fn a_batch_applies_in_order_with_an_epoch_per_command() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let b = log.lease(W1, 60_000);
+    let out = log.run(Command::Batch {
+        commands: vec![
+            claim(P, a),
+            Command::ReplicateReadOnly {
+                key: P,
+                worker: W1,
+                tier: Tier::Gpu,
+            },
+            Command::Migrate {
+                key: P,
+                from_epoch: Epoch::of(3, 0),
+                to_lease: b,
+            },
+            Command::Release {
+                key: P,
+                epoch: Epoch::of(3, 0),
+            },
+        ],
+    });
+    assert_eq!(
+        out,
+        Outcome::Batch {
+            outcomes: vec![
+                Outcome::Owned {
+                    worker: W0,
+                    epoch: Epoch::of(3, 0)
+                },
+                Outcome::Replicated,
+                Outcome::Owned {
+                    worker: W1,
+                    epoch: Epoch::of(3, 2)
+                },
+                // The key changed owner earlier in the same entry: fenced.
+                Outcome::Rejected(Rejection::StaleEpoch {
+                    current: Epoch::of(3, 2),
+                    given: Epoch::of(3, 0)
+                }),
+            ]
+        }
+    );
+    let nested = log.run(Command::Batch {
+        commands: vec![Command::Batch { commands: vec![] }],
+    });
+    assert_eq!(
+        nested,
+        Outcome::Rejected(Rejection::BadBatch {
+            max: crate::command::MAX_BATCH
+        })
+    );
 }

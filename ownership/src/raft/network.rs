@@ -59,7 +59,9 @@ impl HttpNetwork {
         let resp = self
             .client
             .post(url)
-            .timeout(option.soft_ttl())
+            // openraft times AppendEntries out after one heartbeat interval; the follower's
+            // fsync under load needs all of it.
+            .timeout(option.hard_ttl())
             .json(req)
             .send()
             .await

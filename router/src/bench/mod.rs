@@ -1,6 +1,7 @@
 //! Benchmark commands. Each prints its figures next to a baseline measured in the same run;
 //! none of them is a test (figures depend on the machine).
 
+pub mod directory;
 pub mod kv;
 pub mod proxy;
 

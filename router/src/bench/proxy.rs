@@ -33,7 +33,7 @@ pub struct BenchArgs {
 }
 
 /// A child process killed on drop.
-struct Reaped(Child);
+pub struct Reaped(Child);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
@@ -43,11 +43,11 @@ impl Drop for Reaped {
 }
 
 /// Starts `ownerserve <args>` and returns it with the URL it prints after `marker`.
-fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
+pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
     let exe = std::env::current_exe().context("cannot find the ownerserve binary")?;
     let mut child = Command::new(exe)
         .args(args)
-        .env("OWNERSERVE_LOG", "error")
+        .env("OWNERSERVE_LOG", "error,openraft=off")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

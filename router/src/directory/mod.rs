@@ -122,9 +122,11 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
         .context("cannot load the snapshot")?;
     let config = Config {
         cluster_name: "ownerserve-directory".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
+        // The heartbeat is also openraft's AppendEntries timeout: it must cover a follower's
+        // fsync on a busy machine, or batches are resent and tail latency grows.
+        heartbeat_interval: 250,
+        election_timeout_min: 1_000,
+        election_timeout_max: 2_000,
         ..Default::default()
     }
     .validate()?;
