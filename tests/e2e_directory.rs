@@ -299,3 +299,188 @@ async fn a_paused_lease_holder_loses_its_key_and_its_old_epoch_is_refused() {
     let state = c.state().await;
     assert_eq!(state["artifacts"]["99"]["owner"]["lease"], b);
 }
+
+#[tokio::test]
+async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members() {
+    let mut c = Cluster::start(3, "admin");
+    let a = grant(&mut c, 0, 600_000).await;
+    let b = grant(&mut c, 1, 600_000).await;
+    c.write(claim(5, a)).await;
+    let root = c
+        .write(
+            json!({"SetDecodeOwner": {"session": "root", "lease": a, "prefix": 5, "tail_tokens": 10,
+                       "predicted_tool_gap_ms": null, "expect_epoch": null}}),
+        )
+        .await;
+    let epoch = root["Owned"]["epoch"].as_u64().unwrap();
+    c.write(
+        json!({"Fork": {"parent": "root", "child": "branch", "lease": b, "parent_epoch": epoch}}),
+    )
+    .await;
+
+    let leader = c.url(c.leader().await);
+    let http = client();
+    let get = |path: &str, token: Option<&str>| {
+        let mut r = http.get(format!("{leader}{path}"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r
+    };
+    // Reads: no token → 401; read token → fine.
+    assert_eq!(
+        get("/admin/v1/leases", None).send().await.unwrap().status(),
+        401
+    );
+    let leases: Value = get("/admin/v1/leases", Some(common::READ_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let row = leases["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["id"] == a)
+        .unwrap()
+        .clone();
+    assert!(row["remaining_ms"].as_u64().unwrap() > 500_000);
+    assert!(
+        row["keys"].as_array().unwrap().len() >= 2,
+        "prefix and session attached: {row}"
+    );
+    let sessions: Value = get("/admin/v1/sessions", Some(common::READ_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let root_row = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "root")
+        .unwrap()
+        .clone();
+    assert_eq!(root_row["forks"], json!(["branch"]));
+    let spec: Value = get("/admin/v1/openapi.json", Some(common::READ_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(spec["paths"]["/admin/v1/leases/{id}"]["delete"].is_object());
+
+    // Writes: no token → 401, read token → 403, admin token → done.
+    let revoke = |token: Option<&str>| {
+        let mut r = http.delete(format!("{leader}/admin/v1/leases/{a}"));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r
+    };
+    assert_eq!(revoke(None).send().await.unwrap().status(), 401);
+    assert_eq!(
+        revoke(Some(common::READ_TOKEN))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    let transfer = http
+        .post(format!("{leader}/admin/v1/sessions/root/transfer"))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&json!({"lease": b}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(transfer.status(), 200);
+    let moved: Value = transfer.json().await.unwrap();
+    assert!(
+        moved["outcome"]["Owned"]["epoch"].as_u64().unwrap() > epoch,
+        "{moved}"
+    );
+    let revoked: Value = revoke(Some(common::ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(revoked["outcome"]["LeaseEnded"].is_object(), "{revoked}");
+    let owners: Value = get("/admin/v1/owners", Some(common::ADMIN_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let p5 = owners["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["key"] == 5)
+        .unwrap()
+        .clone();
+    assert!(
+        p5["owner"]["lease"] == b || p5["needs_recompute"] == true,
+        "{p5}"
+    );
+
+    // Membership: a fourth node joins as a learner, then as a voter.
+    let port = free_port();
+    let data = c.dirs[0].parent().unwrap().join("node4");
+    let listen = format!("127.0.0.1:{port}");
+    let _node4 = Proc::spawn(
+        &[
+            "directory",
+            "--id",
+            "4",
+            "--listen",
+            &listen,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+        "listening on",
+    );
+    let post = |path: &str, body: Value| {
+        http.post(format!("{leader}{path}"))
+            .bearer_auth(common::ADMIN_TOKEN)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(
+        post(
+            "/admin/v1/cluster/learners",
+            json!({"id": 4, "addr": listen})
+        )
+        .await
+        .unwrap()
+        .status(),
+        200
+    );
+    assert_eq!(
+        post(
+            "/admin/v1/cluster/membership",
+            json!({"voters": [1, 2, 3, 4]})
+        )
+        .await
+        .unwrap()
+        .status(),
+        200
+    );
+    let status: Value = get("/admin/v1/cluster", Some(common::READ_TOKEN))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["voters"], json!([1, 2, 3, 4]));
+}

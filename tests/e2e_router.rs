@@ -357,3 +357,76 @@ async fn up_stops_cleanly_on_ctrl_c() {
     let lines: Vec<String> = stack.stdout.try_iter().collect();
     assert!(lines.iter().any(|l| l == "ownerserve stopped"), "{lines:?}");
 }
+
+#[tokio::test]
+async fn the_admin_api_needs_a_token_and_a_generated_one_is_printed() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let url = format!("{}/admin/v1/workers", stack.url);
+    let c = client();
+    let anonymous = c.get(&url).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    assert_eq!(anonymous.headers()["www-authenticate"], "Bearer");
+    let err: Value = anonymous.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "invalid_token");
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth(common::READ_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth(common::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    drop(stack);
+
+    // Without any configured token, `up` generates one, prints it, and it works.
+    let stack = Proc::spawn(
+        &["up", "--port", "0", "--instant", "true"],
+        &[
+            ("OWNERSERVE_ADMIN_TOKEN", ""),
+            ("OWNERSERVE_READ_TOKEN", ""),
+        ],
+        "ownerserve router listening on",
+    );
+    let token = stack
+        .printed("`Authorization: Bearer ...`): ")
+        .expect("token printed");
+    assert_eq!(token.len(), 32);
+    let url = format!("{}/admin/v1/workers", stack.url);
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth(common::ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        c.get(&url)
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}

@@ -120,6 +120,16 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
+/// Prints the admin token if it was generated (the only way to learn it).
+pub fn announce_token(cfg: &RouterConfig) {
+    if cfg.token_origin == crate::auth::Origin::Generated {
+        say(&format!(
+            "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
+            cfg.tokens.admin()
+        ));
+    }
+}
+
 /// Prints one line to stdout; tests and scripts read these.
 #[expect(clippy::print_stdout, reason = "the CLI's own output")]
 pub fn say(line: &str) {
@@ -139,6 +149,7 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let listener = bind(cfg.addr).await?;
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone())?;
+    announce_token(&cfg);
     say(&format!(
         "ownerserve router listening on http://{} (policy {}, {} workers)",
         listener.local_addr()?,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Deserialize;
 
+use crate::auth::{Origin, Tokens};
 use ownerserve_planner::ids::{EngineKind, Role};
 use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy::{self, BusyThresholds, KvAwareConfig, PolicySettings};
@@ -58,6 +59,10 @@ pub struct RouterSettings {
     pub kv_redis_stream_prefix: String,
     /// Approximate length the streams are trimmed to.
     pub kv_redis_maxlen: usize,
+    /// Bearer token with the admin scope for `/admin/v1`; generated and printed if unset.
+    pub admin_token: Option<String>,
+    /// Bearer token that may only read `/admin/v1`.
+    pub read_token: Option<String>,
 }
 
 /// This replica's part in the Redis fan-out.
@@ -94,6 +99,8 @@ impl Default for RouterSettings {
             kv_redis_role: FanoutRole::Publish,
             kv_redis_stream_prefix: "ownerserve:kv".to_owned(),
             kv_redis_maxlen: 100_000,
+            admin_token: None,
+            read_token: None,
         }
     }
 }
@@ -176,6 +183,12 @@ pub struct RouterOverrides {
     /// Routing policy: round_robin, least_loaded, kv_aware, session_affinity.
     #[arg(long, env = "OWNERSERVE_POLICY")]
     pub policy: Option<String>,
+    /// Admin bearer token for /admin/v1 (generated and printed when none is set).
+    #[arg(long, env = "OWNERSERVE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Read-only bearer token for /admin/v1.
+    #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
+    pub read_token: Option<String>,
 }
 
 impl RouterOverrides {
@@ -189,6 +202,12 @@ impl RouterOverrides {
         }
         if let Some(p) = &self.policy {
             s.policy.clone_from(p);
+        }
+        if self.admin_token.is_some() {
+            s.admin_token.clone_from(&self.admin_token);
+        }
+        if self.read_token.is_some() {
+            s.read_token.clone_from(&self.read_token);
         }
     }
 }
@@ -222,6 +241,9 @@ pub struct RouterConfig {
     pub kv_approx_ttl: Duration,
     pub scrape_interval: Option<Duration>,
     pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
+    pub tokens: Tokens,
+    /// Whether the admin token was generated (and must be printed).
+    pub token_origin: Origin,
 }
 
 fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
@@ -261,6 +283,7 @@ impl RouterConfig {
         };
         policy::by_name(&s.policy, &policy_settings)
             .map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
+        let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())?;
         if s.max_body_bytes < 1024 {
             bail!("router.max_body_bytes must be at least 1024");
         }
@@ -305,6 +328,8 @@ impl RouterConfig {
                     s.kv_redis_role,
                 )
             }),
+            tokens,
+            token_origin,
         })
     }
 }
@@ -450,8 +475,11 @@ mod tests {
             host: None,
             port: Some(9),
             policy: Some("least_loaded".into()),
+            admin_token: Some("t".into()),
+            read_token: None,
         }
         .apply(&mut s);
+        assert_eq!(s.admin_token.as_deref(), Some("t"));
         assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
     }
 }

@@ -33,6 +33,10 @@ pub enum ApiError {
     NotFound { method: String, path: String },
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    #[error("this token may only read")]
+    Forbidden,
 }
 
 #[derive(Serialize)]
@@ -114,6 +118,18 @@ impl ApiError {
                 None,
                 "method_not_allowed",
             ),
+            Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                None,
+                "invalid_token",
+            ),
+            Forbidden => (
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                None,
+                "insufficient_scope",
+            ),
         }
     }
 
@@ -149,6 +165,9 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if matches!(
             status,
             StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS

@@ -3,7 +3,8 @@
 //! # Layout
 //! - [`cli`]: the command line (`up`, `router`, `sim-worker`).
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
-//! - [`server`]: the OpenAI proxy and operator API; [`error`] maps every error to HTTP.
+//! - [`server`]: the OpenAI proxy and operator API; [`error`] maps every error to HTTP;
+//!   [`auth`] guards the operator API with bearer tokens.
 //! - [`registry`] and [`health`]: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -12,6 +13,7 @@
 //! - [`mod@bench`]: benchmark commands.
 #![forbid(unsafe_code)]
 
+mod auth;
 mod bench;
 mod cli;
 mod config;

@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use ownerserve_planner::policy::{self, Policy, PolicyError, RouteRequest};
 use ownerserve_shim::openai::{self, Endpoint};
 
+use crate::auth;
 use crate::config::RouterConfig;
 use crate::error::ApiError;
 use crate::health::{self, HealthSettings};
@@ -85,15 +86,19 @@ pub async fn run(
     served
 }
 
-/// The router's routes.
+/// The router's routes; `/admin/v1` needs a bearer token.
 pub fn app(state: Arc<AppState>) -> Router {
+    let tokens = Arc::new(state.cfg.tokens.clone());
+    let admin = Router::new()
+        .route("/admin/v1/workers", get(workers))
+        .route("/admin/v1/kv", get(kv_index))
+        .route_layer(axum::middleware::from_fn_with_state(tokens, auth::require));
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/admin/v1/workers", get(workers))
-        .route("/admin/v1/kv", get(kv_index))
+        .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)

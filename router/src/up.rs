@@ -95,6 +95,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     let cfg = RouterConfig::validate(&file.router, workers)?;
     let router_addr = router_listener.local_addr()?;
+    crate::cli::announce_token(&cfg);
     print_summary(&cfg, router_addr, &sim.served_model_name, &file.sim);
 
     let result = server::run(router_listener, cfg, shutdown.clone()).await;
@@ -140,6 +141,8 @@ fn print_summary(
         "  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    \
          -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'"
     ));
-    say(&format!("  curl -s http://{addr}/admin/v1/workers"));
+    say(&format!(
+        "  curl -s -H \"Authorization: Bearer $TOKEN\" http://{addr}/admin/v1/workers"
+    ));
     say("press Ctrl-C to stop");
 }

@@ -9,6 +9,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+/// The admin token every process started by the harness gets.
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+/// The read-only token every process started by the harness gets.
+pub const READ_TOKEN: &str = "test-read-token";
 
 /// A running `ownerserve` child process.
 pub struct Proc {
@@ -27,7 +31,9 @@ impl Proc {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             // openraft logs unreachable peers as errors; the fault tests make plenty.
-            .env("OWNERSERVE_LOG", "warn,openraft=off");
+            .env("OWNERSERVE_LOG", "warn,openraft=off")
+            .env("OWNERSERVE_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("OWNERSERVE_READ_TOKEN", READ_TOKEN);
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -192,10 +198,11 @@ pub fn dead_address() -> String {
     format!("http://{addr}")
 }
 
-/// GETs `url` and parses the body as JSON.
+/// GETs `url` (with the admin token) and parses the body as JSON.
 pub async fn get_json(url: &str) -> serde_json::Value {
     client()
         .get(url)
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap()

@@ -18,7 +18,8 @@ use ownerserve_ownership::Command;
 
 use super::Node;
 
-pub fn app(node: Arc<Node>) -> Router {
+pub fn app(node: Arc<Node>, tokens: Arc<crate::auth::Tokens>) -> Router {
+    let admin = super::admin::routes(node.clone(), tokens);
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
@@ -27,6 +28,7 @@ pub fn app(node: Arc<Node>) -> Router {
         .route("/directory/v1/state", get(state))
         .route("/directory/v1/cluster", get(cluster))
         .with_state(node)
+        .merge(admin)
 }
 
 async fn append(
@@ -54,7 +56,7 @@ struct CommandRequest {
     command: Command,
 }
 
-fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Response {
+pub fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Response {
     let mut body = json!({"error": {"message": message, "type": "directory_error"}});
     if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
         obj.extend(extra.clone());
@@ -62,7 +64,7 @@ fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Respo
     (status, Json(body)).into_response()
 }
 
-fn forward(n: &Node, leader: Option<NodeId>) -> Response {
+pub fn forward(n: &Node, leader: Option<NodeId>) -> Response {
     let addr = leader.and_then(|l| n.nodes.get(&l)).map(|b| b.addr.clone());
     error(
         StatusCode::MISDIRECTED_REQUEST,

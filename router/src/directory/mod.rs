@@ -5,8 +5,10 @@
 //!
 //! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
 //! log_index}` (followers answer 421 with the leader's address); `GET /directory/v1/state`
-//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`.
+//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`; and the
+//! operator API under `/admin/v1` (bearer tokens; see `admin`).
 
+mod admin;
 mod http;
 
 use std::collections::BTreeMap;
@@ -51,6 +53,12 @@ pub struct DirectoryArgs {
     /// How often the leader proposes a `Tick`.
     #[arg(long, default_value_t = 250)]
     tick_ms: u64,
+    /// Admin bearer token for /admin/v1 (generated and printed when none is set).
+    #[arg(long, env = "OWNERSERVE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Read-only bearer token for /admin/v1.
+    #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
+    read_token: Option<String>,
 }
 
 /// Wall-clock milliseconds, stamped by the leader into each entry.
@@ -111,6 +119,8 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
         bail!("--id must be at least 1");
     }
     let nodes = parse_peers(&args.peers)?;
+    let (tokens, origin) =
+        crate::auth::Tokens::resolve(args.admin_token.clone(), args.read_token.clone())?;
     if args.init && !nodes.contains_key(&args.id) {
         bail!("--init needs this node ({}) among the --peer list", args.id);
     }
@@ -176,12 +186,18 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
             }
         })
     };
+    if origin == crate::auth::Origin::Generated {
+        say(&format!(
+            "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
+            tokens.admin()
+        ));
+    }
     say(&format!(
         "ownerserve directory node {} listening on http://{}",
         args.id,
         listener.local_addr()?
     ));
-    let served = axum::serve(listener, http::app(node.clone()))
+    let served = axum::serve(listener, http::app(node.clone(), Arc::new(tokens)))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
     shutdown.cancel();

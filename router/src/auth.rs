@@ -1,0 +1,129 @@
+//! Bearer-token auth for the operator API (`/admin/v1/...`): a read token may GET, an admin
+//! token may do anything. Tokens come from config, flags or `OWNERSERVE_ADMIN_TOKEN` /
+//! `OWNERSERVE_READ_TOKEN`; when no admin token is configured one is generated and printed,
+//! so the admin API is never open.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+
+/// The accepted tokens.
+#[derive(Debug, Clone)]
+pub struct Tokens {
+    admin: String,
+    read: Option<String>,
+}
+
+/// Where the admin token came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Configured,
+    Generated,
+}
+
+impl Tokens {
+    /// Tokens from config; generates the admin token if none is set.
+    pub fn resolve(admin: Option<String>, read: Option<String>) -> anyhow::Result<(Self, Origin)> {
+        let read = read.filter(|t| !t.is_empty());
+        match admin.filter(|t| !t.is_empty()) {
+            Some(admin) => Ok((Self { admin, read }, Origin::Configured)),
+            None => Ok((
+                Self {
+                    admin: random_token()?,
+                    read,
+                },
+                Origin::Generated,
+            )),
+        }
+    }
+
+    /// The admin token (to print when generated).
+    pub fn admin(&self) -> &str {
+        &self.admin
+    }
+
+    fn check(&self, presented: Option<&str>, write: bool) -> Result<(), ApiError> {
+        let Some(token) = presented else {
+            return Err(ApiError::Unauthorized);
+        };
+        if constant_time_eq(token, &self.admin) {
+            return Ok(());
+        }
+        if self
+            .read
+            .as_deref()
+            .is_some_and(|r| constant_time_eq(token, r))
+        {
+            return if write {
+                Err(ApiError::Forbidden)
+            } else {
+                Ok(())
+            };
+        }
+        Err(ApiError::Unauthorized)
+    }
+}
+
+/// 128 random bits from the OS, hex-encoded.
+fn random_token() -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Compares without an early exit, so timing does not reveal how much of a token matched.
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Middleware: GET and HEAD need the read scope, everything else the admin scope.
+pub async fn require(State(tokens): State<Arc<Tokens>>, req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    match tokens.check(presented, write) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_are_enforced() {
+        let (t, origin) = Tokens::resolve(Some("adm".into()), Some("rd".into())).unwrap();
+        assert_eq!(origin, Origin::Configured);
+        assert!(t.check(Some("adm"), true).is_ok());
+        assert!(t.check(Some("rd"), false).is_ok());
+        assert!(matches!(
+            t.check(Some("rd"), true),
+            Err(ApiError::Forbidden)
+        ));
+        assert!(matches!(
+            t.check(Some("nope"), false),
+            Err(ApiError::Unauthorized)
+        ));
+        assert!(matches!(t.check(None, false), Err(ApiError::Unauthorized)));
+    }
+
+    #[test]
+    fn a_missing_admin_token_is_generated() {
+        let (t, origin) = Tokens::resolve(None, None).unwrap();
+        assert_eq!(origin, Origin::Generated);
+        assert_eq!(t.admin().len(), 32);
+        assert_ne!(t.admin(), Tokens::resolve(None, None).unwrap().0.admin());
+    }
+}

@@ -1,0 +1,262 @@
+//! The directory's operator API (`/admin/v1`, bearer-token auth): owners, leases with their
+//! remaining TTL and attached keys, sessions and their fork trees; revoking a lease,
+//! transferring or releasing a session (CAS on its current epoch); cluster status,
+//! learners and membership; and the OpenAPI document. Reads are linearizable.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use openraft::error::RaftError;
+use openraft::BasicNode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use ownerserve_ownership::ids::{LeaseId, SessionId};
+use ownerserve_ownership::raft::NodeId;
+use ownerserve_ownership::{Command, Directory};
+
+use super::http::{error, forward};
+use super::Node;
+use crate::auth::{self, Tokens};
+
+pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
+    Router::new()
+        .route("/admin/v1/owners", get(owners))
+        .route("/admin/v1/leases", get(leases))
+        .route("/admin/v1/leases/{id}", delete(revoke))
+        .route("/admin/v1/sessions", get(sessions))
+        .route("/admin/v1/sessions/{id}/release", post(release_session))
+        .route("/admin/v1/sessions/{id}/transfer", post(transfer_session))
+        .route("/admin/v1/cluster", get(cluster))
+        .route("/admin/v1/cluster/learners", post(add_learner))
+        .route("/admin/v1/cluster/membership", post(change_membership))
+        .route("/admin/v1/openapi.json", get(openapi))
+        .route_layer(axum::middleware::from_fn_with_state(tokens, auth::require))
+        .with_state(node)
+}
+
+/// Runs `f` on the state after a linearizable read barrier.
+async fn read(n: &Node, f: impl FnOnce(&Directory) -> Value) -> Response {
+    match n.raft.ensure_linearizable().await {
+        Ok(_) => Json(n.machine.read(|s| f(&s.directory))).into_response(),
+        Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+            forward(n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
+    }
+}
+
+async fn propose(n: &Node, command: Command) -> Response {
+    match n.propose(command, None).await {
+        Ok(resp) => {
+            Json(json!({"outcome": resp.data, "log_index": resp.log_id.index})).into_response()
+        }
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            forward(n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
+    }
+}
+
+async fn owners(State(n): State<Arc<Node>>) -> Response {
+    read(&n, |d| {
+        let rows: Vec<Value> = d
+            .artifacts
+            .iter()
+            .map(|(k, a)| {
+                json!({"key": k.0, "owner": a.owner, "epoch": a.epoch, "parent": a.parent,
+                       "blocks": a.blocks, "locations": a.locations, "ref_count": a.ref_count,
+                       "needs_recompute": a.needs_recompute})
+            })
+            .collect();
+        json!({"owners": rows})
+    })
+    .await
+}
+
+async fn leases(State(n): State<Arc<Node>>) -> Response {
+    read(&n, |d| {
+        let rows: Vec<Value> = d
+            .leases
+            .iter()
+            .map(|(id, l)| {
+                let remaining = (l.expires_at_ms + d.grace_ms).saturating_sub(d.now_ms);
+                json!({"id": id.0, "worker": l.worker, "ttl_ms": l.ttl_ms,
+                       "remaining_ms": remaining, "keys": l.keys})
+            })
+            .collect();
+        json!({"leases": rows, "now_ms": d.now_ms})
+    })
+    .await
+}
+
+async fn revoke(State(n): State<Arc<Node>>, Path(id): Path<u64>) -> Response {
+    propose(&n, Command::RevokeLease { lease: LeaseId(id) }).await
+}
+
+async fn sessions(State(n): State<Arc<Node>>) -> Response {
+    read(&n, |d| {
+        let rows: Vec<Value> = d
+            .sessions
+            .iter()
+            .map(|(id, s)| {
+                let forks: Vec<&str> = d
+                    .sessions
+                    .iter()
+                    .filter(|(_, c)| c.parent.as_ref() == Some(id))
+                    .map(|(c, _)| c.0.as_str())
+                    .collect();
+                json!({"id": id.0, "owner": s.owner, "epoch": s.epoch, "prefix": s.prefix,
+                       "tail_tokens": s.tail_tokens, "parent": s.parent, "forks": forks,
+                       "predicted_tool_gap_ms": s.predicted_tool_gap_ms})
+            })
+            .collect();
+        json!({"sessions": rows})
+    })
+    .await
+}
+
+/// The session's current epoch, prefix and tail, read linearizably.
+async fn session_now(
+    n: &Node,
+    id: &SessionId,
+) -> Result<
+    (
+        ownerserve_ownership::ids::Epoch,
+        Option<ownerserve_ownership::ids::PrefixKey>,
+        u32,
+    ),
+    Response,
+> {
+    if n.raft.ensure_linearizable().await.is_err() {
+        return Err(forward(n, n.raft.current_leader().await));
+    }
+    n.machine
+        .read(|s| {
+            s.directory
+                .sessions
+                .get(id)
+                .map(|x| (x.epoch, x.prefix, x.tail_tokens))
+        })
+        .ok_or_else(|| {
+            error(
+                StatusCode::NOT_FOUND,
+                format!("no session {}", id.0),
+                json!({}),
+            )
+        })
+}
+
+async fn release_session(State(n): State<Arc<Node>>, Path(id): Path<String>) -> Response {
+    let id = SessionId(id);
+    match session_now(&n, &id).await {
+        Ok((epoch, _, _)) => propose(&n, Command::EndSession { session: id, epoch }).await,
+        Err(r) => r,
+    }
+}
+
+#[derive(Deserialize)]
+struct Transfer {
+    lease: u64,
+}
+
+async fn transfer_session(
+    State(n): State<Arc<Node>>,
+    Path(id): Path<String>,
+    Json(t): Json<Transfer>,
+) -> Response {
+    let id = SessionId(id);
+    match session_now(&n, &id).await {
+        // CAS on the epoch just read: a concurrent change makes this a clean refusal.
+        Ok((epoch, prefix, tail_tokens)) => {
+            propose(
+                &n,
+                Command::SetDecodeOwner {
+                    session: id,
+                    lease: LeaseId(t.lease),
+                    prefix,
+                    tail_tokens,
+                    predicted_tool_gap_ms: None,
+                    expect_epoch: Some(epoch),
+                },
+            )
+            .await
+        }
+        Err(r) => r,
+    }
+}
+
+async fn cluster(State(n): State<Arc<Node>>) -> Response {
+    let m = n.raft.metrics().borrow().clone();
+    let membership = m.membership_config.membership();
+    Json(json!({
+        "id": n.id,
+        "state": format!("{:?}", m.state),
+        "leader": m.current_leader,
+        "term": m.current_term,
+        "last_log_index": m.last_log_index,
+        "committed": m.last_applied.map(|l| l.index),
+        "applied": m.last_applied.map(|l| l.index),
+        "voters": membership.voter_ids().collect::<Vec<_>>(),
+        "learners": membership.learner_ids().collect::<Vec<_>>(),
+    }))
+    .into_response()
+}
+
+#[derive(Deserialize)]
+struct Learner {
+    id: NodeId,
+    addr: String,
+}
+
+async fn add_learner(State(n): State<Arc<Node>>, Json(l): Json<Learner>) -> Response {
+    match n.raft.add_learner(l.id, BasicNode::new(l.addr), true).await {
+        Ok(r) => Json(json!({"log_index": r.log_id.index})).into_response(),
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            forward(&n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string(), json!({})),
+    }
+}
+
+#[derive(Deserialize)]
+struct Membership {
+    voters: BTreeSet<NodeId>,
+}
+
+async fn change_membership(State(n): State<Arc<Node>>, Json(m): Json<Membership>) -> Response {
+    match n.raft.change_membership(m.voters, false).await {
+        Ok(r) => Json(json!({"log_index": r.log_id.index})).into_response(),
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            forward(&n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string(), json!({})),
+    }
+}
+
+async fn openapi() -> Response {
+    let op = |summary: &str, scope: &str| json!({"summary": summary, "security": [{"bearer": []}], "x-scope": scope, "responses": {"200": {"description": "ok"}, "401": {"description": "no or unknown token"}, "403": {"description": "read token on a write"}, "421": {"description": "not the leader; body names it"}}});
+    Json(json!({
+        "openapi": "3.0.3",
+        "info": {"title": "OwnerServe directory operator API", "version": env!("CARGO_PKG_VERSION")},
+        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "paths": {
+            "/admin/v1/owners": {"get": op("Prefix artifacts with owner, epoch, locations and ref counts", "read")},
+            "/admin/v1/leases": {"get": op("Leases with remaining TTL and attached keys", "read")},
+            "/admin/v1/leases/{id}": {"delete": op("Revoke a lease (its keys cascade as on expiry)", "admin")},
+            "/admin/v1/sessions": {"get": op("Sessions with decode owner and fork tree", "read")},
+            "/admin/v1/sessions/{id}/release": {"post": op("End a session", "admin")},
+            "/admin/v1/sessions/{id}/transfer": {"post": op("Move a session to another lease's worker; body {lease}", "admin")},
+            "/admin/v1/cluster": {"get": op("Raft status: leader, term, indexes, voters, learners", "read")},
+            "/admin/v1/cluster/learners": {"post": op("Add a learner; body {id, addr}", "admin")},
+            "/admin/v1/cluster/membership": {"post": op("Change the voters; body {voters: [ids]}", "admin")},
+            "/admin/v1/openapi.json": {"get": op("This document", "read")},
+        }
+    }))
+    .into_response()
+}
