@@ -63,6 +63,27 @@ pub struct RouterSettings {
     pub admin_token: Option<String>,
     /// Bearer token that may only read `/admin/v1`.
     pub read_token: Option<String>,
+    /// The ownership directory: `off`, `embedded` (a single node in this process) or
+    /// `remote` (a cluster of `ownerserve directory` nodes at `directory_urls`).
+    pub directory: DirectoryMode,
+    /// Where the embedded node keeps its log and snapshot (default: a per-process folder
+    /// under the system temp dir, so nothing persists unless you set it).
+    pub directory_data_dir: Option<std::path::PathBuf>,
+    /// `http://host:port` of each directory node, for `remote`.
+    pub directory_urls: Vec<String>,
+    /// TTL of each worker's directory lease; renewed every third of it while healthy.
+    pub worker_lease_ttl_ms: u64,
+    /// How often routed requests' ownership records are committed (one batch each time).
+    pub ownership_flush_ms: u64,
+}
+
+/// Where the router's ownership directory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectoryMode {
+    Off,
+    Embedded,
+    Remote,
 }
 
 /// This replica's part in the Redis fan-out.
@@ -101,6 +122,11 @@ impl Default for RouterSettings {
             kv_redis_maxlen: 100_000,
             admin_token: None,
             read_token: None,
+            directory: DirectoryMode::Off,
+            directory_data_dir: None,
+            directory_urls: Vec::new(),
+            worker_lease_ttl_ms: 10_000,
+            ownership_flush_ms: 50,
         }
     }
 }
@@ -244,6 +270,17 @@ pub struct RouterConfig {
     pub tokens: Tokens,
     /// Whether the admin token was generated (and must be printed).
     pub token_origin: Origin,
+    pub directory: DirectorySetup,
+    pub worker_lease_ttl: Duration,
+    pub ownership_flush: Duration,
+}
+
+/// The validated directory choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectorySetup {
+    Off,
+    Embedded { data_dir: std::path::PathBuf },
+    Remote { urls: Vec<String> },
 }
 
 fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
@@ -284,6 +321,29 @@ impl RouterConfig {
         policy::by_name(&s.policy, &policy_settings)
             .map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
         let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())?;
+        let directory = match s.directory {
+            DirectoryMode::Off => DirectorySetup::Off,
+            DirectoryMode::Embedded => DirectorySetup::Embedded {
+                data_dir: s.directory_data_dir.clone().unwrap_or_else(|| {
+                    std::env::temp_dir()
+                        .join(format!("ownerserve-directory-{}", std::process::id()))
+                }),
+            },
+            DirectoryMode::Remote => {
+                if s.directory_urls.is_empty() {
+                    bail!("router.directory = \"remote\" needs router.directory_urls");
+                }
+                let urls = s
+                    .directory_urls
+                    .iter()
+                    .map(|u| worker_url(u))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                DirectorySetup::Remote { urls }
+            }
+        };
+        if s.worker_lease_ttl_ms < 300 {
+            bail!("router.worker_lease_ttl_ms must be at least 300");
+        }
         if s.max_body_bytes < 1024 {
             bail!("router.max_body_bytes must be at least 1024");
         }
@@ -330,6 +390,9 @@ impl RouterConfig {
             }),
             tokens,
             token_origin,
+            directory,
+            worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
+            ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
         })
     }
 }

@@ -9,7 +9,8 @@
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
-//! - [`directory`]: one node of the replicated ownership directory.
+//! - [`directory`]: one node of the replicated ownership directory; [`directory_client`]
+//!   how the router reaches it; [`ownership_sync`] what the router records there.
 //! - [`mod@bench`]: benchmark commands.
 #![forbid(unsafe_code)]
 
@@ -18,9 +19,11 @@ mod bench;
 mod cli;
 mod config;
 mod directory;
+mod directory_client;
 mod error;
 mod health;
 mod kv;
+mod ownership_sync;
 mod registry;
 mod server;
 mod up;

@@ -21,10 +21,13 @@ use ownerserve_planner::policy::{self, Policy, PolicyError, RouteRequest};
 use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::auth;
-use crate::config::RouterConfig;
+use crate::config::{DirectorySetup, RouterConfig};
+use crate::directory::{Node, NodeSettings};
+use crate::directory_client::{DirectoryClient, Embedded, Remote};
 use crate::error::ApiError;
 use crate::health::{self, HealthSettings};
 use crate::kv::{self, KvRouting};
+use crate::ownership_sync::{OwnershipSync, Routed, SyncSettings};
 use crate::registry::{ModelAvailability, Registry};
 use crate::upstream::{self, ForwardError, HttpClient};
 
@@ -37,6 +40,10 @@ pub struct AppState {
     kv: Arc<KvRouting>,
     client: HttpClient,
     cfg: RouterConfig,
+    /// Records ownership of routed requests, when a directory is configured.
+    ownership: Option<OwnershipSync>,
+    /// The embedded directory node, whose operator API the router also serves.
+    directory: Option<Arc<Node>>,
 }
 
 /// Runs the router on `listener` until `shutdown` fires, then drains in-flight requests.
@@ -68,6 +75,35 @@ pub async fn run(
             &shutdown,
         );
     }
+    let (directory, client_dir): (Option<Arc<Node>>, Option<Arc<dyn DirectoryClient>>) =
+        match &cfg.directory {
+            DirectorySetup::Off => (None, None),
+            DirectorySetup::Embedded { data_dir } => {
+                let node = Node::start(
+                    NodeSettings {
+                        id: 1,
+                        data_dir: data_dir.clone(),
+                        nodes: [(1, openraft::BasicNode::new("127.0.0.1:0"))].into(),
+                        init: true,
+                        grace_ms: 500,
+                        tick_ms: 250,
+                    },
+                    &tracker,
+                    &shutdown,
+                )
+                .await?;
+                (Some(node.clone()), Some(Arc::new(Embedded(node))))
+            }
+            DirectorySetup::Remote { urls } => (None, Some(Arc::new(Remote::new(urls.clone())))),
+        };
+    let ownership = client_dir.map(|c| {
+        let settings = SyncSettings {
+            lease_ttl: cfg.worker_lease_ttl,
+            flush_every: cfg.ownership_flush,
+            block_size: kv.block_size(),
+        };
+        OwnershipSync::spawn(c, registry.clone(), settings, &tracker, shutdown.clone())
+    });
     let state = Arc::new(AppState {
         registry,
         needs_match: policy.needs_prefix_match(),
@@ -75,6 +111,8 @@ pub async fn run(
         kv,
         client,
         cfg,
+        ownership,
+        directory: directory.clone(),
     });
     let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
@@ -83,6 +121,9 @@ pub async fn run(
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
+    if let Some(node) = directory {
+        node.raft.shutdown().await.ok();
+    }
     served
 }
 
@@ -92,8 +133,15 @@ pub fn app(state: Arc<AppState>) -> Router {
     let admin = Router::new()
         .route("/admin/v1/workers", get(workers))
         .route("/admin/v1/kv", get(kv_index))
-        .route_layer(axum::middleware::from_fn_with_state(tokens, auth::require));
-    Router::new()
+        .route_layer(axum::middleware::from_fn_with_state(
+            tokens.clone(),
+            auth::require,
+        ));
+    let directory_admin = state
+        .directory
+        .clone()
+        .map(|node| crate::directory::admin::routes(node, tokens));
+    let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
@@ -101,7 +149,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+        .with_state(state);
+    match directory_admin {
+        Some(d) => router.merge(d),
+        None => router,
+    }
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
@@ -250,6 +302,14 @@ async fn proxy(
         match sent {
             Ok(resp) => {
                 st.kv.record_routed(worker, &hashes);
+                if let Some(sync) = &st.ownership {
+                    sync.record(Routed {
+                        worker: worker.id,
+                        session: session.map(str::to_owned),
+                        endpoint,
+                        body: bytes.clone(),
+                    });
+                }
                 return Ok(upstream::relay(resp, worker, in_flight));
             }
             // Nothing reached the worker: mark it down and try the next one.

@@ -8,7 +8,7 @@
 //! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`; and the
 //! operator API under `/admin/v1` (bearer tokens; see `admin`).
 
-mod admin;
+pub mod admin;
 mod http;
 
 use std::collections::BTreeMap;
@@ -113,6 +113,86 @@ impl Node {
     }
 }
 
+/// Settings of one node.
+pub struct NodeSettings {
+    pub id: NodeId,
+    pub data_dir: PathBuf,
+    pub nodes: BTreeMap<NodeId, BasicNode>,
+    /// Initialise the cluster with `nodes` (ignored if already initialised).
+    pub init: bool,
+    pub grace_ms: u64,
+    pub tick_ms: u64,
+}
+
+impl Node {
+    /// Opens the log and snapshot under `data_dir`, starts Raft, initialises the cluster if
+    /// asked, and starts the leader's `Tick` loop (owned by `tracker`, ends with `cancel`).
+    pub async fn start(
+        s: NodeSettings,
+        tracker: &tokio_util::task::TaskTracker,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<Arc<Node>> {
+        std::fs::create_dir_all(&s.data_dir)
+            .with_context(|| format!("cannot create {}", s.data_dir.display()))?;
+        let log =
+            LogStore::open(&s.data_dir.join("log.redb")).context("cannot open the raft log")?;
+        let machine = StateMachineStore::open(Some(&s.data_dir), s.grace_ms)
+            .context("cannot load the snapshot")?;
+        let config = Config {
+            cluster_name: "ownerserve-directory".into(),
+            // The heartbeat is also openraft's AppendEntries timeout: it must cover a
+            // follower's fsync on a busy machine, or batches are resent and tail latency grows.
+            heartbeat_interval: 250,
+            election_timeout_min: 1_000,
+            election_timeout_max: 2_000,
+            ..Default::default()
+        }
+        .validate()?;
+        let raft = Raft::new(
+            s.id,
+            Arc::new(config),
+            HttpNetworkFactory::default(),
+            log,
+            machine.clone(),
+        )
+        .await
+        .context("cannot start raft")?;
+        let node = Arc::new(Node {
+            id: s.id,
+            raft,
+            machine,
+            nodes: s.nodes.clone(),
+        });
+        if s.init {
+            match node.raft.initialize(s.nodes).await {
+                Ok(()) => {}
+                // Already initialised (a restart): fine.
+                Err(openraft::error::RaftError::APIError(
+                    openraft::error::InitializeError::NotAllowed(_),
+                )) => {}
+                Err(e) => return Err(e).context("cannot initialise the cluster"),
+            }
+        }
+        let (ticking, cancel) = (node.clone(), cancel.clone());
+        let every = Duration::from_millis(s.tick_ms.max(10));
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = cancel.cancelled() => return,
+                }
+                if ticking.raft.current_leader().await == Some(ticking.id) {
+                    if let Err(e) = ticking.propose(Command::Tick, None).await {
+                        tracing::debug!(error = %e, "tick not committed");
+                    }
+                }
+            }
+        });
+        Ok(node)
+    }
+}
+
 /// Runs a directory node until Ctrl-C.
 pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
     if args.id == 0 {
@@ -124,68 +204,23 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
     if args.init && !nodes.contains_key(&args.id) {
         bail!("--init needs this node ({}) among the --peer list", args.id);
     }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
-    let log =
-        LogStore::open(&args.data_dir.join("log.redb")).context("cannot open the raft log")?;
-    let machine = StateMachineStore::open(Some(&args.data_dir), args.grace_ms)
-        .context("cannot load the snapshot")?;
-    let config = Config {
-        cluster_name: "ownerserve-directory".into(),
-        // The heartbeat is also openraft's AppendEntries timeout: it must cover a follower's
-        // fsync on a busy machine, or batches are resent and tail latency grows.
-        heartbeat_interval: 250,
-        election_timeout_min: 1_000,
-        election_timeout_max: 2_000,
-        ..Default::default()
-    }
-    .validate()?;
-    let raft = Raft::new(
-        args.id,
-        Arc::new(config),
-        HttpNetworkFactory::default(),
-        log,
-        machine.clone(),
-    )
-    .await
-    .context("cannot start raft")?;
-    let node = Arc::new(Node {
-        id: args.id,
-        raft,
-        machine,
-        nodes: nodes.clone(),
-    });
     let listener = bind(args.listen).await?;
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone())?;
-    if args.init {
-        match node.raft.initialize(nodes).await {
-            Ok(()) => {}
-            // Already initialised (a restart): fine.
-            Err(openraft::error::RaftError::APIError(
-                openraft::error::InitializeError::NotAllowed(_),
-            )) => {}
-            Err(e) => return Err(e).context("cannot initialise the cluster"),
-        }
-    }
-    let ticker = {
-        let (node, cancel) = (node.clone(), shutdown.clone());
-        let every = Duration::from_millis(args.tick_ms.max(10));
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = cancel.cancelled() => return,
-                }
-                if node.raft.current_leader().await == Some(node.id) {
-                    if let Err(e) = node.propose(Command::Tick, None).await {
-                        tracing::debug!(error = %e, "tick not committed");
-                    }
-                }
-            }
-        })
-    };
+    let tracker = tokio_util::task::TaskTracker::new();
+    let node = Node::start(
+        NodeSettings {
+            id: args.id,
+            data_dir: args.data_dir.clone(),
+            nodes,
+            init: args.init,
+            grace_ms: args.grace_ms,
+            tick_ms: args.tick_ms,
+        },
+        &tracker,
+        &shutdown,
+    )
+    .await?;
     if origin == crate::auth::Origin::Generated {
         say(&format!(
             "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
@@ -201,7 +236,8 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
     shutdown.cancel();
-    let _ = ticker.await;
+    tracker.close();
+    tracker.wait().await;
     node.raft.shutdown().await.ok();
     served.context("directory server failed")
 }

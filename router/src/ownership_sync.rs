@@ -1,0 +1,169 @@
+//! Keeps the directory in step with the fleet, off the request path: a lease per worker,
+//! renewed while the worker is healthy (so a dead worker's ownership expires on its own),
+//! and, for every routed request, a claim of its prompt's prefix and the session's decode
+//! owner for the worker that served it. Records are batched into one `Batch` entry per
+//! flush, so the proxy never waits for a Raft round trip.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use ownerserve_ownership::command::ArtifactSpec;
+use ownerserve_ownership::ids::{LeaseId, PrefixKey, SessionId, WorkerId as DirWorkerId};
+use ownerserve_ownership::{Command, Outcome};
+use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_shim::openai::{self, Endpoint};
+
+use crate::directory_client::DirectoryClient;
+use crate::registry::Registry;
+
+/// One routed request to record.
+pub struct Routed {
+    pub worker: WorkerId,
+    pub session: Option<String>,
+    pub endpoint: Endpoint,
+    pub body: Bytes,
+}
+
+/// Timings of the sync.
+#[derive(Debug, Clone, Copy)]
+pub struct SyncSettings {
+    pub lease_ttl: Duration,
+    pub flush_every: Duration,
+    pub block_size: usize,
+}
+
+/// Handle the proxy records routed requests through (never blocks).
+#[derive(Clone)]
+pub struct OwnershipSync {
+    tx: mpsc::UnboundedSender<Routed>,
+}
+
+impl OwnershipSync {
+    pub fn record(&self, routed: Routed) {
+        let _ = self.tx.send(routed);
+    }
+
+    /// Starts the sync task.
+    pub fn spawn(
+        client: Arc<dyn DirectoryClient>,
+        registry: Arc<Registry>,
+        s: SyncSettings,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tracker.spawn(run(client, registry, s, rx, cancel));
+        Self { tx }
+    }
+}
+
+fn dir_worker(w: WorkerId) -> DirWorkerId {
+    DirWorkerId(w.0)
+}
+
+/// The commands recording one routed request, given the serving worker's lease.
+fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
+    let Ok(req) = openai::parse(&r.body, r.endpoint) else {
+        return Vec::new();
+    };
+    let tokens = req.prompt_tokens().into_iter().next().unwrap_or_default();
+    let hashes = prompt_hashes(&tokens, block_size, XXH3_SEED);
+    let prefix = hashes.last().map(|&h| PrefixKey(h));
+    let mut out = Vec::new();
+    if let Some(key) = prefix {
+        out.push(Command::Claim {
+            key,
+            lease,
+            spec: ArtifactSpec {
+                parent: None,
+                blocks: (0, hashes.len() as u32),
+                kv_type: "kv".into(),
+                size_bytes: 0,
+            },
+            expect_epoch: None,
+        });
+    }
+    if let Some(session) = &r.session {
+        out.push(Command::SetDecodeOwner {
+            session: SessionId(session.clone()),
+            lease,
+            prefix,
+            tail_tokens: (tokens.len() % block_size.max(1)) as u32,
+            predicted_tool_gap_ms: None,
+            expect_epoch: None,
+        });
+    }
+    out
+}
+
+async fn run(
+    client: Arc<dyn DirectoryClient>,
+    registry: Arc<Registry>,
+    s: SyncSettings,
+    mut rx: mpsc::UnboundedReceiver<Routed>,
+    cancel: CancellationToken,
+) {
+    let ttl_ms = s.lease_ttl.as_millis() as u64;
+    let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
+    let mut renew = tokio::time::interval((s.lease_ttl / 3).max(Duration::from_millis(50)));
+    let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
+    let mut pending: Vec<Routed> = Vec::new();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            r = rx.recv() => match r {
+                Some(r) => pending.push(r),
+                None => return,
+            },
+            _ = renew.tick() => {
+                // Renew healthy workers' leases; grant one to a healthy worker without.
+                for w in registry.all() {
+                    if !w.is_healthy() {
+                        continue;
+                    }
+                    let renewed = match leases.get(&w.id) {
+                        Some(&lease) => matches!(
+                            client.write(Command::KeepAlive { lease }).await,
+                            Ok(Outcome::LeaseRenewed { .. })
+                        ),
+                        None => false,
+                    };
+                    if !renewed {
+                        let granted = client
+                            .write(Command::GrantLease { worker: dir_worker(w.id), ttl_ms })
+                            .await;
+                        match granted {
+                            Ok(Outcome::LeaseGranted { lease, .. }) => {
+                                leases.insert(w.id, lease);
+                            }
+                            other => tracing::warn!(worker = %w.spec.name, ?other, "no directory lease"),
+                        }
+                    }
+                }
+            }
+            _ = flush.tick() => {
+                if pending.is_empty() {
+                    continue;
+                }
+                let commands: Vec<Command> = pending
+                    .drain(..)
+                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(&r, l, s.block_size)))
+                    .flatten()
+                    .collect();
+                for chunk in commands.chunks(ownerserve_ownership::command::MAX_BATCH) {
+                    let batch = Command::Batch { commands: chunk.to_vec() };
+                    if let Err(e) = client.write(batch).await {
+                        tracing::warn!(error = %e, "ownership records not committed");
+                    }
+                }
+            }
+        }
+    }
+}

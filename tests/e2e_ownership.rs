@@ -1,0 +1,144 @@
+//! The router keeping the ownership directory in step with the fleet: worker leases,
+//! ownership of routed sessions and prefixes, and expiry when a worker dies.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{chat_body, client, eventually, get_json, temp_config, Proc};
+use serde_json::Value;
+
+async fn route(router: &str, session: &str, text: &str) -> String {
+    let resp = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .json(&chat_body(text, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.headers()["x-ownerserve-worker"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Index (directory worker id) of each worker name, from the router's worker list.
+async fn worker_ids(router: &str) -> Vec<String> {
+    let w = get_json(&format!("{router}/admin/v1/workers")).await;
+    w["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn long(tag: &str) -> String {
+    (0..100).map(|i| format!("{tag} word {i} ")).collect()
+}
+
+#[tokio::test]
+async fn up_records_leases_and_the_owners_of_routed_sessions() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let names = worker_ids(&stack.url).await;
+    let mut served = Vec::new();
+    for s in ["alpha", "beta", "gamma"] {
+        served.push((s, route(&stack.url, s, &long(s)).await));
+    }
+    let url = stack.url.clone();
+    eventually(Duration::from_secs(10), "sessions recorded", || {
+        let url = url.clone();
+        async move {
+            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
+                .as_array()
+                .is_some_and(|a| a.len() == 3)
+        }
+    })
+    .await;
+    let sessions = get_json(&format!("{}/admin/v1/sessions", stack.url)).await;
+    for (s, worker) in served {
+        let row = sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == s)
+            .unwrap()
+            .clone();
+        let owner = row["owner"]["worker"].as_u64().unwrap() as usize;
+        assert_eq!(
+            names[owner], worker,
+            "{s} is owned by the worker that served it"
+        );
+        assert!(
+            row["prefix"].is_u64(),
+            "built on its prompt's prefix: {row}"
+        );
+    }
+    let leases = get_json(&format!("{}/admin/v1/leases", stack.url)).await;
+    assert_eq!(
+        leases["leases"].as_array().unwrap().len(),
+        names.len(),
+        "one lease per worker"
+    );
+    let owners = get_json(&format!("{}/admin/v1/owners", stack.url)).await;
+    assert_eq!(owners["owners"].as_array().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_dead_worker_s_ownership_expires_on_its_own() {
+    let mut a = Proc::sim_worker(&["--instant"]);
+    let b = Proc::sim_worker(&["--instant"]);
+    let cfg = temp_config(
+        "ownership.toml",
+        &format!(
+            "[router]\ndirectory = \"embedded\"\nworker_lease_ttl_ms = 1000\nhealth_interval_ms = 100\n\
+             health_failure_threshold = 1\n\n\
+             [[workers]]\nname = \"a\"\nurl = \"{}\"\nrole = \"decode\"\n\n\
+             [[workers]]\nname = \"b\"\nurl = \"{}\"\nrole = \"decode\"\n",
+            a.url, b.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    // Round robin: the first session lands on `a`.
+    assert_eq!(route(&router.url, "s-a", &long("on a")).await, "a");
+    let url = router.url.clone();
+    eventually(Duration::from_secs(10), "session recorded", || {
+        let url = url.clone();
+        async move {
+            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
+                .as_array()
+                .is_some_and(|v| !v.is_empty())
+        }
+    })
+    .await;
+    a.kill();
+    // No keep-alive for a dead worker: its lease expires, its session ends, its prefix needs
+    // recomputing; `b` keeps its lease.
+    eventually(Duration::from_secs(15), "a's ownership expired", || {
+        let url = url.clone();
+        async move {
+            let leases: Value = get_json(&format!("{url}/admin/v1/leases")).await;
+            let workers: Vec<u64> = leases["leases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["worker"].as_u64().unwrap())
+                .collect();
+            let sessions = get_json(&format!("{url}/admin/v1/sessions")).await;
+            workers == vec![1]
+                && sessions["sessions"]
+                    .as_array()
+                    .is_some_and(|v| v.is_empty())
+        }
+    })
+    .await;
+    let owners = get_json(&format!("{}/admin/v1/owners", router.url)).await;
+    assert!(owners["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|o| o["needs_recompute"] == true && o["owner"].is_null()));
+}
