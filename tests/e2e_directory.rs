@@ -484,3 +484,47 @@ async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members(
         .unwrap();
     assert_eq!(status["voters"], json!([1, 2, 3, 4]));
 }
+
+#[tokio::test]
+async fn a_router_records_ownership_in_a_remote_cluster() {
+    let mut c = Cluster::start(3, "remote");
+    c.leader().await;
+    let worker = Proc::sim_worker(&["--instant"]);
+    let urls: Vec<String> = (1..=3).map(|i| format!("\"{}\"", c.url(i))).collect();
+    let cfg = common::temp_config(
+        "remote.toml",
+        &format!(
+            "[router]\ndirectory = \"remote\"\ndirectory_urls = [{}]\n\n\
+             [[workers]]\nname = \"w\"\nurl = \"{}\"\nrole = \"decode\"\n",
+            urls.join(", "),
+            worker.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("x-session-id", "remote-session")
+        .json(&common::chat_body(
+            "hello remote directory, this is a long enough prompt to fill a block or two",
+            2,
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let state = c.state().await;
+        let s = &state["sessions"]["remote-session"];
+        if s["owner"]["worker"] == 0 {
+            assert_eq!(
+                state["leases"].as_object().unwrap().len(),
+                1,
+                "the worker's lease"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "session never recorded: {state}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
