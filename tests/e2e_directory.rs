@@ -487,7 +487,7 @@ async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members(
 
 #[tokio::test]
 async fn a_router_records_ownership_in_a_remote_cluster() {
-    let mut c = Cluster::start(3, "remote");
+    let c = Cluster::start(3, "remote");
     c.leader().await;
     let worker = Proc::sim_worker(&["--instant"]);
     let urls: Vec<String> = (1..=3).map(|i| format!("\"{}\"", c.url(i))).collect();
