@@ -2,6 +2,9 @@
 //! answered with JSON `Result<Response, RaftError>`. A refused connection is reported as
 //! `Unreachable` (openraft backs off); anything else as a network error.
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -16,10 +19,32 @@ use serde::Serialize;
 
 use super::{NodeId, TypeConfig};
 
-/// Makes a client per peer; all share one connection pool.
+/// Peers this node must not reach: a fault layer for partition tests. Empty (and never
+/// changed) unless a node is started with fault injection enabled.
+#[derive(Clone, Default)]
+pub struct Faults {
+    blocked: Arc<RwLock<BTreeSet<NodeId>>>,
+}
+
+impl Faults {
+    /// Replaces the set of unreachable peers.
+    pub fn block(&self, peers: BTreeSet<NodeId>) {
+        *self.blocked.write().unwrap_or_else(|e| e.into_inner()) = peers;
+    }
+
+    fn is_blocked(&self, peer: NodeId) -> bool {
+        self.blocked
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&peer)
+    }
+}
+
+/// Makes a client per peer; all share one connection pool and the fault layer.
 #[derive(Clone, Default)]
 pub struct HttpNetworkFactory {
     client: reqwest::Client,
+    pub faults: Faults,
 }
 
 impl RaftNetworkFactory<TypeConfig> for HttpNetworkFactory {
@@ -30,6 +55,7 @@ impl RaftNetworkFactory<TypeConfig> for HttpNetworkFactory {
             target,
             addr: node.addr.clone(),
             client: self.client.clone(),
+            faults: self.faults.clone(),
         }
     }
 }
@@ -39,6 +65,7 @@ pub struct HttpNetwork {
     target: NodeId,
     addr: String,
     client: reqwest::Client,
+    faults: Faults,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
@@ -55,6 +82,10 @@ impl HttpNetwork {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        if self.faults.is_blocked(self.target) {
+            let cut = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "partitioned");
+            return Err(RPCError::Unreachable(Unreachable::new(&cut)));
+        }
         let url = format!("http://{}/raft/{path}", self.addr);
         let resp = self
             .client

@@ -108,3 +108,25 @@ async fn cluster(State(n): State<Arc<Node>>) -> Response {
     }))
     .into_response()
 }
+
+#[derive(Deserialize)]
+struct Partition {
+    /// Peers this node stops talking to (empty: heal).
+    blocked: std::collections::BTreeSet<NodeId>,
+}
+
+/// Test-only: `POST /test/v1/partition {blocked: [ids]}` (admin token).
+pub fn fault_routes(node: Arc<Node>, tokens: Arc<crate::auth::Tokens>) -> Router {
+    Router::new()
+        .route("/test/v1/partition", post(partition))
+        .route_layer(axum::middleware::from_fn_with_state(
+            tokens,
+            crate::auth::require,
+        ))
+        .with_state(node)
+}
+
+async fn partition(State(n): State<Arc<Node>>, Json(p): Json<Partition>) -> Response {
+    n.faults.block(p.blocked);
+    StatusCode::NO_CONTENT.into_response()
+}

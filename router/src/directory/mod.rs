@@ -59,6 +59,10 @@ pub struct DirectoryArgs {
     /// Read-only bearer token for /admin/v1.
     #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
     read_token: Option<String>,
+    /// Serve `POST /test/v1/partition` (admin token) to cut this node off from peers.
+    /// For fault tests only.
+    #[arg(long)]
+    fault_injection: bool,
 }
 
 /// Wall-clock milliseconds, stamped by the leader into each entry.
@@ -91,6 +95,8 @@ pub struct Node {
     pub raft: Raft,
     pub machine: StateMachineStore,
     pub nodes: BTreeMap<NodeId, BasicNode>,
+    /// The network's fault layer (only driven when fault injection is enabled).
+    pub faults: ownerserve_ownership::raft::network::Faults,
 }
 
 impl Node {
@@ -148,20 +154,17 @@ impl Node {
             ..Default::default()
         }
         .validate()?;
-        let raft = Raft::new(
-            s.id,
-            Arc::new(config),
-            HttpNetworkFactory::default(),
-            log,
-            machine.clone(),
-        )
-        .await
-        .context("cannot start raft")?;
+        let network = HttpNetworkFactory::default();
+        let faults = network.faults.clone();
+        let raft = Raft::new(s.id, Arc::new(config), network, log, machine.clone())
+            .await
+            .context("cannot start raft")?;
         let node = Arc::new(Node {
             id: s.id,
             raft,
             machine,
             nodes: s.nodes.clone(),
+            faults,
         });
         if s.init {
             match node.raft.initialize(s.nodes).await {
@@ -232,7 +235,12 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
         args.id,
         listener.local_addr()?
     ));
-    let served = axum::serve(listener, http::app(node.clone(), Arc::new(tokens)))
+    let tokens = Arc::new(tokens);
+    let mut app = http::app(node.clone(), tokens.clone());
+    if args.fault_injection {
+        app = app.merge(http::fault_routes(node.clone(), tokens));
+    }
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
     shutdown.cancel();

@@ -1,0 +1,504 @@
+//! Linearizability of the replicated directory under faults. Three clients issue random
+//! claims, fenced releases and linearizable reads on two keys while a driver kills leaders
+//! (kill -9, then restart) and partitions nodes through the test-only fault layer; every
+//! operation's invocation and response times are recorded. Each key's history is then
+//! checked with a Wing–Gong search against a sequential model of the directory.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Proc, ADMIN_TOKEN};
+use serde_json::{json, Value};
+
+// ---------------------------------------------------------------------------------------
+// The checker.
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Op {
+    Claim { lease: u64 },
+    Release { epoch: u64 },
+    Read,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Ret {
+    Owned(u64),
+    Held(u64),
+    Released,
+    /// Rejected for a stale epoch; the directory names the current one.
+    Stale(u64),
+    NoOwner,
+    /// The key was never claimed.
+    Unknown,
+    /// Owner lease (if any) and epoch.
+    Read(Option<u64>, u64),
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    key: u64,
+    op: Op,
+    ret: Ret,
+    invoke: Duration,
+    response: Duration,
+}
+
+/// What a key looks like to the sequential model. After a release the exact epoch (the
+/// release's own log position) is unknown, only that it is greater than `epoch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct State {
+    owner: Option<u64>,
+    epoch: u64,
+    exact: bool,
+}
+
+impl State {
+    /// Whether the current epoch can be `c`.
+    fn epoch_may_be(&self, c: u64) -> bool {
+        if self.exact {
+            c == self.epoch
+        } else {
+            c > self.epoch
+        }
+    }
+
+    fn learn(self, c: u64) -> State {
+        State {
+            epoch: c,
+            exact: true,
+            ..self
+        }
+    }
+}
+
+/// A key before its first claim (it does not exist yet).
+const NEVER_CLAIMED: State = State {
+    owner: None,
+    epoch: 0,
+    exact: true,
+};
+
+/// The sequential specification: the state after `op` returned `ret`, if that can happen.
+/// Leases live for the whole run, so a live owner's claim stands.
+fn step(s: State, op: Op, ret: Ret) -> Option<State> {
+    match (op, ret) {
+        (Op::Claim { lease }, Ret::Owned(e)) => match s.owner {
+            None if e > s.epoch => Some(State {
+                owner: Some(lease),
+                epoch: e,
+                exact: true,
+            }),
+            Some(o) if o == lease && s.epoch_may_be(e) => Some(s.learn(e)),
+            _ => None,
+        },
+        (Op::Claim { lease }, Ret::Held(m)) => (s.owner == Some(m) && m != lease).then_some(s),
+        (Op::Release { epoch }, Ret::Released) => (s.owner.is_some() && s.epoch_may_be(epoch))
+            .then_some(State {
+                owner: None,
+                epoch,
+                exact: false,
+            }),
+        (Op::Release { epoch }, Ret::Stale(c)) => {
+            (c != epoch && s.epoch_may_be(c)).then(|| s.learn(c))
+        }
+        (Op::Release { epoch }, Ret::NoOwner) => {
+            (s.owner.is_none() && s.epoch_may_be(epoch)).then(|| s.learn(epoch))
+        }
+        (Op::Release { .. }, Ret::Unknown) => (s == NEVER_CLAIMED).then_some(s),
+        (Op::Read, Ret::Read(owner, c)) => {
+            (owner == s.owner && s.epoch_may_be(c)).then(|| s.learn(c))
+        }
+        _ => None,
+    }
+}
+
+/// Whether one key's history has a linearization (Wing & Gong, with memoization).
+fn linearizable(history: &[Event]) -> bool {
+    fn search(
+        h: &[Event],
+        done: &mut Vec<bool>,
+        state: State,
+        seen: &mut HashSet<(Vec<bool>, State)>,
+    ) -> bool {
+        if done.iter().all(|d| *d) {
+            return true;
+        }
+        if !seen.insert((done.clone(), state)) {
+            return false;
+        }
+        // Only operations invoked before the earliest pending response may go next.
+        let horizon = h
+            .iter()
+            .zip(done.iter())
+            .filter(|(_, d)| !**d)
+            .map(|(e, _)| e.response)
+            .min()
+            .unwrap_or_default();
+        for i in 0..h.len() {
+            if done[i] || h[i].invoke > horizon {
+                continue;
+            }
+            if let Some(next) = step(state, h[i].op, h[i].ret) {
+                done[i] = true;
+                if search(h, done, next, seen) {
+                    return true;
+                }
+                done[i] = false;
+            }
+        }
+        false
+    }
+    search(
+        history,
+        &mut vec![false; history.len()],
+        NEVER_CLAIMED,
+        &mut HashSet::new(),
+    )
+}
+
+fn ev(op: Op, ret: Ret, invoke_ms: u64, response_ms: u64) -> Event {
+    Event {
+        key: 1,
+        op,
+        ret,
+        invoke: Duration::from_millis(invoke_ms),
+        response: Duration::from_millis(response_ms),
+    }
+}
+
+#[test]
+fn the_checker_accepts_linearizable_and_rejects_broken_histories() {
+    // Two overlapping claims: either order is fine, and the loser sees the winner.
+    let ok = [
+        ev(Op::Claim { lease: 1 }, Ret::Owned(10), 0, 5),
+        ev(Op::Claim { lease: 2 }, Ret::Held(1), 1, 6),
+        ev(Op::Release { epoch: 10 }, Ret::Released, 7, 8),
+        ev(Op::Claim { lease: 2 }, Ret::Owned(20), 9, 10),
+        ev(Op::Read, Ret::Read(Some(2), 20), 11, 12),
+    ];
+    assert!(linearizable(&ok));
+    // Two owners at once, with no release between: not linearizable.
+    let split_brain = [
+        ev(Op::Claim { lease: 1 }, Ret::Owned(10), 0, 1),
+        ev(Op::Claim { lease: 2 }, Ret::Owned(20), 2, 3),
+    ];
+    assert!(!linearizable(&split_brain));
+    // A stale read after a newer write completed.
+    let stale_read = [
+        ev(Op::Claim { lease: 1 }, Ret::Owned(10), 0, 1),
+        ev(Op::Read, Ret::Read(None, 0), 2, 3),
+    ];
+    assert!(!linearizable(&stale_read));
+    // A key reported unknown after it was claimed.
+    let forgotten = [
+        ev(Op::Claim { lease: 1 }, Ret::Owned(10), 0, 1),
+        ev(Op::Release { epoch: 3 }, Ret::Unknown, 2, 3),
+    ];
+    assert!(!linearizable(&forgotten));
+    // A release that reports success with a wrong epoch.
+    let bad_release = [
+        ev(Op::Claim { lease: 1 }, Ret::Owned(10), 0, 1),
+        ev(Op::Release { epoch: 9 }, Ret::Released, 2, 3),
+    ];
+    assert!(!linearizable(&bad_release));
+}
+
+// ---------------------------------------------------------------------------------------
+// The fault run.
+
+const NODES: usize = 3;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_millis(1500))
+        .build()
+        .unwrap()
+}
+
+struct Nodes {
+    ports: Vec<u16>,
+    base: std::path::PathBuf,
+    procs: Vec<Option<Proc>>,
+}
+
+impl Nodes {
+    fn spawn(&self, i: usize) -> Proc {
+        let (id, listen) = ((i + 1).to_string(), format!("127.0.0.1:{}", self.ports[i]));
+        let data = self.base.join(format!("n{id}"));
+        let peers: Vec<String> = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(j, p)| format!("{}=127.0.0.1:{p}", j + 1))
+            .collect();
+        let mut args = vec![
+            "directory",
+            "--id",
+            &id,
+            "--listen",
+            &listen,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--fault-injection",
+            "--tick-ms",
+            "500",
+        ];
+        for p in &peers {
+            args.push("--peer");
+            args.push(p);
+        }
+        if i == 0 {
+            args.push("--init");
+        }
+        Proc::spawn(&args, &[], "listening on")
+    }
+}
+
+fn urls(ports: &[u16]) -> Vec<String> {
+    ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect()
+}
+
+/// Commits a command, retrying with the same idempotency key through faults.
+async fn write(
+    c: &reqwest::Client,
+    urls: &[String],
+    client: u64,
+    seq: u64,
+    command: Value,
+) -> Option<Value> {
+    let body = json!({"client": [client, seq], "command": command});
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut i = (client as usize) % urls.len();
+    while Instant::now() < deadline {
+        if let Ok(resp) = c
+            .post(format!("{}/directory/v1/commands", urls[i]))
+            .json(&body)
+            .send()
+            .await
+        {
+            if resp.status() == 200 {
+                return Some(resp.json::<Value>().await.ok()?["outcome"].clone());
+            }
+        }
+        i = (i + 1) % urls.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// A linearizable read of `key`: owner lease and epoch.
+async fn read(c: &reqwest::Client, urls: &[String], key: u64) -> Option<Ret> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut i = 0;
+    while Instant::now() < deadline {
+        if let Ok(resp) = c
+            .get(format!("{}/directory/v1/state", urls[i]))
+            .send()
+            .await
+        {
+            if resp.status() == 200 {
+                let v: Value = resp.json().await.ok()?;
+                let a = &v["directory"]["artifacts"][key.to_string()];
+                return Some(Ret::Read(
+                    a["owner"]["lease"].as_u64(),
+                    a["epoch"].as_u64().unwrap_or(0),
+                ));
+            }
+        }
+        i = (i + 1) % urls.len();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+fn ret_of(outcome: &Value) -> Ret {
+    if let Some(e) = outcome["Owned"]["epoch"].as_u64() {
+        Ret::Owned(e)
+    } else if let Some(l) = outcome["Held"]["owner"]["lease"].as_u64() {
+        Ret::Held(l)
+    } else if outcome == "Released" {
+        Ret::Released
+    } else if let Some(c) = outcome["Rejected"]["StaleEpoch"]["current"].as_u64() {
+        Ret::Stale(c)
+    } else if outcome["Rejected"]["NoOwner"].is_u64() {
+        Ret::NoOwner
+    } else if outcome["Rejected"]["UnknownPrefix"].is_u64() {
+        Ret::Unknown
+    } else {
+        panic!("unexpected outcome {outcome}")
+    }
+}
+
+async fn partition(c: &reqwest::Client, urls: &[String], victim: Option<usize>) {
+    for (i, url) in urls.iter().enumerate() {
+        let blocked: Vec<u64> = match victim {
+            None => vec![],
+            Some(v) if v == i => (1..=NODES as u64)
+                .filter(|id| *id != v as u64 + 1)
+                .collect(),
+            Some(v) => vec![v as u64 + 1],
+        };
+        let _ = c
+            .post(format!("{url}/test/v1/partition"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({"blocked": blocked}))
+            .send()
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn histories_under_leader_kills_and_partitions_are_linearizable() {
+    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+    let base = std::env::temp_dir().join(format!("ownerserve-lin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let mut nodes = Nodes {
+        ports: ports.clone(),
+        base,
+        procs: Vec::new(),
+    };
+    for i in 0..NODES {
+        let p = nodes.spawn(i);
+        nodes.procs.push(Some(p));
+    }
+    let urls = urls(&ports);
+    let c = http();
+    let mut leases = Vec::new();
+    for w in 0..3u64 {
+        let out = write(
+            &c,
+            &urls,
+            100,
+            w + 1,
+            json!({"GrantLease": {"worker": w, "ttl_ms": 600_000}}),
+        )
+        .await
+        .unwrap();
+        leases.push(out["LeaseGranted"]["lease"].as_u64().unwrap());
+    }
+
+    let origin = Instant::now();
+    let history = Arc::new(Mutex::new(Vec::<Event>::new()));
+    let run_for = Duration::from_secs(10);
+    let mut clients = tokio::task::JoinSet::new();
+    for (n, &lease) in leases.iter().enumerate() {
+        let (urls, history) = (urls.clone(), history.clone());
+        clients.spawn(async move {
+            let c = http();
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(n as u64 + 1);
+            let mut known: [u64; 3] = [0; 3];
+            let mut seq = 0;
+            while origin.elapsed() < run_for {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = 1 + rng % 2;
+                let invoke = origin.elapsed();
+                let (op, ret) = match (rng >> 8) % 3 {
+                    0 => {
+                        seq += 1;
+                        let cmd = json!({"Claim": {"key": key, "lease": lease, "spec": {"parent": null, "blocks": [0, 1], "kv_type": "t", "size_bytes": 1}, "expect_epoch": null}});
+                        let Some(out) = write(&c, &urls, n as u64, seq, cmd).await else { break };
+                        let ret = ret_of(&out);
+                        if let Ret::Owned(e) = ret {
+                            known[key as usize] = e;
+                        }
+                        (Op::Claim { lease }, ret)
+                    }
+                    1 => {
+                        seq += 1;
+                        let epoch = known[key as usize];
+                        let cmd = json!({"Release": {"key": key, "epoch": epoch}});
+                        let Some(out) = write(&c, &urls, n as u64, seq, cmd).await else { break };
+                        (Op::Release { epoch }, ret_of(&out))
+                    }
+                    _ => {
+                        let Some(r) = read(&c, &urls, key).await else { break };
+                        (Op::Read, r)
+                    }
+                };
+                history.lock().unwrap().push(Event { key, op, ret, invoke, response: origin.elapsed() });
+            }
+        });
+    }
+
+    // Faults while the clients run.
+    let mut faults = 0;
+    let mut rng = 7u64;
+    while origin.elapsed() < run_for {
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
+        match (rng >> 33) % 3 {
+            0 => {
+                // Kill -9 whoever leads, then bring it back.
+                let leader = leader_index(&c, &urls).await;
+                if let Some(i) = leader {
+                    if let Some(mut p) = nodes.procs[i].take() {
+                        p.kill();
+                    }
+                    tokio::time::sleep(Duration::from_millis(1200)).await;
+                    let p = nodes.spawn(i);
+                    nodes.procs[i] = Some(p);
+                    faults += 1;
+                }
+            }
+            1 => {
+                let victim = ((rng >> 40) % NODES as u64) as usize;
+                partition(&c, &urls, Some(victim)).await;
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                partition(&c, &urls, None).await;
+                faults += 1;
+            }
+            _ => {}
+        }
+    }
+    partition(&c, &urls, None).await;
+    while let Some(r) = clients.join_next().await {
+        r.unwrap();
+    }
+    let history = history.lock().unwrap().clone();
+    let acked = history.iter().filter(|e| !matches!(e.op, Op::Read)).count();
+    println!(
+        "{} operations ({acked} writes), {faults} faults injected",
+        history.len()
+    );
+    assert!(faults >= 3, "faults injected: {faults}");
+    assert!(
+        history.len() >= 30,
+        "operations recorded: {}",
+        history.len()
+    );
+    for key in [1, 2] {
+        let h: Vec<Event> = history.iter().filter(|e| e.key == key).cloned().collect();
+        assert!(linearizable(&h), "key {key} is not linearizable:\n{h:#?}");
+    }
+}
+
+async fn leader_index(c: &reqwest::Client, urls: &[String]) -> Option<usize> {
+    for url in urls {
+        if let Ok(r) = c.get(format!("{url}/directory/v1/cluster")).send().await {
+            if let Ok(v) = r.json::<Value>().await {
+                if let Some(l) = v["leader"].as_u64() {
+                    return Some(l as usize - 1);
+                }
+            }
+        }
+    }
+    None
+}
