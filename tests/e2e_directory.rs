@@ -392,6 +392,29 @@ async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members(
             .status(),
         403
     );
+    // Pinned, the session refuses to move; unpinned, it moves.
+    let pin = |pinned: bool| {
+        http.post(format!("{leader}/admin/v1/sessions/root/pin"))
+            .bearer_auth(common::ADMIN_TOKEN)
+            .json(&json!({"pinned": pinned}))
+            .send()
+    };
+    assert_eq!(pin(true).await.unwrap().status(), 200);
+    let refused: Value = http
+        .post(format!("{leader}/admin/v1/sessions/root/transfer"))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&json!({"lease": b}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        refused["outcome"]["Rejected"]["Pinned"].is_string(),
+        "{refused}"
+    );
+    assert_eq!(pin(false).await.unwrap().status(), 200);
     let transfer = http
         .post(format!("{leader}/admin/v1/sessions/root/transfer"))
         .bearer_auth(common::ADMIN_TOKEN)
@@ -527,4 +550,20 @@ async fn a_router_records_ownership_in_a_remote_cluster() {
         assert!(Instant::now() < deadline, "session never recorded: {state}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_follower_forwards_writes_to_the_leader() {
+    let c = Cluster::start(3, "forward");
+    let leader = c.leader().await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let resp = client()
+        .post(format!("{}/directory/v1/commands", c.url(follower)))
+        .json(&json!({"command": {"GrantLease": {"worker": 3, "ttl_ms": 60_000}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
 }

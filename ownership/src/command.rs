@@ -85,6 +85,13 @@ pub enum Command {
     },
     /// Ends a session, dropping its reference to its prefix.
     EndSession { session: SessionId, epoch: Epoch },
+    /// Pins (or unpins) a session to its decode owner: while pinned, it is not moved to
+    /// another worker (expiry of its owner still moves or ends it). Fenced by its epoch.
+    PinSession {
+        session: SessionId,
+        epoch: Epoch,
+        pinned: bool,
+    },
     /// Advances time: expires leases past their TTL plus grace and cascades.
     Tick,
     /// Several commands in one entry (one Raft round trip, one fsync), applied in order;

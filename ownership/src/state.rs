@@ -60,6 +60,9 @@ pub struct Session {
     pub parent: Option<SessionId>,
     pub predicted_tool_gap_ms: Option<u64>,
     pub last_access_ms: u64,
+    /// Operator pin: the session stays on its decode owner.
+    #[serde(default)]
+    pub pinned: bool,
 }
 
 /// The directory.

@@ -75,6 +75,11 @@ enum Op {
         session: u8,
         cas: Cas,
     },
+    Pin {
+        session: u8,
+        cas: Cas,
+        pinned: bool,
+    },
     /// Re-sends the previous command with the same idempotency key.
     Retry,
     /// Several of the above in one entry.
@@ -109,6 +114,7 @@ fn single_op() -> impl Strategy<Value = Op> {
             .prop_map(|(session, slot, prefix, cas)| Op::SetDecodeOwner { session, slot, prefix, cas }),
         2 => (0u8..4, 0u8..4, slot, cas()).prop_map(|(parent, child, slot, cas)| Op::Fork { parent, child, slot, cas }),
         1 => (0u8..4, cas()).prop_map(|(session, cas)| Op::End { session, cas }),
+        1 => (0u8..4, cas(), any::<bool>()).prop_map(|(session, cas, pinned)| Op::Pin { session, cas, pinned }),
         1 => Just(Op::Retry),
     ]
 }
@@ -222,6 +228,15 @@ fn command(d: &Directory, granted: &[LeaseId], op: &Op) -> Command {
             session: session(s),
             epoch: session_epoch(&session(s), cas),
         },
+        Op::Pin {
+            session: s,
+            cas,
+            pinned,
+        } => Command::PinSession {
+            session: session(s),
+            epoch: session_epoch(&session(s), cas),
+            pinned,
+        },
         Op::Batch(ref ops) => Command::Batch {
             commands: ops.iter().map(|o| command(d, granted, o)).collect(),
         },
@@ -269,6 +284,7 @@ fn fence(cmd: &Command) -> Option<(Key, Epoch)> {
             ..
         } => Some((Key::Session(parent.clone()), *parent_epoch)),
         Command::EndSession { session, epoch } => Some((Key::Session(session.clone()), *epoch)),
+        Command::PinSession { session, epoch, .. } => Some((Key::Session(session.clone()), *epoch)),
         _ => None,
     }
 }

@@ -72,6 +72,8 @@ pub enum Rejection {
     StaleRetry { given: u64, last: u64 },
     #[error("a batch holds at most {max} commands and no batches")]
     BadBatch { max: usize },
+    #[error("session {0:?} is pinned to its worker")]
+    Pinned(SessionId),
 }
 
 impl Rejection {
@@ -187,6 +189,11 @@ impl Directory {
                 session,
                 epoch: given,
             } => self.end_session(session, *given),
+            Command::PinSession {
+                session,
+                epoch: given,
+                pinned,
+            } => self.pin_session(session, *given, *pinned),
             Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
         }
     }

@@ -48,6 +48,11 @@ impl Directory {
                 return Rejection::StaleEpoch { current, given }.into();
             }
         }
+        if existing.is_some_and(|(_, o, _)| o.is_some_and(|o| o.lease != lease))
+            && self.sessions.get(id).is_some_and(|s| s.pinned)
+        {
+            return Rejection::Pinned(id.clone()).into();
+        }
         let owner = match existing {
             Some((_, Some(o), _)) if o.lease == lease => o,
             Some((_, Some(o), _)) if expect_epoch.is_none() && self.lease_live(o.lease) => {
@@ -83,6 +88,7 @@ impl Directory {
             parent: None,
             predicted_tool_gap_ms: None,
             last_access_ms: now,
+            pinned: false,
         });
         session.owner = Some(owner);
         session.epoch = owner.epoch;
@@ -140,9 +146,31 @@ impl Directory {
                 parent: Some(parent.clone()),
                 predicted_tool_gap_ms: None,
                 last_access_ms: now,
+                pinned: false,
             },
         );
         Outcome::Owned { worker, epoch }
+    }
+
+    pub(super) fn pin_session(&mut self, id: &SessionId, given: Epoch, pinned: bool) -> Outcome {
+        match self.sessions.get_mut(id) {
+            None => Rejection::UnknownSession(id.clone()).into(),
+            Some(s) if s.epoch != given => Rejection::StaleEpoch {
+                current: s.epoch,
+                given,
+            }
+            .into(),
+            Some(s) => {
+                s.pinned = pinned;
+                match s.owner {
+                    Some(o) => Outcome::Owned {
+                        worker: o.worker,
+                        epoch: o.epoch,
+                    },
+                    None => Outcome::Released,
+                }
+            }
+        }
     }
 
     pub(super) fn end_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {

@@ -410,3 +410,44 @@ fn a_batch_applies_in_order_with_an_epoch_per_command() {
         })
     );
 }
+
+#[test]
+fn a_pinned_session_stays_on_its_worker_until_unpinned() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let b = log.lease(W1, 60_000);
+    let s = SessionId("s".into());
+    let set = |lease, expect_epoch| Command::SetDecodeOwner {
+        session: s.clone(),
+        lease,
+        prefix: None,
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch,
+    };
+    let Outcome::Owned { epoch, .. } = log.run(set(a, None)) else {
+        panic!()
+    };
+    let pin = |pinned| Command::PinSession {
+        session: s.clone(),
+        epoch,
+        pinned,
+    };
+    assert!(matches!(
+        log.run(pin(true)),
+        Outcome::Owned { worker: W0, .. }
+    ));
+    assert_eq!(
+        log.run(set(b, Some(epoch))),
+        Outcome::Rejected(Rejection::Pinned(s.clone()))
+    );
+    assert!(
+        matches!(log.run(set(a, None)), Outcome::Owned { worker: W0, .. }),
+        "its own worker may update it"
+    );
+    log.run(pin(false));
+    assert!(matches!(
+        log.run(set(b, Some(epoch))),
+        Outcome::Owned { worker: W1, .. }
+    ));
+}

@@ -9,15 +9,16 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use openraft::error::RaftError;
 use openraft::BasicNode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use ownerserve_ownership::ids::{LeaseId, SessionId};
+use ownerserve_ownership::ids::{LeaseId, PrefixKey, SessionId};
 use ownerserve_ownership::raft::NodeId;
+use ownerserve_ownership::state::{Artifact, Lease, Session};
 use ownerserve_ownership::{Command, Directory};
 
 use super::http::{error, forward};
@@ -27,9 +28,12 @@ use crate::auth::{self, Tokens};
 pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
     Router::new()
         .route("/admin/v1/owners", get(owners))
+        .route("/admin/v1/owners/{key}", get(owner))
         .route("/admin/v1/leases", get(leases))
-        .route("/admin/v1/leases/{id}", delete(revoke))
+        .route("/admin/v1/leases/{id}", get(lease).delete(revoke))
         .route("/admin/v1/sessions", get(sessions))
+        .route("/admin/v1/sessions/{id}", get(session))
+        .route("/admin/v1/sessions/{id}/pin", post(pin_session))
         .route("/admin/v1/sessions/{id}/release", post(release_session))
         .route("/admin/v1/sessions/{id}/transfer", post(transfer_session))
         .route("/admin/v1/cluster", get(cluster))
@@ -40,10 +44,13 @@ pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
         .with_state(node)
 }
 
-/// Runs `f` on the state after a linearizable read barrier.
-async fn read(n: &Node, f: impl FnOnce(&Directory) -> Value) -> Response {
+/// Runs `f` on the state after a linearizable read barrier; `None` is a 404 for `what`.
+async fn read(n: &Node, what: &str, f: impl FnOnce(&Directory) -> Option<Value>) -> Response {
     match n.raft.ensure_linearizable().await {
-        Ok(_) => Json(n.machine.read(|s| f(&s.directory))).into_response(),
+        Ok(_) => match n.machine.read(|s| f(&s.directory)) {
+            Some(v) => Json(v).into_response(),
+            None => error(StatusCode::NOT_FOUND, format!("no {what}"), json!({})),
+        },
         Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
             forward(n, f.leader_id)
         }
@@ -63,34 +70,61 @@ async fn propose(n: &Node, command: Command) -> Response {
     }
 }
 
+fn owner_row(k: &PrefixKey, a: &Artifact) -> Value {
+    json!({"key": k.0, "owner": a.owner, "epoch": a.epoch, "parent": a.parent,
+           "blocks": a.blocks, "locations": a.locations, "ref_count": a.ref_count,
+           "needs_recompute": a.needs_recompute})
+}
+
+fn lease_row(d: &Directory, id: &LeaseId, l: &Lease) -> Value {
+    let remaining = (l.expires_at_ms + d.grace_ms).saturating_sub(d.now_ms);
+    json!({"id": id.0, "worker": l.worker, "ttl_ms": l.ttl_ms,
+           "remaining_ms": remaining, "keys": l.keys})
+}
+
+fn session_row(d: &Directory, id: &SessionId, s: &Session) -> Value {
+    let forks: Vec<&str> = d
+        .sessions
+        .iter()
+        .filter(|(_, c)| c.parent.as_ref() == Some(id))
+        .map(|(c, _)| c.0.as_str())
+        .collect();
+    json!({"id": id.0, "owner": s.owner, "epoch": s.epoch, "prefix": s.prefix,
+           "tail_tokens": s.tail_tokens, "parent": s.parent, "forks": forks,
+           "pinned": s.pinned, "predicted_tool_gap_ms": s.predicted_tool_gap_ms})
+}
+
 async fn owners(State(n): State<Arc<Node>>) -> Response {
-    read(&n, |d| {
-        let rows: Vec<Value> = d
-            .artifacts
-            .iter()
-            .map(|(k, a)| {
-                json!({"key": k.0, "owner": a.owner, "epoch": a.epoch, "parent": a.parent,
-                       "blocks": a.blocks, "locations": a.locations, "ref_count": a.ref_count,
-                       "needs_recompute": a.needs_recompute})
-            })
-            .collect();
-        json!({"owners": rows})
+    read(&n, "owners", |d| {
+        Some(
+            json!({"owners": d.artifacts.iter().map(|(k, a)| owner_row(k, a)).collect::<Vec<_>>()}),
+        )
+    })
+    .await
+}
+
+async fn owner(State(n): State<Arc<Node>>, Path(key): Path<u64>) -> Response {
+    read(&n, &format!("prefix {key}"), |d| {
+        d.artifacts
+            .get(&PrefixKey(key))
+            .map(|a| owner_row(&PrefixKey(key), a))
     })
     .await
 }
 
 async fn leases(State(n): State<Arc<Node>>) -> Response {
-    read(&n, |d| {
-        let rows: Vec<Value> = d
-            .leases
-            .iter()
-            .map(|(id, l)| {
-                let remaining = (l.expires_at_ms + d.grace_ms).saturating_sub(d.now_ms);
-                json!({"id": id.0, "worker": l.worker, "ttl_ms": l.ttl_ms,
-                       "remaining_ms": remaining, "keys": l.keys})
-            })
-            .collect();
-        json!({"leases": rows, "now_ms": d.now_ms})
+    read(&n, "leases", |d| {
+        let rows: Vec<Value> = d.leases.iter().map(|(id, l)| lease_row(d, id, l)).collect();
+        Some(json!({"leases": rows, "now_ms": d.now_ms}))
+    })
+    .await
+}
+
+async fn lease(State(n): State<Arc<Node>>, Path(id): Path<u64>) -> Response {
+    read(&n, &format!("lease {id}"), |d| {
+        d.leases
+            .get(&LeaseId(id))
+            .map(|l| lease_row(d, &LeaseId(id), l))
     })
     .await
 }
@@ -100,25 +134,45 @@ async fn revoke(State(n): State<Arc<Node>>, Path(id): Path<u64>) -> Response {
 }
 
 async fn sessions(State(n): State<Arc<Node>>) -> Response {
-    read(&n, |d| {
-        let rows: Vec<Value> = d
-            .sessions
-            .iter()
-            .map(|(id, s)| {
-                let forks: Vec<&str> = d
-                    .sessions
-                    .iter()
-                    .filter(|(_, c)| c.parent.as_ref() == Some(id))
-                    .map(|(c, _)| c.0.as_str())
-                    .collect();
-                json!({"id": id.0, "owner": s.owner, "epoch": s.epoch, "prefix": s.prefix,
-                       "tail_tokens": s.tail_tokens, "parent": s.parent, "forks": forks,
-                       "predicted_tool_gap_ms": s.predicted_tool_gap_ms})
-            })
-            .collect();
-        json!({"sessions": rows})
+    read(&n, "sessions", |d| {
+        Some(json!({"sessions": d.sessions.iter().map(|(id, s)| session_row(d, id, s)).collect::<Vec<_>>()}))
     })
     .await
+}
+
+async fn session(State(n): State<Arc<Node>>, Path(id): Path<String>) -> Response {
+    let id = SessionId(id);
+    read(&n, &format!("session {}", id.0), |d| {
+        d.sessions.get(&id).map(|s| session_row(d, &id, s))
+    })
+    .await
+}
+
+#[derive(Deserialize)]
+struct Pin {
+    pinned: bool,
+}
+
+async fn pin_session(
+    State(n): State<Arc<Node>>,
+    Path(id): Path<String>,
+    Json(p): Json<Pin>,
+) -> Response {
+    let id = SessionId(id);
+    match session_now(&n, &id).await {
+        Ok((epoch, _, _)) => {
+            propose(
+                &n,
+                Command::PinSession {
+                    session: id,
+                    epoch,
+                    pinned: p.pinned,
+                },
+            )
+            .await
+        }
+        Err(r) => r,
+    }
 }
 
 /// The session's current epoch, prefix and tail, read linearizably.
@@ -247,9 +301,12 @@ async fn openapi() -> Response {
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
         "paths": {
             "/admin/v1/owners": {"get": op("Prefix artifacts with owner, epoch, locations and ref counts", "read")},
+            "/admin/v1/owners/{key}": {"get": op("One prefix artifact", "read")},
             "/admin/v1/leases": {"get": op("Leases with remaining TTL and attached keys", "read")},
-            "/admin/v1/leases/{id}": {"delete": op("Revoke a lease (its keys cascade as on expiry)", "admin")},
+            "/admin/v1/leases/{id}": {"get": op("One lease", "read"), "delete": op("Revoke a lease (its keys cascade as on expiry)", "admin")},
             "/admin/v1/sessions": {"get": op("Sessions with decode owner and fork tree", "read")},
+            "/admin/v1/sessions/{id}": {"get": op("One session with its forks", "read")},
+            "/admin/v1/sessions/{id}/pin": {"post": op("Pin (or unpin) a session to its worker; body {pinned}", "admin")},
             "/admin/v1/sessions/{id}/release": {"post": op("End a session", "admin")},
             "/admin/v1/sessions/{id}/transfer": {"post": op("Move a session to another lease's worker; body {lease}", "admin")},
             "/admin/v1/cluster": {"get": op("Raft status: leader, term, indexes, voters, learners", "read")},

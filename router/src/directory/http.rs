@@ -73,12 +73,48 @@ pub fn forward(n: &Node, leader: Option<NodeId>) -> Response {
     )
 }
 
-async fn command(State(n): State<Arc<Node>>, Json(req): Json<CommandRequest>) -> Response {
+/// Marks a write already forwarded once, so a stale leader view cannot bounce it around.
+const FORWARDED: &str = "x-ownerserve-forwarded";
+
+async fn command(
+    State(n): State<Arc<Node>>,
+    headers: axum::http::HeaderMap,
+    Json(req): Json<CommandRequest>,
+) -> Response {
+    let body = json!({"client": req.client, "command": req.command});
     match n.propose(req.command, req.client).await {
         Ok(resp) => {
             Json(json!({"outcome": resp.data, "log_index": resp.log_id.index})).into_response()
         }
-        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => forward(&n, f.leader_id),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+            let leader = f
+                .leader_id
+                .and_then(|l| n.nodes.get(&l))
+                .map(|b| b.addr.clone());
+            match leader {
+                // Forward once to the leader and relay its answer; the client's (client, seq)
+                // makes a retry of the same command safe if this hop fails midway.
+                Some(addr) if !headers.contains_key(FORWARDED) => {
+                    let sent = n
+                        .forwarder
+                        .post(format!("http://{addr}/directory/v1/commands"))
+                        .header(FORWARDED, "1")
+                        .json(&body)
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(r) => {
+                            let status = StatusCode::from_u16(r.status().as_u16())
+                                .unwrap_or(StatusCode::BAD_GATEWAY);
+                            let v: serde_json::Value = r.json().await.unwrap_or_default();
+                            (status, Json(v)).into_response()
+                        }
+                        Err(_) => forward(&n, f.leader_id),
+                    }
+                }
+                _ => forward(&n, f.leader_id),
+            }
+        }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
     }
 }

@@ -4,7 +4,8 @@
 //! `tick_ms` so expired leases cascade.
 //!
 //! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
-//! log_index}` (followers answer 421 with the leader's address); `GET /directory/v1/state`
+//! log_index}` (a follower forwards it to the leader once; if it cannot, it answers 421
+//! with the leader's address); `GET /directory/v1/state`
 //! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`; and the
 //! operator API under `/admin/v1` (bearer tokens; see `admin`).
 
@@ -97,6 +98,8 @@ pub struct Node {
     pub nodes: BTreeMap<NodeId, BasicNode>,
     /// The network's fault layer (only driven when fault injection is enabled).
     pub faults: ownerserve_ownership::raft::network::Faults,
+    /// Client for forwarding writes that reach a follower to the leader.
+    pub forwarder: reqwest::Client,
 }
 
 impl Node {
@@ -165,6 +168,10 @@ impl Node {
             machine,
             nodes: s.nodes.clone(),
             faults,
+            forwarder: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
         });
         if s.init {
             match node.raft.initialize(s.nodes).await {
