@@ -117,48 +117,73 @@ fn step(s: State, op: Op, ret: Ret) -> Option<State> {
     }
 }
 
-/// Whether one key's history has a linearization (Wing & Gong, with memoization).
+/// Whether one key's history has a linearization (Wing & Gong, with memoization). The
+/// search is iterative: a history of thousands of operations would overflow the stack of
+/// a recursive one.
 fn linearizable(history: &[Event]) -> bool {
-    fn search(
-        h: &[Event],
-        done: &mut Vec<bool>,
+    /// One level of the search: the state reached so far, the latest invocation that may
+    /// go next (no operation can follow the earliest pending response) and the next
+    /// candidate to try.
+    struct Frame {
         state: State,
-        seen: &mut HashSet<(Vec<bool>, State)>,
-    ) -> bool {
-        if done.iter().all(|d| *d) {
-            return true;
-        }
-        if !seen.insert((done.clone(), state)) {
-            return false;
-        }
-        // Only operations invoked before the earliest pending response may go next.
-        let horizon = h
+        horizon: Duration,
+        next: usize,
+    }
+    let mut history = history.to_vec();
+    history.sort_by_key(|e| e.invoke);
+    let history = &history[..];
+    let frame = |state: State, done: &[bool]| Frame {
+        state,
+        horizon: history
             .iter()
-            .zip(done.iter())
+            .zip(done)
             .filter(|(_, d)| !**d)
             .map(|(e, _)| e.response)
             .min()
-            .unwrap_or_default();
-        for i in 0..h.len() {
-            if done[i] || h[i].invoke > horizon {
-                continue;
-            }
-            if let Some(next) = step(state, h[i].op, h[i].ret) {
-                done[i] = true;
-                if search(h, done, next, seen) {
-                    return true;
-                }
-                done[i] = false;
+            .unwrap_or_default(),
+        next: 0,
+    };
+    let mut done = vec![false; history.len()];
+    let mut chosen = Vec::with_capacity(history.len());
+    let mut seen = HashSet::new();
+    if history.is_empty() {
+        return true;
+    }
+    let mut stack = vec![frame(NEVER_CLAIMED, &done)];
+    while let Some(top) = stack.last_mut() {
+        let mut found = None;
+        while top.next < history.len() && found.is_none() {
+            let (i, e) = (top.next, &history[top.next]);
+            top.next += 1;
+            if e.invoke > top.horizon {
+                // Sorted by invocation: no later operation may go next either.
+                top.next = history.len();
+            } else if !done[i] {
+                found = step(top.state, e.op, e.ret).map(|s| (i, s));
             }
         }
-        false
+        match found {
+            Some((i, state)) => {
+                done[i] = true;
+                if chosen.len() + 1 == history.len() {
+                    return true;
+                }
+                if seen.insert((done.clone(), state)) {
+                    chosen.push(i);
+                    stack.push(frame(state, &done));
+                } else {
+                    done[i] = false;
+                }
+            }
+            None => {
+                stack.pop();
+                if let Some(i) = chosen.pop() {
+                    done[i] = false;
+                }
+            }
+        }
     }
-    search(
-        history,
-        &mut vec![false; history.len()],
-        NEVER_CLAIMED,
-        &mut HashSet::new(),
-    )
+    false
 }
 
 fn ev(op: Op, ret: Ret, invoke_ms: u64, response_ms: u64) -> Event {
@@ -206,6 +231,16 @@ fn the_checker_accepts_linearizable_and_rejects_broken_histories() {
         ev(Op::Release { epoch: 9 }, Ret::Released, 2, 3),
     ];
     assert!(!linearizable(&bad_release));
+    // Long histories (a fault run records thousands of operations per key) are checked
+    // without exhausting the stack, and a violation at the very end is still found.
+    let mut long: Vec<Event> = (0..5_000)
+        .map(|t| ev(Op::Read, Ret::Unknown, 2 * t, 2 * t + 1))
+        .collect();
+    long.iter_mut()
+        .for_each(|e| e.op = Op::Release { epoch: 0 });
+    assert!(linearizable(&long));
+    long.push(ev(Op::Read, Ret::Read(Some(1), 10), 10_000, 10_001));
+    assert!(!linearizable(&long));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ use ownerserve_shim::openai::{self, Endpoint};
 use crate::directory_client::DirectoryClient;
 use crate::registry::Registry;
 
+/// Most records kept while their worker waits for a lease.
+const MAX_WAITING: usize = 10_000;
+
 /// One routed request to record.
 pub struct Routed {
     pub worker: WorkerId,
@@ -152,9 +155,19 @@ async fn run(
                 if pending.is_empty() {
                     continue;
                 }
-                let commands: Vec<Command> = pending
-                    .drain(..)
-                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(&r, l, s.block_size)))
+                // Records of a worker whose lease is not granted yet (the directory may still
+                // be electing a leader) wait for it, up to a bound.
+                let (ready, waiting): (Vec<Routed>, Vec<Routed>) =
+                    pending.drain(..).partition(|r| leases.contains_key(&r.worker));
+                pending = waiting;
+                if pending.len() > MAX_WAITING {
+                    let dropped = pending.len() - MAX_WAITING;
+                    pending.drain(..dropped);
+                    tracing::warn!(dropped, "ownership records dropped: no directory lease yet");
+                }
+                let commands: Vec<Command> = ready
+                    .iter()
+                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(r, l, s.block_size)))
                     .flatten()
                     .collect();
                 for chunk in commands.chunks(ownerserve_ownership::command::MAX_BATCH) {

@@ -153,15 +153,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.get_meta("vote", StorageIOError::read_vote)
     }
 
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
-        self.put_meta("committed", &committed, StorageIOError::write_logs)
-    }
-
-    async fn read_committed(&mut self) -> StoreResult<Option<LogId<NodeId>>> {
-        Ok(self
-            .get_meta::<Option<LogId<NodeId>>>("committed", StorageIOError::read_logs)?
-            .flatten())
-    }
+    // `save_committed` / `read_committed` keep openraft's defaults (not persisted): saving
+    // them would cost an fsync per commit on every node, and after a restart the commit
+    // index is learned again from the quorum. (Persisting it with a non-durable redb commit
+    // instead lost acknowledged entries under kill -9: tests/e2e_directory.rs caught it.)
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StoreResult<()>
     where

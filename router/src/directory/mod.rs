@@ -173,6 +173,7 @@ impl Node {
                 .build()
                 .unwrap_or_default(),
         });
+        let single = s.nodes.len() == 1 && s.nodes.contains_key(&s.id);
         if s.init {
             match node.raft.initialize(s.nodes).await {
                 Ok(()) => {}
@@ -182,6 +183,15 @@ impl Node {
                 )) => {}
                 Err(e) => return Err(e).context("cannot initialise the cluster"),
             }
+        }
+        if single {
+            // A one-node cluster (embedded in the router) elects itself; wait for that so the
+            // first requests find a working directory.
+            node.raft
+                .wait(Some(Duration::from_secs(10)))
+                .current_leader(s.id, "single node elects itself")
+                .await
+                .context("the embedded directory did not elect itself")?;
         }
         let (ticking, cancel) = (node.clone(), cancel.clone());
         let every = Duration::from_millis(s.tick_ms.max(10));
