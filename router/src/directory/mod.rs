@@ -42,8 +42,14 @@ pub struct DirectoryArgs {
     /// Folder for the Raft log and snapshots (created if missing).
     #[arg(long, env = "OWNERSERVE_DIRECTORY_DATA_DIR")]
     data_dir: PathBuf,
-    /// A cluster member `ID=HOST:PORT` (repeat for every member, this node included).
-    #[arg(long = "peer")]
+    /// Cluster members `ID=HOST:PORT`, this node included: repeat `--peer`, or give a
+    /// comma-separated list to `--peers`.
+    #[arg(
+        long = "peer",
+        visible_alias = "peers",
+        value_delimiter = ',',
+        env = "OWNERSERVE_DIRECTORY_PEERS"
+    )]
     peers: Vec<String>,
     /// Initialise the cluster with the given peers (safe to repeat on restart).
     #[arg(long)]
@@ -265,4 +271,40 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
     tracker.wait().await;
     node.raft.shutdown().await.ok();
     served.context("directory server failed")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: DirectoryArgs,
+    }
+
+    #[test]
+    fn peers_come_repeated_or_comma_separated_and_bad_ones_are_named() {
+        let flags = Flags::try_parse_from([
+            "directory",
+            "--id=1",
+            "--listen=127.0.0.1:7001",
+            "--data-dir=d",
+            "--peers=1=127.0.0.1:7001,2=127.0.0.1:7002",
+            "--peer=3=127.0.0.1:7003",
+        ])
+        .unwrap();
+        let nodes = parse_peers(&flags.args.peers).unwrap();
+        assert_eq!(nodes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(nodes[&2].addr, "127.0.0.1:7002");
+        let bad = parse_peers(&["2=nowhere".to_string()]).unwrap_err();
+        assert!(
+            format!("{bad:#}").contains("`2=nowhere`: bad address"),
+            "{bad:#}"
+        );
+    }
 }
