@@ -14,6 +14,7 @@
 pub mod hash;
 pub mod ids;
 pub mod kv_index;
+pub mod kv_state;
 pub mod policy;
 pub mod roofline;
 pub mod spec;

@@ -12,6 +12,20 @@ pub enum Attention {
     Gqa { kv_heads: u32 },
     /// Multi-head latent attention: one compressed latent plus a RoPE key per layer.
     Mla { kv_lora_rank: u32, qk_rope_dim: u32 },
+    /// DeepSeek-V4-style hybrid attention (see `kv_state`): CSA layers keep one compressed
+    /// entry (plus an indexer key) per `csa_ratio` tokens, HCA layers one per `hca_ratio`
+    /// tokens, and every layer keeps the last `swa_window` tokens uncompressed.
+    Hybrid {
+        csa_layers: u32,
+        hca_layers: u32,
+        csa_ratio: u32,
+        hca_ratio: u32,
+        /// Elements per compressed or uncompressed entry per layer.
+        entry_dim: u32,
+        /// Elements per CSA indexer key.
+        indexer_dim: u32,
+        swa_window: u32,
+    },
 }
 
 /// Mixture-of-experts shape.
@@ -74,6 +88,8 @@ pub enum SpecError {
     },
     #[error("{field} must be positive, got {value}")]
     NotPositive { field: &'static str, value: f64 },
+    #[error("hybrid attention: {csa} CSA + {hca} HCA layers, but the model has {layers}")]
+    LayerCount { csa: u32, hca: u32, layers: u32 },
     #[error(
         "{model} needs {weights_gb:.1} GB of weights but {gpus}x {gpu} offer {usable_gb:.1} GB \
          at this memory utilization: no room for KV cache"
@@ -99,6 +115,10 @@ const MODEL_PRESETS: &[(&str, &str)] = &[
     (
         "deepseek-v3",
         include_str!("../../configs/models/deepseek-v3.toml"),
+    ),
+    (
+        "hybrid-v4-like",
+        include_str!("../../configs/models/hybrid-v4-like.toml"),
     ),
 ];
 
@@ -150,19 +170,55 @@ impl ModelSpec {
         positive("weight_bytes_per_param", spec.weight_bytes_per_param)?;
         positive("kv_bytes_per_element", spec.kv_bytes_per_element)?;
         positive("layers", f64::from(spec.layers))?;
+        if let Attention::Hybrid {
+            csa_layers,
+            hca_layers,
+            csa_ratio,
+            hca_ratio,
+            entry_dim,
+            ..
+        } = spec.attention
+        {
+            positive("attention.csa_ratio", f64::from(csa_ratio))?;
+            positive("attention.hca_ratio", f64::from(hca_ratio))?;
+            positive("attention.entry_dim", f64::from(entry_dim))?;
+            if csa_layers + hca_layers != spec.layers {
+                return Err(SpecError::LayerCount {
+                    csa: csa_layers,
+                    hca: hca_layers,
+                    layers: spec.layers,
+                });
+            }
+        }
         Ok(spec)
     }
 
     /// KV-cache bytes one token occupies across all layers.
     pub fn kv_bytes_per_token(&self) -> f64 {
-        let per_layer = match self.attention {
-            Attention::Gqa { kv_heads } => 2.0 * f64::from(kv_heads) * f64::from(self.head_dim),
+        let elements = match self.attention {
+            Attention::Gqa { kv_heads } => {
+                2.0 * f64::from(kv_heads) * f64::from(self.head_dim) * f64::from(self.layers)
+            }
             Attention::Mla {
                 kv_lora_rank,
                 qk_rope_dim,
-            } => f64::from(kv_lora_rank + qk_rope_dim),
+            } => f64::from(kv_lora_rank + qk_rope_dim) * f64::from(self.layers),
+            // The long-run average: compressed entries amortised over the tokens they
+            // cover. The window and the tail are a bounded amount per sequence on top.
+            Attention::Hybrid {
+                csa_layers,
+                hca_layers,
+                csa_ratio,
+                hca_ratio,
+                entry_dim,
+                indexer_dim,
+                ..
+            } => {
+                f64::from(csa_layers) * f64::from(entry_dim + indexer_dim) / f64::from(csa_ratio)
+                    + f64::from(hca_layers) * f64::from(entry_dim) / f64::from(hca_ratio)
+            }
         };
-        per_layer * f64::from(self.layers) * self.kv_bytes_per_element
+        elements * self.kv_bytes_per_element
     }
 
     /// Bytes of all weights.
@@ -302,5 +358,23 @@ mod tests {
     fn unknown_preset_names_the_known_ones() {
         let err = ModelSpec::preset("gpt-9").unwrap_err().to_string();
         assert!(err.contains("llama-3.1-8b"), "{err}");
+    }
+
+    #[test]
+    fn a_hybrid_whose_layer_kinds_do_not_add_up_is_refused() {
+        let text = include_str!("../../configs/models/hybrid-v4-like.toml")
+            .replace("hca_layers = 31", "hca_layers = 30");
+        let err = ModelSpec::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("30 CSA + 30 HCA layers, but the model has 61"),
+            "{err}"
+        );
+        let text = include_str!("../../configs/models/hybrid-v4-like.toml")
+            .replace("hca_ratio = 128", "hca_ratio = 0");
+        let err = ModelSpec::from_toml(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("attention.hca_ratio must be positive"),
+            "{err}"
+        );
     }
 }
