@@ -90,6 +90,18 @@ impl ModelSpec {
         }
     }
 
+    /// Of a sealed prefix of `sealed_tokens`, the tokens whose state needs no recompute
+    /// when work resumes from it elsewhere: all of them for dense and MLA models; for
+    /// hybrid ones all but the last window, which the sealed artifact does not carry.
+    pub fn resume_point(&self, sealed_tokens: u64) -> u64 {
+        match self.attention {
+            Attention::Gqa { .. } | Attention::Mla { .. } => sealed_tokens,
+            Attention::Hybrid { swa_window, .. } => {
+                sealed_tokens.saturating_sub(u64::from(swa_window))
+            }
+        }
+    }
+
     /// The state of a `tokens`-long prefix, by kind.
     pub fn prefix_state(&self, tokens: u64, block_size: u32) -> PrefixState {
         let unit = self.seal_unit(block_size);

@@ -15,6 +15,7 @@ pub mod hash;
 pub mod ids;
 pub mod kv_index;
 pub mod kv_state;
+pub mod plan;
 pub mod policy;
 pub mod roofline;
 pub mod spec;

@@ -1,0 +1,224 @@
+//! Which candidates a step has, and what each costs.
+
+use crate::ids::{Role, WorkerId};
+use crate::roofline::{prefill_pairs, StepWork};
+
+use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker};
+
+/// Every candidate `(action, workers)` for the step.
+pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
+    let p = Pricing { input };
+    let owner = input
+        .decode_owner
+        .and_then(|d| input.workers.iter().find(|w| w.id == d));
+    let artifact_owner = input
+        .artifact
+        .and_then(|a| input.workers.iter().find(|w| w.id == a.owner && w.healthy));
+    // Where the session can decode: its owner while it takes work, else anywhere.
+    let decoders: Vec<&PlanWorker> = match owner {
+        Some(d) if d.takes_work() => vec![d],
+        _ => input
+            .workers
+            .iter()
+            .filter(|w| w.takes_work() && w.role.serves_full_requests())
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for d in &decoders {
+        // Moving the session onto the artifact's owner is what tail_recompute prices.
+        if input.decode_owner == Some(d.id) || artifact_owner.is_none_or(|o| o.id != d.id) {
+            out.push(p.colocate(d));
+        }
+        for pre in input.workers.iter().filter(|w| {
+            w.id != d.id && w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid)
+        }) {
+            out.push(p.remote_prefill(pre, d));
+        }
+        if let Some(o) = artifact_owner {
+            if o.id != d.id {
+                out.extend(p.artifact_fetch(o, d));
+            }
+        }
+    }
+    if let Some(o) = artifact_owner {
+        if o.takes_work() && o.role.serves_full_requests() && input.decode_owner != Some(o.id) {
+            out.push(p.tail_recompute(o));
+        }
+    }
+    if let Some(d) = owner.filter(|d| d.healthy) {
+        for t in input
+            .workers
+            .iter()
+            .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
+        {
+            out.push(p.migrate(d, t));
+        }
+    }
+    out
+}
+
+struct Pricing<'a, 'b> {
+    input: &'a PlanInput<'b>,
+}
+
+impl Pricing<'_, '_> {
+    fn prompt(&self) -> u64 {
+        self.input.prompt_tokens
+    }
+
+    /// Bytes of the whole state of the first `tokens` prompt tokens.
+    fn state_bytes(&self, tokens: u64) -> f64 {
+        self.input
+            .model
+            .prefix_state(tokens, self.input.block_size)
+            .total_bytes()
+    }
+
+    /// Bytes of the sealed artifacts covering tokens `from..to`.
+    fn sealed_bytes(&self, from: u64, to: u64) -> f64 {
+        let sealed = |t| {
+            self.input
+                .model
+                .prefix_state(t, self.input.block_size)
+                .sealed_bytes()
+        };
+        (sealed(to) - sealed(from)).max(0.0)
+    }
+
+    /// Tokens computed when `reused` leading tokens need no compute; at least one, as
+    /// engines recompute the last prompt token to sample from it.
+    fn to_compute(&self, reused: u64) -> u64 {
+        self.prompt()
+            .saturating_sub(reused)
+            .max(1)
+            .min(self.prompt().max(1))
+    }
+
+    fn prefill_s(&self, w: &PlanWorker, new: u64) -> f64 {
+        let context = self.prompt().saturating_sub(new);
+        let work = StepWork {
+            prefill_tokens: new,
+            prefill_attention_pairs: prefill_pairs(new, context),
+            prefill_context_tokens: context,
+            ..StepWork::default()
+        };
+        w.roofline.step_time(self.input.model, &work).total_s
+    }
+
+    fn transfer_s(&self, from: WorkerId, to: &PlanWorker, bytes: f64) -> (f64, f64) {
+        if bytes <= 0.0 {
+            return (0.0, 0.0);
+        }
+        let link = self.input.links.get(from, to.id);
+        (
+            link.latency_s + bytes / link.bytes_per_s,
+            bytes / to.roofline.bytes_per_s(),
+        )
+    }
+
+    /// HBM duplicated when `w` ends up holding its own copy of the first `tokens` of a
+    /// sealed artifact another worker owns.
+    fn duplicated(&self, w: &PlanWorker, tokens: u64) -> f64 {
+        match self.input.artifact {
+            Some(a) if a.owner != w.id => {
+                let held = a.tokens.min(self.prompt());
+                self.sealed_bytes(w.cached_tokens.min(held), tokens.min(held))
+            }
+            _ => 0.0,
+        }
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call per action, each term named"
+    )]
+    fn candidate(
+        &self,
+        action: Action,
+        compute_on: &PlanWorker,
+        decode_on: &PlanWorker,
+        source: Option<WorkerId>,
+        compute_tokens: u64,
+        network_bytes: f64,
+        hbm_bytes: f64,
+    ) -> Candidate {
+        let compute_s = self.prefill_s(compute_on, compute_tokens);
+        let (network_s, restore_s) = match source {
+            Some(s) => self.transfer_s(s, decode_on, network_bytes),
+            None => (0.0, 0.0),
+        };
+        let cost = CostTerms::new(
+            self.input.weights,
+            compute_on.queue_s,
+            compute_s,
+            network_s,
+            restore_s,
+            hbm_bytes,
+            compute_s * compute_on.decoding as f64,
+        );
+        Candidate {
+            action,
+            compute_on: compute_on.id,
+            decode_on: decode_on.id,
+            source,
+            compute_tokens,
+            network_bytes,
+            cost,
+        }
+    }
+
+    fn colocate(&self, d: &PlanWorker) -> Candidate {
+        let new = self.to_compute(d.cached_tokens);
+        let dup = self.duplicated(d, self.prompt());
+        self.candidate(Action::Colocate, d, d, None, new, 0.0, dup)
+    }
+
+    fn remote_prefill(&self, p: &PlanWorker, d: &PlanWorker) -> Candidate {
+        let new = self.to_compute(p.cached_tokens);
+        // The decode worker receives what it lacks; the prefill worker keeps its copy.
+        let shipped =
+            (self.state_bytes(self.prompt()) - self.state_bytes(d.cached_tokens)).max(0.0);
+        let computed = self.state_bytes(self.prompt()) - self.state_bytes(self.prompt() - new);
+        let dup = self.duplicated(d, self.prompt()) + computed;
+        self.candidate(Action::RemotePrefill, p, d, Some(p.id), new, shipped, dup)
+    }
+
+    fn artifact_fetch(&self, o: &PlanWorker, w: &PlanWorker) -> Option<Candidate> {
+        let a = self.input.artifact?;
+        let sealed = a.tokens.min(self.prompt());
+        if sealed <= w.cached_tokens {
+            return None;
+        }
+        let fetched = self.sealed_bytes(w.cached_tokens, sealed);
+        let reused = self.input.model.resume_point(sealed).max(w.cached_tokens);
+        let new = self.to_compute(reused);
+        Some(self.candidate(
+            Action::ArtifactFetch,
+            w,
+            w,
+            Some(o.id),
+            new,
+            fetched,
+            fetched,
+        ))
+    }
+
+    fn tail_recompute(&self, o: &PlanWorker) -> Candidate {
+        let sealed = self
+            .input
+            .artifact
+            .map_or(0, |a| a.tokens.min(self.prompt()).min(o.cached_tokens));
+        let new = self.to_compute(self.input.model.resume_point(sealed));
+        self.candidate(Action::TailRecompute, o, o, None, new, 0.0, 0.0)
+    }
+
+    fn migrate(&self, d: &PlanWorker, t: &PlanWorker) -> Candidate {
+        let moved_tokens = d.cached_tokens.min(self.prompt());
+        let moved = (self.state_bytes(moved_tokens)
+            - self.state_bytes(t.cached_tokens.min(moved_tokens)))
+        .max(0.0);
+        let new = self.to_compute(moved_tokens.max(t.cached_tokens));
+        // The source frees what it sends: nothing is duplicated.
+        self.candidate(Action::Migrate, t, t, Some(d.id), new, moved, 0.0)
+    }
+}

@@ -1,0 +1,54 @@
+//! The cost of one candidate, term by term.
+
+use serde::Serialize;
+
+use super::Weights;
+
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode`, with each
+/// term kept so the explain output can show why a candidate won or lost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CostTerms {
+    /// Wait before the compute worker starts, seconds.
+    pub queue_s: f64,
+    /// Prefill or recompute time, seconds.
+    pub compute_s: f64,
+    /// Transfer time between workers, link latency included, seconds.
+    pub network_s: f64,
+    /// Writing transferred KV into the target's cache, seconds.
+    pub restore_s: f64,
+    /// HBM the action duplicates (a second copy of state another worker holds), bytes.
+    pub hbm_bytes: f64,
+    /// Decode-seconds stalled by a prefill on a worker that is decoding.
+    pub interference_s: f64,
+    /// The weighted sum, seconds.
+    pub total: f64,
+}
+
+impl CostTerms {
+    /// Terms with their weighted total.
+    pub fn new(
+        weights: Weights,
+        queue_s: f64,
+        compute_s: f64,
+        network_s: f64,
+        restore_s: f64,
+        hbm_bytes: f64,
+        interference_s: f64,
+    ) -> Self {
+        let total = queue_s
+            + compute_s
+            + network_s
+            + restore_s
+            + weights.lambda_s_per_gb * hbm_bytes / 1e9
+            + weights.mu * interference_s;
+        Self {
+            queue_s,
+            compute_s,
+            network_s,
+            restore_s,
+            hbm_bytes,
+            interference_s,
+            total,
+        }
+    }
+}

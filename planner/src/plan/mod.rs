@@ -1,0 +1,267 @@
+//! The cost planner: for one agent step, price every candidate action on every worker
+//! that could run it and pick the cheapest (MISSION.md, B2):
+//! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode`.
+//!
+//! Pure: everything the planner knows (workers' load and caches, the directory's owners,
+//! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
+//! changes in the directory, every candidate's cost terms, and why.
+
+mod candidates;
+mod cost;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::ids::{Role, WorkerId};
+use crate::roofline::Roofline;
+use crate::spec::ModelSpec;
+
+pub use cost::CostTerms;
+
+/// The five things the planner can do with a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Prefill the new tokens on the session's decode owner and decode there.
+    Colocate,
+    /// Prefill on a prefill-capable worker, ship the KV to the decode worker.
+    RemotePrefill,
+    /// The chosen worker pulls the sealed prefix from its owner, prefills only the rest.
+    ArtifactFetch,
+    /// Decode where the sealed prefix already is; recompute the tail and window there.
+    TailRecompute,
+    /// Move the session and its KV to another worker; the owner flips once it is there.
+    Migrate,
+}
+
+impl Action {
+    /// The action's name in plans, metrics and the explain API.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Colocate => "colocate",
+            Action::RemotePrefill => "remote_prefill",
+            Action::ArtifactFetch => "artifact_fetch",
+            Action::TailRecompute => "tail_recompute",
+            Action::Migrate => "migrate",
+        }
+    }
+}
+
+/// One worker as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanWorker {
+    pub id: WorkerId,
+    pub role: Role,
+    /// Reachable: it can serve, and send the KV it holds.
+    pub healthy: bool,
+    /// Being drained by an operator: it takes no new work but can still send its KV.
+    pub draining: bool,
+    pub roofline: Roofline,
+    /// Predicted wait before a new prefill starts there, seconds.
+    pub queue_s: f64,
+    /// Sequences decoding there now: a prefill there stalls each of them.
+    pub decoding: u64,
+    /// Leading tokens of this step's prompt the worker holds in GPU memory (KV index).
+    pub cached_tokens: u64,
+}
+
+impl PlanWorker {
+    /// Whether new work may go there.
+    pub fn takes_work(&self) -> bool {
+        self.healthy && !self.draining
+    }
+}
+
+/// Transfer figures between two workers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Link {
+    pub bytes_per_s: f64,
+    pub latency_s: f64,
+}
+
+/// Links between workers: one default, and overrides per ordered pair.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Links {
+    pub default: Link,
+    pub pairs: BTreeMap<(WorkerId, WorkerId), Link>,
+}
+
+impl Links {
+    /// The link data takes from `from` to `to`.
+    pub fn get(&self, from: WorkerId, to: WorkerId) -> Link {
+        self.pairs.get(&(from, to)).copied().unwrap_or(self.default)
+    }
+}
+
+/// The prices of memory and interference, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Weights {
+    /// λ: seconds charged per GB of HBM an action duplicates.
+    pub lambda_s_per_gb: f64,
+    /// μ: seconds charged per second a prefill stalls one running decode.
+    pub mu: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Self {
+            lambda_s_per_gb: 0.01,
+            mu: 0.5,
+        }
+    }
+}
+
+/// The sealed prefix artifact the directory knows for this step's prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ArtifactView {
+    pub owner: WorkerId,
+    /// Leading prompt tokens it covers (sealed, so a multiple of the seal unit).
+    pub tokens: u64,
+}
+
+/// Everything one planning decision depends on.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub model: &'a ModelSpec,
+    pub block_size: u32,
+    pub prompt_tokens: u64,
+    /// The session's decode owner, from the directory (`None` for a new session).
+    pub decode_owner: Option<WorkerId>,
+    /// The longest sealed artifact of the prompt and its owner, from the directory.
+    pub artifact: Option<ArtifactView>,
+    pub workers: &'a [PlanWorker],
+    pub links: &'a Links,
+    pub weights: Weights,
+}
+
+/// One priced candidate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    pub action: Action,
+    /// Where the prefill (or recompute) runs.
+    pub compute_on: WorkerId,
+    /// Where the session decodes afterwards.
+    pub decode_on: WorkerId,
+    /// Where KV comes from over the network, if anywhere.
+    pub source: Option<WorkerId>,
+    /// Tokens computed.
+    pub compute_tokens: u64,
+    /// Bytes moved between workers.
+    pub network_bytes: f64,
+    pub cost: CostTerms,
+}
+
+/// A change the directory must make for the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DirectoryChange {
+    /// The session decodes on this worker from now on.
+    SetDecodeOwner(WorkerId),
+    /// The worker holds a read-only copy of the sealed artifact.
+    Replicate(WorkerId),
+    /// Ownership of the artifact moves (CAS on its epoch, after the target has it).
+    MigrateOwner { from: WorkerId, to: WorkerId },
+}
+
+/// The planner's decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub chosen: Candidate,
+    pub changes: Vec<DirectoryChange>,
+    pub reason: String,
+    /// Every candidate considered, cheapest first.
+    pub candidates: Vec<Candidate>,
+}
+
+/// Why no plan exists.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("no available worker can serve this step")]
+    NoWorker,
+}
+
+/// Prices every candidate and picks the cheapest (ties go to the first generated, which
+/// prefers staying on the decode owner).
+pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+    let mut all = candidates::generate(input);
+    // A stable sort keeps generation order among equal totals.
+    all.sort_by(|a, b| a.cost.total.total_cmp(&b.cost.total));
+    let chosen = all.first().cloned().ok_or(PlanError::NoWorker)?;
+    let changes = changes(input, &chosen);
+    let reason = reason(input, &chosen, all.get(1));
+    Ok(Plan {
+        chosen,
+        changes,
+        reason,
+        candidates: all,
+    })
+}
+
+fn changes(input: &PlanInput<'_>, c: &Candidate) -> Vec<DirectoryChange> {
+    let mut out = Vec::new();
+    if input.decode_owner != Some(c.decode_on) {
+        out.push(DirectoryChange::SetDecodeOwner(c.decode_on));
+    }
+    match (c.action, input.artifact) {
+        (Action::ArtifactFetch, Some(a)) if a.owner != c.decode_on => {
+            out.push(DirectoryChange::Replicate(c.decode_on));
+        }
+        (Action::Migrate, Some(a)) if a.owner != c.decode_on => {
+            out.push(DirectoryChange::MigrateOwner {
+                from: a.owner,
+                to: c.decode_on,
+            });
+        }
+        _ => {}
+    }
+    out
+}
+
+fn reason(input: &PlanInput<'_>, c: &Candidate, runner_up: Option<&Candidate>) -> String {
+    let what = match c.action {
+        Action::Colocate => format!(
+            "on {}: prefill {} new of {} tokens where the session decodes",
+            c.compute_on, c.compute_tokens, input.prompt_tokens
+        ),
+        Action::RemotePrefill => format!(
+            "prefill {} tokens on {}, ship {:.1} MB to {}",
+            c.compute_tokens,
+            c.compute_on,
+            c.network_bytes / 1e6,
+            c.decode_on
+        ),
+        Action::ArtifactFetch => format!(
+            "{} fetches {:.1} MB of sealed prefix from {} and prefills {} tokens",
+            c.decode_on,
+            c.network_bytes / 1e6,
+            c.source.map_or_else(String::new, |s| s.to_string()),
+            c.compute_tokens
+        ),
+        Action::TailRecompute => format!(
+            "decode on {}, which owns the sealed prefix; recompute {} tail/window/new tokens there",
+            c.decode_on, c.compute_tokens
+        ),
+        Action::Migrate => format!(
+            "move the session to {}: {:.1} MB from {}, {} tokens prefilled",
+            c.decode_on,
+            c.network_bytes / 1e6,
+            c.source.map_or_else(String::new, |s| s.to_string()),
+            c.compute_tokens
+        ),
+    };
+    let name = c.action.name();
+    match runner_up {
+        Some(r) => format!(
+            "{name}: {what}; {:.2} ms vs {:.2} ms for {} on {}",
+            c.cost.total * 1e3,
+            r.cost.total * 1e3,
+            r.action.name(),
+            r.decode_on
+        ),
+        None => format!("{name}: {what}; the only candidate"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,286 @@
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+use super::*;
+use crate::roofline::Efficiency;
+use crate::spec::GpuSpec;
+
+fn worker(id: u32, role: Role) -> PlanWorker {
+    PlanWorker {
+        id: WorkerId(id),
+        role,
+        healthy: true,
+        draining: false,
+        roofline: Roofline::new(&GpuSpec::preset("h100").unwrap(), 1, Efficiency::default()),
+        queue_s: 0.0,
+        decoding: 0,
+        cached_tokens: 0,
+    }
+}
+
+fn links(gb_per_s: f64) -> Links {
+    Links {
+        default: Link {
+            bytes_per_s: gb_per_s * 1e9,
+            latency_s: 20e-6,
+        },
+        pairs: BTreeMap::new(),
+    }
+}
+
+struct Scenario {
+    model: ModelSpec,
+    prompt_tokens: u64,
+    decode_owner: Option<u32>,
+    artifact: Option<(u32, u64)>,
+    workers: Vec<PlanWorker>,
+    links: Links,
+}
+
+impl Scenario {
+    fn new(prompt_tokens: u64, workers: Vec<PlanWorker>) -> Self {
+        Self {
+            model: ModelSpec::preset("llama-3.1-8b").unwrap(),
+            prompt_tokens,
+            decode_owner: None,
+            artifact: None,
+            workers,
+            links: links(50.0),
+        }
+    }
+
+    fn plan(&self) -> Plan {
+        plan(&PlanInput {
+            model: &self.model,
+            block_size: 16,
+            prompt_tokens: self.prompt_tokens,
+            decode_owner: self.decode_owner.map(WorkerId),
+            artifact: self.artifact.map(|(owner, tokens)| ArtifactView {
+                owner: WorkerId(owner),
+                tokens,
+            }),
+            workers: &self.workers,
+            links: &self.links,
+            weights: Weights::default(),
+        })
+        .unwrap()
+    }
+}
+
+/// The cheapest candidate of each other action costs more than the chosen one, and the
+/// explanation names the choice.
+fn assert_chosen(p: &Plan, action: Action, on: u32) {
+    assert_eq!(
+        (p.chosen.action, p.chosen.decode_on),
+        (action, WorkerId(on)),
+        "{p:#?}"
+    );
+    assert!(p
+        .candidates
+        .iter()
+        .skip(1)
+        .all(|c| c.cost.total >= p.chosen.cost.total));
+    assert!(p.reason.starts_with(action.name()), "{}", p.reason);
+}
+
+#[test]
+fn a_small_turn_stays_on_the_decode_owner() {
+    let mut owner = worker(0, Role::Hybrid);
+    owner.cached_tokens = 40_000;
+    let mut s = Scenario::new(
+        40_200,
+        vec![owner, worker(1, Role::Prefill), worker(2, Role::Hybrid)],
+    );
+    s.decode_owner = Some(0);
+    s.artifact = Some((0, 39_984));
+    let p = s.plan();
+    assert_chosen(&p, Action::Colocate, 0);
+    assert_eq!(p.chosen.compute_tokens, 200);
+    assert!(p.changes.is_empty(), "{:?}", p.changes);
+}
+
+#[test]
+fn a_new_long_prompt_is_prefilled_remotely_when_the_decoder_is_busy() {
+    let mut d = worker(1, Role::Decode);
+    d.decoding = 64;
+    let s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
+    let p = s.plan();
+    assert_chosen(&p, Action::RemotePrefill, 1);
+    assert_eq!(p.chosen.compute_on, WorkerId(0));
+    // 30,000 tokens × 128 KiB of KV shipped.
+    assert_eq!(p.chosen.network_bytes, 30_000.0 * 131_072.0);
+    let colocate = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Colocate)
+        .unwrap();
+    assert!(colocate.cost.interference_s > 0.0);
+    assert_eq!(p.changes, [DirectoryChange::SetDecodeOwner(WorkerId(1))]);
+}
+
+#[test]
+fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    o.queue_s = 5.0;
+    let s = Scenario {
+        artifact: Some((0, 64_000)),
+        ..Scenario::new(64_100, vec![o, worker(1, Role::Hybrid)])
+    };
+    let p = s.plan();
+    assert_chosen(&p, Action::ArtifactFetch, 1);
+    assert_eq!(p.chosen.source, Some(WorkerId(0)));
+    assert_eq!(p.chosen.compute_tokens, 100);
+    assert!(p.changes.contains(&DirectoryChange::Replicate(WorkerId(1))));
+}
+
+#[test]
+fn a_resume_after_the_owner_died_recomputes_the_tail_where_the_copy_is() {
+    let mut dead = worker(0, Role::Hybrid);
+    dead.healthy = false;
+    dead.cached_tokens = 50_000;
+    let mut copy = worker(1, Role::Hybrid);
+    copy.cached_tokens = 49_984;
+    let mut s = Scenario::new(50_300, vec![dead, copy, worker(2, Role::Hybrid)]);
+    s.decode_owner = Some(0);
+    s.artifact = Some((1, 49_984));
+    let p = s.plan();
+    assert_chosen(&p, Action::TailRecompute, 1);
+    assert_eq!(p.chosen.compute_tokens, 316);
+    assert_eq!(p.chosen.network_bytes, 0.0);
+    assert!(
+        p.candidates.iter().all(|c| c.action != Action::Migrate),
+        "no migrating off a dead worker"
+    );
+}
+
+#[test]
+fn a_draining_owner_hands_the_session_over() {
+    let mut d = worker(0, Role::Hybrid);
+    d.draining = true;
+    d.cached_tokens = 40_000;
+    let mut s = Scenario::new(40_100, vec![d, worker(1, Role::Hybrid)]);
+    s.decode_owner = Some(0);
+    s.artifact = Some((0, 39_984));
+    let p = s.plan();
+    assert_chosen(&p, Action::Migrate, 1);
+    assert_eq!(
+        p.changes,
+        [
+            DirectoryChange::SetDecodeOwner(WorkerId(1)),
+            DirectoryChange::MigrateOwner {
+                from: WorkerId(0),
+                to: WorkerId(1)
+            }
+        ]
+    );
+    // Fetching would also work but leaves a duplicate behind; migrating frees the source.
+    let fetch = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::ArtifactFetch)
+        .unwrap();
+    assert!(fetch.cost.hbm_bytes > 0.0 && p.chosen.cost.hbm_bytes == 0.0);
+}
+
+#[test]
+fn hybrid_models_recompute_the_window_after_a_fetch() {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    o.queue_s = 5.0;
+    let s = Scenario {
+        model: ModelSpec::preset("hybrid-v4-like").unwrap(),
+        artifact: Some((0, 63_872)),
+        ..Scenario::new(64_100, vec![o, worker(1, Role::Hybrid)])
+    };
+    let p = s.plan();
+    assert_chosen(&p, Action::ArtifactFetch, 1);
+    // Sealed up to 63,872; the 128-token window before it is recomputed with the rest.
+    assert_eq!(p.chosen.compute_tokens, 64_100 - (63_872 - 128));
+}
+
+#[test]
+fn no_available_worker_is_an_error() {
+    let mut w = worker(0, Role::Hybrid);
+    w.healthy = false;
+    let s = Scenario::new(100, vec![w]);
+    let err = plan(&PlanInput {
+        model: &s.model,
+        block_size: 16,
+        prompt_tokens: 100,
+        decode_owner: None,
+        artifact: None,
+        workers: &s.workers,
+        links: &s.links,
+        weights: Weights::default(),
+    })
+    .unwrap_err();
+    assert_eq!(err, PlanError::NoWorker);
+}
+
+#[test]
+fn more_bandwidth_never_makes_a_fetch_costlier() {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    let mut last = f64::INFINITY;
+    for gb in [1.0, 5.0, 12.5, 25.0, 50.0, 100.0, 400.0, 900.0] {
+        let s = Scenario {
+            artifact: Some((0, 64_000)),
+            links: links(gb),
+            ..Scenario::new(64_100, vec![o.clone(), worker(1, Role::Hybrid)])
+        };
+        let fetch = s
+            .plan()
+            .candidates
+            .into_iter()
+            .find(|c| c.action == Action::ArtifactFetch)
+            .unwrap();
+        assert!(
+            fetch.cost.total <= last,
+            "{gb} GB/s: {} > {last}",
+            fetch.cost.total
+        );
+        last = fetch.cost.total;
+    }
+}
+
+#[test]
+fn longer_prompts_never_make_remote_prefill_cheaper_per_token() {
+    // Without fixed per-request costs (link latency, step overhead) and above the
+    // roofline's ridge (~215 tokens for this model on an H100; below it a prefill step is
+    // bound by reading the weights once, which longer prompts amortise) the cost per
+    // token can only grow: attention grows with the context, everything else is linear.
+    // The total grows everywhere.
+    let mut p = worker(0, Role::Prefill);
+    p.roofline = Roofline::new(
+        &GpuSpec::preset("h100").unwrap(),
+        1,
+        Efficiency {
+            step_overhead_s: 0.0,
+            ..Efficiency::default()
+        },
+    );
+    let mut d = worker(1, Role::Decode);
+    d.decoding = 1_000;
+    let mut last_per_token = 0.0;
+    let mut last_total = 0.0;
+    for tokens in [16, 100, 1_000, 4_096, 10_000, 32_768, 100_000, 131_072] {
+        let mut s = Scenario::new(tokens, vec![p.clone(), d.clone()]);
+        s.links.default.latency_s = 0.0;
+        let remote = s
+            .plan()
+            .candidates
+            .into_iter()
+            .find(|c| c.action == Action::RemotePrefill)
+            .unwrap();
+        let per_token = remote.cost.total / tokens as f64;
+        if tokens >= 1_000 {
+            assert!(
+                per_token >= last_per_token,
+                "{tokens} tokens: {per_token} < {last_per_token}"
+            );
+            last_per_token = per_token;
+        }
+        assert!(remote.cost.total >= last_total, "{tokens} tokens");
+        last_total = remote.cost.total;
+    }
+}
