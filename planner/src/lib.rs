@@ -11,6 +11,7 @@
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements.
 #![forbid(unsafe_code)]
 
+pub mod ewma;
 pub mod hash;
 pub mod ids;
 pub mod kv_index;

@@ -102,7 +102,7 @@ impl Pricing<'_, '_> {
             prefill_context_tokens: context,
             ..StepWork::default()
         };
-        w.roofline.step_time(self.input.model, &work).total_s
+        w.roofline.step_time(self.input.model, &work).total_s * w.prefill_scale
     }
 
     fn transfer_s(&self, from: WorkerId, to: &PlanWorker, bytes: f64) -> (f64, f64) {

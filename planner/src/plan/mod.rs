@@ -7,6 +7,7 @@
 //! changes in the directory, every candidate's cost terms, and why.
 
 mod candidates;
+mod classify;
 mod cost;
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use crate::ids::{Role, WorkerId};
 use crate::roofline::Roofline;
 use crate::spec::ModelSpec;
 
+pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
 
 /// The five things the planner can do with a step.
@@ -64,6 +66,8 @@ pub struct PlanWorker {
     pub decoding: u64,
     /// Leading tokens of this step's prompt the worker holds in GPU memory (KV index).
     pub cached_tokens: u64,
+    /// Observed prefill time over the preset's (`ewma::PrefillCalibration::scale`).
+    pub prefill_scale: f64,
 }
 
 impl PlanWorker {
@@ -133,6 +137,31 @@ pub struct PlanInput<'a> {
     pub workers: &'a [PlanWorker],
     pub links: &'a Links,
     pub weights: Weights,
+    /// Choices requested (`n`).
+    pub samples: u32,
+    /// The client marked the request as a fork of its session.
+    pub fork: bool,
+    pub thresholds: ClassThresholds,
+}
+
+impl PlanInput<'_> {
+    /// The step's class, from the directory's view of the session and the KV index.
+    pub fn class(&self) -> StepClass {
+        let owner_cached_tokens = self
+            .decode_owner
+            .and_then(|d| self.workers.iter().find(|w| w.id == d && w.healthy))
+            .map_or(0, |w| w.cached_tokens);
+        classify(
+            &StepFacts {
+                prompt_tokens: self.prompt_tokens,
+                session_known: self.decode_owner.is_some(),
+                owner_cached_tokens,
+                samples: self.samples,
+                fork: self.fork,
+            },
+            &self.thresholds,
+        )
+    }
 }
 
 /// One priced candidate.
@@ -167,6 +196,7 @@ pub enum DirectoryChange {
 /// The planner's decision.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Plan {
+    pub class: StepClass,
     pub chosen: Candidate,
     pub changes: Vec<DirectoryChange>,
     pub reason: String,
@@ -191,6 +221,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let changes = changes(input, &chosen);
     let reason = reason(input, &chosen, all.get(1));
     Ok(Plan {
+        class: input.class(),
         chosen,
         changes,
         reason,

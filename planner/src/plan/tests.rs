@@ -14,6 +14,7 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         queue_s: 0.0,
         decoding: 0,
         cached_tokens: 0,
+        prefill_scale: 1.0,
     }
 }
 
@@ -34,6 +35,7 @@ struct Scenario {
     artifact: Option<(u32, u64)>,
     workers: Vec<PlanWorker>,
     links: Links,
+    samples: u32,
 }
 
 impl Scenario {
@@ -45,6 +47,7 @@ impl Scenario {
             artifact: None,
             workers,
             links: links(50.0),
+            samples: 1,
         }
     }
 
@@ -61,6 +64,9 @@ impl Scenario {
             workers: &self.workers,
             links: &self.links,
             weights: Weights::default(),
+            samples: self.samples,
+            fork: false,
+            thresholds: ClassThresholds::default(),
         })
         .unwrap()
     }
@@ -94,6 +100,7 @@ fn a_small_turn_stays_on_the_decode_owner() {
     s.artifact = Some((0, 39_984));
     let p = s.plan();
     assert_chosen(&p, Action::Colocate, 0);
+    assert_eq!(p.class, StepClass::SmallIncrement);
     assert_eq!(p.chosen.compute_tokens, 200);
     assert!(p.changes.is_empty(), "{:?}", p.changes);
 }
@@ -105,6 +112,7 @@ fn a_new_long_prompt_is_prefilled_remotely_when_the_decoder_is_busy() {
     let s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
     let p = s.plan();
     assert_chosen(&p, Action::RemotePrefill, 1);
+    assert_eq!(p.class, StepClass::NewLongPrefix);
     assert_eq!(p.chosen.compute_on, WorkerId(0));
     // 30,000 tokens × 128 KiB of KV shipped.
     assert_eq!(p.chosen.network_bytes, 30_000.0 * 131_072.0);
@@ -124,10 +132,12 @@ fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
     o.queue_s = 5.0;
     let s = Scenario {
         artifact: Some((0, 64_000)),
+        samples: 4,
         ..Scenario::new(64_100, vec![o, worker(1, Role::Hybrid)])
     };
     let p = s.plan();
     assert_chosen(&p, Action::ArtifactFetch, 1);
+    assert_eq!(p.class, StepClass::ForkedRollout);
     assert_eq!(p.chosen.source, Some(WorkerId(0)));
     assert_eq!(p.chosen.compute_tokens, 100);
     assert!(p.changes.contains(&DirectoryChange::Replicate(WorkerId(1))));
@@ -145,6 +155,7 @@ fn a_resume_after_the_owner_died_recomputes_the_tail_where_the_copy_is() {
     s.artifact = Some((1, 49_984));
     let p = s.plan();
     assert_chosen(&p, Action::TailRecompute, 1);
+    assert_eq!(p.class, StepClass::ColdResume);
     assert_eq!(p.chosen.compute_tokens, 316);
     assert_eq!(p.chosen.network_bytes, 0.0);
     assert!(
@@ -212,6 +223,9 @@ fn no_available_worker_is_an_error() {
         workers: &s.workers,
         links: &s.links,
         weights: Weights::default(),
+        samples: 1,
+        fork: false,
+        thresholds: ClassThresholds::default(),
     })
     .unwrap_err();
     assert_eq!(err, PlanError::NoWorker);
@@ -283,4 +297,18 @@ fn longer_prompts_never_make_remote_prefill_cheaper_per_token() {
         assert!(remote.cost.total >= last_total, "{tokens} tokens");
         last_total = remote.cost.total;
     }
+}
+
+#[test]
+fn an_observed_slow_prefill_worker_loses_to_the_preset_speed_one() {
+    // Two identical prefill workers; one was measured at 3× its preset's prefill time.
+    let mut d = worker(2, Role::Decode);
+    d.decoding = 64;
+    let mut slow = worker(0, Role::Prefill);
+    let mut calibration = crate::ewma::PrefillCalibration::default();
+    calibration.observe(0.1, 0.3);
+    slow.prefill_scale = calibration.scale();
+    let p = Scenario::new(30_000, vec![slow, worker(1, Role::Prefill), d]).plan();
+    assert_chosen(&p, Action::RemotePrefill, 2);
+    assert_eq!(p.chosen.compute_on, WorkerId(1));
 }
