@@ -47,6 +47,8 @@ enum BenchCommand {
     Kv(crate::bench::kv::KvBenchArgs),
     /// Ownership writes on a local 3-node directory cluster, and memory for 1M sessions.
     Directory(crate::bench::directory::DirectoryBenchArgs),
+    /// Planner decision latency (hash + plan) over a fleet for a long prompt.
+    Planner(crate::bench::planner::PlannerBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -90,6 +92,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Kv(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::kv::run(args)).await?
+            }
+            Command::Bench(BenchCommand::Planner(args)) => {
+                tokio::task::spawn_blocking(move || crate::bench::planner::run(args)).await?
             }
         }
     }

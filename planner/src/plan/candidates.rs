@@ -23,16 +23,38 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .filter(|w| w.takes_work() && w.role.serves_full_requests())
             .collect(),
     };
+    // Each prefill worker's share of a remote prefill, computed once for every decoder:
+    // the work, and the bytes it computes (and keeps a copy of).
+    let prompt_bytes = p.state_bytes(input.prompt_tokens);
+    let prefillers: Vec<(&PlanWorker, Work, f64)> = input
+        .workers
+        .iter()
+        .filter(|w| w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid))
+        .map(|w| {
+            let work = p.work(w, p.to_compute(w.cached_tokens));
+            let computed = prompt_bytes - p.state_bytes(input.prompt_tokens - work.tokens);
+            (w, work, computed)
+        })
+        .collect();
     let mut out = Vec::new();
     for d in &decoders {
         // Moving the session onto the artifact's owner is what tail_recompute prices.
         if input.decode_owner == Some(d.id) || artifact_owner.is_none_or(|o| o.id != d.id) {
             out.push(p.colocate(d));
         }
-        for pre in input.workers.iter().filter(|w| {
-            w.id != d.id && w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid)
-        }) {
-            out.push(p.remote_prefill(pre, d));
+        // What d receives and duplicates does not depend on the prefill worker.
+        let lacks = (prompt_bytes - p.state_bytes(d.cached_tokens)).max(0.0);
+        let dup = p.duplicated(d, input.prompt_tokens);
+        for (pre, work, computed) in prefillers.iter().filter(|(w, ..)| w.id != d.id) {
+            out.push(p.candidate(
+                Action::RemotePrefill,
+                pre,
+                d,
+                Some(pre.id),
+                *work,
+                lacks,
+                dup + computed,
+            ));
         }
         if let Some(o) = artifact_owner {
             if o.id != d.id {
@@ -55,6 +77,13 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         }
     }
     out
+}
+
+/// Tokens a candidate computes, and how long that takes where it runs.
+#[derive(Debug, Clone, Copy)]
+struct Work {
+    tokens: u64,
+    compute_s: f64,
 }
 
 struct Pricing<'a, 'b> {
@@ -92,6 +121,14 @@ impl Pricing<'_, '_> {
             .saturating_sub(reused)
             .max(1)
             .min(self.prompt().max(1))
+    }
+
+    /// `new` tokens computed on `w` after the rest of the prompt.
+    fn work(&self, w: &PlanWorker, new: u64) -> Work {
+        Work {
+            tokens: new,
+            compute_s: self.prefill_s(w, new),
+        }
     }
 
     fn prefill_s(&self, w: &PlanWorker, new: u64) -> f64 {
@@ -138,11 +175,14 @@ impl Pricing<'_, '_> {
         compute_on: &PlanWorker,
         decode_on: &PlanWorker,
         source: Option<WorkerId>,
-        compute_tokens: u64,
+        work: Work,
         network_bytes: f64,
         hbm_bytes: f64,
     ) -> Candidate {
-        let compute_s = self.prefill_s(compute_on, compute_tokens);
+        let Work {
+            tokens: compute_tokens,
+            compute_s,
+        } = work;
         let (network_s, restore_s) = match source {
             Some(s) => self.transfer_s(s, decode_on, network_bytes),
             None => (0.0, 0.0),
@@ -170,17 +210,7 @@ impl Pricing<'_, '_> {
     fn colocate(&self, d: &PlanWorker) -> Candidate {
         let new = self.to_compute(d.cached_tokens);
         let dup = self.duplicated(d, self.prompt());
-        self.candidate(Action::Colocate, d, d, None, new, 0.0, dup)
-    }
-
-    fn remote_prefill(&self, p: &PlanWorker, d: &PlanWorker) -> Candidate {
-        let new = self.to_compute(p.cached_tokens);
-        // The decode worker receives what it lacks; the prefill worker keeps its copy.
-        let shipped =
-            (self.state_bytes(self.prompt()) - self.state_bytes(d.cached_tokens)).max(0.0);
-        let computed = self.state_bytes(self.prompt()) - self.state_bytes(self.prompt() - new);
-        let dup = self.duplicated(d, self.prompt()) + computed;
-        self.candidate(Action::RemotePrefill, p, d, Some(p.id), new, shipped, dup)
+        self.candidate(Action::Colocate, d, d, None, self.work(d, new), 0.0, dup)
     }
 
     fn artifact_fetch(&self, o: &PlanWorker, w: &PlanWorker) -> Option<Candidate> {
@@ -197,7 +227,7 @@ impl Pricing<'_, '_> {
             w,
             w,
             Some(o.id),
-            new,
+            self.work(w, new),
             fetched,
             fetched,
         ))
@@ -209,7 +239,15 @@ impl Pricing<'_, '_> {
             .artifact
             .map_or(0, |a| a.tokens.min(self.prompt()).min(o.cached_tokens));
         let new = self.to_compute(self.input.model.resume_point(sealed));
-        self.candidate(Action::TailRecompute, o, o, None, new, 0.0, 0.0)
+        self.candidate(
+            Action::TailRecompute,
+            o,
+            o,
+            None,
+            self.work(o, new),
+            0.0,
+            0.0,
+        )
     }
 
     fn migrate(&self, d: &PlanWorker, t: &PlanWorker) -> Candidate {
@@ -219,6 +257,14 @@ impl Pricing<'_, '_> {
         .max(0.0);
         let new = self.to_compute(moved_tokens.max(t.cached_tokens));
         // The source frees what it sends: nothing is duplicated.
-        self.candidate(Action::Migrate, t, t, Some(d.id), new, moved, 0.0)
+        self.candidate(
+            Action::Migrate,
+            t,
+            t,
+            Some(d.id),
+            self.work(t, new),
+            moved,
+            0.0,
+        )
     }
 }

@@ -200,7 +200,7 @@ pub struct Plan {
     pub chosen: Candidate,
     pub changes: Vec<DirectoryChange>,
     pub reason: String,
-    /// Every candidate considered, cheapest first.
+    /// Every candidate considered, in generation order (see [`Plan::ranked`]).
     pub candidates: Vec<Candidate>,
 }
 
@@ -211,15 +211,38 @@ pub enum PlanError {
     NoWorker,
 }
 
+impl Plan {
+    /// The candidates cheapest first (equal totals keep generation order), for explaining.
+    pub fn ranked(&self) -> Vec<&Candidate> {
+        let mut out: Vec<&Candidate> = self.candidates.iter().collect();
+        out.sort_by(|a, b| a.cost.total.total_cmp(&b.cost.total));
+        out
+    }
+}
+
 /// Prices every candidate and picks the cheapest (ties go to the first generated, which
-/// prefers staying on the decode owner).
+/// prefers staying on the decode owner). No sort: a decision is one pass over the
+/// candidates, however many P × D pairs a fleet has.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
-    let mut all = candidates::generate(input);
-    // A stable sort keeps generation order among equal totals.
-    all.sort_by(|a, b| a.cost.total.total_cmp(&b.cost.total));
-    let chosen = all.first().cloned().ok_or(PlanError::NoWorker)?;
+    let all = candidates::generate(input);
+    let mut best: Option<(usize, &Candidate)> = None;
+    let mut runner_up: Option<&Candidate> = None;
+    for (i, c) in all.iter().enumerate() {
+        match best {
+            Some((_, b)) if c.cost.total >= b.cost.total => {
+                if runner_up.is_none_or(|r| c.cost.total < r.cost.total) {
+                    runner_up = Some(c);
+                }
+            }
+            _ => {
+                runner_up = best.map(|(_, b)| b);
+                best = Some((i, c));
+            }
+        }
+    }
+    let chosen = best.map(|(_, c)| c.clone()).ok_or(PlanError::NoWorker)?;
     let changes = changes(input, &chosen);
-    let reason = reason(input, &chosen, all.get(1));
+    let reason = reason(input, &chosen, runner_up);
     Ok(Plan {
         class: input.class(),
         chosen,

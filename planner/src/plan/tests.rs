@@ -83,8 +83,12 @@ fn assert_chosen(p: &Plan, action: Action, on: u32) {
     assert!(p
         .candidates
         .iter()
-        .skip(1)
         .all(|c| c.cost.total >= p.chosen.cost.total));
+    assert_eq!(p.ranked()[0].cost.total, p.chosen.cost.total);
+    assert!(p
+        .ranked()
+        .windows(2)
+        .all(|w| w[0].cost.total <= w[1].cost.total));
     assert!(p.reason.starts_with(action.name()), "{}", p.reason);
 }
 

@@ -3,6 +3,7 @@
 
 pub mod directory;
 pub mod kv;
+pub mod planner;
 pub mod proxy;
 
 /// Percentile (0..=100) of sorted samples.
