@@ -32,7 +32,8 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         .filter(|w| w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid))
         .map(|w| {
             let work = p.work(w, p.to_compute(w.cached_tokens));
-            let computed = prompt_bytes - p.state_bytes(input.prompt_tokens - work.tokens);
+            let computed =
+                prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.tokens));
             (w, work, computed)
         })
         .collect();

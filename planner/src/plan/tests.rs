@@ -316,3 +316,20 @@ fn an_observed_slow_prefill_worker_loses_to_the_preset_speed_one() {
     assert_chosen(&p, Action::RemotePrefill, 2);
     assert_eq!(p.chosen.compute_on, WorkerId(1));
 }
+
+#[test]
+fn degenerate_steps_do_not_panic() {
+    // An empty prompt, and caches that claim more than the prompt, still give a plan.
+    for prompt in [0, 1, 15, 16] {
+        let mut w = worker(0, Role::Hybrid);
+        w.cached_tokens = 1_000;
+        let mut s = Scenario::new(
+            prompt,
+            vec![w, worker(1, Role::Prefill), worker(2, Role::Decode)],
+        );
+        s.decode_owner = Some(0);
+        s.artifact = Some((2, 512));
+        let p = s.plan();
+        assert!(p.chosen.cost.total.is_finite() && p.chosen.compute_tokens <= prompt.max(1));
+    }
+}
