@@ -118,10 +118,7 @@ impl Pricing<'_, '_> {
     /// Tokens computed when `reused` leading tokens need no compute; at least one, as
     /// engines recompute the last prompt token to sample from it.
     fn to_compute(&self, reused: u64) -> u64 {
-        self.prompt()
-            .saturating_sub(reused)
-            .max(1)
-            .min(self.prompt().max(1))
+        self.prompt().saturating_sub(reused).max(1)
     }
 
     /// `new` tokens computed on `w` after the rest of the prompt.
