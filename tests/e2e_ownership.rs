@@ -142,3 +142,113 @@ async fn a_dead_worker_s_ownership_expires_on_its_own() {
         .iter()
         .all(|o| o["needs_recompute"] == true && o["owner"].is_null()));
 }
+
+#[tokio::test]
+async fn explain_shows_the_plan_for_a_session_s_next_turn_without_running_it() {
+    let a = Proc::sim_worker(&["--instant"]);
+    let p = Proc::sim_worker(&["--instant"]);
+    let cfg = temp_config(
+        "explain.toml",
+        &format!(
+            // kv_aware: the router tokenizes prompts and remembers where they went, so the
+            // KV index knows what `a` holds (these workers publish no KV events).
+            "[router]\ndirectory = \"embedded\"\npolicy = \"kv_aware\"\n\n\
+             [[workers]]\nname = \"a\"\nurl = \"{}\"\nrole = \"decode\"\n\n\
+             [[workers]]\nname = \"p\"\nurl = \"{}\"\nrole = \"prefill\"\n",
+            a.url, p.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    let first = long("explained");
+    assert_eq!(route(&router.url, "s-x", &first).await, "a");
+    let url = router.url.clone();
+    eventually(Duration::from_secs(10), "session recorded", || {
+        let url = url.clone();
+        async move {
+            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
+                .as_array()
+                .is_some_and(|v| !v.is_empty())
+        }
+    })
+    .await;
+    let model = chat_body("", 1)["model"].clone();
+    let next_turn = |n: u32| {
+        serde_json::json!({
+            "model": model,
+            "n": n,
+            "messages": [
+                {"role": "user", "content": first},
+                {"role": "assistant", "content": "done"},
+                {"role": "user", "content": "now run the tests please"},
+            ],
+        })
+    };
+    let explain = |body: Value, token: Option<&'static str>| {
+        let url = format!("{}/admin/v1/plan/explain", router.url);
+        async move {
+            let mut req = client().post(url).header("x-session-id", "s-x").json(&body);
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, plan) = explain(next_turn(1), Some(common::ADMIN_TOKEN)).await;
+    assert_eq!(status, 200, "{plan}");
+    // The session lives on `a` (id 0), which holds all but the new turn: stay there.
+    assert_eq!(plan["inputs"]["decode_owner"], 0, "{plan:#}");
+    assert_eq!(plan["inputs"]["directory"], "embedded");
+    assert_eq!(plan["class"], "small_increment", "{plan:#}");
+    assert_eq!(plan["action"], "colocate", "{plan:#}");
+    assert_eq!(plan["chosen"]["decode_on"], 0);
+    assert!(plan["reason"].as_str().unwrap().starts_with("colocate"));
+    let candidates = plan["candidates"].as_array().unwrap();
+    let remote = candidates
+        .iter()
+        .find(|c| c["action"] == "remote_prefill")
+        .expect("prefilling on `p` is priced too");
+    assert_eq!(remote["compute_on"], 1);
+    assert!(
+        remote["cost"]["total"].as_f64().unwrap()
+            > plan["chosen"]["cost"]["total"].as_f64().unwrap()
+    );
+    for term in [
+        "queue_s",
+        "compute_s",
+        "network_s",
+        "restore_s",
+        "hbm_bytes",
+        "interference_s",
+    ] {
+        assert!(remote["cost"][term].is_number(), "{term}: {remote}");
+    }
+    // Four samples of the same turn are a forked rollout.
+    let (_, forked) = explain(next_turn(4), Some(common::ADMIN_TOKEN)).await;
+    assert_eq!(forked["class"], "forked_rollout", "{forked:#}");
+    // Explaining changed nothing: still one session, and `p` got no request.
+    let sessions = get_json(&format!("{}/admin/v1/sessions", router.url)).await;
+    assert_eq!(sessions["sessions"].as_array().unwrap().len(), 1);
+    let p_metrics = client()
+        .get(format!("{}/metrics", p.url))
+        .send()
+        .await
+        .unwrap();
+    let text = p_metrics.text().await.unwrap();
+    let served: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("vllm:request_success_total{"))
+        .collect();
+    assert!(
+        !served.is_empty() && served.iter().all(|l| l.ends_with(" 0")),
+        "no request reached p: {served:?}"
+    );
+    // Operator API rules: a token is needed; a model nobody serves is a 404.
+    let (status, body) = explain(next_turn(1), None).await;
+    assert_eq!(status, 401, "{body}");
+    let mut unknown = next_turn(1);
+    unknown["model"] = "no-such-model".into();
+    let (status, body) = explain(unknown, Some(common::ADMIN_TOKEN)).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "model_not_found", "{body}");
+}

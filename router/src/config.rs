@@ -12,9 +12,12 @@ use serde::Deserialize;
 use crate::auth::{Origin, Tokens};
 use ownerserve_planner::ids::{EngineKind, Role};
 use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_planner::plan::{Link, Links, Weights};
 use ownerserve_planner::policy::{self, BusyThresholds, KvAwareConfig, PolicySettings};
+use ownerserve_planner::roofline::{Efficiency, Roofline};
+use ownerserve_planner::spec::{GpuSpec, ModelSpec};
 use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
-use ownerserve_shim::sim::config::SimSettings;
+use ownerserve_shim::sim::config::{load, SimSettings};
 
 /// The `[router]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -75,6 +78,20 @@ pub struct RouterSettings {
     pub worker_lease_ttl_ms: u64,
     /// How often routed requests' ownership records are committed (one batch each time).
     pub ownership_flush_ms: u64,
+    /// The cost planner's model: a preset name or a `.toml` preset file.
+    pub planner_model: String,
+    /// The cost planner's GPU per worker: a preset name or a `.toml` preset file.
+    pub planner_gpu: String,
+    /// GPUs per worker (tensor parallel).
+    pub planner_gpus: u32,
+    /// Worker-to-worker KV transfer bandwidth, GB/s (unset: the GPU preset's link).
+    pub planner_link_gbs: Option<f64>,
+    /// Latency of one KV transfer, microseconds.
+    pub planner_link_latency_us: f64,
+    /// λ: seconds charged per GB of HBM a plan duplicates.
+    pub planner_lambda_s_per_gb: f64,
+    /// μ: seconds charged per second a prefill stalls one running decode.
+    pub planner_mu: f64,
 }
 
 /// Where the router's ownership directory lives.
@@ -127,6 +144,13 @@ impl Default for RouterSettings {
             directory_urls: Vec::new(),
             worker_lease_ttl_ms: 10_000,
             ownership_flush_ms: 50,
+            planner_model: "llama-3.1-8b".to_owned(),
+            planner_gpu: "h100".to_owned(),
+            planner_gpus: 1,
+            planner_link_gbs: None,
+            planner_link_latency_us: 20.0,
+            planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
+            planner_mu: Weights::default().mu,
         }
     }
 }
@@ -273,6 +297,54 @@ pub struct RouterConfig {
     pub directory: DirectorySetup,
     pub worker_lease_ttl: Duration,
     pub ownership_flush: Duration,
+    pub planner: PlannerSetup,
+}
+
+/// What the cost planner prices plans with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannerSetup {
+    pub model: ModelSpec,
+    pub roofline: Roofline,
+    pub links: Links,
+    pub weights: Weights,
+}
+
+impl PlannerSetup {
+    fn from_settings(s: &RouterSettings) -> anyhow::Result<Self> {
+        let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
+            .context("router.planner_model")?;
+        let gpu = load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml)
+            .context("router.planner_gpu")?;
+        let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
+        if !(link_gbs > 0.0 && link_gbs.is_finite()) {
+            bail!("router.planner_link_gbs must be positive");
+        }
+        let weights = Weights {
+            lambda_s_per_gb: s.planner_lambda_s_per_gb,
+            mu: s.planner_mu,
+        };
+        for (field, v) in [
+            ("planner_link_latency_us", s.planner_link_latency_us),
+            ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
+            ("planner_mu", weights.mu),
+        ] {
+            if !(v >= 0.0 && v.is_finite()) {
+                bail!("router.{field} must be zero or positive");
+            }
+        }
+        Ok(Self {
+            roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
+            model,
+            links: Links {
+                default: Link {
+                    bytes_per_s: link_gbs * 1e9,
+                    latency_s: s.planner_link_latency_us / 1e6,
+                },
+                pairs: Default::default(),
+            },
+            weights,
+        })
+    }
 }
 
 /// The validated directory choice.
@@ -393,6 +465,7 @@ impl RouterConfig {
             directory,
             worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
             ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
+            planner: PlannerSetup::from_settings(s)?,
         })
     }
 }

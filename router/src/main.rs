@@ -4,7 +4,8 @@
 //! - [`cli`]: the command line (`up`, `router`, `sim-worker`).
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
 //! - [`server`]: the OpenAI proxy and operator API; [`error`] maps every error to HTTP;
-//!   [`auth`] guards the operator API with bearer tokens.
+//!   [`auth`] guards the operator API with bearer tokens; [`explain`] answers
+//!   `/admin/v1/plan/explain` with the cost planner's choice.
 //! - [`registry`] and [`health`]: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -21,6 +22,7 @@ mod config;
 mod directory;
 mod directory_client;
 mod error;
+mod explain;
 mod health;
 mod kv;
 mod ownership_sync;

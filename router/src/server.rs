@@ -25,6 +25,7 @@ use crate::config::{DirectorySetup, RouterConfig};
 use crate::directory::{Node, NodeSettings};
 use crate::directory_client::{DirectoryClient, Embedded, Remote};
 use crate::error::ApiError;
+use crate::explain;
 use crate::health::{self, HealthSettings};
 use crate::kv::{self, KvRouting};
 use crate::ownership_sync::{OwnershipSync, Routed, SyncSettings};
@@ -133,6 +134,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let admin = Router::new()
         .route("/admin/v1/workers", get(workers))
         .route("/admin/v1/kv", get(kv_index))
+        .route("/admin/v1/plan/explain", post(plan_explain))
         .route_layer(axum::middleware::from_fn_with_state(
             tokens.clone(),
             auth::require,
@@ -226,15 +228,7 @@ async fn proxy(
     let bytes = read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
     let parsed = openai::parse(&bytes, endpoint)?;
     let model: &str = &parsed.model;
-    match st.registry.availability(model) {
-        ModelAvailability::Available => {}
-        ModelAvailability::Unavailable => {
-            return Err(ApiError::NoHealthyWorker {
-                model: model.to_owned(),
-            })
-        }
-        ModelAvailability::Unknown => return Err(ApiError::ModelNotFound(model.to_owned())),
-    }
+    check_model(st, model)?;
     // Only policies that use the KV index pay for tokenizing and hashing the prompt.
     let (prompt_tokens, hashes) = if st.needs_match {
         let tokens = parsed
@@ -247,12 +241,7 @@ async fn proxy(
     } else {
         (0, Vec::new())
     };
-    let session = parts
-        .headers
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .or(parsed.user.as_deref())
-        .or(parsed.session_id.as_deref());
+    let session = session_of(&parts.headers, &parsed);
     let route = RouteRequest {
         model,
         prompt_tokens,
@@ -323,6 +312,62 @@ async fn proxy(
             }
         }
     }
+}
+
+/// The session a request belongs to: the `x-session-id` header, else OpenAI's `user`, else
+/// `metadata.session_id`.
+fn session_of<'a>(
+    headers: &'a HeaderMap,
+    parsed: &'a openai::ParsedRequest<'_>,
+) -> Option<&'a str> {
+    headers
+        .get("x-session-id")
+        .and_then(|v| v.to_str().ok())
+        .or(parsed.user.as_deref())
+        .or(parsed.session_id.as_deref())
+}
+
+/// Fails like the proxy does for a model no worker serves.
+fn check_model(st: &AppState, model: &str) -> Result<(), ApiError> {
+    match st.registry.availability(model) {
+        ModelAvailability::Available => Ok(()),
+        ModelAvailability::Unavailable => Err(ApiError::NoHealthyWorker {
+            model: model.to_owned(),
+        }),
+        ModelAvailability::Unknown => Err(ApiError::ModelNotFound(model.to_owned())),
+    }
+}
+
+async fn plan_explain(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
+    let parsed = openai::parse(&bytes, Endpoint::ChatCompletions)?;
+    check_model(&st, &parsed.model)?;
+    let tokens = parsed
+        .prompt_tokens()
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let fork = parts
+        .headers
+        .get(explain::FORK_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| matches!(v, "1" | "true"));
+    let step = explain::Step {
+        model: &parsed.model,
+        tokens: &tokens,
+        session: session_of(&parts.headers, &parsed),
+        samples: parsed.sampling.n,
+        fork,
+    };
+    let plan = explain::explain(
+        &step,
+        &st.registry,
+        &st.kv,
+        &st.cfg.planner,
+        st.directory.as_deref(),
+    )?;
+    Ok(Json(plan).into_response())
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {

@@ -46,6 +46,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         file.sim.instant = instant;
     }
     let sim = file.sim.build().context("invalid [sim] settings")?;
+    // The planner prices plans for the fleet it fronts.
+    file.router.planner_model.clone_from(&file.sim.model);
+    file.router.planner_gpu.clone_from(&file.sim.gpu);
+    file.router.planner_gpus = file.sim.gpus;
     if file.fleet.iter().all(|g| g.count == 0) {
         anyhow::bail!("the fleet is empty: add [[fleet]] groups with count >= 1");
     }

@@ -192,7 +192,8 @@ fn range(
     }
 }
 
-fn load<T>(
+/// A preset by name, or a `.toml` file of one.
+pub fn load<T>(
     name: &str,
     preset: impl Fn(&str) -> Result<T, SpecError>,
     parse: impl Fn(&str) -> Result<T, SpecError>,
