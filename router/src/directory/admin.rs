@@ -46,12 +46,12 @@ pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
 
 /// Runs `f` on the state after a linearizable read barrier; `None` is a 404 for `what`.
 async fn read(n: &Node, what: &str, f: impl FnOnce(&Directory) -> Option<Value>) -> Response {
-    match n.raft.ensure_linearizable().await {
-        Ok(_) => match n.machine.read(|s| f(&s.directory)) {
+    match n.read_barrier().await {
+        Ok(()) => match n.machine.read(|s| f(&s.directory)) {
             Some(v) => Json(v).into_response(),
             None => error(StatusCode::NOT_FOUND, format!("no {what}"), json!({})),
         },
-        Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
             forward(n, f.leader_id)
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
@@ -187,7 +187,7 @@ async fn session_now(
     ),
     Response,
 > {
-    if n.raft.ensure_linearizable().await.is_err() {
+    if n.read_barrier().await.is_err() {
         return Err(forward(n, n.raft.current_leader().await));
     }
     n.machine

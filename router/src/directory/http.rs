@@ -120,13 +120,11 @@ async fn command(
 }
 
 async fn state(State(n): State<Arc<Node>>) -> Response {
-    match n.raft.ensure_linearizable().await {
-        Ok(_) => n.machine.read(|s| {
+    match n.read_barrier().await {
+        Ok(()) => n.machine.read(|s| {
             Json(json!({"directory": s.directory, "last_applied": s.last_applied})).into_response()
         }),
-        Err(RaftError::APIError(openraft::error::CheckIsLeaderError::ForwardToLeader(f))) => {
-            forward(&n, f.leader_id)
-        }
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => forward(&n, f.leader_id),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
     }
 }

@@ -108,7 +108,29 @@ pub struct Node {
     pub forwarder: reqwest::Client,
 }
 
+/// Why a read barrier failed.
+pub type BarrierError =
+    openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>;
+
 impl Node {
+    /// Returns once this node's state machine reflects every write acknowledged before the
+    /// call, so a read after it is linearizable. openraft's `ensure_linearizable` is not
+    /// enough here: a leader killed and restarted before the others elect a new one resumes
+    /// leadership in its old term without knowing the commit index (we do not persist it,
+    /// which saves an fsync per commit), and would serve its snapshot's stale state.
+    /// Committing an empty batch and reading once it is applied is linearizable regardless
+    /// (tests/e2e_linearizability.rs caught the stale read).
+    pub async fn read_barrier(&self) -> Result<(), BarrierError> {
+        self.propose(
+            Command::Batch {
+                commands: Vec::new(),
+            },
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// Proposes `command` stamped with the leader's clock.
     pub async fn propose(
         &self,
