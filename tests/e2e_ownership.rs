@@ -36,6 +36,20 @@ async fn worker_ids(router: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the directory lists `n` sessions.
+async fn sessions_recorded(router: &str, n: usize) {
+    let url = router.to_owned();
+    eventually(Duration::from_secs(10), "sessions recorded", || {
+        let url = url.clone();
+        async move {
+            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
+                .as_array()
+                .is_some_and(|v| v.len() == n)
+        }
+    })
+    .await;
+}
+
 fn long(tag: &str) -> String {
     (0..100).map(|i| format!("{tag} word {i} ")).collect()
 }
@@ -48,16 +62,7 @@ async fn up_records_leases_and_the_owners_of_routed_sessions() {
     for s in ["alpha", "beta", "gamma"] {
         served.push((s, route(&stack.url, s, &long(s)).await));
     }
-    let url = stack.url.clone();
-    eventually(Duration::from_secs(10), "sessions recorded", || {
-        let url = url.clone();
-        async move {
-            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
-                .as_array()
-                .is_some_and(|a| a.len() == 3)
-        }
-    })
-    .await;
+    sessions_recorded(&stack.url, 3).await;
     let sessions = get_json(&format!("{}/admin/v1/sessions", stack.url)).await;
     for (s, worker) in served {
         let row = sessions["sessions"]
@@ -104,17 +109,9 @@ async fn a_dead_worker_s_ownership_expires_on_its_own() {
     let router = Proc::router(&[], &["--config", &cfg]);
     // Round robin: the first session lands on `a`.
     assert_eq!(route(&router.url, "s-a", &long("on a")).await, "a");
-    let url = router.url.clone();
-    eventually(Duration::from_secs(10), "session recorded", || {
-        let url = url.clone();
-        async move {
-            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
-                .as_array()
-                .is_some_and(|v| !v.is_empty())
-        }
-    })
-    .await;
+    sessions_recorded(&router.url, 1).await;
     a.kill();
+    let url = router.url.clone();
     // No keep-alive for a dead worker: its lease expires, its session ends, its prefix needs
     // recomputing; `b` keeps its lease.
     eventually(Duration::from_secs(15), "a's ownership expired", || {
@@ -161,16 +158,7 @@ async fn explain_shows_the_plan_for_a_session_s_next_turn_without_running_it() {
     let router = Proc::router(&[], &["--config", &cfg]);
     let first = long("explained");
     assert_eq!(route(&router.url, "s-x", &first).await, "a");
-    let url = router.url.clone();
-    eventually(Duration::from_secs(10), "session recorded", || {
-        let url = url.clone();
-        async move {
-            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
-                .as_array()
-                .is_some_and(|v| !v.is_empty())
-        }
-    })
-    .await;
+    sessions_recorded(&router.url, 1).await;
     let model = chat_body("", 1)["model"].clone();
     let next_turn = |n: u32| {
         serde_json::json!({
