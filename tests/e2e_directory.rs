@@ -6,102 +6,47 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, Proc};
+use common::{client, free_port, DirectoryNodes, Proc};
 use serde_json::{json, Value};
 
 struct Cluster {
-    ports: Vec<u16>,
-    dirs: Vec<PathBuf>,
-    nodes: Vec<Option<Proc>>,
+    nodes: DirectoryNodes,
     http: reqwest::Client,
     client_id: u64,
     seq: u64,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Cluster {
     fn start(n: usize, tag: &str) -> Cluster {
-        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-        let base =
-            std::env::temp_dir().join(format!("ownerserve-dir-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let dirs = (1..=n).map(|i| base.join(format!("node{i}"))).collect();
-        let mut c = Cluster {
-            ports,
-            dirs,
-            nodes: Vec::new(),
+        Cluster {
+            nodes: DirectoryNodes::start(n, tag, &[]),
             http: client(),
             client_id: 7,
             seq: 0,
-        };
-        for i in 1..=n {
-            let node = c.spawn(i);
-            c.nodes.push(Some(node));
         }
-        c
-    }
-
-    fn spawn(&self, i: usize) -> Proc {
-        let listen = format!("127.0.0.1:{}", self.ports[i - 1]);
-        let data = self.dirs[i - 1].to_str().unwrap().to_owned();
-        let id = i.to_string();
-        let mut args = vec![
-            "directory",
-            "--id",
-            &id,
-            "--listen",
-            &listen,
-            "--data-dir",
-            &data,
-        ];
-        let peers: Vec<String> = self
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(j, p)| format!("{}=127.0.0.1:{p}", j + 1))
-            .collect();
-        for p in &peers {
-            args.push("--peer");
-            args.push(p);
-        }
-        if i == 1 {
-            args.push("--init");
-        }
-        Proc::spawn(&args, &[], "listening on")
     }
 
     fn url(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.ports[i - 1])
+        self.nodes.url(i)
     }
 
     fn kill(&mut self, i: usize) {
-        if let Some(mut p) = self.nodes[i - 1].take() {
-            p.kill();
-        }
+        self.nodes.kill(i);
     }
 
     fn restart(&mut self, i: usize) {
-        let node = self.spawn(i);
-        self.nodes[i - 1] = Some(node);
+        self.nodes.restart(i);
     }
 
     /// The current leader's number, once the live nodes agree on one.
     async fn leader(&self) -> usize {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            for i in 1..=self.ports.len() {
-                if self.nodes[i - 1].is_none() {
+            for i in 1..=self.nodes.len() {
+                if !self.nodes.running(i) {
                     continue;
                 }
                 let Ok(r) = self
@@ -117,11 +62,7 @@ impl Cluster {
                 };
                 // A leader this node knows of, and that is still running.
                 if let Some(l) = v["leader"].as_u64().map(|l| l as usize) {
-                    if self
-                        .nodes
-                        .get(l.wrapping_sub(1))
-                        .is_some_and(Option::is_some)
-                    {
+                    if self.nodes.running(l) {
                         return l;
                     }
                 }
@@ -457,7 +398,7 @@ async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members(
 
     // Membership: a fourth node joins as a learner, then as a voter.
     let port = free_port();
-    let data = c.dirs[0].parent().unwrap().join("node4");
+    let data = c.nodes.data_root().join("node4");
     let listen = format!("127.0.0.1:{port}");
     let _node4 = Proc::spawn(
         &[

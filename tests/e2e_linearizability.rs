@@ -13,7 +13,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Proc, ADMIN_TOKEN};
+use common::{DirectoryNodes, ADMIN_TOKEN};
 use serde_json::{json, Value};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester, SequentialSpec};
 
@@ -260,65 +260,11 @@ const NODES: usize = 3;
 /// history stays short for the tester's search.
 const KEYS: u64 = 16;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_millis(1500))
         .build()
         .unwrap()
-}
-
-struct Nodes {
-    ports: Vec<u16>,
-    base: std::path::PathBuf,
-    procs: Vec<Option<Proc>>,
-}
-
-impl Nodes {
-    fn spawn(&self, i: usize) -> Proc {
-        let (id, listen) = ((i + 1).to_string(), format!("127.0.0.1:{}", self.ports[i]));
-        let data = self.base.join(format!("n{id}"));
-        let peers: Vec<String> = self
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(j, p)| format!("{}=127.0.0.1:{p}", j + 1))
-            .collect();
-        let mut args = vec![
-            "directory",
-            "--id",
-            &id,
-            "--listen",
-            &listen,
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--fault-injection",
-            "--tick-ms",
-            "500",
-        ];
-        for p in &peers {
-            args.push("--peer");
-            args.push(p);
-        }
-        if i == 0 {
-            args.push("--init");
-        }
-        Proc::spawn(&args, &[], "listening on")
-    }
-}
-
-fn urls(ports: &[u16]) -> Vec<String> {
-    ports
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect()
 }
 
 /// Commits a command, retrying with the same idempotency key through faults.
@@ -412,19 +358,8 @@ async fn partition(c: &reqwest::Client, urls: &[String], victim: Option<usize>) 
 
 #[tokio::test]
 async fn histories_under_leader_kills_and_partitions_are_linearizable() {
-    let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
-    let base = std::env::temp_dir().join(format!("ownerserve-lin-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&base);
-    let mut nodes = Nodes {
-        ports: ports.clone(),
-        base,
-        procs: Vec::new(),
-    };
-    for i in 0..NODES {
-        let p = nodes.spawn(i);
-        nodes.procs.push(Some(p));
-    }
-    let urls = urls(&ports);
+    let mut nodes = DirectoryNodes::start(NODES, "lin", &["--fault-injection", "--tick-ms", "500"]);
+    let urls = nodes.urls();
     let c = http();
     let mut leases = Vec::new();
     for w in 0..3u64 {
@@ -497,12 +432,9 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
                 // Kill -9 whoever leads, then bring it back.
                 let leader = leader_index(&c, &urls).await;
                 if let Some(i) = leader {
-                    if let Some(mut p) = nodes.procs[i].take() {
-                        p.kill();
-                    }
+                    nodes.kill(i + 1);
                     tokio::time::sleep(Duration::from_millis(1200)).await;
-                    let p = nodes.spawn(i);
-                    nodes.procs[i] = Some(p);
+                    nodes.restart(i + 1);
                     faults += 1;
                 }
             }

@@ -231,3 +231,105 @@ pub fn temp_config(name: &str, text: &str) -> String {
     std::fs::write(&path, text).unwrap();
     path.to_str().unwrap().to_owned()
 }
+
+/// A free TCP port on 127.0.0.1 (for processes whose port must be known before they start).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `n` `ownerserve directory` processes forming one cluster on 127.0.0.1, numbered from 1
+/// (their Raft ids); node 1 initialises it. Each can be killed and restarted on its data.
+pub struct DirectoryNodes {
+    ports: Vec<u16>,
+    base: std::path::PathBuf,
+    extra: Vec<String>,
+    procs: Vec<Option<Proc>>,
+}
+
+impl DirectoryNodes {
+    /// Starts the nodes with `extra` flags each; `tag` names their data folder.
+    pub fn start(n: usize, tag: &str, extra: &[&str]) -> DirectoryNodes {
+        let base =
+            std::env::temp_dir().join(format!("ownerserve-dir-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let mut nodes = DirectoryNodes {
+            ports: (0..n).map(|_| free_port()).collect(),
+            base,
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            procs: Vec::new(),
+        };
+        for i in 1..=n {
+            let p = nodes.spawn(i);
+            nodes.procs.push(Some(p));
+        }
+        nodes
+    }
+
+    fn spawn(&self, i: usize) -> Proc {
+        let (id, listen) = (i.to_string(), format!("127.0.0.1:{}", self.ports[i - 1]));
+        let data = self.base.join(format!("node{i}"));
+        let peers: Vec<String> = self
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(j, p)| format!("{}=127.0.0.1:{p}", j + 1))
+            .collect();
+        let mut args = vec![
+            "directory",
+            "--id",
+            &id,
+            "--listen",
+            &listen,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ];
+        args.extend(self.extra.iter().map(String::as_str));
+        for p in &peers {
+            args.push("--peer");
+            args.push(p);
+        }
+        if i == 1 {
+            args.push("--init");
+        }
+        Proc::spawn(&args, &[], "listening on")
+    }
+
+    pub fn len(&self) -> usize {
+        self.ports.len()
+    }
+
+    pub fn url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.ports[i - 1])
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        (1..=self.len()).map(|i| self.url(i)).collect()
+    }
+
+    /// kill -9 node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut p) = self.procs[i - 1].take() {
+            p.kill();
+        }
+    }
+
+    /// Starts node `i` again on its data.
+    pub fn restart(&mut self, i: usize) {
+        let p = self.spawn(i);
+        self.procs[i - 1] = Some(p);
+    }
+
+    /// Whether node `i` (1-based) exists and runs.
+    pub fn running(&self, i: usize) -> bool {
+        i >= 1 && self.procs.get(i - 1).is_some_and(Option::is_some)
+    }
+
+    /// The folder holding every node's data folder.
+    pub fn data_root(&self) -> &std::path::Path {
+        &self.base
+    }
+}
