@@ -85,6 +85,10 @@ pub enum Command {
     },
     /// Ends a session, dropping its reference to its prefix.
     EndSession { session: SessionId, epoch: Epoch },
+    /// Demotes an idle session whose idle lease lapsed: it loses its decode owner (the
+    /// owner drops its tail) but keeps its prefix artifact, so a resume recomputes only
+    /// the tail where the artifact is. Fenced by its epoch.
+    DemoteSession { session: SessionId, epoch: Epoch },
     /// Pins (or unpins) a session to its decode owner: while pinned, it is not moved to
     /// another worker (expiry of its owner still moves or ends it). Fenced by its epoch.
     PinSession {

@@ -90,6 +90,16 @@ impl Default for GapLease {
 }
 
 impl GapLease {
+    /// Leases of `factor` × the predicted gap within `min_ms..=max_ms`, before any gap.
+    pub fn new(factor: f64, min_ms: u64, max_ms: u64) -> Self {
+        Self {
+            factor,
+            min_ms,
+            max_ms,
+            ..Self::default()
+        }
+    }
+
     /// Records the gap between a response and the session's next request.
     pub fn observe_gap(&mut self, gap_ms: u64) {
         self.gap_ms.observe(gap_ms as f64);

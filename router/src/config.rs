@@ -10,10 +10,13 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::auth::{Origin, Tokens};
-use ownerserve_planner::ids::{EngineKind, Role};
+use ownerserve_planner::ewma::GapLease;
+use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::kv_index::KvIndexConfig;
-use ownerserve_planner::plan::{Link, Links, Weights};
-use ownerserve_planner::policy::{self, BusyThresholds, KvAwareConfig, PolicySettings};
+use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
+use ownerserve_planner::policy::{
+    self, BusyThresholds, KvAwareConfig, OwnerServeConfig, PolicySettings,
+};
 use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
 use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
@@ -92,6 +95,32 @@ pub struct RouterSettings {
     pub planner_lambda_s_per_gb: f64,
     /// μ: seconds charged per second a prefill stalls one running decode.
     pub planner_mu: f64,
+    /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
+    /// real time); observed prefill times are scaled by it before calibrating the planner.
+    pub planner_time_scale: f64,
+    /// Links that differ from the default, per ordered worker pair.
+    pub planner_links: Vec<LinkSettings>,
+    /// An idle session's lease is `factor` × its predicted tool-call gap ...
+    pub session_lease_factor: f64,
+    /// ... but at least this long ...
+    pub session_lease_min_ms: u64,
+    /// ... and at most this long (also the lease before any gap was seen).
+    pub session_lease_max_ms: u64,
+}
+
+/// One `[[router.planner_links]]` entry: the link from one worker to another.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSettings {
+    /// Worker name the KV leaves from.
+    pub from: String,
+    /// Worker name the KV goes to.
+    pub to: String,
+    /// Bandwidth, GB/s.
+    pub gbs: f64,
+    /// Latency of one transfer, microseconds.
+    #[serde(default)]
+    pub latency_us: f64,
 }
 
 /// Where the router's ownership directory lives.
@@ -151,6 +180,11 @@ impl Default for RouterSettings {
             planner_link_latency_us: 20.0,
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
+            planner_time_scale: 1.0,
+            planner_links: Vec::new(),
+            session_lease_factor: 2.0,
+            session_lease_min_ms: 5_000,
+            session_lease_max_ms: 600_000,
         }
     }
 }
@@ -173,6 +207,15 @@ pub struct WorkerSettings {
     /// ZMQ ROUTER endpoint for replaying missed event batches.
     #[serde(default)]
     pub kv_replay: Option<String>,
+    /// The worker's GPU preset (or `.toml` file) when it differs from `planner_gpu`.
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// GPUs of this worker when they differ from `planner_gpus`.
+    #[serde(default)]
+    pub gpus: Option<u32>,
+    /// SGLang prefill workers: the `disaggregation_bootstrap_port` (from `/server_info`).
+    #[serde(default)]
+    pub bootstrap_port: Option<u16>,
 }
 
 fn default_engine() -> EngineKind {
@@ -186,6 +229,9 @@ pub struct FleetGroup {
     pub role: Role,
     #[serde(default = "one")]
     pub count: u32,
+    /// GPU preset of this group's workers, when it differs from `[sim] gpu`.
+    #[serde(default)]
+    pub gpu: Option<String>,
 }
 
 fn one() -> u32 {
@@ -272,6 +318,35 @@ pub struct WorkerSpec {
     pub engine: EngineKind,
     pub kv_events: Option<String>,
     pub kv_replay: Option<String>,
+    /// GPU preset when it differs from the planner's default.
+    pub gpu: Option<String>,
+    pub gpus: Option<u32>,
+    /// SGLang bootstrap port of a prefill worker.
+    pub bootstrap_port: Option<u16>,
+}
+
+impl WorkerSpec {
+    /// A worker with the planner's default GPU and no event sockets.
+    pub fn new(name: &str, base_url: &str, role: Role, engine: EngineKind) -> Self {
+        Self {
+            name: name.to_owned(),
+            base_url: base_url.to_owned(),
+            role,
+            engine,
+            kv_events: None,
+            kv_replay: None,
+            gpu: None,
+            gpus: None,
+            bootstrap_port: None,
+        }
+    }
+
+    /// `(host, port)` of its base URL.
+    pub fn host_port(&self) -> Option<(String, u16)> {
+        let rest = self.base_url.split_once("://")?.1;
+        let (host, port) = rest.rsplit_once(':')?;
+        Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+    }
 }
 
 /// Validated router configuration.
@@ -297,54 +372,89 @@ pub struct RouterConfig {
     pub directory: DirectorySetup,
     pub worker_lease_ttl: Duration,
     pub ownership_flush: Duration,
-    pub planner: PlannerSetup,
+    /// What the cost planner prices plans with (also in `policy_settings.ownerserve`).
+    pub planner: OwnerServeConfig,
+    /// Converts observed wall-clock prefill times into the workers' (simulated) time.
+    pub planner_time_scale: f64,
+    /// Idle-session leases from predicted tool-call gaps.
+    pub session_lease: GapLease,
 }
 
-/// What the cost planner prices plans with.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlannerSetup {
-    pub model: ModelSpec,
-    pub roofline: Roofline,
-    pub links: Links,
-    pub weights: Weights,
-}
-
-impl PlannerSetup {
-    fn from_settings(s: &RouterSettings) -> anyhow::Result<Self> {
-        let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
-            .context("router.planner_model")?;
-        let gpu = load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml)
-            .context("router.planner_gpu")?;
-        let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
-        if !(link_gbs > 0.0 && link_gbs.is_finite()) {
-            bail!("router.planner_link_gbs must be positive");
-        }
-        let weights = Weights {
-            lambda_s_per_gb: s.planner_lambda_s_per_gb,
-            mu: s.planner_mu,
-        };
-        for (field, v) in [
-            ("planner_link_latency_us", s.planner_link_latency_us),
-            ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
-            ("planner_mu", weights.mu),
-        ] {
-            if !(v >= 0.0 && v.is_finite()) {
-                bail!("router.{field} must be zero or positive");
-            }
-        }
-        Ok(Self {
-            roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
-            model,
-            links: Links {
-                default: Link {
-                    bytes_per_s: link_gbs * 1e9,
-                    latency_s: s.planner_link_latency_us / 1e6,
-                },
-                pairs: Default::default(),
-            },
-            weights,
-        })
+/// Builds the cost planner's figures for `workers` (indexed as the registry numbers them).
+fn planner_setup(s: &RouterSettings, workers: &[WorkerSpec]) -> anyhow::Result<OwnerServeConfig> {
+    let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
+        .context("router.planner_model")?;
+    let gpu =
+        load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml).context("router.planner_gpu")?;
+    let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
+    if !(link_gbs > 0.0 && link_gbs.is_finite()) {
+        bail!("router.planner_link_gbs must be positive");
     }
+    let weights = Weights {
+        lambda_s_per_gb: s.planner_lambda_s_per_gb,
+        mu: s.planner_mu,
+    };
+    for (field, v) in [
+        ("planner_link_latency_us", s.planner_link_latency_us),
+        ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
+        ("planner_mu", weights.mu),
+    ] {
+        if !(v >= 0.0 && v.is_finite()) {
+            bail!("router.{field} must be zero or positive");
+        }
+    }
+    let index = |name: &str| {
+        workers
+            .iter()
+            .position(|w| w.name == name)
+            .map(|i| WorkerId(i as u32))
+            .with_context(|| format!("router.planner_links: no worker named `{name}`"))
+    };
+    let mut pairs = std::collections::BTreeMap::new();
+    for l in &s.planner_links {
+        if !(l.gbs > 0.0 && l.gbs.is_finite() && l.latency_us >= 0.0 && l.latency_us.is_finite()) {
+            bail!(
+                "router.planner_links {} -> {}: gbs must be positive, latency_us >= 0",
+                l.from,
+                l.to
+            );
+        }
+        let link = Link {
+            bytes_per_s: l.gbs * 1e9,
+            latency_s: l.latency_us / 1e6,
+        };
+        pairs.insert((index(&l.from)?, index(&l.to)?), link);
+    }
+    let mut rooflines = std::collections::BTreeMap::new();
+    for (i, w) in workers.iter().enumerate() {
+        if w.gpu.is_none() && w.gpus.is_none() {
+            continue;
+        }
+        let g = match &w.gpu {
+            Some(name) => load(name, GpuSpec::preset, GpuSpec::from_toml)
+                .with_context(|| format!("worker {}: gpu", w.name))?,
+            None => gpu.clone(),
+        };
+        let n = w.gpus.unwrap_or(s.planner_gpus).max(1);
+        rooflines.insert(
+            WorkerId(i as u32),
+            Roofline::new(&g, n, Efficiency::default()),
+        );
+    }
+    Ok(OwnerServeConfig {
+        roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
+        rooflines,
+        model,
+        links: Links {
+            default: Link {
+                bytes_per_s: link_gbs * 1e9,
+                latency_s: s.planner_link_latency_us / 1e6,
+            },
+            pairs,
+        },
+        weights,
+        thresholds: ClassThresholds::default(),
+    })
 }
 
 /// The validated directory choice.
@@ -377,6 +487,19 @@ impl RouterConfig {
         if !(s.kv_temperature >= 0.0 && s.kv_temperature.is_finite()) {
             bail!("router.kv_temperature must be a non-negative number");
         }
+        if workers.is_empty() {
+            bail!("no workers configured");
+        }
+        let planner = planner_setup(s, &workers)?;
+        if !(s.planner_time_scale > 0.0 && s.planner_time_scale.is_finite()) {
+            bail!("router.planner_time_scale must be positive");
+        }
+        if !(s.session_lease_factor > 0.0 && s.session_lease_factor.is_finite()) {
+            bail!("router.session_lease_factor must be positive");
+        }
+        if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {
+            bail!("router.session_lease_min_ms must be positive and at most session_lease_max_ms");
+        }
         let policy_settings = PolicySettings {
             kv_aware: KvAwareConfig {
                 overlap_weight: s.kv_overlap_weight,
@@ -388,6 +511,7 @@ impl RouterConfig {
                 },
             },
             session_ttl_ms: s.session_ttl_s.saturating_mul(1000),
+            ownerserve: Some(planner.clone()),
             ..PolicySettings::default()
         };
         policy::by_name(&s.policy, &policy_settings)
@@ -421,9 +545,6 @@ impl RouterConfig {
         }
         if s.health_failure_threshold == 0 {
             bail!("router.health_failure_threshold must be at least 1");
-        }
-        if workers.is_empty() {
-            bail!("no workers configured");
         }
         let mut names = std::collections::HashSet::new();
         for w in &workers {
@@ -465,7 +586,13 @@ impl RouterConfig {
             directory,
             worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
             ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
-            planner: PlannerSetup::from_settings(s)?,
+            planner,
+            planner_time_scale: s.planner_time_scale,
+            session_lease: GapLease::new(
+                s.session_lease_factor,
+                s.session_lease_min_ms,
+                s.session_lease_max_ms,
+            ),
         })
     }
 }
@@ -492,7 +619,7 @@ pub fn worker_url(url: &str) -> anyhow::Result<String> {
     Ok(trimmed.to_owned())
 }
 
-/// Parses `--worker URL[,role=R][,engine=E][,name=N]`.
+/// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`.
 pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
     let mut parts = flag.split(',');
     let url = parts.next().unwrap_or_default().to_owned();
@@ -503,6 +630,9 @@ pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
         engine: default_engine(),
         kv_events: None,
         kv_replay: None,
+        gpu: None,
+        gpus: None,
+        bootstrap_port: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -514,8 +644,16 @@ pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
             "name" => w.name = Some(v.to_owned()),
             "kv_events" => w.kv_events = Some(v.to_owned()),
             "kv_replay" => w.kv_replay = Some(v.to_owned()),
+            "gpu" => w.gpu = Some(v.to_owned()),
+            "gpus" => w.gpus = Some(v.parse().with_context(|| format!("--worker `{flag}`: gpus"))?),
+            "bootstrap_port" => {
+                w.bootstrap_port = Some(
+                    v.parse()
+                        .with_context(|| format!("--worker `{flag}`: bootstrap_port"))?,
+                )
+            }
             _ => bail!(
-                "--worker `{flag}`: unknown key `{k}` (role, engine, name, kv_events, kv_replay)"
+                "--worker `{flag}`: unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port)"
             ),
         }
     }
@@ -535,12 +673,12 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> anyhow::Result<Vec<WorkerSpec
                 .unwrap_or_else(|| format!("{}-{}", w.role.as_str(), n));
             *n += 1;
             Ok(WorkerSpec {
-                name,
-                base_url: worker_url(&w.url)?,
-                role: w.role,
-                engine: w.engine,
                 kv_events: w.kv_events.clone(),
                 kv_replay: w.kv_replay.clone(),
+                gpu: w.gpu.clone(),
+                gpus: w.gpus,
+                bootstrap_port: w.bootstrap_port,
+                ..WorkerSpec::new(&name, &worker_url(&w.url)?, w.role, w.engine)
             })
         })
         .collect()
@@ -557,14 +695,12 @@ mod tests {
         up.sim.build().unwrap();
         RouterConfig::validate(
             &up.router,
-            vec![WorkerSpec {
-                name: "a".into(),
-                base_url: "http://127.0.0.1:1".into(),
-                role: Role::Decode,
-                engine: EngineKind::Sim,
-                kv_events: None,
-                kv_replay: None,
-            }],
+            vec![WorkerSpec::new(
+                "a",
+                "http://127.0.0.1:1",
+                Role::Decode,
+                EngineKind::Sim,
+            )],
         )
         .unwrap();
     }
@@ -596,7 +732,13 @@ mod tests {
             policy: "magic".into(),
             ..RouterSettings::default()
         };
-        let err = RouterConfig::validate(&s, vec![]).unwrap_err().to_string();
+        let one = vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Sim,
+        )];
+        let err = RouterConfig::validate(&s, one).unwrap_err().to_string();
         assert!(
             err.contains("magic") && err.contains("round_robin"),
             "{err}"

@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use ownerserve_ownership::{Command, Outcome};
+use ownerserve_ownership::ids::{Epoch, PrefixKey, SessionId};
+use ownerserve_ownership::{Command, Directory, Outcome};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::plan::ArtifactView;
 
 use crate::directory::Node;
 
@@ -25,10 +28,58 @@ pub enum DirectoryError {
     Protocol(String),
 }
 
+/// What the directory says about one step: the session's owner and epoch, and the
+/// prompt's longest owned prefix.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Lookup {
+    /// The session's decode owner.
+    pub owner: Option<WorkerId>,
+    /// The session's fencing epoch (kept when a demoted session has no owner).
+    pub epoch: Option<Epoch>,
+    /// The longest owned prefix artifact of the prompt.
+    pub artifact: Option<ArtifactView>,
+    /// Its key and epoch, for replicate and migrate commands.
+    pub artifact_key: Option<(PrefixKey, Epoch)>,
+    /// Whether an answer came from a directory at all.
+    pub consulted: bool,
+}
+
+impl Lookup {
+    /// Reads `session` and the prompt's prefix hashes (`block` tokens each) off `d`.
+    pub fn read(d: &Directory, session: Option<&str>, hashes: &[u64], block: u64) -> Self {
+        let s = session.and_then(|s| d.sessions.get(&SessionId(s.to_owned())));
+        let artifact = hashes.iter().enumerate().rev().find_map(|(i, h)| {
+            let a = d.artifacts.get(&PrefixKey(*h))?;
+            let owner = a.owner?;
+            Some((
+                ArtifactView {
+                    owner: WorkerId(owner.worker.0),
+                    tokens: (i as u64 + 1) * block,
+                },
+                (PrefixKey(*h), a.epoch),
+            ))
+        });
+        Self {
+            owner: s.and_then(|s| s.owner).map(|o| WorkerId(o.worker.0)),
+            epoch: s.map(|s| s.epoch),
+            artifact: artifact.map(|a| a.0),
+            artifact_key: artifact.map(|a| a.1),
+            consulted: true,
+        }
+    }
+}
+
 /// Commits commands to the directory.
 pub trait DirectoryClient: Send + Sync {
     /// Commits `command` (the leader stamps its time) and returns its outcome.
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>>;
+
+    /// What the directory knows about a step, read locally without a Raft round trip (a
+    /// routing hint: writes are fenced by epochs). A remote cluster is not read per
+    /// request; it answers an empty, unconsulted lookup.
+    fn lookup(&self, _session: Option<&str>, _hashes: &[u64], _block: u64) -> Lookup {
+        Lookup::default()
+    }
 }
 
 /// A directory node in this process.
@@ -45,6 +96,12 @@ impl DirectoryClient for Embedded {
             resp.data
                 .ok_or_else(|| DirectoryError::Protocol("no outcome for a command".into()))
         })
+    }
+
+    fn lookup(&self, session: Option<&str>, hashes: &[u64], block: u64) -> Lookup {
+        self.0
+            .machine
+            .read(|s| Lookup::read(&s.directory, session, hashes, block))
     }
 }
 

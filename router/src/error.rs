@@ -31,6 +31,8 @@ pub enum ApiError {
     UpstreamTimeout { worker: String, after: Duration },
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
+    #[error("no worker is named `{0}`")]
+    UnknownWorker(String),
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
     #[error("a valid bearer token is required")]
@@ -111,6 +113,12 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 "unknown_url",
+            ),
+            UnknownWorker(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                "unknown_worker",
             ),
             MethodNotAllowed { .. } => (
                 StatusCode::METHOD_NOT_ALLOWED,

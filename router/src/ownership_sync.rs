@@ -5,7 +5,7 @@
 //! flush, so the proxy never waits for a Raft round trip.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_ownership::command::ArtifactSpec;
-use ownerserve_ownership::ids::{LeaseId, PrefixKey, SessionId, WorkerId as DirWorkerId};
+use ownerserve_ownership::ids::{
+    Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
+};
 use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::WorkerId;
@@ -32,6 +34,20 @@ pub struct Routed {
     pub session: Option<String>,
     pub endpoint: Endpoint,
     pub body: Bytes,
+    pub effects: Effects,
+}
+
+/// What a plan changes in the directory besides recording the serving worker.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Effects {
+    /// The plan moves the session: set its owner only if its epoch is still this one.
+    pub expect_epoch: Option<Epoch>,
+    /// The worker fetched this artifact: register its read-only copy.
+    pub replicate: Option<PrefixKey>,
+    /// The request forks its session into this child, fenced by the parent's epoch.
+    pub fork: Option<(String, Epoch)>,
+    /// The session's predicted tool-call gap.
+    pub predicted_gap_ms: Option<u64>,
 }
 
 /// Timings of the sync.
@@ -42,15 +58,35 @@ pub struct SyncSettings {
     pub block_size: usize,
 }
 
+/// Each worker's current directory lease.
+type Leases = Arc<Mutex<HashMap<WorkerId, LeaseId>>>;
+
 /// Handle the proxy records routed requests through (never blocks).
 #[derive(Clone)]
 pub struct OwnershipSync {
     tx: mpsc::UnboundedSender<Routed>,
+    leases: Leases,
+    client: Arc<dyn DirectoryClient>,
 }
 
 impl OwnershipSync {
     pub fn record(&self, routed: Routed) {
         let _ = self.tx.send(routed);
+    }
+
+    /// The worker's directory lease, once granted.
+    pub fn lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&worker)
+            .copied()
+    }
+
+    /// The directory, for commands that must commit before the request goes on (a
+    /// migration's owner flip) and for lookups.
+    pub fn client(&self) -> &Arc<dyn DirectoryClient> {
+        &self.client
     }
 
     /// Starts the sync task.
@@ -62,8 +98,9 @@ impl OwnershipSync {
         cancel: CancellationToken,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tracker.spawn(run(client, registry, s, rx, cancel));
-        Self { tx }
+        let leases = Leases::default();
+        tracker.spawn(run(client.clone(), registry, s, rx, leases.clone(), cancel));
+        Self { tx, leases, client }
     }
 }
 
@@ -80,6 +117,13 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
     let hashes = prompt_hashes(&tokens, block_size, XXH3_SEED);
     let prefix = hashes.last().map(|&h| PrefixKey(h));
     let mut out = Vec::new();
+    if let Some(key) = r.effects.replicate {
+        out.push(Command::ReplicateReadOnly {
+            key,
+            worker: dir_worker(r.worker),
+            tier: Tier::Gpu,
+        });
+    }
     if let Some(key) = prefix {
         out.push(Command::Claim {
             key,
@@ -93,15 +137,22 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
             expect_epoch: None,
         });
     }
-    if let Some(session) = &r.session {
-        out.push(Command::SetDecodeOwner {
+    match (&r.session, &r.effects.fork) {
+        (Some(parent), Some((child, parent_epoch))) => out.push(Command::Fork {
+            parent: SessionId(parent.clone()),
+            child: SessionId(child.clone()),
+            lease,
+            parent_epoch: *parent_epoch,
+        }),
+        (Some(session), _) => out.push(Command::SetDecodeOwner {
             session: SessionId(session.clone()),
             lease,
             prefix,
             tail_tokens: (tokens.len() % block_size.max(1)) as u32,
-            predicted_tool_gap_ms: None,
-            expect_epoch: None,
-        });
+            predicted_tool_gap_ms: r.effects.predicted_gap_ms,
+            expect_epoch: r.effects.expect_epoch,
+        }),
+        (None, _) => {}
     }
     out
 }
@@ -111,6 +162,7 @@ async fn run(
     registry: Arc<Registry>,
     s: SyncSettings,
     mut rx: mpsc::UnboundedReceiver<Routed>,
+    shared: Leases,
     cancel: CancellationToken,
 ) {
     let ttl_ms = s.lease_ttl.as_millis() as u64;
@@ -145,6 +197,10 @@ async fn run(
                         match granted {
                             Ok(Outcome::LeaseGranted { lease, .. }) => {
                                 leases.insert(w.id, lease);
+                                shared
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .insert(w.id, lease);
                             }
                             other => tracing::warn!(worker = %w.spec.name, ?other, "no directory lease"),
                         }

@@ -17,6 +17,8 @@ pub struct Worker {
     pub id: WorkerId,
     pub spec: WorkerSpec,
     healthy: AtomicBool,
+    /// An operator drains it: no new work, its sessions move off on their next step.
+    draining: AtomicBool,
     consecutive_failures: AtomicU32,
     in_flight: AtomicU32,
     active_blocks: AtomicU64,
@@ -29,6 +31,20 @@ impl Worker {
     /// Whether the last health checks passed.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether an operator is draining it.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts or ends a drain; returns the previous state.
+    pub fn set_draining(&self, draining: bool) -> bool {
+        let was = self.draining.swap(draining, Ordering::Relaxed);
+        if was != draining {
+            tracing::info!(worker = %self.spec.name, draining, "drain changed");
+        }
+        was
     }
 
     /// Requests this router has sent there that have not finished.
@@ -160,6 +176,7 @@ impl Registry {
                     id: WorkerId(i as u32),
                     spec,
                     healthy: AtomicBool::new(false),
+                    draining: AtomicBool::new(false),
                     consecutive_failures: AtomicU32::new(0),
                     in_flight: AtomicU32::new(0),
                     active_blocks: AtomicU64::new(0),
@@ -208,6 +225,7 @@ impl Registry {
                 id: w.id,
                 role: w.spec.role,
                 healthy: w.is_healthy(),
+                draining: w.is_draining(),
                 in_flight: w.in_flight(),
                 active_blocks: w.active_blocks(),
                 active_prefill_tokens: w.active_prefill_tokens.load(Ordering::Relaxed),
@@ -240,6 +258,7 @@ impl Registry {
                 role: w.spec.role,
                 engine: w.spec.engine,
                 healthy: w.is_healthy(),
+                draining: w.is_draining(),
                 in_flight: w.in_flight(),
                 active_blocks: w.active_blocks(),
                 load: w.load().map(|l| LoadInfo {
@@ -262,6 +281,7 @@ pub struct WorkerInfo {
     pub role: Role,
     pub engine: EngineKind,
     pub healthy: bool,
+    pub draining: bool,
     pub in_flight: u32,
     pub active_blocks: u64,
     pub load: Option<LoadInfo>,
@@ -282,14 +302,8 @@ mod tests {
     use super::*;
 
     fn registry() -> Registry {
-        let spec = |name: &str, role| WorkerSpec {
-            name: name.into(),
-            base_url: "http://127.0.0.1:1".into(),
-            role,
-            engine: EngineKind::Sim,
-            kv_events: None,
-            kv_replay: None,
-        };
+        let spec =
+            |name: &str, role| WorkerSpec::new(name, "http://127.0.0.1:1", role, EngineKind::Sim);
         Registry::new(vec![spec("a", Role::Decode), spec("b", Role::Hybrid)])
     }
 

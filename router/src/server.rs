@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -17,19 +17,23 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_planner::policy::{self, Policy, PolicyError, RouteRequest};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::policy::{self, Decision, Dispatch, Policy, PolicyError, RouteRequest};
 use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::auth;
 use crate::config::{DirectorySetup, RouterConfig};
 use crate::directory::{Node, NodeSettings};
-use crate::directory_client::{DirectoryClient, Embedded, Remote};
+use crate::directory_client::{DirectoryClient, Embedded, Lookup, Remote};
+use crate::dispatch::{self, Prepared, Step};
 use crate::error::ApiError;
 use crate::explain;
 use crate::health::{self, HealthSettings};
 use crate::kv::{self, KvRouting};
-use crate::ownership_sync::{OwnershipSync, Routed, SyncSettings};
-use crate::registry::{ModelAvailability, Registry};
+use crate::metrics::RouterMetrics;
+use crate::ownership_sync::{Effects, OwnershipSync, Routed, SyncSettings};
+use crate::registry::{self, ModelAvailability, Registry};
+use crate::sessions::{self, Sessions};
 use crate::upstream::{self, ForwardError, HttpClient};
 
 /// Shared state of the router's handlers.
@@ -38,13 +42,35 @@ pub struct AppState {
     policy: Mutex<Box<dyn Policy>>,
     /// Whether the policy wants prompts tokenized and matched against the KV index.
     needs_match: bool,
-    kv: Arc<KvRouting>,
-    client: HttpClient,
-    cfg: RouterConfig,
+    /// Whether the policy reads session owners and owned prefixes from the directory.
+    needs_directory: bool,
+    pub(crate) kv: Arc<KvRouting>,
+    pub(crate) client: HttpClient,
+    pub(crate) cfg: RouterConfig,
     /// Records ownership of routed requests, when a directory is configured.
-    ownership: Option<OwnershipSync>,
+    pub(crate) ownership: Option<OwnershipSync>,
     /// The embedded directory node, whose operator API the router also serves.
     directory: Option<Arc<Node>>,
+    pub(crate) metrics: RouterMetrics,
+    pub(crate) sessions: Arc<Sessions>,
+}
+
+impl AppState {
+    /// Feeds an observed prefill back to the policy's calibration.
+    pub(crate) fn observe_prefill(&self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
+        self.policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .observe_prefill(worker, predicted_s, observed_s);
+    }
+
+    /// What the directory says about a step (empty without a directory).
+    pub(crate) fn lookup(&self, session: Option<&str>, hashes: &[u64]) -> Lookup {
+        self.ownership.as_ref().map_or_else(Lookup::default, |o| {
+            o.client()
+                .lookup(session, hashes, self.kv.block_size() as u64)
+        })
+    }
 }
 
 /// Runs the router on `listener` until `shutdown` fires, then drains in-flight requests.
@@ -105,16 +131,23 @@ pub async fn run(
         };
         OwnershipSync::spawn(c, registry.clone(), settings, &tracker, shutdown.clone())
     });
+    let sessions = Sessions::new(cfg.session_lease);
     let state = Arc::new(AppState {
         registry,
         needs_match: policy.needs_prefix_match(),
+        needs_directory: policy.needs_directory(),
         policy: Mutex::new(policy),
         kv,
         client,
         cfg,
         ownership,
         directory: directory.clone(),
+        metrics: RouterMetrics::default(),
+        sessions,
     });
+    if state.ownership.is_some() {
+        tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
+    }
     let served = axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
@@ -135,6 +168,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/admin/v1/workers", get(workers))
         .route("/admin/v1/kv", get(kv_index))
         .route("/admin/v1/plan/explain", post(plan_explain))
+        .route(
+            "/admin/v1/workers/{name}/drain",
+            post(drain).delete(undrain),
+        )
         .route_layer(axum::middleware::from_fn_with_state(
             tokens.clone(),
             auth::require,
@@ -148,6 +185,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -229,8 +267,9 @@ async fn proxy(
     let parsed = openai::parse(&bytes, endpoint)?;
     let model: &str = &parsed.model;
     check_model(st, model)?;
-    // Only policies that use the KV index pay for tokenizing and hashing the prompt.
-    let (prompt_tokens, hashes) = if st.needs_match {
+    let block = st.kv.block_size() as u64;
+    // Only policies that use the KV index or the directory pay for tokenizing and hashing.
+    let (prompt_tokens, hashes) = if st.needs_match || st.needs_directory {
         let tokens = parsed
             .prompt_tokens()
             .into_iter()
@@ -242,13 +281,24 @@ async fn proxy(
         (0, Vec::new())
     };
     let session = session_of(&parts.headers, &parsed);
+    let lookup = if st.needs_directory {
+        st.lookup(session, &hashes)
+    } else {
+        Lookup::default()
+    };
+    let fork = fork_of(&parts.headers);
     let route = RouteRequest {
         model,
         prompt_tokens,
-        block_size: st.kv.block_size() as u32,
+        block_size: block as u32,
         session,
         now_ms: st.kv.now_ms(),
+        decode_owner: lookup.owner,
+        artifact: lookup.artifact,
+        samples: parsed.sampling.n,
+        fork: fork.is_some(),
     };
+    let request_id = dispatch::request_id(parts.headers.get("x-request-id"));
     let mut failed = Vec::new();
     loop {
         let mut candidates = st.registry.candidates(model, &failed);
@@ -273,33 +323,63 @@ async fn proxy(
                 model: model.to_owned(),
             });
         };
+        let step = Step {
+            path,
+            body: &bytes,
+            session,
+            lookup: &lookup,
+            hashes: &hashes,
+            block,
+            request_id: request_id.clone(),
+        };
+        let prepared = dispatch::prepare(st, &step, &decision, worker).await;
         let cached = candidates
             .iter()
             .find(|c| c.id == worker.id)
             .map_or(0, |c| u64::from(c.cached_blocks));
-        let prefill = u64::from(prompt_tokens).saturating_sub(cached * route.block_size as u64);
+        let prefill = u64::from(prompt_tokens).saturating_sub(cached * block);
         let in_flight = worker.start_request(route.prompt_blocks(), prefill);
-        let sent = upstream::forward(
-            &st.client,
-            worker,
-            path,
-            &parts.headers,
-            bytes.clone(),
-            st.cfg.request_timeout,
-        )
-        .await;
+        let sent = send(st, worker, path, &parts.headers, &prepared).await;
         match sent {
             Ok(resp) => {
+                let (action, reason) = dispatch::describe(&decision);
+                tracing::debug!(
+                    action,
+                    worker = %worker.spec.name,
+                    fell_back = prepared.fell_back,
+                    reason,
+                    "plan executed"
+                );
+                st.metrics.plan(decision.action());
                 st.kv.record_routed(worker, &hashes);
+                let activity = session.map(|s| {
+                    st.sessions
+                        .start(s, worker.id, tail_hashes(st, &hashes), sessions::now_ms())
+                });
+                let predicted_gap_ms = activity.as_ref().and_then(|a| a.0);
                 if let Some(sync) = &st.ownership {
                     sync.record(Routed {
                         worker: worker.id,
                         session: session.map(str::to_owned),
                         endpoint,
                         body: bytes.clone(),
+                        effects: effects(
+                            session,
+                            &decision,
+                            &lookup,
+                            &prepared,
+                            fork.as_deref(),
+                            &request_id,
+                            predicted_gap_ms,
+                        ),
                     });
                 }
-                return Ok(upstream::relay(resp, worker, in_flight));
+                return Ok(upstream::relay(
+                    resp,
+                    worker,
+                    in_flight,
+                    activity.map(|a| a.1),
+                ));
             }
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
@@ -312,6 +392,122 @@ async fn proxy(
             }
         }
     }
+}
+
+/// Sends the decode worker its request; with SGLang, the prefill leg goes at the same
+/// time and a failed prefill leg cancels the pair, after which the decode worker runs the
+/// request whole.
+async fn send(
+    st: &AppState,
+    worker: &registry::Worker,
+    path: &str,
+    headers: &HeaderMap,
+    prepared: &Prepared,
+) -> Result<hyper::Response<hyper::body::Incoming>, ForwardError> {
+    let timeout = st.cfg.request_timeout;
+    let decode = |body: Bytes| {
+        upstream::forward(
+            &st.client,
+            worker,
+            path,
+            headers,
+            &prepared.headers,
+            body,
+            timeout,
+        )
+    };
+    let Some((p, p_body)) = &prepared.concurrent_prefill else {
+        return decode(prepared.body.clone()).await;
+    };
+    let prefill = async {
+        match upstream::post_small(
+            &st.client,
+            &p.spec.base_url,
+            path,
+            &prepared.headers,
+            p_body.clone(),
+            timeout,
+        )
+        .await
+        {
+            Ok((status, _)) if status.is_success() => Ok(()),
+            Ok(_) => Err(ForwardError::Failed),
+            Err(e) => Err(e),
+        }
+    };
+    match tokio::try_join!(prefill, decode(prepared.body.clone())) {
+        Ok(((), resp)) => Ok(resp),
+        Err(e) => {
+            tracing::warn!(prefill = %p.spec.name, error = %e, "SGLang pair failed; running whole on the decode worker");
+            st.metrics
+                .fallback(ownerserve_planner::plan::Action::RemotePrefill);
+            let original = strip_bootstrap(&prepared.body);
+            decode(original).await
+        }
+    }
+}
+
+/// The client's body without the bootstrap fields (for the whole-request retry).
+fn strip_bootstrap(body: &Bytes) -> Bytes {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(mut v) => {
+            if let Some(o) = v.as_object_mut() {
+                for k in ["bootstrap_host", "bootstrap_port", "bootstrap_room"] {
+                    o.remove(k);
+                }
+            }
+            Bytes::from(v.to_string())
+        }
+        Err(_) => body.clone(),
+    }
+}
+
+/// Block hashes of the prompt past its sealed prefix: what a demotion drops.
+fn tail_hashes(st: &AppState, hashes: &[u64]) -> Vec<u64> {
+    let block = st.kv.block_size() as u64;
+    let tokens = hashes.len() as u64 * block;
+    let sealed = st
+        .cfg
+        .planner
+        .model
+        .prefix_state(tokens, block as u32)
+        .sealed_tokens;
+    hashes[((sealed / block.max(1)) as usize).min(hashes.len())..].to_vec()
+}
+
+/// The directory effects of an executed decision.
+fn effects(
+    session: Option<&str>,
+    decision: &Decision,
+    lookup: &Lookup,
+    prepared: &Prepared,
+    fork: Option<&str>,
+    request_id: &HeaderValue,
+    predicted_gap_ms: Option<u64>,
+) -> Effects {
+    let moved = lookup.owner.is_some_and(|o| o != decision.worker) || lookup.owner.is_none();
+    let fetched = matches!(decision.dispatch, Dispatch::Fetch { .. }) && !prepared.fell_back;
+    let child = fork.zip(session).map(|(f, s)| match f {
+        "1" | "true" => format!("{s}/fork-{}", request_id.to_str().unwrap_or("fork")),
+        named => named.to_owned(),
+    });
+    Effects {
+        expect_epoch: if moved { prepared.epoch } else { None },
+        replicate: fetched
+            .then_some(lookup.artifact_key.map(|k| k.0))
+            .flatten(),
+        fork: child.zip(lookup.epoch),
+        predicted_gap_ms,
+    }
+}
+
+/// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`).
+fn fork_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(explain::FORK_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && !matches!(*v, "0" | "false"))
+        .map(str::to_owned)
 }
 
 /// The session a request belongs to: the `x-session-id` header, else OpenAI's `user`, else
@@ -360,13 +556,7 @@ async fn plan_explain(State(st): State<Arc<AppState>>, req: Request) -> Result<R
         samples: parsed.sampling.n,
         fork,
     };
-    let plan = explain::explain(
-        &step,
-        &st.registry,
-        &st.kv,
-        &st.cfg.planner,
-        st.directory.as_deref(),
-    )?;
+    let plan = explain::explain(&st, &step)?;
     Ok(Json(plan).into_response())
 }
 
@@ -393,4 +583,33 @@ async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"policy": st.cfg.policy, "workers": st.registry.describe()})).into_response()
+}
+
+async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.metrics.render(&st.cfg.policy),
+    )
+        .into_response()
+}
+
+/// `POST /admin/v1/workers/{name}/drain`: the worker takes no new work; sessions it owns
+/// move off (migrate, fetch or recompute, as the planner prices them) on their next step.
+async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    set_draining(&st, &name, true)
+}
+
+/// `DELETE /admin/v1/workers/{name}/drain`: ends a drain.
+async fn undrain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    set_draining(&st, &name, false)
+}
+
+fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
+    match st.registry.all().iter().find(|w| w.spec.name == name) {
+        Some(w) => {
+            let was = w.set_draining(draining);
+            Json(json!({"worker": name, "draining": draining, "was_draining": was})).into_response()
+        }
+        None => ApiError::UnknownWorker(name.to_owned()).into_response(),
+    }
 }

@@ -50,18 +50,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     file.router.planner_model.clone_from(&file.sim.model);
     file.router.planner_gpu.clone_from(&file.sim.gpu);
     file.router.planner_gpus = file.sim.gpus;
+    if !file.sim.instant {
+        file.router.planner_time_scale = file.sim.time_scale;
+    }
     if file.fleet.iter().all(|g| g.count == 0) {
         anyhow::bail!("the fleet is empty: add [[fleet]] groups with count >= 1");
     }
     // Validate the router settings before starting any worker.
-    let placeholder = vec![WorkerSpec {
-        name: "check".into(),
-        base_url: "http://127.0.0.1:1".into(),
-        role: file.fleet[0].role,
-        engine: EngineKind::Sim,
-        kv_events: None,
-        kv_replay: None,
-    }];
+    let placeholder = vec![WorkerSpec::new(
+        "check",
+        "http://127.0.0.1:1",
+        file.fleet[0].role,
+        EngineKind::Sim,
+    )];
     RouterConfig::validate(&file.router, placeholder)?;
     let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
 
@@ -70,6 +71,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let mut workers = Vec::new();
     for group in &file.fleet {
+        let sim = match &group.gpu {
+            Some(gpu) => {
+                let mut s = file.sim.clone();
+                s.gpu.clone_from(gpu);
+                s.build()
+                    .with_context(|| format!("[[fleet]] {} gpu {gpu}", group.role.as_str()))?
+            }
+            None => sim.clone(),
+        };
         for i in 0..group.count {
             let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
             let addr = listener.local_addr()?;
@@ -88,12 +98,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 }
             });
             workers.push(WorkerSpec {
-                name,
-                base_url: format!("http://{addr}"),
-                role: group.role,
-                engine: EngineKind::Sim,
                 kv_events,
                 kv_replay,
+                gpu: group.gpu.clone(),
+                ..WorkerSpec::new(
+                    &name,
+                    &format!("http://{addr}"),
+                    group.role,
+                    EngineKind::Sim,
+                )
             });
         }
     }

@@ -17,6 +17,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::error::ApiError;
 use crate::registry::{InFlight, Worker};
+use crate::sessions::Activity;
 
 /// The pooled client every worker call goes through.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -60,12 +61,14 @@ impl ForwardError {
 /// Headers copied from the client's request to the worker.
 const FORWARDED: &[HeaderName] = &[header::AUTHORIZATION, header::ACCEPT];
 
-/// Sends `body` to `path` on `worker` and waits for the response headers.
+/// Sends `body` to `path` on `worker` and waits for the response headers. `extra`
+/// headers (request id, session, epoch) are set on top of the client's forwarded ones.
 pub async fn forward(
     client: &HttpClient,
     worker: &Worker,
     path: &str,
     headers: &HeaderMap,
+    extra: &[(HeaderName, HeaderValue)],
     body: Bytes,
     timeout: Duration,
 ) -> Result<Response<Incoming>, ForwardError> {
@@ -85,6 +88,9 @@ pub async fn forward(
     if let Some(v) = headers.get("x-request-id") {
         out.insert("x-request-id", v.clone());
     }
+    for (name, v) in extra {
+        out.insert(name, v.clone());
+    }
     match tokio::time::timeout(timeout, client.request(req)).await {
         Err(_) => Err(ForwardError::Timeout(timeout)),
         Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect),
@@ -103,6 +109,37 @@ pub async fn get_small(
     let req = Request::get(format!("{base_url}{path}"))
         .body(Full::new(Bytes::new()))
         .map_err(|_| ForwardError::Failed)?;
+    send_small(client, req, timeout).await
+}
+
+/// POSTs a JSON body with `headers` to `path` on a worker and reads its (small) answer:
+/// prefill legs and the sim's KV endpoints.
+pub async fn post_small(
+    client: &HttpClient,
+    base_url: &str,
+    path: &str,
+    headers: &[(HeaderName, HeaderValue)],
+    body: Bytes,
+    timeout: Duration,
+) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
+    let mut req = Request::post(format!("{base_url}{path}"))
+        .body(Full::new(body))
+        .map_err(|_| ForwardError::Failed)?;
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    for (name, v) in headers {
+        req.headers_mut().insert(name, v.clone());
+    }
+    send_small(client, req, timeout).await
+}
+
+async fn send_small(
+    client: &HttpClient,
+    req: Request<Full<Bytes>>,
+    timeout: Duration,
+) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let read = async {
         let resp = client.request(req).await.map_err(|e| {
             if e.is_connect() {
@@ -134,8 +171,14 @@ const HOP_BY_HOP: &[HeaderName] = &[
 ];
 
 /// Turns a worker's response into the client's: same status and headers (minus hop-by-hop
-/// ones), plus `x-ownerserve-worker`, with the body relayed frame by frame.
-pub fn relay(resp: Response<Incoming>, worker: &Worker, in_flight: InFlight) -> Response<Body> {
+/// ones), plus `x-ownerserve-worker`, with the body relayed frame by frame. `activity`
+/// keeps the session busy until the body is done.
+pub fn relay(
+    resp: Response<Incoming>,
+    worker: &Worker,
+    in_flight: InFlight,
+    activity: Option<Activity>,
+) -> Response<Body> {
     let (mut parts, incoming) = resp.into_parts();
     for h in HOP_BY_HOP {
         parts.headers.remove(h);
@@ -155,6 +198,7 @@ pub fn relay(resp: Response<Incoming>, worker: &Worker, in_flight: InFlight) -> 
         worker: worker.spec.name.clone(),
         failed: false,
         in_flight,
+        _activity: activity,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -168,6 +212,7 @@ struct RelayBody {
     worker: String,
     failed: bool,
     in_flight: InFlight,
+    _activity: Option<Activity>,
 }
 
 impl http_body::Body for RelayBody {

@@ -5,11 +5,14 @@
 //!   simulated engine) and the response/chunk wire types.
 //! - [`kv_events`]: vLLM/SGLang KV-event codecs, the ZMQ publisher and subscriber.
 //! - [`load_metrics`]: engine `/metrics` (vLLM, SGLang names) read into a load.
+//! - [`engines`]: dispatch adapters, how each engine runs one leg of a plan (vLLM NIXL,
+//!   SGLang bootstrap).
 //! - [`sim`]: the simulated GPU engine behind `ownerserve sim-worker`: a pure scheduler
 //!   core (continuous batching, chunked prefill, paged prefix cache, roofline timing) and
 //!   a thin HTTP/tokio shell that speaks vLLM's OpenAI API and `/metrics`.
 #![forbid(unsafe_code)]
 
+pub mod engines;
 pub mod kv_events;
 pub mod load_metrics;
 pub mod openai;

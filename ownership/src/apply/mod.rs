@@ -194,6 +194,10 @@ impl Directory {
                 epoch: given,
                 pinned,
             } => self.pin_session(session, *given, *pinned),
+            Command::DemoteSession {
+                session,
+                epoch: given,
+            } => self.demote_session(session, *given),
             Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
         }
     }

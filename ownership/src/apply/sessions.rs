@@ -173,6 +173,25 @@ impl Directory {
         }
     }
 
+    pub(super) fn demote_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
+        let Some(s) = self.sessions.get_mut(id) else {
+            return Rejection::UnknownSession(id.clone()).into();
+        };
+        if s.epoch != given {
+            return Rejection::StaleEpoch {
+                current: s.epoch,
+                given,
+            }
+            .into();
+        }
+        let Some(owner) = s.owner.take() else {
+            return Outcome::Released;
+        };
+        s.tail_tokens = 0;
+        self.detach(owner.lease, &Key::Session(id.clone()));
+        Outcome::Released
+    }
+
     pub(super) fn end_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
         let Some(s) = self.sessions.get(id) else {
             return Rejection::UnknownSession(id.clone()).into();

@@ -451,3 +451,47 @@ fn a_pinned_session_stays_on_its_worker_until_unpinned() {
         Outcome::Owned { worker: W1, .. }
     ));
 }
+
+#[test]
+fn a_demoted_session_keeps_its_artifact_and_resumes_on_any_worker() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let b = log.lease(W1, 60_000);
+    log.run(Command::Claim {
+        key: P,
+        lease: a,
+        spec: spec(),
+        expect_epoch: None,
+    });
+    let s = SessionId("s".into());
+    let set = |lease| Command::SetDecodeOwner {
+        session: s.clone(),
+        lease,
+        prefix: Some(P),
+        tail_tokens: 9,
+        predicted_tool_gap_ms: Some(100),
+        expect_epoch: None,
+    };
+    let Outcome::Owned { epoch, .. } = log.run(set(a)) else {
+        panic!()
+    };
+    let demote = |epoch| Command::DemoteSession {
+        session: s.clone(),
+        epoch,
+    };
+    assert!(matches!(
+        log.run(demote(Epoch(epoch.0 + 1))),
+        Outcome::Rejected(Rejection::StaleEpoch { .. })
+    ));
+    assert_eq!(log.run(demote(epoch)), Outcome::Released);
+    let session = &log.d.sessions[&s];
+    assert_eq!(
+        (session.owner, session.prefix, session.tail_tokens),
+        (None, Some(P), 0)
+    );
+    assert_eq!(log.d.artifacts[&P].ref_count, 1, "the artifact is kept");
+    assert!(log.d.artifacts[&P].owner.is_some());
+    assert!(!log.d.leases[&a].keys.contains(&Key::Session(s.clone())));
+    // Without an owner, any worker may take the session up (no epoch needed).
+    assert!(matches!(log.run(set(b)), Outcome::Owned { worker: W1, .. }));
+}

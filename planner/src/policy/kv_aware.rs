@@ -144,7 +144,7 @@ impl Policy for KvAware {
             self.tie_break = self.tie_break.wrapping_add(1);
             tied[self.tie_break % tied.len()]
         };
-        Ok(Decision { worker: pick.id })
+        Ok(Decision::single(pick.id))
     }
 }
 
@@ -183,9 +183,7 @@ mod tests {
         assert_eq!(logits, vec![18.0, 10.0, 11.0]);
         assert_eq!(
             KvAware::new(KvAwareConfig::default(), 1).choose(&r, &ws),
-            Ok(Decision {
-                worker: WorkerId(2)
-            })
+            Ok(Decision::single(WorkerId(2)))
         );
     }
 

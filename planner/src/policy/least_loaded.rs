@@ -30,7 +30,7 @@ impl Policy for LeastLoaded {
             .nth(self.tie_break % tied)
             .ok_or(PolicyError::NoHealthyWorker)?;
         self.tie_break = self.tie_break.wrapping_add(1);
-        Ok(Decision { worker: pick.id })
+        Ok(Decision::single(pick.id))
     }
 }
 

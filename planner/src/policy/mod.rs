@@ -2,19 +2,28 @@
 //! [`Policy`], so the live router and the trace simulator share one implementation.
 //! Policies are pure: no IO, no clock; state they keep (a cursor, an RNG) is their own.
 
+mod colocated;
+mod conditional_pd;
 mod kv_aware;
 mod least_loaded;
+mod ownerserve;
 mod rng;
 mod round_robin;
 mod session_affinity;
+mod static_pd;
 
+pub use colocated::Colocated;
+pub use conditional_pd::{ConditionalPd, ConditionalPdConfig};
 pub use kv_aware::{BusyThresholds, KvAware, KvAwareConfig};
 pub use least_loaded::LeastLoaded;
+pub use ownerserve::{OwnerServe, OwnerServeConfig};
 pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
 pub use session_affinity::SessionAffinity;
+pub use static_pd::StaticPd;
 
 use crate::ids::{Role, WorkerId};
+use crate::plan::{Action, ArtifactView, Plan};
 
 /// Load an engine reports in its `/metrics` (vLLM or SGLang gauges).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -33,6 +42,8 @@ pub struct WorkerView {
     pub id: WorkerId,
     pub role: Role,
     pub healthy: bool,
+    /// An operator is draining it: no new work, but its KV can still be read.
+    pub draining: bool,
     /// Requests the router has sent there that have not finished.
     pub in_flight: u32,
     /// KV blocks of the requests in flight there (the router's own prediction).
@@ -52,12 +63,24 @@ impl WorkerView {
             id,
             role,
             healthy: true,
+            draining: false,
             in_flight: 0,
             active_blocks: 0,
             active_prefill_tokens: 0,
             cached_blocks: 0,
             load: None,
         }
+    }
+
+    /// Whether new work may go there.
+    pub fn takes_work(&self) -> bool {
+        self.healthy && !self.draining
+    }
+
+    /// Sequences running there: the engine's gauge once scraped, else the router's count.
+    pub fn decoding(&self) -> u64 {
+        self.load
+            .map_or(u64::from(self.in_flight), |l| l.running.max(0.0) as u64)
     }
 }
 
@@ -74,6 +97,14 @@ pub struct RouteRequest<'a> {
     pub session: Option<&'a str>,
     /// Router time in milliseconds (policies never read a clock).
     pub now_ms: u64,
+    /// The session's decode owner in the directory, if it has one.
+    pub decode_owner: Option<WorkerId>,
+    /// The prompt's longest sealed artifact in the directory, and its owner.
+    pub artifact: Option<ArtifactView>,
+    /// Choices requested (`n`; 0 is read as 1).
+    pub samples: u32,
+    /// The client marked the request as a fork of its session.
+    pub fork: bool,
 }
 
 impl RouteRequest<'_> {
@@ -83,10 +114,51 @@ impl RouteRequest<'_> {
     }
 }
 
-/// Where a request goes.
+/// How a decision is carried out across workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dispatch {
+    /// The whole request runs on the decision's worker.
+    Single,
+    /// `prefill` runs the prefill and the decision's worker pulls the KV, then decodes.
+    Disaggregated { prefill: WorkerId },
+    /// The decision's worker pulls the first `tokens` prompt tokens' sealed KV from
+    /// `source`, prefills the rest and decodes.
+    Fetch { source: WorkerId, tokens: u64 },
+    /// The session moves from `source` to the decision's worker: its KV is copied there
+    /// first, the directory flips the owner, then the request runs there.
+    Migrate { source: WorkerId, tokens: u64 },
+}
+
+/// Where a request goes, and how.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
+    /// The worker that decodes (and streams the response).
     pub worker: WorkerId,
+    pub dispatch: Dispatch,
+    /// The cost planner's full plan, for policies that plan.
+    pub plan: Option<Box<Plan>>,
+}
+
+impl Decision {
+    /// The whole request on `worker`.
+    pub fn single(worker: WorkerId) -> Self {
+        Self {
+            worker,
+            dispatch: Dispatch::Single,
+            plan: None,
+        }
+    }
+
+    /// The planner action this decision amounts to (baselines included), for metrics.
+    pub fn action(&self) -> Action {
+        match (&self.plan, self.dispatch) {
+            (Some(p), _) => p.chosen.action,
+            (None, Dispatch::Single) => Action::Colocate,
+            (None, Dispatch::Disaggregated { .. }) => Action::RemotePrefill,
+            (None, Dispatch::Fetch { .. }) => Action::ArtifactFetch,
+            (None, Dispatch::Migrate { .. }) => Action::Migrate,
+        }
+    }
 }
 
 /// Why a policy could not place a request.
@@ -115,25 +187,45 @@ pub trait Policy: Send {
     fn needs_prefix_match(&self) -> bool {
         false
     }
+
+    /// Whether the policy reads the directory (session owner, owned prefixes).
+    fn needs_directory(&self) -> bool {
+        false
+    }
+
+    /// Feeds back an observed prefill: `predicted_s` was the plan's compute time on
+    /// `worker`, `observed_s` what it took. Policies that calibrate keep an EWMA.
+    fn observe_prefill(&mut self, _worker: WorkerId, _predicted_s: f64, _observed_s: f64) {}
 }
 
 /// Names accepted by [`by_name`].
 pub const POLICY_NAMES: &[&str] = &[
+    "ownerserve",
     "round_robin",
     "least_loaded",
     "kv_aware",
     "session_affinity",
+    "static_pd",
+    "colocated",
+    "conditional_pd",
 ];
 
-/// A policy that is not one we have.
+/// A policy that cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy `{0}` (available: round_robin, least_loaded, kv_aware, session_affinity)")]
-pub struct UnknownPolicy(pub String);
+pub enum UnknownPolicy {
+    #[error("unknown policy `{0}` (available: ownerserve, round_robin, least_loaded, kv_aware, session_affinity, static_pd, colocated, conditional_pd)")]
+    Name(String),
+    #[error("policy `ownerserve` needs the planner's model and GPU settings")]
+    NoPlanner,
+}
 
 /// Settings of the configurable policies.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PolicySettings {
     pub kv_aware: KvAwareConfig,
+    pub conditional_pd: ConditionalPdConfig,
+    /// The cost planner's figures; `ownerserve` cannot run without them.
+    pub ownerserve: Option<OwnerServeConfig>,
     /// How long a session sticks to its worker after its last request.
     pub session_ttl_ms: u64,
     /// Seed of policies that sample.
@@ -144,6 +236,8 @@ impl Default for PolicySettings {
     fn default() -> Self {
         Self {
             kv_aware: KvAwareConfig::default(),
+            conditional_pd: ConditionalPdConfig::default(),
+            ownerserve: None,
             session_ttl_ms: 30 * 60 * 1000,
             seed: 0x05EE_D0F0_0D5E_ED00,
         }
@@ -153,11 +247,18 @@ impl Default for PolicySettings {
 /// Builds a policy from its name.
 pub fn by_name(name: &str, s: &PolicySettings) -> Result<Box<dyn Policy>, UnknownPolicy> {
     match name {
+        "ownerserve" => match &s.ownerserve {
+            Some(c) => Ok(Box::new(OwnerServe::new(c.clone()))),
+            None => Err(UnknownPolicy::NoPlanner),
+        },
         "round_robin" => Ok(Box::new(RoundRobin::default())),
         "least_loaded" => Ok(Box::new(LeastLoaded::default())),
         "kv_aware" => Ok(Box::new(KvAware::new(s.kv_aware, s.seed))),
         "session_affinity" => Ok(Box::new(SessionAffinity::new(s.session_ttl_ms))),
-        _ => Err(UnknownPolicy(name.to_owned())),
+        "static_pd" => Ok(Box::new(StaticPd::default())),
+        "colocated" => Ok(Box::new(Colocated::default())),
+        "conditional_pd" => Ok(Box::new(ConditionalPd::new(s.conditional_pd))),
+        _ => Err(UnknownPolicy::Name(name.to_owned())),
     }
 }
 
@@ -169,10 +270,29 @@ pub(crate) fn full_request_candidates(
 ) -> impl Iterator<Item = &WorkerView> + '_ {
     let any_full = workers
         .iter()
-        .any(|w| w.healthy && w.role.serves_full_requests());
+        .any(|w| w.takes_work() && w.role.serves_full_requests());
     workers
         .iter()
-        .filter(move |w| w.healthy && (!any_full || w.role.serves_full_requests()))
+        .filter(move |w| w.takes_work() && (!any_full || w.role.serves_full_requests()))
+}
+
+/// The least loaded of `workers` by (prefill tokens queued, requests in flight); the first
+/// on ties, so callers that rotate pass a rotated slice.
+pub(crate) fn least_busy<'a>(
+    workers: impl Iterator<Item = &'a WorkerView>,
+) -> Option<&'a WorkerView> {
+    workers.min_by_key(|w| (w.active_prefill_tokens, w.in_flight))
+}
+
+/// The session's decode owner, if it is among `workers` and takes work.
+pub(crate) fn live_owner<'a>(
+    req: &RouteRequest<'_>,
+    workers: &'a [WorkerView],
+) -> Option<&'a WorkerView> {
+    let owner = req.decode_owner?;
+    workers
+        .iter()
+        .find(|w| w.id == owner && w.takes_work() && w.role.serves_full_requests())
 }
 
 #[cfg(test)]
@@ -181,13 +301,20 @@ mod tests {
 
     #[test]
     fn every_listed_name_builds_and_reports_its_name() {
-        let s = PolicySettings::default();
+        let s = PolicySettings {
+            ownerserve: Some(OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap()),
+            ..PolicySettings::default()
+        };
         for name in POLICY_NAMES {
             assert_eq!(by_name(name, &s).unwrap().name(), *name);
         }
         assert_eq!(
             by_name("nope", &s).err(),
-            Some(UnknownPolicy("nope".to_owned()))
+            Some(UnknownPolicy::Name("nope".to_owned()))
+        );
+        assert_eq!(
+            by_name("ownerserve", &PolicySettings::default()).err(),
+            Some(UnknownPolicy::NoPlanner)
         );
     }
 }

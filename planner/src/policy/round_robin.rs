@@ -26,7 +26,7 @@ impl Policy for RoundRobin {
             .nth(self.next % n)
             .ok_or(PolicyError::NoHealthyWorker)?;
         self.next = self.next.wrapping_add(1);
-        Ok(Decision { worker: pick.id })
+        Ok(Decision::single(pick.id))
     }
 }
 

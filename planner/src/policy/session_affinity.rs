@@ -62,7 +62,7 @@ impl Policy for SessionAffinity {
                 *until > req.now_ms && full_request_candidates(workers).any(|w| w.id == *worker);
             if usable {
                 *until = expires;
-                return Ok(Decision { worker: *worker });
+                return Ok(Decision::single(*worker));
             }
         }
         let decision = self.fallback.choose(req, workers)?;

@@ -109,6 +109,9 @@ pub struct ParsedRequest<'a> {
     pub user: Option<Cow<'a, str>>,
     /// `metadata.session_id`.
     pub session_id: Option<Cow<'a, str>>,
+    /// vLLM's KV-connector extension (`kv_transfer_params`), as raw JSON text: only an
+    /// engine interprets it, and a JSON `null` counts as absent.
+    pub kv_transfer_params: Option<&'a str>,
 }
 
 const ROLES: &[&str] = &[
@@ -156,6 +159,8 @@ struct RawBody<'a> {
     user: Option<&'a RawValue>,
     #[serde(borrow, default)]
     metadata: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    kv_transfer_params: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +268,10 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
         include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
         user: user.map(|u| u.0),
         session_id: metadata.and_then(|m| m.session_id).map(|s| s.0),
+        kv_transfer_params: raw
+            .kv_transfer_params
+            .map(RawValue::get)
+            .filter(|v| *v != "null"),
     })
 }
 
@@ -531,10 +540,22 @@ mod tests {
         let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"user":"u1","metadata":{"session_id":"s1","other":3}}"#).unwrap();
         assert_eq!(req.user.as_deref(), Some("u1"));
         assert_eq!(req.session_id.as_deref(), Some("s1"));
+        assert_eq!(req.kv_transfer_params, None);
         assert!(
             chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"metadata":[1]}"#)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn kv_transfer_params_are_kept_raw_and_null_is_absent() {
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"kv_transfer_params":{"do_remote_decode":true}}"#).unwrap();
+        assert_eq!(req.kv_transfer_params, Some(r#"{"do_remote_decode":true}"#));
+        let req = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"kv_transfer_params":null}"#,
+        )
+        .unwrap();
+        assert_eq!(req.kv_transfer_params, None);
     }
 
     #[test]

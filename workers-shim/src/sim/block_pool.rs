@@ -2,7 +2,9 @@
 //! full blocks, and LRU eviction of free blocks (vLLM's `BlockPool` semantics).
 //!
 //! A block whose ref count drops to zero stays cached (its hash still resolves) until it is
-//! evicted to make room; free blocks are reused least-recently-freed first.
+//! evicted to make room; free blocks are reused least-recently-freed first. A cached block
+//! remembers its parent hash and tokens: they are what a KV transfer ships (the simulated
+//! stand-in for the KV tensors) and what `BlockStored` events carry.
 
 use std::collections::HashMap;
 
@@ -10,11 +12,38 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockId(u32);
 
+impl BlockId {
+    /// The block's index in the pool (vLLM's block id, as in `remote_block_ids`).
+    pub fn index(self) -> u32 {
+        self.0
+    }
+}
+
+/// What a cached block holds: its place in the chain and its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedContent<'a> {
+    pub parent: Option<u64>,
+    pub tokens: &'a [u32],
+}
+
+/// Result of [`BlockPool::insert`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Insert {
+    /// A free block now holds the content (ref count zero, most recently freed).
+    Stored(BlockId),
+    /// Some block already held it.
+    AlreadyCached,
+    /// Every block is in use.
+    NoRoom,
+}
+
 const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone)]
 struct Block {
     hash: Option<u64>,
+    parent: Option<u64>,
+    tokens: Vec<u32>,
     ref_cnt: u32,
     // Intrusive doubly linked free list, so removing a reused cached block is O(1).
     prev: u32,
@@ -38,6 +67,8 @@ impl BlockPool {
         let blocks = (0..num_blocks)
             .map(|i| Block {
                 hash: None,
+                parent: None,
+                tokens: Vec::new(),
                 ref_cnt: 0,
                 prev: if i == 0 { NIL } else { i - 1 },
                 next: if i + 1 == num_blocks { NIL } else { i + 1 },
@@ -113,15 +144,75 @@ impl BlockPool {
         Some(BlockId(i))
     }
 
-    /// Records that a full block holds content `hash`, so later prompts can reuse it.
-    /// Returns false if the block was already registered or another block already holds
-    /// that content (this one then stays anonymous, as in vLLM).
-    pub fn register(&mut self, id: BlockId, hash: u64) -> bool {
-        if self.blocks[id.0 as usize].hash.is_some() || self.cached.contains_key(&hash) {
+    /// Records that a full block holds content `hash` (chained under `parent`, made of
+    /// `tokens`), so later prompts can reuse it. Returns false if the block was already
+    /// registered or another block already holds that content (this one then stays
+    /// anonymous, as in vLLM).
+    pub fn register(
+        &mut self,
+        id: BlockId,
+        hash: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+    ) -> bool {
+        let block = &mut self.blocks[id.0 as usize];
+        if block.hash.is_some() || self.cached.contains_key(&hash) {
             return false;
         }
-        self.blocks[id.0 as usize].hash = Some(hash);
+        block.hash = Some(hash);
+        block.parent = parent;
+        block.tokens.clear();
+        block.tokens.extend_from_slice(tokens);
         self.cached.insert(hash, id);
+        true
+    }
+
+    /// The content of the cached block holding `hash`.
+    pub fn content(&self, hash: u64) -> Option<CachedContent<'_>> {
+        let block = &self.blocks[self.cached.get(&hash)?.0 as usize];
+        Some(CachedContent {
+            parent: block.parent,
+            tokens: &block.tokens,
+        })
+    }
+
+    /// Caches content computed elsewhere (a KV transfer) in a free block, evicting the
+    /// least recently freed one if needed (its hash is appended to `evicted`). The block
+    /// stays free, most recently freed, exactly like a block whose request just finished.
+    pub fn insert(
+        &mut self,
+        hash: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+        evicted: &mut Vec<u64>,
+    ) -> Insert {
+        if self.cached.contains_key(&hash) {
+            return Insert::AlreadyCached;
+        }
+        let Some(id) = self.allocate(evicted) else {
+            return Insert::NoRoom;
+        };
+        self.register(id, hash, parent, tokens);
+        self.release(id);
+        Insert::Stored(id)
+    }
+
+    /// Forgets the cached content `hash` if no request holds its block; the block goes to
+    /// the front of the free list (reused first). Returns whether it was dropped.
+    pub fn evict(&mut self, hash: u64) -> bool {
+        let Some(&id) = self.cached.get(&hash) else {
+            return false;
+        };
+        if self.blocks[id.0 as usize].ref_cnt > 0 {
+            return false;
+        }
+        self.cached.remove(&hash);
+        self.unlink(id.0);
+        let block = &mut self.blocks[id.0 as usize];
+        block.hash = None;
+        block.parent = None;
+        block.tokens.clear();
+        self.push_head(id.0);
         true
     }
 
@@ -171,6 +262,22 @@ impl BlockPool {
         self.num_free -= 1;
     }
 
+    fn push_head(&mut self, i: u32) {
+        let head = self.free_head;
+        {
+            let b = &mut self.blocks[i as usize];
+            b.prev = NIL;
+            b.next = head;
+        }
+        if head == NIL {
+            self.free_tail = i;
+        } else {
+            self.blocks[head as usize].prev = i;
+        }
+        self.free_head = i;
+        self.num_free += 1;
+    }
+
     fn push_tail(&mut self, i: u32) {
         let tail = self.free_tail;
         {
@@ -197,8 +304,8 @@ mod tests {
         let mut pool = BlockPool::new(3);
         let a = pool.allocate(&mut Vec::new()).unwrap();
         let b = pool.allocate(&mut Vec::new()).unwrap();
-        pool.register(a, 10);
-        pool.register(b, 20);
+        pool.register(a, 10, None, &[]);
+        pool.register(b, 20, Some(10), &[]);
         pool.release(a);
         pool.release(b);
         assert_eq!(pool.num_free(), 3);
@@ -217,7 +324,7 @@ mod tests {
     fn acquiring_a_cached_block_takes_it_off_the_free_list() {
         let mut pool = BlockPool::new(2);
         let a = pool.allocate(&mut Vec::new()).unwrap();
-        pool.register(a, 7);
+        pool.register(a, 7, None, &[]);
         pool.release(a);
         assert_eq!(pool.acquire_cached(7), Some(a));
         assert_eq!(pool.num_free(), 1);
@@ -234,9 +341,57 @@ mod tests {
         let mut pool = BlockPool::new(2);
         let a = pool.allocate(&mut Vec::new()).unwrap();
         let b = pool.allocate(&mut Vec::new()).unwrap();
-        pool.register(a, 5);
-        pool.register(b, 5);
+        pool.register(a, 5, None, &[]);
+        pool.register(b, 5, None, &[]);
         pool.release(a);
         assert_eq!(pool.acquire_cached(5), Some(a));
+    }
+
+    #[test]
+    fn inserted_content_is_cached_free_and_evicted_last() {
+        let mut pool = BlockPool::new(3);
+        let mut evicted = Vec::new();
+        let Insert::Stored(a) = pool.insert(1, None, &[1, 2], &mut evicted) else {
+            panic!("no room")
+        };
+        assert_eq!(
+            pool.insert(1, None, &[1, 2], &mut evicted),
+            Insert::AlreadyCached
+        );
+        assert!(matches!(
+            pool.insert(2, Some(1), &[3, 4], &mut evicted),
+            Insert::Stored(_)
+        ));
+        assert_eq!(pool.num_free(), 3, "inserted blocks are free, only cached");
+        assert_eq!(
+            pool.content(2),
+            Some(CachedContent {
+                parent: Some(1),
+                tokens: &[3, 4]
+            })
+        );
+        assert_eq!(pool.longest_cached_prefix(&[1, 2]), 2);
+        // The never-used block goes first; then the oldest insert.
+        let _x = pool.allocate(&mut evicted).unwrap();
+        assert!(evicted.is_empty());
+        assert_eq!(pool.allocate(&mut evicted), Some(a));
+        assert_eq!(evicted, vec![1]);
+        let _y = pool.allocate(&mut evicted).unwrap();
+        assert_eq!(pool.insert(3, None, &[], &mut evicted), Insert::NoRoom);
+    }
+
+    #[test]
+    fn evict_drops_only_unreferenced_content_and_reuses_it_first() {
+        let mut pool = BlockPool::new(3);
+        let a = pool.allocate(&mut Vec::new()).unwrap();
+        pool.register(a, 9, None, &[7]);
+        assert!(!pool.evict(9), "a running request holds it");
+        pool.release(a);
+        assert!(pool.evict(9));
+        assert!(!pool.evict(9), "already gone");
+        assert_eq!(pool.content(9), None);
+        assert_eq!(pool.num_free(), 3);
+        assert_eq!(pool.allocate(&mut Vec::new()), Some(a), "reused first");
+        assert_eq!(pool.evictions(), 0, "a drop is not an eviction");
     }
 }

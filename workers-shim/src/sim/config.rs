@@ -2,6 +2,7 @@
 //! into a [`SimConfig`] before any socket opens.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -9,6 +10,7 @@ use ownerserve_planner::hash::XXH3_SEED;
 use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{kv_capacity_blocks, GpuSpec, ModelSpec, SpecError};
 
+use super::kv_transfer::{LinkModel, TransferConfig};
 use super::scheduler::SchedulerConfig;
 use crate::kv_events::wire::Encoding;
 
@@ -95,6 +97,16 @@ pub struct SimSettings {
         default_value_t = 10_000
     )]
     pub kv_events_buffer_steps: usize,
+    /// Bandwidth of the link KV transfers use, GB/s (10^9 bytes per simulated second).
+    #[arg(long, env = "OWNERSERVE_SIM_LINK_GBS", default_value_t = 50.0)]
+    pub link_gbs: f64,
+    /// Fixed latency of one KV transfer, microseconds (simulated).
+    #[arg(long, env = "OWNERSERVE_SIM_LINK_LATENCY_US", default_value_t = 10.0)]
+    pub link_latency_us: f64,
+    /// How long a prefill leg's prompt blocks stay pinned for the decode leg to pull,
+    /// wall-clock milliseconds (vLLM's `kv_lease_duration`).
+    #[arg(long, env = "OWNERSERVE_SIM_KV_LEASE_MS", default_value_t = 30_000)]
+    pub kv_lease_ms: u64,
 }
 
 impl Default for SimSettings {
@@ -119,6 +131,9 @@ impl Default for SimSettings {
             kv_events_encoding: Encoding::Map,
             kv_events_topic: String::new(),
             kv_events_buffer_steps: 10_000,
+            link_gbs: 50.0,
+            link_latency_us: 10.0,
+            kv_lease_ms: 30_000,
         }
     }
 }
@@ -147,11 +162,14 @@ pub enum TimeMode {
 pub struct SimConfig {
     pub model: ModelSpec,
     pub gpu: GpuSpec,
+    /// GPUs per worker (tensor parallel; vLLM's `tp_size`).
+    pub gpus: u32,
     pub served_model_name: String,
     pub scheduler: SchedulerConfig,
     pub roofline: Roofline,
     pub time: TimeMode,
     pub kv_events: Option<KvEventsConfig>,
+    pub transfer: TransferConfig,
 }
 
 /// Settings that cannot make a worker.
@@ -259,6 +277,19 @@ impl SimSettings {
             self.time_scale > 0.0,
             "positive",
         )?;
+        range("link_gbs", self.link_gbs, self.link_gbs > 0.0, "positive")?;
+        range(
+            "link_latency_us",
+            self.link_latency_us,
+            self.link_latency_us >= 0.0,
+            "non-negative",
+        )?;
+        range(
+            "kv_lease_ms",
+            self.kv_lease_ms as f64,
+            self.kv_lease_ms >= 1,
+            "at least 1",
+        )?;
 
         let mut num_blocks = kv_capacity_blocks(&model, &gpu, self.gpus, util, self.block_size)?;
         if self.max_kv_blocks > 0 {
@@ -298,6 +329,13 @@ impl SimSettings {
                     buffer_steps: self.kv_events_buffer_steps.max(1),
                 }),
             roofline,
+            transfer: TransferConfig {
+                link: LinkModel {
+                    bytes_per_s: self.link_gbs * 1e9,
+                    latency_s: self.link_latency_us * 1e-6,
+                },
+                kv_lease: Duration::from_millis(self.kv_lease_ms),
+            },
             time: if self.instant {
                 TimeMode::Instant
             } else {
@@ -305,6 +343,7 @@ impl SimSettings {
             },
             model,
             gpu,
+            gpus: self.gpus,
         })
     }
 }
@@ -319,6 +358,9 @@ mod tests {
         assert_eq!(cfg.served_model_name, "meta-llama/Llama-3.1-8B-Instruct");
         assert!(cfg.scheduler.num_blocks > 20_000);
         assert_eq!(cfg.time, TimeMode::Scaled(1.0));
+        assert_eq!(cfg.transfer.link.bytes_per_s, 50e9);
+        assert!((cfg.transfer.link.latency_s - 10e-6).abs() < 1e-15);
+        assert_eq!(cfg.transfer.kv_lease, Duration::from_secs(30));
     }
 
     #[test]
@@ -346,5 +388,31 @@ mod tests {
             ..SimSettings::default()
         };
         assert_eq!(capped.build().unwrap().scheduler.num_blocks, 64);
+        for bad in [
+            SimSettings {
+                link_gbs: 0.0,
+                ..SimSettings::default()
+            },
+            SimSettings {
+                link_gbs: f64::INFINITY,
+                ..SimSettings::default()
+            },
+            SimSettings {
+                link_latency_us: -1.0,
+                ..SimSettings::default()
+            },
+            SimSettings {
+                kv_lease_ms: 0,
+                ..SimSettings::default()
+            },
+        ] {
+            let err = bad.build().unwrap_err().to_string();
+            assert!(
+                err.starts_with("link_gbs")
+                    || err.starts_with("link_latency_us")
+                    || err.starts_with("kv_lease_ms"),
+                "{err}"
+            );
+        }
     }
 }

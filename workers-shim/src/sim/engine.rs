@@ -2,17 +2,27 @@
 //! handlers, runs steps back to back while there is work, and sleeps each step's simulated
 //! duration scaled to wall-clock time. Outputs go back to each request over its channel;
 //! a closed channel (client gone) aborts that request's sequences.
+//!
+//! KV transfer goes through the actor too, so it sees the cache exactly as the scheduler
+//! does: reads for a pull, inserts of received blocks (atomically with the request that
+//! needs them), drops, and the pins of prefill legs with their leases ([`super::lease`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use ownerserve_planner::hash::prompt_hashes;
+
 use super::config::{SimConfig, TimeMode};
+use super::lease::Leases;
 use super::metrics::EngineMetrics;
-use super::scheduler::{AdmitError, CacheEvent, NewSeq, Scheduler, SeqId, StepOutput};
+use super::scheduler::{
+    AdmitError, CacheEvent, CacheUpdate, CachedRun, NewSeq, Scheduler, SeqId, StepOutput,
+};
 use crate::kv_events::wire::{WireBatch, WireEvent};
 use crate::openai::response::FinishReason;
 
@@ -26,6 +36,22 @@ pub struct SeqRequest {
     pub eos_after: Option<u32>,
     pub stop: Arc<[String]>,
     pub stream_seed: u64,
+    /// Keep the cached prefix from eviction until admitted (its KV was just received).
+    pub hold_prefix: bool,
+    /// Prefill leg: when this sequence finishes, pin its prompt's full blocks under this
+    /// request id for the decode leg to pull.
+    pub pin_for: Option<String>,
+}
+
+/// KV received for a request, to cache before its sequences are queued.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Received {
+    /// The prompt's block hashes up to the last one received.
+    pub chain: Vec<u64>,
+    /// Index in `chain` of the first received block (the blocks before were local).
+    pub from: usize,
+    /// Tokens of `chain[from..]`, `block_size` per block.
+    pub tokens: Vec<u32>,
 }
 
 /// What the engine tells a request about one of its choices.
@@ -41,14 +67,31 @@ pub enum SeqEvent {
     },
     /// The engine cannot run this choice.
     Rejected { choice: u32, error: AdmitError },
+    /// The choice finished and its prompt's full blocks are pinned for a decode leg; sent
+    /// just before the finishing token.
+    Pinned { choice: u32, block_ids: Vec<u32> },
 }
 
 enum Command {
     Submit {
         seqs: Vec<SeqRequest>,
+        received: Option<Received>,
         events: mpsc::UnboundedSender<SeqEvent>,
     },
     ResetPrefixCache(oneshot::Sender<bool>),
+    CachedPrefix(Vec<u64>, oneshot::Sender<usize>),
+    ServePull {
+        request_id: Option<String>,
+        hashes: Vec<u64>,
+        done: oneshot::Sender<CachedRun>,
+    },
+    Insert {
+        parent: Option<u64>,
+        hashes: Vec<u64>,
+        tokens: Vec<u32>,
+        done: oneshot::Sender<usize>,
+    },
+    Drop(Vec<u64>, oneshot::Sender<usize>),
 }
 
 /// Handle HTTP handlers use to submit work and read metrics.
@@ -69,20 +112,80 @@ impl EngineHandle {
         &self,
         seqs: Vec<SeqRequest>,
     ) -> Result<mpsc::UnboundedReceiver<SeqEvent>, EngineClosed> {
+        self.submit_with(seqs, None)
+    }
+
+    /// Caches `received` KV, then queues the sequences, in one step of the actor so the
+    /// blocks cannot be evicted in between.
+    pub fn submit_with(
+        &self,
+        seqs: Vec<SeqRequest>,
+        received: Option<Received>,
+    ) -> Result<mpsc::UnboundedReceiver<SeqEvent>, EngineClosed> {
         let (events, rx) = mpsc::unbounded_channel();
         self.tx
-            .send(Command::Submit { seqs, events })
+            .send(Command::Submit {
+                seqs,
+                received,
+                events,
+            })
             .map_err(|_| EngineClosed)?;
         Ok(rx)
     }
 
+    /// How many leading hashes of a chain are cached.
+    pub async fn cached_prefix(&self, hashes: Vec<u64>) -> Result<usize, EngineClosed> {
+        self.ask(|tx| Command::CachedPrefix(hashes, tx)).await
+    }
+
+    /// Serves a pull: the leading cached blocks of `hashes` with their content; ends the
+    /// lease of `request_id`, if any.
+    pub async fn serve_pull(
+        &self,
+        request_id: Option<String>,
+        hashes: Vec<u64>,
+    ) -> Result<CachedRun, EngineClosed> {
+        self.ask(|done| Command::ServePull {
+            request_id,
+            hashes,
+            done,
+        })
+        .await
+    }
+
+    /// Caches received blocks; returns how many leading ones are now cached.
+    pub async fn insert(
+        &self,
+        parent: Option<u64>,
+        hashes: Vec<u64>,
+        tokens: Vec<u32>,
+    ) -> Result<usize, EngineClosed> {
+        self.ask(|done| Command::Insert {
+            parent,
+            hashes,
+            tokens,
+            done,
+        })
+        .await
+    }
+
+    /// Evicts the blocks of `hashes` no request holds; returns how many.
+    pub async fn drop_blocks(&self, hashes: Vec<u64>) -> Result<usize, EngineClosed> {
+        self.ask(|tx| Command::Drop(hashes, tx)).await
+    }
+
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, EngineClosed> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(command(tx)).map_err(|_| EngineClosed)?;
+        rx.await.map_err(|_| EngineClosed)
+    }
+
     /// Drops the prefix cache if no request holds blocks; returns whether it did.
     pub async fn reset_prefix_cache(&self) -> Result<bool, EngineClosed> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .send(Command::ResetPrefixCache(tx))
-            .map_err(|_| EngineClosed)?;
-        rx.await.map_err(|_| EngineClosed)
+        self.ask(Command::ResetPrefixCache).await
     }
 
     /// Current metrics (a short lock; the actor updates them once per step).
@@ -127,6 +230,8 @@ struct Route {
     events: mpsc::UnboundedSender<SeqEvent>,
     choice: u32,
     prompt_len: usize,
+    /// Prefill leg: the request id to pin the prompt's blocks under, and the prompt.
+    pin: Option<(String, Arc<[u32]>)>,
     arrival_s: f64,
     last_token_s: Option<f64>,
 }
@@ -160,6 +265,8 @@ pub fn spawn(
         now_s: 0.0,
         kv_events,
         block_size: cfg.scheduler.block_size,
+        hash_seed: cfg.scheduler.hash_seed,
+        leases: Leases::new(cfg.transfer.kv_lease),
     };
     tracker.spawn(actor.run(rx, cancel));
     EngineHandle { tx, metrics }
@@ -174,6 +281,8 @@ struct Actor {
     now_s: f64,
     kv_events: Option<mpsc::UnboundedSender<WireBatch>>,
     block_size: u32,
+    hash_seed: u64,
+    leases: Leases,
 }
 
 impl Actor {
@@ -184,6 +293,7 @@ impl Actor {
                     cmd = rx.recv() => match cmd {
                         Some(cmd) => {
                             self.now_s = self.clock.idle_now(self.now_s);
+                            self.expire_leases();
                             self.handle(cmd);
                         }
                         None => return,
@@ -191,6 +301,7 @@ impl Actor {
                     () = cancel.cancelled() => return,
                 }
             }
+            self.expire_leases();
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
@@ -209,14 +320,86 @@ impl Actor {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { seqs, events } => self.accept(seqs, &events),
+            Command::Submit {
+                seqs,
+                received,
+                events,
+            } => self.accept(seqs, received, &events),
             Command::ResetPrefixCache(done) => {
                 let cleared = self.scheduler.reset_prefix_cache();
                 let ok = cleared.is_some();
                 self.publish(cleared.into_iter().collect());
                 let _ = done.send(ok);
             }
+            Command::CachedPrefix(hashes, done) => {
+                let _ = done.send(self.scheduler.cached_prefix(&hashes));
+            }
+            Command::ServePull {
+                request_id,
+                hashes,
+                done,
+            } => {
+                let run = self.scheduler.read_cached(&hashes);
+                if let Some(blocks) = request_id.and_then(|id| self.leases.take(&id)) {
+                    self.scheduler.unpin(&blocks);
+                }
+                let _ = done.send(run);
+            }
+            Command::Insert {
+                parent,
+                hashes,
+                tokens,
+                done,
+            } => {
+                let update = self.scheduler.insert_cached(parent, &hashes, &tokens);
+                let _ = done.send(self.apply(update));
+            }
+            Command::Drop(hashes, done) => {
+                let update = self.scheduler.drop_cached(&hashes);
+                let _ = done.send(self.apply(update));
+            }
         }
+        self.update_gauges();
+    }
+
+    /// Publishes a cache update's events; returns its block count.
+    fn apply(&mut self, update: CacheUpdate) -> usize {
+        self.publish(update.events);
+        update.blocks
+    }
+
+    fn lease_now(&self) -> Duration {
+        self.clock.start.elapsed()
+    }
+
+    fn expire_leases(&mut self) {
+        if self.leases.is_empty() {
+            return;
+        }
+        let freed = self.leases.expire(self.lease_now());
+        if !freed.is_empty() {
+            tracing::debug!(blocks = freed.len(), "kv lease expired");
+            self.scheduler.unpin(&freed);
+        }
+    }
+
+    /// Pins a finished prefill leg's prompt blocks under its request id.
+    fn pin_prompt(&mut self, request_id: String, prompt: &[u32]) -> Vec<u32> {
+        let hashes = prompt_hashes(prompt, self.block_size as usize, self.hash_seed);
+        let blocks = self.scheduler.pin(&hashes);
+        let ids = blocks.iter().map(|b| b.index()).collect();
+        let now = self.lease_now();
+        if let Some(old) = self.leases.grant(request_id, blocks, now) {
+            self.scheduler.unpin(&old);
+        }
+        ids
+    }
+
+    fn update_gauges(&self) {
+        let mut m = lock(&self.metrics);
+        m.num_requests_running = self.scheduler.num_running();
+        m.num_requests_waiting = self.scheduler.num_waiting();
+        m.kv_cache_usage_perc = self.scheduler.pool().usage();
     }
 
     /// Sends cache changes to the publisher as one batch.
@@ -260,11 +443,28 @@ impl Actor {
         });
     }
 
-    fn accept(&mut self, seqs: Vec<SeqRequest>, events: &mpsc::UnboundedSender<SeqEvent>) {
+    fn accept(
+        &mut self,
+        seqs: Vec<SeqRequest>,
+        received: Option<Received>,
+        events: &mpsc::UnboundedSender<SeqEvent>,
+    ) {
+        // The local part of the prefix stays pinned while the received part is inserted
+        // after it and the sequences take their holds.
+        let mut local = Vec::new();
+        if let Some(r) = &received {
+            let from = r.from.min(r.chain.len());
+            local = self.scheduler.pin(&r.chain[..from]);
+            let parent = from.checked_sub(1).map(|i| r.chain[i]);
+            let update = self
+                .scheduler
+                .insert_cached(parent, &r.chain[from..], &r.tokens);
+            self.apply(update);
+        }
         for req in seqs {
             let id = SeqId(self.next_seq);
             self.next_seq += 1;
-            let added = self.scheduler.add(NewSeq {
+            let spec = NewSeq {
                 id,
                 prompt: req.prompt.clone(),
                 max_tokens: req.max_tokens,
@@ -272,7 +472,12 @@ impl Actor {
                 stop: req.stop,
                 stream_seed: req.stream_seed,
                 arrival_s: self.now_s,
-            });
+            };
+            let added = if req.hold_prefix {
+                self.scheduler.add_holding_prefix(spec)
+            } else {
+                self.scheduler.add(spec)
+            };
             match added {
                 Ok(()) => {
                     self.routes.insert(
@@ -281,6 +486,7 @@ impl Actor {
                             events: events.clone(),
                             choice: req.choice,
                             prompt_len: req.prompt.len(),
+                            pin: req.pin_for.map(|r| (r, req.prompt.clone())),
                             arrival_s: self.now_s,
                             last_token_s: None,
                         },
@@ -294,12 +500,14 @@ impl Actor {
                 }
             }
         }
+        self.scheduler.unpin(&local);
     }
 
     fn deliver(&mut self, mut out: StepOutput) {
         self.publish(std::mem::take(&mut out.cache_events));
         let now = self.now_s;
-        let mut m = lock(&self.metrics);
+        let metrics = self.metrics.clone();
+        let mut m = lock(&metrics);
         m.num_preemptions += u64::from(out.preempted);
         let mut gone = Vec::new();
         for a in &out.admitted {
@@ -308,6 +516,9 @@ impl Actor {
             };
             m.prefix_cache_queries += route.prompt_len as u64;
             m.prefix_cache_hits += u64::from(a.cached_tokens);
+            m.kv.prefill_cached_tokens += u64::from(a.cached_tokens);
+            m.kv.prefill_computed_tokens +=
+                (route.prompt_len as u64).saturating_sub(u64::from(a.cached_tokens));
             m.request_queue_time.observe(a.queue_s);
             let event = SeqEvent::Admitted {
                 choice: route.choice,
@@ -318,6 +529,16 @@ impl Actor {
             }
         }
         for t in out.tokens {
+            let Some(route) = self.routes.get_mut(&t.seq) else {
+                continue;
+            };
+            if t.finish.is_some() {
+                if let Some((request_id, prompt)) = route.pin.take() {
+                    let (choice, events) = (route.choice, route.events.clone());
+                    let block_ids = self.pin_prompt(request_id, &prompt);
+                    let _ = events.send(SeqEvent::Pinned { choice, block_ids });
+                }
+            }
             let Some(route) = self.routes.get_mut(&t.seq) else {
                 continue;
             };
@@ -342,12 +563,11 @@ impl Actor {
                 gone.push(t.seq);
             }
         }
+        drop(m);
         for id in gone {
             self.scheduler.abort(id);
             self.routes.remove(&id);
         }
-        m.num_requests_running = self.scheduler.num_running();
-        m.num_requests_waiting = self.scheduler.num_waiting();
-        m.kv_cache_usage_perc = self.scheduler.pool().usage();
+        self.update_gauges();
     }
 }

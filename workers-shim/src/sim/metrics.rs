@@ -1,5 +1,7 @@
 //! The simulated engine's `/metrics`, in Prometheus text format with vLLM V1's names and
 //! labels (`model_name`, `engine`), so scrapers and dashboards built for vLLM work on it.
+//! OwnerServe's own counters (KV transfer, fencing, prefill split) follow, as
+//! `ownerserve_*_total` with the same labels.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -78,6 +80,30 @@ pub struct EngineMetrics {
     pub inter_token_latency: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
+    pub kv: KvMetrics,
+}
+
+/// KV transfer, fencing and prefill-split counters (simulated seconds).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvMetrics {
+    /// KV bytes this engine served to pulls.
+    pub sent_bytes: u64,
+    /// KV bytes this engine received from pulls.
+    pub received_bytes: u64,
+    /// Simulated seconds spent receiving KV.
+    pub transfer_seconds: f64,
+    /// Pulls that answered (with any number of blocks).
+    pub transfers: u64,
+    /// Pulls that failed (source unreachable or refused); the request recomputed.
+    pub transfer_failures: u64,
+    /// Cached blocks evicted by `/ownerserve/v1/kv/drop`.
+    pub dropped_blocks: u64,
+    /// Requests refused for a stale epoch.
+    pub stale_epoch_rejections: u64,
+    /// Prompt tokens prefilled (not served from the prefix cache), counted at admission.
+    pub prefill_computed_tokens: u64,
+    /// Prompt tokens served from the prefix cache, received blocks included.
+    pub prefill_cached_tokens: u64,
 }
 
 impl EngineMetrics {
@@ -99,6 +125,7 @@ impl EngineMetrics {
             inter_token_latency: Histogram::new(ITL_BUCKETS),
             e2e_request_latency: Histogram::new(REQUEST_BUCKETS),
             request_queue_time: Histogram::new(REQUEST_BUCKETS),
+            kv: KvMetrics::default(),
         }
     }
 
@@ -207,7 +234,64 @@ impl EngineMetrics {
         ] {
             render_histogram(&mut out, name, help, &labels, h);
         }
+        self.kv.render(&mut out, &labels);
         out
+    }
+}
+
+impl KvMetrics {
+    fn render(&self, out: &mut String, labels: &str) {
+        let mut counter = |name: &str, help: &str, v: &dyn std::fmt::Display| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{labels}}} {v}"
+            );
+        };
+        counter(
+            "ownerserve_kv_sent_bytes_total",
+            "KV bytes served to pulls from other engines.",
+            &self.sent_bytes,
+        );
+        counter(
+            "ownerserve_kv_received_bytes_total",
+            "KV bytes pulled from other engines.",
+            &self.received_bytes,
+        );
+        counter(
+            "ownerserve_kv_transfer_seconds_total",
+            "Simulated seconds spent receiving KV.",
+            &self.transfer_seconds,
+        );
+        counter(
+            "ownerserve_kv_transfers_total",
+            "KV pulls that completed.",
+            &self.transfers,
+        );
+        counter(
+            "ownerserve_kv_transfer_failures_total",
+            "KV pulls that failed; the prompt was recomputed.",
+            &self.transfer_failures,
+        );
+        counter(
+            "ownerserve_kv_dropped_blocks_total",
+            "Cached KV blocks evicted on request.",
+            &self.dropped_blocks,
+        );
+        counter(
+            "ownerserve_stale_epoch_rejections_total",
+            "Requests refused because their session epoch was stale.",
+            &self.stale_epoch_rejections,
+        );
+        counter(
+            "ownerserve_prefill_computed_tokens_total",
+            "Prompt tokens prefilled by this engine.",
+            &self.prefill_computed_tokens,
+        );
+        counter(
+            "ownerserve_prefill_cached_tokens_total",
+            "Prompt tokens served from the prefix cache, received KV included.",
+            &self.prefill_cached_tokens,
+        );
     }
 }
 
@@ -245,6 +329,8 @@ mod tests {
         m.time_to_first_token.observe(0.003);
         m.time_to_first_token.observe(0.3);
         m.finished(FinishReason::Length);
+        m.kv.received_bytes = 2_097_152;
+        m.kv.transfer_seconds = 0.5;
         let text = m.render("m\"x");
         for line in [
             "vllm:prefix_cache_queries_total{model_name=\"m\\\"x\",engine=\"0\"} 64",
@@ -255,6 +341,10 @@ mod tests {
             "vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\",engine=\"0\"} 2",
             "vllm:request_success_total{finished_reason=\"length\",model_name=\"m\\\"x\",engine=\"0\"} 1",
             "# TYPE vllm:num_requests_running gauge",
+            "# TYPE ownerserve_kv_received_bytes_total counter",
+            "ownerserve_kv_received_bytes_total{model_name=\"m\\\"x\",engine=\"0\"} 2097152",
+            "ownerserve_kv_transfer_seconds_total{model_name=\"m\\\"x\",engine=\"0\"} 0.5",
+            "ownerserve_stale_epoch_rejections_total{model_name=\"m\\\"x\",engine=\"0\"} 0",
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");
         }

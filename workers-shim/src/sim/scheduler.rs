@@ -6,6 +6,11 @@
 //! for a decode, a chunk for a prefill) out of a token budget, preempting the newest running
 //! sequence when blocks run out, then admits waiting sequences, reusing cached prefix
 //! blocks so a prompt that shares a cached prefix only pays prefill for the rest.
+//!
+//! Outside steps, the shell moves KV between engines through the methods in `transfer.rs`:
+//! [`Scheduler::read_cached`] (the source's side of a transfer),
+//! [`Scheduler::insert_cached`] (the receiver's), [`Scheduler::pin`] (a prefill leg's
+//! blocks kept for a decode leg) and [`Scheduler::drop_cached`] (a demoted session's tail).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -164,6 +169,9 @@ struct Seq {
     blocks: Vec<BlockId>,
     registered: usize,
     chain: BlockChain,
+    /// Cached prefix blocks kept from eviction until the first admission (KV received for
+    /// this sequence must still be there when it is scheduled).
+    held: Vec<BlockId>,
     admitted_once: bool,
     text: String,
     sent: usize,
@@ -227,14 +235,32 @@ impl Scheduler {
 
     /// Queues a sequence.
     pub fn add(&mut self, spec: NewSeq) -> Result<(), AdmitError> {
+        self.add_inner(spec, false)
+    }
+
+    /// Queues a sequence and keeps its currently cached prefix from eviction until it is
+    /// first admitted: used right after [`Self::insert_cached`] received its KV.
+    pub fn add_holding_prefix(&mut self, spec: NewSeq) -> Result<(), AdmitError> {
+        self.add_inner(spec, true)
+    }
+
+    fn add_inner(&mut self, spec: NewSeq, hold: bool) -> Result<(), AdmitError> {
         self.cfg.check(spec.prompt.len(), spec.max_tokens)?;
         self.max_stop_len = self
             .max_stop_len
             .max(spec.stop.iter().map(String::len).max().unwrap_or(0));
         let mut tokens = Vec::with_capacity(spec.prompt.len() + spec.max_tokens as usize);
         tokens.extend_from_slice(&spec.prompt);
+        let mut chain = BlockChain::new(self.block_size(), self.cfg.hash_seed);
+        let held = if hold {
+            chain.extend_to(&tokens);
+            self.pin(chain.hashes())
+        } else {
+            Vec::new()
+        };
         self.waiting.push_back(Seq {
-            chain: BlockChain::new(self.block_size(), self.cfg.hash_seed),
+            chain,
+            held,
             spec,
             tokens,
             num_output: 0,
@@ -257,7 +283,9 @@ impl Scheduler {
     /// Drops a sequence (client gone), freeing its blocks. Returns whether it existed.
     pub fn abort(&mut self, id: SeqId) -> bool {
         if let Some(i) = self.waiting.iter().position(|s| s.spec.id == id) {
-            self.waiting.remove(i);
+            if let Some(seq) = self.waiting.remove(i) {
+                self.unpin(&seq.held);
+            }
             return true;
         }
         if let Some(i) = self.running.iter().position(|s| s.spec.id == id) {
@@ -266,6 +294,14 @@ impl Scheduler {
             return true;
         }
         false
+    }
+
+    fn release_holds(&mut self) {
+        for seq in &mut self.waiting {
+            for b in seq.held.drain(..).rev() {
+                self.pool.release(b);
+            }
+        }
     }
 
     fn block_size(&self) -> usize {
@@ -291,6 +327,11 @@ impl Scheduler {
             let seq = &self.running[i];
             let n = (seq.tokens.len() - seq.computed).min(budget);
             let need = (seq.computed + n).div_ceil(self.block_size()) - seq.blocks.len();
+            if self.pool.num_free() < need {
+                // Running work comes first: a waiting sequence's held prefix is only an
+                // optimisation, and holding it could starve the engine.
+                self.release_holds();
+            }
             while self.pool.num_free() < need && self.running.len() > i {
                 let Some(mut victim) = self.running.pop() else {
                     break;
@@ -399,6 +440,8 @@ impl Scheduler {
             seq.blocks = blocks;
             seq.computed = hit_tokens;
             seq.registered = hit_blocks;
+            let held = std::mem::take(&mut seq.held);
+            self.unpin(&held);
             if !seq.admitted_once {
                 seq.admitted_once = true;
                 out.admitted.push(Admission {
@@ -423,11 +466,14 @@ impl Scheduler {
         let mut stored: Option<CacheEvent> = None;
         for j in seq.registered..full {
             let hash = seq.chain.hashes()[j];
-            let fresh = self.pool.register(seq.blocks[j], hash);
+            let parent = j.checked_sub(1).map(|p| seq.chain.hashes()[p]);
+            let block_tokens = &seq.tokens[j * bs..(j + 1) * bs];
+            let fresh = self
+                .pool
+                .register(seq.blocks[j], hash, parent, block_tokens);
             if !(fresh && self.cfg.emit_cache_events) {
                 continue;
             }
-            let block_tokens = &seq.tokens[j * bs..(j + 1) * bs];
             match &mut stored {
                 // Extends the run of blocks stored for this sequence in this step.
                 Some(CacheEvent::Stored { hashes, tokens, .. })
@@ -441,7 +487,7 @@ impl Scheduler {
                     out.cache_events.extend(stored.take());
                     stored = Some(CacheEvent::Stored {
                         hashes: vec![hash],
-                        parent: j.checked_sub(1).map(|p| seq.chain.hashes()[p]),
+                        parent,
                         tokens: block_tokens.to_vec(),
                     });
                 }
@@ -502,6 +548,9 @@ fn first_stop(text: &str, sent: usize, stop: &[String]) -> Option<usize> {
         })
         .min()
 }
+
+mod transfer;
+pub use transfer::{CacheUpdate, CachedRun};
 
 #[cfg(test)]
 mod tests;

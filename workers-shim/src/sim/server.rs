@@ -1,15 +1,19 @@
 //! The simulated engine's HTTP surface, shaped like vLLM's OpenAI server:
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Streams are SSE in OpenAI's chunk format, ending with `data: [DONE]`.
+//! `GET /metrics`, plus OwnerServe's KV endpoints ([`super::kv_routes`]). Responses are
+//! assembled in `respond.rs`.
+//!
+//! A chat or completions request may carry vLLM's `kv_transfer_params` (NIXL connector,
+//! pull mode): `do_remote_decode` makes it a prefill leg (its prompt blocks are pinned and
+//! the response says where to pull them), `do_remote_prefill` a decode leg (the prompt's KV
+//! is pulled from the named engine before the request is queued). Fence headers
+//! (`x-ownerserve-session`, `x-ownerserve-epoch`) are checked before any work.
 
-use std::collections::VecDeque;
-use std::pin::Pin;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -17,34 +21,72 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
-use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::SimConfig;
-use super::engine::{self, EngineHandle, SeqEvent, SeqRequest};
+use super::config::{SimConfig, TimeMode};
+use super::engine::{self, EngineHandle, SeqRequest};
+use super::fence::{EpochFence, FenceClaim};
 use super::filler;
+use super::http_error::{error_response, json_response, ApiError};
+use super::kv_client::{KvClient, PULL_PATH};
+use super::kv_routes::{self, DROP_PATH, FETCH_PATH};
+use super::kv_transfer::{
+    block_bytes, KvTransferParams, KvTransferParamsOut, TransferConfig, TransferLegs,
+};
+use super::respond::{self, ResponseMeta, TransferReport};
 use super::scheduler::SchedulerConfig;
 use crate::kv_events::publisher::{BindError, Publisher};
-use crate::openai::response::{
-    AssistantMessage, ChatChoice, ChatChunkChoice, Chunk, Completion, Delta, FinishReason,
-    TextChoice, TextChunkChoice, Usage, UsageField,
-};
 use crate::openai::{self, Endpoint, ParsedRequest};
 
 /// Largest request body the worker reads (vLLM has no small limit either).
 const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 
-struct AppState {
-    engine: EngineHandle,
-    served_model: Arc<str>,
-    scheduler: SchedulerConfig,
+/// How long a pull from another engine may take before the request recomputes.
+const PULL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything the handlers share.
+pub(super) struct AppState {
+    pub(super) engine: EngineHandle,
+    pub(super) served_model: Arc<str>,
+    pub(super) scheduler: SchedulerConfig,
     started_unix: u64,
     /// Distinguishes this worker's response ids from other workers' (nanoseconds at start).
     id_salt: u64,
     next_id: AtomicU64,
+    /// This engine's identity in `kv_transfer_params` and pull answers.
+    pub(super) engine_id: Arc<str>,
+    /// Where other engines reach this one.
+    pub(super) host: String,
+    pub(super) port: u16,
+    pub(super) tp_size: u32,
+    pub(super) transfer: TransferConfig,
+    pub(super) time: TimeMode,
+    /// KV bytes of one block of this engine's model.
+    pub(super) block_bytes: u64,
+    pub(super) kv_client: KvClient,
+    fence: Mutex<EpochFence>,
+}
+
+impl AppState {
+    /// Admits every claim through the session fence (raising it), or refuses the request.
+    pub(super) fn check_fence(
+        &self,
+        claims: impl IntoIterator<Item = FenceClaim>,
+    ) -> Result<(), ApiError> {
+        let mut fence = self.fence.lock().unwrap_or_else(|e| e.into_inner());
+        for claim in claims {
+            if let Err(stale) = fence.admit(&claim) {
+                drop(fence);
+                self.engine.metrics().kv.stale_epoch_rejections += 1;
+                tracing::debug!(session = %stale.session, epoch = stale.epoch, seen = stale.seen, "stale epoch refused");
+                return Err(stale.into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Serves a simulated worker on `listener` until `shutdown` fires, then drains. KV events
@@ -55,6 +97,7 @@ pub async fn serve(
     publisher: Option<Publisher>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
     let tracker = TaskTracker::new();
     let kv_tx = publisher.map(|p| {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -62,7 +105,7 @@ pub async fn serve(
         tx
     });
     let engine = engine::spawn(&cfg, kv_tx, shutdown.child_token(), &tracker);
-    let app = app(engine, &cfg);
+    let app = app(engine, &cfg, addr);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
@@ -88,17 +131,37 @@ pub async fn bind_publisher(cfg: &SimConfig) -> Result<Option<Publisher>, BindEr
     .map(Some)
 }
 
-/// The worker's routes over a running engine.
-pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
+/// The worker's routes over a running engine listening on `addr` (the address other
+/// engines pull KV from; an unspecified IP is announced as loopback).
+pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
+    let id_salt = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let ip = if addr.ip().is_unspecified() {
+        if addr.is_ipv4() {
+            "127.0.0.1".to_owned()
+        } else {
+            "::1".to_owned()
+        }
+    } else {
+        addr.ip().to_string()
+    };
     let state = Arc::new(AppState {
         engine,
         served_model: cfg.served_model_name.as_str().into(),
         scheduler: cfg.scheduler.clone(),
         started_unix: unix_now(),
-        id_salt: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
+        id_salt,
         next_id: AtomicU64::new(0),
+        engine_id: engine_id(id_salt, addr).into(),
+        host: ip,
+        port: addr.port(),
+        tp_size: cfg.gpus,
+        transfer: cfg.transfer,
+        time: cfg.time,
+        block_bytes: block_bytes(&cfg.model, cfg.scheduler.block_size),
+        kv_client: KvClient::new(PULL_TIMEOUT),
+        fence: Mutex::new(EpochFence::default()),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -107,6 +170,9 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route(PULL_PATH, post(kv_routes::pull))
+        .route(FETCH_PATH, post(kv_routes::fetch))
+        .route(DROP_PATH, post(kv_routes::drop_blocks))
         .fallback(|| async {
             error_response(
                 StatusCode::NOT_FOUND,
@@ -120,57 +186,24 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig) -> Router {
         .with_state(state)
 }
 
+/// A uuid-shaped id, unique per engine start (time, process and address mixed).
+fn engine_id(salt: u64, addr: SocketAddr) -> String {
+    let seed = format!("{salt}/{}/{addr}", std::process::id());
+    let x = xxhash_rust::xxh3::xxh3_128(seed.as_bytes());
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        (x >> 96) as u32,
+        (x >> 80) as u16,
+        (x >> 64) as u16,
+        (x >> 48) as u16,
+        x & 0xffff_ffff_ffff
+    )
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorDetail<'a>,
-}
-
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
-}
-
-fn error_response(
-    status: StatusCode,
-    message: &str,
-    kind: &str,
-    param: Option<&str>,
-    code: Option<&str>,
-) -> Response {
-    let body = ErrorBody {
-        error: ErrorDetail {
-            message,
-            kind,
-            param,
-            code,
-        },
-    };
-    json_response(status, &body)
-}
-
-fn json_response(status: StatusCode, value: &impl Serialize) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(bytes) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-    }
 }
 
 async fn models(State(st): State<Arc<AppState>>) -> Response {
@@ -230,18 +263,6 @@ async fn completions(
     generate(st, &headers, body, Endpoint::Completions).await
 }
 
-/// Everything a response needs to know besides the events.
-struct ResponseMeta {
-    id: String,
-    created: u64,
-    model: Arc<str>,
-    endpoint: Endpoint,
-    include_usage: bool,
-    /// Choices per prompt.
-    n: u32,
-    prompt_lens: Vec<usize>,
-}
-
 async fn generate(
     st: Arc<AppState>,
     headers: &HeaderMap,
@@ -280,52 +301,109 @@ async fn generate(
             return error_response(StatusCode::BAD_REQUEST, &msg, "BadRequestError", None, None)
         }
     };
-    let Ok(events) = st.engine.submit(seqs) else {
-        return error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the engine is shutting down",
-            "ServiceUnavailableError",
-            None,
-            None,
-        );
+    let checked = transfer_legs(&req).and_then(|legs| {
+        let claim = FenceClaim::from_headers(headers)?;
+        st.check_fence(claim.clone())?;
+        Ok((legs, claim))
+    });
+    let (legs, claim) = match checked {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let request_id = match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+        Some(rid) => rid.to_owned(),
+        None => format!(
+            "{:016x}{:08x}",
+            st.id_salt,
+            st.next_id.fetch_add(1, Ordering::Relaxed)
+        ),
     };
     let prefix = match endpoint {
         Endpoint::ChatCompletions => "chatcmpl",
         Endpoint::Completions => "cmpl",
     };
-    let id = match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
-        Some(rid) => format!("{prefix}-{rid}"),
-        None => format!(
-            "{prefix}-{:016x}{:08x}",
-            st.id_salt,
-            st.next_id.fetch_add(1, Ordering::Relaxed)
-        ),
-    };
-    let meta = ResponseMeta {
-        id,
+    let mut meta = ResponseMeta {
+        id: format!("{prefix}-{request_id}"),
         created: unix_now(),
         model: st.served_model.clone(),
         endpoint,
         include_usage: req.include_usage,
         n: req.sampling.n,
         prompt_lens,
+        transfer: TransferReport::default(),
+        kv_params: None,
+    };
+    let events = match run_legs(&st, seqs, legs, claim, request_id, &mut meta).await {
+        Ok(events) => events,
+        Err(e) => return e.into_response(),
     };
     if req.stream {
-        let body = SseBody {
-            events,
-            state: Accumulator::new(&meta),
-            meta,
-            pending: VecDeque::new(),
-            done: false,
-        };
-        Response::builder()
-            .header(header::CONTENT_TYPE, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            .body(Body::new(body))
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        respond::stream(events, meta).await
     } else {
-        collect(events, meta).await
+        respond::collect(events, meta).await
     }
+}
+
+/// The request's `kv_transfer_params`, read.
+fn transfer_legs(req: &ParsedRequest<'_>) -> Result<TransferLegs, ApiError> {
+    let Some(raw) = req.kv_transfer_params else {
+        return Ok(TransferLegs::default());
+    };
+    let params: KvTransferParams = serde_json::from_str(raw).map_err(|e| {
+        ApiError::bad_request(
+            format!("invalid 'kv_transfer_params': {e}"),
+            Some("kv_transfer_params"),
+        )
+    })?;
+    params
+        .legs()
+        .map_err(|e| ApiError::bad_request(e.to_string(), Some("kv_transfer_params")))
+}
+
+/// Runs the transfer legs around the request: a decode leg loads its prompt's KV first,
+/// a prefill leg asks for its blocks to be pinned; then the sequences are queued.
+async fn run_legs(
+    st: &AppState,
+    mut seqs: Vec<SeqRequest>,
+    legs: TransferLegs,
+    claim: Option<FenceClaim>,
+    request_id: String,
+    meta: &mut ResponseMeta,
+) -> Result<mpsc::UnboundedReceiver<engine::SeqEvent>, ApiError> {
+    let mut received = None;
+    // Only the first prompt takes part: vLLM's params describe one sequence.
+    let first_prompt = seqs.first().map(|s| s.prompt.clone());
+    if let (Some(load), Some(prompt)) = (&legs.load, &first_prompt) {
+        let (r, report) = kv_routes::load_for_decode(st, load, prompt, claim.as_ref()).await;
+        if r.is_some() {
+            for s in seqs.iter_mut().filter(|s| Arc::ptr_eq(&s.prompt, prompt)) {
+                s.hold_prefix = true;
+            }
+        }
+        received = r;
+        meta.transfer = report;
+    }
+    if legs.serve_remote_decode {
+        if let Some(first) = seqs.first_mut() {
+            first.pin_for = Some(request_id.clone());
+            meta.kv_params = Some(KvTransferParamsOut {
+                do_remote_prefill: true,
+                do_remote_decode: false,
+                remote_block_ids: Vec::new(),
+                remote_engine_id: st.engine_id.to_string(),
+                remote_request_id: request_id,
+                remote_host: st.host.clone(),
+                remote_port: st.port,
+                tp_size: st.tp_size,
+                dcp_size: 1,
+                pp_size: 1,
+                remote_num_tokens: first.prompt.len() as u64,
+                remote_blocks_expiry_time: None,
+                transfer_mode: "pull".to_owned(),
+            });
+        }
+    }
+    Ok(st.engine.submit_with(seqs, received)?)
 }
 
 /// Turns a request into one engine sequence per (prompt, choice).
@@ -359,302 +437,10 @@ fn plan_sequences(
                 eos_after: (!s.ignore_eos).then(|| filler::natural_length(seed)),
                 stop: stop.clone(),
                 stream_seed: seed,
+                hold_prefix: false,
+                pin_for: None,
             });
         }
     }
     Ok((seqs, lens))
-}
-
-/// Per-choice progress shared by the streaming and the collecting paths.
-struct Accumulator {
-    texts: Vec<String>,
-    finish: Vec<Option<FinishReason>>,
-    started: Vec<bool>,
-    completion_tokens: u64,
-    cached_tokens: u64,
-    unfinished: usize,
-    error: Option<String>,
-}
-
-impl Accumulator {
-    fn new(meta: &ResponseMeta) -> Self {
-        let choices = meta.prompt_lens.len() * meta.n as usize;
-        Self {
-            texts: vec![String::new(); choices],
-            finish: vec![None; choices],
-            started: vec![false; choices],
-            completion_tokens: 0,
-            cached_tokens: 0,
-            unfinished: choices,
-            error: None,
-        }
-    }
-
-    fn usage(&self, meta: &ResponseMeta) -> Usage {
-        let prompt: usize = meta.prompt_lens.iter().sum();
-        Usage::new(prompt as u64, self.completion_tokens, self.cached_tokens)
-    }
-
-    /// Applies an event; returns the token text and finish of a `Token` event.
-    fn apply(
-        &mut self,
-        meta: &ResponseMeta,
-        ev: SeqEvent,
-    ) -> Option<(u32, String, Option<FinishReason>)> {
-        match ev {
-            SeqEvent::Admitted {
-                choice,
-                cached_tokens,
-            } => {
-                // Count each prompt once, through its first choice.
-                if choice % meta.n == 0 {
-                    self.cached_tokens += u64::from(cached_tokens);
-                }
-                None
-            }
-            SeqEvent::Token {
-                choice,
-                text,
-                finish,
-            } => {
-                self.completion_tokens += 1;
-                if finish.is_some() {
-                    self.unfinished = self.unfinished.saturating_sub(1);
-                    if let Some(f) = self.finish.get_mut(choice as usize) {
-                        *f = finish;
-                    }
-                }
-                Some((choice, text, finish))
-            }
-            SeqEvent::Rejected { error, .. } => {
-                self.error = Some(error.to_string());
-                self.unfinished = 0;
-                None
-            }
-        }
-    }
-}
-
-async fn collect(mut events: mpsc::UnboundedReceiver<SeqEvent>, meta: ResponseMeta) -> Response {
-    let mut acc = Accumulator::new(&meta);
-    while acc.unfinished > 0 {
-        let Some(ev) = events.recv().await else {
-            acc.error = Some("the engine stopped before the request finished".to_owned());
-            break;
-        };
-        if let Some((choice, text, _)) = acc.apply(&meta, ev) {
-            if let Some(t) = acc.texts.get_mut(choice as usize) {
-                t.push_str(&text);
-            }
-        }
-    }
-    if let Some(err) = &acc.error {
-        return error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            err,
-            "InternalServerError",
-            None,
-            None,
-        );
-    }
-    let usage = acc.usage(&meta);
-    let finish = |i: usize| acc.finish[i].unwrap_or(FinishReason::Length);
-    match meta.endpoint {
-        Endpoint::ChatCompletions => json_response(
-            StatusCode::OK,
-            &Completion {
-                id: &meta.id,
-                object: "chat.completion",
-                created: meta.created,
-                model: &meta.model,
-                choices: acc
-                    .texts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| ChatChoice {
-                        index: i as u32,
-                        message: AssistantMessage {
-                            role: "assistant",
-                            content: t,
-                        },
-                        logprobs: None,
-                        finish_reason: finish(i),
-                    })
-                    .collect(),
-                usage,
-            },
-        ),
-        Endpoint::Completions => json_response(
-            StatusCode::OK,
-            &Completion {
-                id: &meta.id,
-                object: "text_completion",
-                created: meta.created,
-                model: &meta.model,
-                choices: acc
-                    .texts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| TextChoice {
-                        index: i as u32,
-                        text: t,
-                        logprobs: None,
-                        finish_reason: finish(i),
-                    })
-                    .collect(),
-                usage,
-            },
-        ),
-    }
-}
-
-/// One `data: <json>\n\n` server-sent event.
-fn sse_event(value: &impl Serialize) -> Option<Bytes> {
-    let mut buf = Vec::with_capacity(256);
-    buf.extend_from_slice(b"data: ");
-    serde_json::to_writer(&mut buf, value).ok()?;
-    buf.extend_from_slice(b"\n\n");
-    Some(Bytes::from(buf))
-}
-
-/// SSE body fed directly by the engine's event channel: no task per stream, and dropping
-/// the body (client gone) closes the channel so the engine aborts the sequences.
-struct SseBody {
-    events: mpsc::UnboundedReceiver<SeqEvent>,
-    meta: ResponseMeta,
-    state: Accumulator,
-    pending: VecDeque<Bytes>,
-    done: bool,
-}
-
-impl SseBody {
-    fn usage_field(&self) -> UsageField {
-        if self.meta.include_usage {
-            UsageField::Null(None)
-        } else {
-            UsageField::Absent
-        }
-    }
-
-    /// Queues one chunk of this endpoint's kind.
-    fn push_chunk<C: Serialize>(&mut self, choices: Vec<C>, usage: UsageField) {
-        let object = match self.meta.endpoint {
-            Endpoint::ChatCompletions => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
-        };
-        let chunk = Chunk {
-            id: &self.meta.id,
-            object,
-            created: self.meta.created,
-            model: &self.meta.model,
-            choices,
-            usage,
-        };
-        self.pending.extend(sse_event(&chunk));
-    }
-
-    fn chat_chunk(&mut self, choice: u32, delta: Delta<'_>, finish: Option<FinishReason>) {
-        let choices = vec![ChatChunkChoice {
-            index: choice,
-            delta,
-            logprobs: None,
-            finish_reason: finish,
-        }];
-        self.push_chunk(choices, self.usage_field());
-    }
-
-    fn on_event(&mut self, ev: SeqEvent) {
-        let Some((choice, text, finish)) = self.state.apply(&self.meta, ev) else {
-            return;
-        };
-        match self.meta.endpoint {
-            Endpoint::ChatCompletions => {
-                let first = !std::mem::replace(&mut self.state.started[choice as usize], true);
-                if first {
-                    let delta = Delta {
-                        role: Some("assistant"),
-                        content: Some(""),
-                    };
-                    self.chat_chunk(choice, delta, None);
-                }
-                if !text.is_empty() {
-                    let delta = Delta {
-                        role: None,
-                        content: Some(&text),
-                    };
-                    self.chat_chunk(choice, delta, None);
-                }
-                if finish.is_some() {
-                    let delta = Delta {
-                        role: None,
-                        content: None,
-                    };
-                    self.chat_chunk(choice, delta, finish);
-                }
-            }
-            Endpoint::Completions => {
-                if text.is_empty() && finish.is_none() {
-                    return;
-                }
-                let choices = vec![TextChunkChoice {
-                    index: choice,
-                    text: &text,
-                    logprobs: None,
-                    finish_reason: finish,
-                }];
-                self.push_chunk(choices, self.usage_field());
-            }
-        }
-    }
-
-    fn on_end(&mut self) {
-        if let Some(err) = self.state.error.take().or_else(|| {
-            (self.state.unfinished > 0)
-                .then(|| "the engine stopped before the request finished".to_owned())
-        }) {
-            let body = ErrorBody {
-                error: ErrorDetail {
-                    message: &err,
-                    kind: "InternalServerError",
-                    param: None,
-                    code: None,
-                },
-            };
-            self.pending.extend(sse_event(&body));
-        } else if self.meta.include_usage {
-            let usage = UsageField::Totals(self.state.usage(&self.meta));
-            self.push_chunk(Vec::<()>::new(), usage);
-        }
-        self.pending
-            .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-        self.done = true;
-    }
-}
-
-impl http_body::Body for SseBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        loop {
-            if let Some(b) = self.pending.pop_front() {
-                return Poll::Ready(Some(Ok(http_body::Frame::data(b))));
-            }
-            if self.done {
-                return Poll::Ready(None);
-            }
-            if self.state.unfinished == 0 {
-                self.on_end();
-                continue;
-            }
-            match self.events.poll_recv(cx) {
-                Poll::Ready(Some(ev)) => self.on_event(ev),
-                Poll::Ready(None) => self.on_end(),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-    }
 }

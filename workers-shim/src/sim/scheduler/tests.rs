@@ -304,3 +304,222 @@ fn cache_events_report_stored_chains_and_evictions_in_order() {
     assert!(matches!(events[1], CacheEvent::Stored { parent: None, .. }));
     assert_eq!(s.reset_prefix_cache(), Some(CacheEvent::Cleared));
 }
+
+fn engine_with(cfg: SchedulerConfig) -> Scheduler {
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let gpu = GpuSpec::preset("h100").unwrap();
+    Scheduler::new(cfg, model, Roofline::new(&gpu, 1, Efficiency::default()))
+}
+
+fn hashes_of(tokens: &[u32]) -> Vec<u64> {
+    ownerserve_planner::hash::prompt_hashes(tokens, 16, XXH3_SEED)
+}
+
+#[test]
+fn received_blocks_are_announced_and_hit_like_computed_ones() {
+    let mut s = engine(64, 8192);
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    let update = s.insert_cached(None, &hashes, &prompt);
+    assert_eq!(
+        update,
+        CacheUpdate {
+            blocks: 4,
+            events: vec![CacheEvent::Stored {
+                hashes: hashes.clone(),
+                parent: None,
+                tokens: prompt.clone(),
+            }],
+        }
+    );
+    assert_eq!(s.cached_prefix(&hashes), 4);
+    assert_eq!(
+        s.pool().num_free(),
+        64,
+        "received blocks are cached, not in use"
+    );
+    // Inserting again stores nothing new.
+    assert_eq!(s.insert_cached(None, &hashes, &prompt).events, vec![]);
+
+    let mut run = Run::default();
+    let mut longer = prompt.clone();
+    longer.push(7);
+    s.add(seq(1, longer, 1, 0.0)).unwrap();
+    // The whole prompt cached: the last token is still computed, so one block is redone.
+    s.add(seq(2, prompt.clone(), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    assert_eq!(run.cached[&SeqId(1)], 64);
+    assert_eq!(run.cached[&SeqId(2)], 48);
+    let stored: Vec<&CacheEvent> = run
+        .steps
+        .iter()
+        .flat_map(|o| &o.cache_events)
+        .filter(|e| matches!(e, CacheEvent::Stored { .. }))
+        .collect();
+    assert!(
+        stored.is_empty(),
+        "nothing recomputed is stored again: {stored:?}"
+    );
+}
+
+#[test]
+fn received_blocks_chain_under_the_given_parent_and_runs_split_at_known_blocks() {
+    let mut s = engine(64, 8192);
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(Some(hashes[0]), &hashes[1..2], &prompt[16..32]);
+    let update = s.insert_cached(Some(hashes[0]), &hashes[1..], &prompt[16..]);
+    assert_eq!(update.blocks, 3);
+    assert_eq!(
+        update.events,
+        vec![CacheEvent::Stored {
+            hashes: hashes[2..].to_vec(),
+            parent: Some(hashes[1]),
+            tokens: prompt[32..].to_vec(),
+        }]
+    );
+    let run = s.read_cached(&hashes[1..]);
+    assert_eq!(
+        run,
+        CachedRun {
+            blocks: 3,
+            parent: Some(hashes[0]),
+            tokens: prompt[16..].to_vec(),
+        }
+    );
+    assert_eq!(
+        s.read_cached(&hashes),
+        CachedRun::default(),
+        "block 0 is missing"
+    );
+}
+
+#[test]
+fn insert_stops_when_every_block_is_held_and_evicts_lru_first() {
+    let mut s = engine(4, 8192);
+    let old = tokens(900, 64);
+    let old_hashes = hashes_of(&old);
+    s.insert_cached(None, &old_hashes, &old);
+    let pinned = s.pin(&old_hashes[..1]);
+    let prompt = tokens(1, 96);
+    let hashes = hashes_of(&prompt);
+    let update = s.insert_cached(None, &hashes, &prompt);
+    assert_eq!(
+        update.blocks, 3,
+        "one block is pinned: three fit, as a prefix"
+    );
+    // The tail of the old chain goes first (it was released first).
+    let tail_first: Vec<u64> = old_hashes[1..].iter().rev().copied().collect();
+    assert_eq!(update.events[0], CacheEvent::Removed { hashes: tail_first });
+    assert_eq!(s.cached_prefix(&hashes), 3);
+    s.unpin(&pinned);
+    assert_eq!(s.pool().num_free(), 4);
+}
+
+#[test]
+fn drop_evicts_only_blocks_nobody_holds() {
+    let mut s = engine(64, 8192);
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes, &prompt);
+    let pinned = s.pin(&hashes[..1]);
+    assert_eq!(pinned.len(), 1);
+    let update = s.drop_cached(&[hashes[0], hashes[2], hashes[3], 12345]);
+    assert_eq!(
+        update,
+        CacheUpdate {
+            blocks: 2,
+            events: vec![CacheEvent::Removed {
+                hashes: vec![hashes[2], hashes[3]]
+            }],
+        }
+    );
+    assert_eq!(s.cached_prefix(&hashes), 2);
+    s.unpin(&pinned);
+    assert_eq!(s.drop_cached(&hashes[..1]).blocks, 1);
+    assert_eq!(s.cached_prefix(&hashes), 0);
+}
+
+#[test]
+fn a_pin_keeps_blocks_through_memory_pressure() {
+    let mut s = engine(8, 8192);
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes, &prompt);
+    let pinned = s.pin(&hashes);
+    assert_eq!(pinned.len(), 4);
+    let mut run = Run::default();
+    // Needs the 4 other blocks; would evict the received ones without the pin.
+    s.add(seq(1, tokens(500, 60), 4, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    assert_eq!(s.cached_prefix(&hashes), 4);
+    s.unpin(&pinned);
+    s.add(seq(2, tokens(700, 100), 4, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    assert!(
+        s.cached_prefix(&hashes) < 4,
+        "unpinned blocks are evictable again"
+    );
+}
+
+/// One sequence at a time: X1 runs and frees its blocks after the received ones, X2 then
+/// needs four blocks, and Y (the receiver) is admitted last.
+fn received_hits_after_newer_frees(hold: bool) -> u32 {
+    let mut s = engine_with(SchedulerConfig {
+        max_num_seqs: 1,
+        ..config(8, 8192)
+    });
+    let prompt = tokens(1, 64);
+    s.insert_cached(None, &hashes_of(&prompt), &prompt);
+    s.add(seq(1, tokens(500, 16), 1, 0.0)).unwrap();
+    s.add(seq(2, tokens(700, 16), 40, 0.0)).unwrap();
+    let mut y_prompt = prompt.clone();
+    y_prompt.push(99);
+    let y = seq(3, y_prompt, 1, 0.0);
+    if hold {
+        s.add_holding_prefix(y).unwrap();
+    } else {
+        s.add(y).unwrap();
+    }
+    let mut run = Run::default();
+    run_to_idle(&mut s, &mut run);
+    run.cached[&SeqId(3)]
+}
+
+#[test]
+fn a_held_prefix_outlives_blocks_freed_after_it() {
+    assert_eq!(received_hits_after_newer_frees(true), 64);
+    assert!(received_hits_after_newer_frees(false) < 64);
+}
+
+#[test]
+fn held_prefixes_give_way_to_running_work_instead_of_starving_it() {
+    let mut s = engine_with(SchedulerConfig {
+        max_num_seqs: 1,
+        ..config(8, 8192)
+    });
+    let prompt = tokens(1, 64);
+    s.insert_cached(None, &hashes_of(&prompt), &prompt);
+    // X alone needs all 8 blocks, so Y's hold (4 blocks) must be let go.
+    s.add(seq(1, tokens(500, 16), 112, 0.0)).unwrap();
+    let mut y_prompt = prompt.clone();
+    y_prompt.push(99);
+    s.add_holding_prefix(seq(2, y_prompt, 1, 0.0)).unwrap();
+    let mut run = Run::default();
+    run_to_idle(&mut s, &mut run);
+    assert_eq!(run.outputs[&SeqId(1)].len(), 112);
+    assert_eq!(run.outputs[&SeqId(2)].len(), 1);
+    assert_eq!(s.pool().num_free(), 8);
+}
+
+#[test]
+fn aborting_a_waiting_holder_releases_its_prefix() {
+    let mut s = engine(8, 8192);
+    let prompt = tokens(1, 64);
+    s.insert_cached(None, &hashes_of(&prompt), &prompt);
+    s.add_holding_prefix(seq(1, prompt.clone(), 1, 0.0))
+        .unwrap();
+    assert_eq!(s.pool().num_free(), 4);
+    assert!(s.abort(SeqId(1)));
+    assert_eq!(s.pool().num_free(), 8);
+}

@@ -1,0 +1,290 @@
+//! `ownerserve`: the cost planner as a routing policy. It turns the router's view of the
+//! workers and the directory's view of the session into a [`PlanInput`], plans, and maps
+//! the chosen candidate onto a [`Dispatch`]. Observed prefill times calibrate each worker's
+//! roofline (an EWMA of observed over predicted).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView};
+use crate::ewma::PrefillCalibration;
+use crate::ids::WorkerId;
+use crate::plan::{
+    plan, Action, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
+};
+use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepWork};
+use crate::spec::{GpuSpec, ModelSpec, SpecError};
+
+/// What the planner prices plans with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwnerServeConfig {
+    pub model: ModelSpec,
+    /// Every worker's roofline unless overridden in `rooflines`.
+    pub roofline: Roofline,
+    /// Workers whose GPUs differ from the default.
+    pub rooflines: BTreeMap<WorkerId, Roofline>,
+    pub links: Links,
+    pub weights: Weights,
+    pub thresholds: ClassThresholds,
+}
+
+impl OwnerServeConfig {
+    /// Built-in presets, the GPU's own link figure and default weights.
+    pub fn from_presets(model: &str, gpu: &str, gpus: u32) -> Result<Self, SpecError> {
+        let model = ModelSpec::preset(model)?;
+        let gpu = GpuSpec::preset(gpu)?;
+        Ok(Self {
+            model,
+            roofline: Roofline::new(&gpu, gpus.max(1), Efficiency::default()),
+            rooflines: BTreeMap::new(),
+            links: Links {
+                default: Link {
+                    bytes_per_s: gpu.link_gbs * 1e9,
+                    latency_s: 20e-6,
+                },
+                pairs: BTreeMap::new(),
+            },
+            weights: Weights::default(),
+            thresholds: ClassThresholds::default(),
+        })
+    }
+
+    /// The roofline of `worker`.
+    pub fn roofline_of(&self, worker: WorkerId) -> &Roofline {
+        self.rooflines.get(&worker).unwrap_or(&self.roofline)
+    }
+}
+
+/// The planner behind the [`Policy`] trait.
+#[derive(Debug, Clone)]
+pub struct OwnerServe {
+    cfg: OwnerServeConfig,
+    calibration: HashMap<WorkerId, PrefillCalibration>,
+}
+
+impl OwnerServe {
+    pub fn new(cfg: OwnerServeConfig) -> Self {
+        Self {
+            cfg,
+            calibration: HashMap::new(),
+        }
+    }
+
+    /// The planner's figures.
+    pub fn config(&self) -> &OwnerServeConfig {
+        &self.cfg
+    }
+
+    /// The planner's view of `w`: its roofline, calibration, queue and decode batch.
+    fn plan_worker(&self, w: &WorkerView, block_size: u32) -> PlanWorker {
+        let roofline = self.cfg.roofline_of(w.id).clone();
+        // Prompt tokens sent there and not prefilled yet are the queue ahead of this step.
+        let waiting = w.active_prefill_tokens;
+        let queue_s = if waiting == 0 {
+            0.0
+        } else {
+            let work = StepWork {
+                prefill_tokens: waiting,
+                prefill_attention_pairs: prefill_pairs(waiting, 0),
+                ..StepWork::default()
+            };
+            roofline.step_time(&self.cfg.model, &work).total_s
+        };
+        PlanWorker {
+            id: w.id,
+            role: w.role,
+            healthy: w.healthy,
+            draining: w.draining,
+            roofline,
+            queue_s,
+            decoding: w.decoding(),
+            cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
+            prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
+        }
+    }
+
+    /// Plans `req` over `workers` without deciding anything (the explain API).
+    pub fn plan(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[WorkerView],
+    ) -> Result<Plan, PolicyError> {
+        let block_size = req.block_size.max(1);
+        let plan_workers: Vec<PlanWorker> = workers
+            .iter()
+            .map(|w| self.plan_worker(w, block_size))
+            .collect();
+        let input = PlanInput {
+            model: &self.cfg.model,
+            block_size,
+            prompt_tokens: u64::from(req.prompt_tokens),
+            decode_owner: req.decode_owner,
+            artifact: req.artifact,
+            workers: &plan_workers,
+            links: &self.cfg.links,
+            weights: self.cfg.weights,
+            samples: req.samples.max(1),
+            fork: req.fork,
+            thresholds: self.cfg.thresholds,
+        };
+        plan(&input).map_err(|_| PolicyError::NoHealthyWorker)
+    }
+}
+
+/// The dispatch that carries out a plan.
+pub fn dispatch_of(p: &Plan, prompt_tokens: u64) -> Dispatch {
+    let c = &p.chosen;
+    match (c.action, c.source) {
+        (Action::RemotePrefill, _) => Dispatch::Disaggregated {
+            prefill: c.compute_on,
+        },
+        (Action::ArtifactFetch, Some(source)) => Dispatch::Fetch {
+            source,
+            tokens: prompt_tokens.saturating_sub(c.compute_tokens),
+        },
+        (Action::Migrate, Some(source)) => Dispatch::Migrate {
+            source,
+            tokens: prompt_tokens.saturating_sub(c.compute_tokens),
+        },
+        _ => Dispatch::Single,
+    }
+}
+
+impl Policy for OwnerServe {
+    fn name(&self) -> &'static str {
+        "ownerserve"
+    }
+
+    fn choose(
+        &mut self,
+        req: &RouteRequest<'_>,
+        workers: &[WorkerView],
+    ) -> Result<Decision, PolicyError> {
+        let p = self.plan(req, workers)?;
+        Ok(Decision {
+            worker: p.chosen.decode_on,
+            dispatch: dispatch_of(&p, u64::from(req.prompt_tokens)),
+            plan: Some(Box::new(p)),
+        })
+    }
+
+    fn needs_prefix_match(&self) -> bool {
+        true
+    }
+
+    fn needs_directory(&self) -> bool {
+        true
+    }
+
+    fn observe_prefill(&mut self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
+        self.calibration
+            .entry(worker)
+            .or_default()
+            .observe(predicted_s, observed_s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::Role;
+    use crate::plan::ArtifactView;
+    use crate::policy::EngineLoad;
+
+    fn policy() -> OwnerServe {
+        OwnerServe::new(OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap())
+    }
+
+    fn req(tokens: u32) -> RouteRequest<'static> {
+        RouteRequest {
+            model: "m",
+            prompt_tokens: tokens,
+            block_size: 16,
+            samples: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_small_turn_stays_on_the_owner_that_holds_the_session() {
+        let mut p = policy();
+        let ws = [
+            WorkerView::idle(WorkerId(0), Role::Prefill),
+            WorkerView {
+                cached_blocks: 500,
+                ..WorkerView::idle(WorkerId(1), Role::Decode)
+            },
+            WorkerView::idle(WorkerId(2), Role::Decode),
+        ];
+        let r = RouteRequest {
+            decode_owner: Some(WorkerId(1)),
+            ..req(8_020)
+        };
+        let d = p.choose(&r, &ws).unwrap();
+        assert_eq!(d.worker, WorkerId(1));
+        assert_eq!(d.dispatch, Dispatch::Single);
+        assert_eq!(d.action(), Action::Colocate);
+    }
+
+    #[test]
+    fn a_long_new_prompt_over_busy_decoders_is_prefilled_remotely() {
+        let mut p = policy();
+        let busy = Some(EngineLoad {
+            running: 64.0,
+            ..EngineLoad::default()
+        });
+        let ws = [
+            WorkerView::idle(WorkerId(0), Role::Prefill),
+            WorkerView {
+                load: busy,
+                ..WorkerView::idle(WorkerId(1), Role::Decode)
+            },
+        ];
+        let d = p.choose(&req(16_000), &ws).unwrap();
+        assert_eq!(
+            d.dispatch,
+            Dispatch::Disaggregated {
+                prefill: WorkerId(0)
+            }
+        );
+        assert_eq!(d.worker, WorkerId(1));
+    }
+
+    #[test]
+    fn a_draining_owner_hands_its_session_over() {
+        let mut p = policy();
+        let ws = [
+            WorkerView {
+                cached_blocks: 500,
+                draining: true,
+                ..WorkerView::idle(WorkerId(1), Role::Decode)
+            },
+            WorkerView::idle(WorkerId(2), Role::Decode),
+        ];
+        let r = RouteRequest {
+            decode_owner: Some(WorkerId(1)),
+            artifact: Some(ArtifactView {
+                owner: WorkerId(1),
+                tokens: 8_000,
+            }),
+            ..req(8_020)
+        };
+        let d = p.choose(&r, &ws).unwrap();
+        assert_eq!(d.worker, WorkerId(2));
+        assert!(
+            matches!(d.dispatch, Dispatch::Migrate { source: WorkerId(1), tokens } if tokens >= 8_000),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn observed_slow_prefills_make_a_worker_look_slower() {
+        let mut p = policy();
+        let ws = [WorkerView::idle(WorkerId(0), Role::Hybrid)];
+        let before = p.plan(&req(4_000), &ws).unwrap().chosen.cost.compute_s;
+        for _ in 0..50 {
+            p.observe_prefill(WorkerId(0), 0.1, 0.3);
+        }
+        let after = p.plan(&req(4_000), &ws).unwrap().chosen.cost.compute_s;
+        assert!(after > 2.5 * before, "{before} -> {after}");
+    }
+}

@@ -1,0 +1,82 @@
+//! The idle-session sweep: a session idle past its lease (derived from its predicted
+//! tool-call gap) is demoted in the directory, keeping its sealed prefix artifact, and its
+//! owner drops the unsealed tail. Its next step is planned as a resume: `tail_recompute`
+//! where the artifact is, or a fetch or recompute elsewhere.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use ownerserve_ownership::ids::SessionId;
+use ownerserve_ownership::{Command, Outcome};
+use ownerserve_planner::ids::EngineKind;
+
+use crate::server::AppState;
+use crate::sessions::{now_ms, Lapsed};
+use crate::upstream::post_small;
+
+/// How often the sweep runs.
+const SWEEP_EVERY: Duration = Duration::from_millis(200);
+
+/// Sweeps until `cancel` fires.
+pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = every.tick() => {
+                for lapsed in st.sessions.lapsed(now_ms()) {
+                    demote(&st, lapsed).await;
+                }
+            }
+        }
+    }
+}
+
+async fn demote(st: &AppState, l: Lapsed) {
+    let Some(sync) = &st.ownership else { return };
+    let lookup = st.lookup(Some(&l.session), &[]);
+    // Only a session still owned by the worker that last served it (no one moved it since).
+    let (Some(owner), Some(epoch)) = (lookup.owner, lookup.epoch) else {
+        return;
+    };
+    if owner != l.owner {
+        return;
+    }
+    let command = Command::DemoteSession {
+        session: SessionId(l.session.clone()),
+        epoch,
+    };
+    match sync.client().write(command).await {
+        Ok(Outcome::Released) => {}
+        other => {
+            tracing::debug!(session = %l.session, ?other, "demotion not applied");
+            return;
+        }
+    }
+    st.metrics.demoted();
+    tracing::debug!(session = %l.session, tail_blocks = l.tail.len(), "idle session demoted");
+    let Some(w) = st.registry.get(owner) else {
+        return;
+    };
+    // Only the sim engine can drop named blocks; other engines evict the tail by LRU.
+    if l.tail.is_empty() || w.spec.engine != EngineKind::Sim {
+        return;
+    }
+    let body = json!({"block_hashes": l.tail, "session": l.session, "epoch": epoch.0});
+    if let Err(e) = post_small(
+        &st.client,
+        &w.spec.base_url,
+        "/ownerserve/v1/kv/drop",
+        &[],
+        Bytes::from(body.to_string()),
+        st.cfg.request_timeout,
+    )
+    .await
+    {
+        tracing::warn!(worker = %w.spec.name, error = %e, "demoted session's tail not dropped");
+    }
+}

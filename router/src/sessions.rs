@@ -1,0 +1,188 @@
+//! Idle tracking of agent sessions: when each went idle, its predicted tool-call gap (an
+//! EWMA of the gaps seen) and the idle lease that follows from it. A session idle past
+//! its lease is handed to the demotion sweep, which demotes it in the directory and has
+//! its owner drop the unsealed tail (the sealed prefix stays for a cheap resume).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ownerserve_planner::ewma::GapLease;
+use ownerserve_planner::ids::WorkerId;
+
+/// Most sessions tracked; the longest idle ones are forgotten beyond it.
+const MAX_SESSIONS: usize = 200_000;
+
+#[derive(Debug, Clone)]
+struct Tracked {
+    lease: GapLease,
+    in_flight: u32,
+    /// When the last request ended (ms), while none is in flight.
+    idle_since_ms: Option<u64>,
+    /// The worker that decoded it last and the block hashes past its sealed prefix.
+    owner: WorkerId,
+    tail: Vec<u64>,
+}
+
+/// A session whose idle lease lapsed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lapsed {
+    pub session: String,
+    pub owner: WorkerId,
+    pub tail: Vec<u64>,
+}
+
+/// Every session's idle clock.
+#[derive(Debug)]
+pub struct Sessions {
+    template: GapLease,
+    inner: Mutex<HashMap<String, Tracked>>,
+}
+
+impl Sessions {
+    /// Tracks sessions with leases shaped like `template`.
+    pub fn new(template: GapLease) -> Arc<Self> {
+        Arc::new(Self {
+            template,
+            inner: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A request of `session` starts on `owner` at `now_ms`; `tail` are the prompt's block
+    /// hashes past its sealed prefix. Returns the predicted tool gap, once one was seen.
+    pub fn start(
+        self: &Arc<Self>,
+        session: &str,
+        owner: WorkerId,
+        tail: Vec<u64>,
+        now_ms: u64,
+    ) -> (Option<u64>, Activity) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= MAX_SESSIONS && !map.contains_key(session) {
+            let oldest = map
+                .iter()
+                .filter_map(|(k, t)| t.idle_since_ms.map(|i| (i, k.clone())))
+                .min();
+            if let Some((_, k)) = oldest {
+                map.remove(&k);
+            }
+        }
+        let t = map.entry(session.to_owned()).or_insert_with(|| Tracked {
+            lease: self.template,
+            in_flight: 0,
+            idle_since_ms: None,
+            owner,
+            tail: Vec::new(),
+        });
+        if let Some(idle) = t.idle_since_ms.take() {
+            t.lease.observe_gap(now_ms.saturating_sub(idle));
+        }
+        t.in_flight += 1;
+        t.owner = owner;
+        t.tail = tail;
+        let predicted = t.lease.predicted_gap_ms().map(|g| g as u64);
+        drop(map);
+        (
+            predicted,
+            Activity {
+                sessions: self.clone(),
+                session: session.to_owned(),
+            },
+        )
+    }
+
+    fn end(&self, session: &str, now_ms: u64) {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = map.get_mut(session) {
+            t.in_flight = t.in_flight.saturating_sub(1);
+            if t.in_flight == 0 {
+                t.idle_since_ms = Some(now_ms);
+            }
+        }
+    }
+
+    /// Removes and returns the sessions idle past their lease at `now_ms`.
+    pub fn lapsed(&self, now_ms: u64) -> Vec<Lapsed> {
+        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<String> = map
+            .iter()
+            .filter(|(_, t)| {
+                t.idle_since_ms
+                    .is_some_and(|i| now_ms.saturating_sub(i) > t.lease.ttl_ms())
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|k| {
+                let t = map.remove(&k)?;
+                Some(Lapsed {
+                    session: k,
+                    owner: t.owner,
+                    tail: t.tail,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Wall-clock milliseconds since the Unix epoch (the sweep's and requests' common clock).
+pub fn now_ms() -> u64 {
+    crate::directory::unix_ms()
+}
+
+/// A request of a session in flight; dropping it (response done or abandoned) starts the
+/// session's idle clock.
+#[derive(Debug)]
+pub struct Activity {
+    sessions: Arc<Sessions>,
+    session: String,
+}
+
+impl Drop for Activity {
+    fn drop(&mut self) {
+        self.sessions.end(&self.session, now_ms());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sessions() -> Arc<Sessions> {
+        Sessions::new(GapLease::new(2.0, 100, 1_000))
+    }
+
+    #[test]
+    fn a_session_lapses_after_its_lease_and_only_when_idle() {
+        let s = sessions();
+        let (_, a) = s.start("s", WorkerId(1), vec![7], 0);
+        assert!(s.lapsed(10_000).is_empty(), "in flight: never lapses");
+        drop(a);
+        let idle = now_ms();
+        assert!(s.lapsed(idle + 500).is_empty(), "max_ms before any gap");
+        let gone = s.lapsed(idle + 1_001);
+        assert_eq!(
+            gone,
+            vec![Lapsed {
+                session: "s".into(),
+                owner: WorkerId(1),
+                tail: vec![7]
+            }]
+        );
+        assert!(s.lapsed(idle + 5_000).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn observed_gaps_shorten_the_lease() {
+        let s = sessions();
+        let (_, a) = s.start("s", WorkerId(0), vec![], 0);
+        drop(a);
+        let idle = now_ms();
+        let (predicted, b) = s.start("s", WorkerId(0), vec![], idle + 60);
+        assert_eq!(predicted, Some(60));
+        drop(b);
+        let idle = now_ms();
+        // Lease is now max(2 × 60, 100) = 120 ms.
+        assert!(s.lapsed(idle + 110).is_empty());
+        assert_eq!(s.lapsed(idle + 130).len(), 1);
+    }
+}

@@ -1,0 +1,208 @@
+//! Epoch fencing: per session, the highest ownership epoch this worker has seen. A request
+//! carrying a lower epoch comes from a router acting on a stale ownership view (the session
+//! has moved on), so it is refused; equal or higher is accepted, and higher raises the
+//! fence. Pure: the HTTP shell reads the claim from headers or bodies and maps
+//! [`StaleEpoch`] to a 409.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+
+/// Header naming the session a request belongs to.
+pub const SESSION_HEADER: &str = "x-ownerserve-session";
+/// Header carrying the ownership epoch the router acted under.
+pub const EPOCH_HEADER: &str = "x-ownerserve-epoch";
+
+/// Sessions remembered before the oldest are forgotten.
+pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// A session's epoch, as a request claims it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceClaim {
+    pub session: String,
+    pub epoch: u64,
+}
+
+/// A request's epoch is below what this worker has seen for its session.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("stale epoch {epoch} for session {session}: this worker has seen epoch {seen}")]
+pub struct StaleEpoch {
+    pub session: String,
+    pub epoch: u64,
+    pub seen: u64,
+}
+
+/// Fence headers that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("header {EPOCH_HEADER} must be an unsigned integer, got {value:?}")]
+    Epoch { value: String },
+    #[error("header {SESSION_HEADER} must be visible ASCII")]
+    Session,
+}
+
+impl FenceClaim {
+    /// The claim in a request's headers: `None` unless both headers are present. A
+    /// malformed epoch is an error even without a session header.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Option<Self>, ClaimError> {
+        let epoch = match headers.get(EPOCH_HEADER) {
+            None => None,
+            Some(v) => {
+                let text = String::from_utf8_lossy(v.as_bytes());
+                let parsed = text.trim().parse::<u64>();
+                Some(parsed.map_err(|_| ClaimError::Epoch {
+                    value: text.into_owned(),
+                })?)
+            }
+        };
+        let session = match headers.get(SESSION_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().map_err(|_| ClaimError::Session)?.to_owned()),
+        };
+        Ok(match (session, epoch) {
+            (Some(session), Some(epoch)) => Some(Self { session, epoch }),
+            _ => None,
+        })
+    }
+
+    /// The claim of a body's optional `session` and `epoch` fields (both needed).
+    pub fn from_fields(session: Option<&str>, epoch: Option<u64>) -> Option<Self> {
+        Some(Self {
+            session: session?.to_owned(),
+            epoch: epoch?,
+        })
+    }
+}
+
+/// Highest epoch seen per session, bounded: beyond `capacity` sessions the oldest (by
+/// first sighting) is forgotten.
+#[derive(Debug, Clone)]
+pub struct EpochFence {
+    highest: HashMap<Arc<str>, u64>,
+    order: VecDeque<Arc<str>>,
+    capacity: usize,
+}
+
+impl Default for EpochFence {
+    fn default() -> Self {
+        Self::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl EpochFence {
+    /// An empty fence remembering up to `capacity` sessions (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            highest: HashMap::new(),
+            order: VecDeque::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Accepts a claim at or above the session's highest epoch, raising the fence to it;
+    /// refuses a lower one.
+    pub fn admit(&mut self, claim: &FenceClaim) -> Result<(), StaleEpoch> {
+        if let Some(seen) = self.highest.get_mut(claim.session.as_str()) {
+            if claim.epoch < *seen {
+                return Err(StaleEpoch {
+                    session: claim.session.clone(),
+                    epoch: claim.epoch,
+                    seen: *seen,
+                });
+            }
+            *seen = claim.epoch;
+            return Ok(());
+        }
+        if self.order.len() >= self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.highest.remove(&oldest);
+            }
+        }
+        let session: Arc<str> = claim.session.as_str().into();
+        self.order.push_back(session.clone());
+        self.highest.insert(session, claim.epoch);
+        Ok(())
+    }
+
+    /// The highest epoch seen for `session`.
+    pub fn highest(&self, session: &str) -> Option<u64> {
+        self.highest.get(session).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn claim(session: &str, epoch: u64) -> FenceClaim {
+        FenceClaim {
+            session: session.to_owned(),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn lower_epochs_are_refused_equal_and_higher_pass_and_higher_raises() {
+        let mut fence = EpochFence::default();
+        assert_eq!(fence.admit(&claim("s", 3)), Ok(()));
+        assert_eq!(fence.admit(&claim("s", 3)), Ok(()));
+        assert_eq!(
+            fence.admit(&claim("s", 2)),
+            Err(StaleEpoch {
+                session: "s".into(),
+                epoch: 2,
+                seen: 3
+            })
+        );
+        assert_eq!(fence.admit(&claim("s", 5)), Ok(()));
+        assert_eq!(fence.highest("s"), Some(5));
+        assert!(fence.admit(&claim("s", 4)).is_err());
+        assert_eq!(fence.admit(&claim("other", 0)), Ok(()), "per session");
+        assert_eq!(
+            StaleEpoch {
+                session: "s".into(),
+                epoch: 4,
+                seen: 5
+            }
+            .to_string(),
+            "stale epoch 4 for session s: this worker has seen epoch 5"
+        );
+    }
+
+    #[test]
+    fn the_oldest_session_is_forgotten_beyond_capacity() {
+        let mut fence = EpochFence::new(2);
+        fence.admit(&claim("a", 9)).unwrap();
+        fence.admit(&claim("b", 9)).unwrap();
+        fence.admit(&claim("a", 10)).unwrap();
+        fence.admit(&claim("c", 1)).unwrap();
+        assert_eq!(fence.highest("a"), None);
+        assert_eq!(fence.highest("b"), Some(9));
+        assert_eq!(fence.admit(&claim("a", 1)), Ok(()), "forgotten: accepted");
+    }
+
+    #[test]
+    fn claims_need_both_headers_and_a_numeric_epoch() {
+        let mut h = HeaderMap::new();
+        assert_eq!(FenceClaim::from_headers(&h), Ok(None));
+        h.insert(SESSION_HEADER, HeaderValue::from_static("s1"));
+        assert_eq!(FenceClaim::from_headers(&h), Ok(None));
+        h.insert(EPOCH_HEADER, HeaderValue::from_static(" 7 "));
+        assert_eq!(FenceClaim::from_headers(&h), Ok(Some(claim("s1", 7))));
+        h.insert(EPOCH_HEADER, HeaderValue::from_static("-1"));
+        assert!(matches!(
+            FenceClaim::from_headers(&h),
+            Err(ClaimError::Epoch { .. })
+        ));
+        h.remove(SESSION_HEADER);
+        assert!(FenceClaim::from_headers(&h).is_err(), "checked alone too");
+        assert_eq!(
+            FenceClaim::from_fields(Some("s"), Some(1)),
+            Some(claim("s", 1))
+        );
+        assert_eq!(FenceClaim::from_fields(None, Some(1)), None);
+    }
+}
