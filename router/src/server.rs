@@ -299,6 +299,11 @@ async fn proxy(
         fork: fork.is_some(),
     };
     let request_id = dispatch::request_id(parts.headers.get("x-request-id"));
+    // A fork (`n > 1` or the header) starts a child session; the parent stays put.
+    let child = (route.fork || route.samples > 1)
+        .then(|| session.map(|s| child_session(s, fork.as_deref(), &request_id)))
+        .flatten();
+    let tracked = child.as_deref().or(session);
     let mut failed = Vec::new();
     loop {
         let mut candidates = st.registry.candidates(model, &failed);
@@ -352,7 +357,7 @@ async fn proxy(
                 );
                 st.metrics.plan(decision.action());
                 st.kv.record_routed(worker, &hashes);
-                let activity = session.map(|s| {
+                let activity = tracked.map(|s| {
                     st.sessions
                         .start(s, worker.id, tail_hashes(st, &hashes), sessions::now_ms())
                 });
@@ -364,12 +369,10 @@ async fn proxy(
                         endpoint,
                         body: bytes.clone(),
                         effects: effects(
-                            session,
                             &decision,
                             &lookup,
                             &prepared,
-                            fork.as_deref(),
-                            &request_id,
+                            child.clone(),
                             predicted_gap_ms,
                         ),
                     });
@@ -477,20 +480,14 @@ fn tail_hashes(st: &AppState, hashes: &[u64]) -> Vec<u64> {
 
 /// The directory effects of an executed decision.
 fn effects(
-    session: Option<&str>,
     decision: &Decision,
     lookup: &Lookup,
     prepared: &Prepared,
-    fork: Option<&str>,
-    request_id: &HeaderValue,
+    child: Option<String>,
     predicted_gap_ms: Option<u64>,
 ) -> Effects {
     let moved = lookup.owner.is_some_and(|o| o != decision.worker) || lookup.owner.is_none();
     let fetched = matches!(decision.dispatch, Dispatch::Fetch { .. }) && !prepared.fell_back;
-    let child = fork.zip(session).map(|(f, s)| match f {
-        "1" | "true" => format!("{s}/fork-{}", request_id.to_str().unwrap_or("fork")),
-        named => named.to_owned(),
-    });
     Effects {
         expect_epoch: if moved { prepared.epoch } else { None },
         replicate: fetched
@@ -498,6 +495,15 @@ fn effects(
             .flatten(),
         fork: child.zip(lookup.epoch),
         predicted_gap_ms,
+    }
+}
+
+/// The child session of a fork of `session`: the header's name, or one made up from the
+/// request id (`x-ownerserve-fork: 1`, or `n > 1` without the header).
+fn child_session(session: &str, fork: Option<&str>, request_id: &HeaderValue) -> String {
+    match fork {
+        Some(named) if !matches!(named, "1" | "true") => named.to_owned(),
+        _ => format!("{session}/fork-{}", request_id.to_str().unwrap_or("fork")),
     }
 }
 

@@ -14,9 +14,12 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let artifact_owner = input
         .artifact
         .and_then(|a| input.workers.iter().find(|w| w.id == a.owner && w.healthy));
-    // Where the session can decode: its owner while it takes work, else anywhere.
+    // Where the session can decode: its owner while it takes work, else anywhere. A fork
+    // is a new branch reading the shared prefix: it may start anywhere, and never moves
+    // its parent.
+    let fork = input.is_fork();
     let decoders: Vec<&PlanWorker> = match owner {
-        Some(d) if d.takes_work() => vec![d],
+        Some(d) if d.takes_work() && !fork => vec![d],
         _ => input
             .workers
             .iter()
@@ -33,7 +36,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         .map(|w| {
             let work = p.work(w, p.to_compute(w.cached_tokens));
             let computed =
-                prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.tokens));
+                prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
             (w, work, computed)
         })
         .collect();
@@ -68,7 +71,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             out.push(p.tail_recompute(o));
         }
     }
-    if let Some(d) = owner.filter(|d| d.healthy) {
+    if let Some(d) = owner.filter(|d| d.healthy && !fork) {
         for t in input
             .workers
             .iter()
@@ -83,6 +86,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
 /// Tokens a candidate computes, and how long that takes where it runs.
 #[derive(Debug, Clone, Copy)]
 struct Work {
+    /// Prompt tokens each sequence computes (the rest is reused).
+    new: u64,
+    /// Tokens computed in all.
     tokens: u64,
     compute_s: f64,
 }
@@ -121,20 +127,24 @@ impl Pricing<'_, '_> {
         self.prompt().saturating_sub(reused).max(1)
     }
 
-    /// `new` tokens computed on `w` after the rest of the prompt.
+    /// `new` tokens computed on `w` after the rest of the prompt, by each of the step's
+    /// samples: `n` sequences admitted together each prefill what is not cached yet (as
+    /// vLLM's parallel sampling does).
     fn work(&self, w: &PlanWorker, new: u64) -> Work {
+        let n = u64::from(self.input.samples.max(1));
         Work {
-            tokens: new,
-            compute_s: self.prefill_s(w, new),
+            new,
+            tokens: new * n,
+            compute_s: self.prefill_s(w, new, n),
         }
     }
 
-    fn prefill_s(&self, w: &PlanWorker, new: u64) -> f64 {
+    fn prefill_s(&self, w: &PlanWorker, new: u64, n: u64) -> f64 {
         let context = self.prompt().saturating_sub(new);
         let work = StepWork {
-            prefill_tokens: new,
-            prefill_attention_pairs: prefill_pairs(new, context),
-            prefill_context_tokens: context,
+            prefill_tokens: new * n,
+            prefill_attention_pairs: prefill_pairs(new, context) * n,
+            prefill_context_tokens: context * n,
             ..StepWork::default()
         };
         w.roofline.step_time(self.input.model, &work).total_s * w.prefill_scale
@@ -178,6 +188,7 @@ impl Pricing<'_, '_> {
         hbm_bytes: f64,
     ) -> Candidate {
         let Work {
+            new,
             tokens: compute_tokens,
             compute_s,
         } = work;
@@ -200,6 +211,7 @@ impl Pricing<'_, '_> {
             decode_on: decode_on.id,
             source,
             compute_tokens,
+            reused_tokens: self.prompt().saturating_sub(new),
             network_bytes,
             cost,
         }

@@ -145,6 +145,11 @@ pub struct PlanInput<'a> {
 }
 
 impl PlanInput<'_> {
+    /// Whether the step forks its session (`n > 1` or the fork header).
+    pub fn is_fork(&self) -> bool {
+        self.samples > 1 || self.fork
+    }
+
     /// The step's class, from the directory's view of the session and the KV index.
     pub fn class(&self) -> StepClass {
         let owner_cached_tokens = self
@@ -174,8 +179,10 @@ pub struct Candidate {
     pub decode_on: WorkerId,
     /// Where KV comes from over the network, if anywhere.
     pub source: Option<WorkerId>,
-    /// Tokens computed.
+    /// Tokens computed (each of `n` samples computes the uncached part).
     pub compute_tokens: u64,
+    /// Leading prompt tokens not computed: cached, received or fetched.
+    pub reused_tokens: u64,
     /// Bytes moved between workers.
     pub network_bytes: f64,
     pub cost: CostTerms,
@@ -187,6 +194,8 @@ pub struct Candidate {
 pub enum DirectoryChange {
     /// The session decodes on this worker from now on.
     SetDecodeOwner(WorkerId),
+    /// A forked branch of the session decodes on this worker (the parent stays put).
+    ForkTo(WorkerId),
     /// The worker holds a read-only copy of the sealed artifact.
     Replicate(WorkerId),
     /// Ownership of the artifact moves (CAS on its epoch, after the target has it).
@@ -254,7 +263,9 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
 
 fn changes(input: &PlanInput<'_>, c: &Candidate) -> Vec<DirectoryChange> {
     let mut out = Vec::new();
-    if input.decode_owner != Some(c.decode_on) {
+    if input.is_fork() {
+        out.push(DirectoryChange::ForkTo(c.decode_on));
+    } else if input.decode_owner != Some(c.decode_on) {
         out.push(DirectoryChange::SetDecodeOwner(c.decode_on));
     }
     match (c.action, input.artifact) {

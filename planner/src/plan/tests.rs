@@ -136,6 +136,7 @@ fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
     o.queue_s = 5.0;
     let s = Scenario {
         artifact: Some((0, 64_000)),
+        decode_owner: Some(0),
         samples: 4,
         ..Scenario::new(64_100, vec![o, worker(1, Role::Hybrid)])
     };
@@ -143,8 +144,23 @@ fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
     assert_chosen(&p, Action::ArtifactFetch, 1);
     assert_eq!(p.class, StepClass::ForkedRollout);
     assert_eq!(p.chosen.source, Some(WorkerId(0)));
-    assert_eq!(p.chosen.compute_tokens, 100);
-    assert!(p.changes.contains(&DirectoryChange::Replicate(WorkerId(1))));
+    assert_eq!(
+        p.chosen.compute_tokens, 400,
+        "each of the 4 samples computes 100"
+    );
+    assert_eq!(p.chosen.reused_tokens, 64_000);
+    assert_eq!(
+        p.changes,
+        [
+            DirectoryChange::ForkTo(WorkerId(1)),
+            DirectoryChange::Replicate(WorkerId(1))
+        ],
+        "the branch starts on 1; the parent stays on 0"
+    );
+    assert!(
+        p.candidates.iter().all(|c| c.action != Action::Migrate),
+        "a fork never moves its parent"
+    );
 }
 
 #[test]

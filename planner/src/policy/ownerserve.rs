@@ -131,7 +131,7 @@ impl OwnerServe {
 }
 
 /// The dispatch that carries out a plan.
-pub fn dispatch_of(p: &Plan, prompt_tokens: u64) -> Dispatch {
+pub fn dispatch_of(p: &Plan) -> Dispatch {
     let c = &p.chosen;
     match (c.action, c.source) {
         (Action::RemotePrefill, _) => Dispatch::Disaggregated {
@@ -139,11 +139,11 @@ pub fn dispatch_of(p: &Plan, prompt_tokens: u64) -> Dispatch {
         },
         (Action::ArtifactFetch, Some(source)) => Dispatch::Fetch {
             source,
-            tokens: prompt_tokens.saturating_sub(c.compute_tokens),
+            tokens: c.reused_tokens,
         },
         (Action::Migrate, Some(source)) => Dispatch::Migrate {
             source,
-            tokens: prompt_tokens.saturating_sub(c.compute_tokens),
+            tokens: c.reused_tokens,
         },
         _ => Dispatch::Single,
     }
@@ -162,7 +162,7 @@ impl Policy for OwnerServe {
         let p = self.plan(req, workers)?;
         Ok(Decision {
             worker: p.chosen.decode_on,
-            dispatch: dispatch_of(&p, u64::from(req.prompt_tokens)),
+            dispatch: dispatch_of(&p),
             plan: Some(Box::new(p)),
         })
     }
