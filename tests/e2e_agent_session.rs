@@ -280,7 +280,19 @@ async fn a_coding_agent_session_exercises_all_five_actions() {
         "colocated turns move no KV"
     );
 
-    // 3. An operator drains the owner: the next turn migrates the session.
+    let turns_so_far = turns.len();
+    // 3. An operator drains the owner: the next turn migrates the session. (Ownership is
+    // recorded off the request path: wait for the four turns' prefixes.)
+    eventually(Duration::from_secs(5), "turns recorded", || {
+        let r = router.clone();
+        async move {
+            let owners = get_json(&format!("{r}/admin/v1/owners")).await;
+            owners["owners"]
+                .as_array()
+                .is_some_and(|o| o.len() == turns_so_far)
+        }
+    })
+    .await;
     let before = session_row(&router, SESSION).await;
     let old_epoch = before["epoch"].as_u64().unwrap();
     // The session's prefix (its last turn's sealed blocks), owned by the old owner.

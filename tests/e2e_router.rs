@@ -14,7 +14,7 @@ async fn workers(url: &str) -> Value {
 
 #[tokio::test]
 async fn round_robin_spreads_requests_over_decode_and_hybrid_workers() {
-    let stack = Proc::up(&["--instant", "true"]);
+    let stack = Proc::up(&["--instant", "true", "--policy", "round_robin"]);
     let c = client();
     let mut served = Vec::new();
     for i in 0..6 {

@@ -98,6 +98,9 @@ pub struct RouterSettings {
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill times are scaled by it before calibrating the planner.
     pub planner_time_scale: f64,
+    /// Whether observed prefill times calibrate the planner (off for instant sim fleets,
+    /// whose prefills take no time at all).
+    pub planner_calibrate: bool,
     /// Links that differ from the default, per ordered worker pair.
     pub planner_links: Vec<LinkSettings>,
     /// An idle session's lease is `factor` × its predicted tool-call gap ...
@@ -181,6 +184,7 @@ impl Default for RouterSettings {
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
             planner_time_scale: 1.0,
+            planner_calibrate: true,
             planner_links: Vec::new(),
             session_lease_factor: 2.0,
             session_lease_min_ms: 5_000,
@@ -376,6 +380,7 @@ pub struct RouterConfig {
     pub planner: OwnerServeConfig,
     /// Converts observed wall-clock prefill times into the workers' (simulated) time.
     pub planner_time_scale: f64,
+    pub planner_calibrate: bool,
     /// Idle-session leases from predicted tool-call gaps.
     pub session_lease: GapLease,
 }
@@ -588,6 +593,7 @@ impl RouterConfig {
             ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
             planner,
             planner_time_scale: s.planner_time_scale,
+            planner_calibrate: s.planner_calibrate,
             session_lease: GapLease::new(
                 s.session_lease_factor,
                 s.session_lease_min_ms,

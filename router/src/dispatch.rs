@@ -33,6 +33,8 @@ pub struct Step<'a> {
     pub hashes: &'a [u64],
     pub block: u64,
     pub request_id: HeaderValue,
+    /// The client's `Authorization`, which every leg carries (engines run with `--api-key`).
+    pub authorization: Option<HeaderValue>,
 }
 
 /// The decode worker's request, once the earlier legs ran.
@@ -85,6 +87,9 @@ fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, Header
         HeaderName::from_static("x-request-id"),
         step.request_id.clone(),
     )];
+    if let Some(a) = &step.authorization {
+        out.push((axum::http::header::AUTHORIZATION, a.clone()));
+    }
     out.extend(fence_headers(step.session, epoch));
     out
 }
@@ -195,7 +200,7 @@ async fn nixl_prefill(
         tracing::warn!(worker = %p.spec.name, "prefill leg returned no kv_transfer_params");
         return None;
     };
-    if let Some(plan) = &decision.plan {
+    if let Some(plan) = decision.plan.as_ref().filter(|_| st.cfg.planner_calibrate) {
         let observed = started.elapsed().as_secs_f64() * st.cfg.planner_time_scale;
         st.observe_prefill(p.id, plan.chosen.cost.compute_s, observed);
     }

@@ -336,6 +336,7 @@ async fn proxy(
             hashes: &hashes,
             block,
             request_id: request_id.clone(),
+            authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
         };
         let prepared = dispatch::prepare(st, &step, &decision, worker).await;
         let cached = candidates
@@ -434,7 +435,11 @@ async fn send(
         .await
         {
             Ok((status, _)) if status.is_success() => Ok(()),
-            Ok(_) => Err(ForwardError::Failed),
+            Ok((status, _)) => Err(ForwardError::Refused(status.as_u16())),
+            Err(ForwardError::Connect) => {
+                p.mark_down("connection refused");
+                Err(ForwardError::Connect)
+            }
             Err(e) => Err(e),
         }
     };

@@ -50,9 +50,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     file.router.planner_model.clone_from(&file.sim.model);
     file.router.planner_gpu.clone_from(&file.sim.gpu);
     file.router.planner_gpus = file.sim.gpus;
-    if !file.sim.instant {
-        file.router.planner_time_scale = file.sim.time_scale;
-    }
+    file.router.planner_time_scale = file.sim.time_scale;
+    file.router.planner_calibrate = !file.sim.instant;
     if file.fleet.iter().all(|g| g.count == 0) {
         anyhow::bail!("the fleet is empty: add [[fleet]] groups with count >= 1");
     }

@@ -43,6 +43,9 @@ pub enum ForwardError {
     Timeout(Duration),
     #[error("the connection failed mid-request")]
     Failed,
+    /// The worker answered with this error status (a leg whose body is not relayed).
+    #[error("the worker answered {0}")]
+    Refused(u16),
 }
 
 impl ForwardError {
@@ -51,7 +54,7 @@ impl ForwardError {
         let worker = worker.spec.name.clone();
         match self {
             ForwardError::Timeout(after) => ApiError::UpstreamTimeout { worker, after },
-            ForwardError::Connect | ForwardError::Failed => {
+            ForwardError::Connect | ForwardError::Failed | ForwardError::Refused(_) => {
                 ApiError::UpstreamUnreachable { worker }
             }
         }
