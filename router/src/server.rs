@@ -491,7 +491,7 @@ fn effects(
     child: Option<String>,
     predicted_gap_ms: Option<u64>,
 ) -> Effects {
-    let moved = lookup.owner.is_some_and(|o| o != decision.worker) || lookup.owner.is_none();
+    let moved = lookup.owner != Some(decision.worker);
     let fetched = matches!(decision.dispatch, Dispatch::Fetch { .. }) && !prepared.fell_back;
     Effects {
         expect_epoch: if moved { prepared.epoch } else { None },

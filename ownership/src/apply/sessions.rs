@@ -152,38 +152,39 @@ impl Directory {
         Outcome::Owned { worker, epoch }
     }
 
-    pub(super) fn pin_session(&mut self, id: &SessionId, given: Epoch, pinned: bool) -> Outcome {
+    /// Session `id` if its epoch is still `given`; else the rejection to answer.
+    fn fenced_session(&mut self, id: &SessionId, given: Epoch) -> Result<&mut Session, Outcome> {
         match self.sessions.get_mut(id) {
-            None => Rejection::UnknownSession(id.clone()).into(),
-            Some(s) if s.epoch != given => Rejection::StaleEpoch {
+            None => Err(Rejection::UnknownSession(id.clone()).into()),
+            Some(s) if s.epoch != given => Err(Rejection::StaleEpoch {
                 current: s.epoch,
                 given,
             }
-            .into(),
-            Some(s) => {
-                s.pinned = pinned;
-                match s.owner {
-                    Some(o) => Outcome::Owned {
-                        worker: o.worker,
-                        epoch: o.epoch,
-                    },
-                    None => Outcome::Released,
-                }
-            }
+            .into()),
+            Some(s) => Ok(s),
+        }
+    }
+
+    pub(super) fn pin_session(&mut self, id: &SessionId, given: Epoch, pinned: bool) -> Outcome {
+        let s = match self.fenced_session(id, given) {
+            Ok(s) => s,
+            Err(rejected) => return rejected,
+        };
+        s.pinned = pinned;
+        match s.owner {
+            Some(o) => Outcome::Owned {
+                worker: o.worker,
+                epoch: o.epoch,
+            },
+            None => Outcome::Released,
         }
     }
 
     pub(super) fn demote_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
-        let Some(s) = self.sessions.get_mut(id) else {
-            return Rejection::UnknownSession(id.clone()).into();
+        let s = match self.fenced_session(id, given) {
+            Ok(s) => s,
+            Err(rejected) => return rejected,
         };
-        if s.epoch != given {
-            return Rejection::StaleEpoch {
-                current: s.epoch,
-                given,
-            }
-            .into();
-        }
         let Some(owner) = s.owner.take() else {
             return Outcome::Released;
         };
@@ -193,15 +194,8 @@ impl Directory {
     }
 
     pub(super) fn end_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
-        let Some(s) = self.sessions.get(id) else {
-            return Rejection::UnknownSession(id.clone()).into();
-        };
-        if s.epoch != given {
-            return Rejection::StaleEpoch {
-                current: s.epoch,
-                given,
-            }
-            .into();
+        if let Err(rejected) = self.fenced_session(id, given) {
+            return rejected;
         }
         self.remove_session(id);
         Outcome::SessionEnded

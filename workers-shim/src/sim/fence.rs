@@ -9,10 +9,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 
-/// Header naming the session a request belongs to.
-pub const SESSION_HEADER: &str = "x-ownerserve-session";
-/// Header carrying the ownership epoch the router acted under.
-pub const EPOCH_HEADER: &str = "x-ownerserve-epoch";
+pub use crate::engines::{EPOCH_HEADER, SESSION_HEADER};
 
 /// Sessions remembered before the oldest are forgotten.
 pub const DEFAULT_CAPACITY: usize = 100_000;
