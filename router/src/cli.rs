@@ -37,6 +37,12 @@ enum Command {
     /// Benchmarks (they print figures against a baseline measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Run a workload through the trace simulator (virtual time) under one or more policies.
+    Simulate(crate::evaluate::SimulateArgs),
+    /// Run every policy over a workload on several clusters; write a Markdown report and plots.
+    Report(crate::evaluate::ReportArgs),
+    /// Drive a running router with a workload over HTTP and measure TTFT/E2E at the client.
+    Replay(crate::evaluate::ReplayArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -95,6 +101,13 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Planner(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::planner::run(args)).await?
+            }
+            Command::Simulate(args) => {
+                tokio::task::spawn_blocking(move || crate::evaluate::simulate(args)).await?
+            }
+            Command::Replay(args) => crate::evaluate::replay(args).await,
+            Command::Report(args) => {
+                tokio::task::spawn_blocking(move || crate::evaluate::report(args)).await?
             }
         }
     }

@@ -24,6 +24,7 @@ mod directory;
 mod directory_client;
 mod dispatch;
 mod error;
+mod evaluate;
 mod explain;
 mod health;
 mod kv;

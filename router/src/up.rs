@@ -50,6 +50,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     file.router.planner_model.clone_from(&file.sim.model);
     file.router.planner_gpu.clone_from(&file.sim.gpu);
     file.router.planner_gpus = file.sim.gpus;
+    file.router.planner_link_gbs = Some(file.sim.link_gbs);
+    file.router.planner_link_latency_us = file.sim.link_latency_us;
     file.router.planner_time_scale = file.sim.time_scale;
     file.router.planner_calibrate = !file.sim.instant;
     if file.fleet.iter().all(|g| g.count == 0) {

@@ -1,0 +1,175 @@
+//! Named workloads as the `simulate`, `report` and `replay` commands select them: the
+//! shipped traces (scaled where they are too small) and the generators, with the same
+//! defaults everywhere so a simulated and a replayed run see the same requests.
+
+use std::path::{Path, PathBuf};
+
+use crate::workload::{
+    agentic, coding_agent, forked, long_doc, mooncake, scale, Arrivals, Loop, Workload,
+    WorkloadError,
+};
+
+/// Where the repository's traces are (this crate's `traces/` folder).
+pub fn default_traces_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("traces")
+}
+
+/// Which workload to run.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct WorkloadSpec {
+    /// `swe-smith` (the SWE-smith agent sessions, scaled to --sessions), `mooncake` (the
+    /// Mooncake synthetic trace, open loop), `coding-agent`, `forked`, `forked-samples`,
+    /// `long-doc` (generators), or a path to a Mooncake or agentic JSONL file.
+    #[arg(long, default_value = "swe-smith")]
+    pub workload: String,
+    /// Sessions (scaled traces and generators; default: the trace's own or the
+    /// generator's default).
+    #[arg(long)]
+    pub sessions: Option<usize>,
+    /// Session arrival rate, per second (Poisson), for scaled traces and generators.
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// Only the first N requests of an open-loop trace (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub max_requests: usize,
+    /// Seed of generators and scaling.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Folder of the shipped traces.
+    #[arg(long, default_value_os_t = default_traces_dir())]
+    pub traces_dir: PathBuf,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        Self {
+            workload: "swe-smith".to_owned(),
+            sessions: None,
+            rate: 1.0,
+            max_requests: 0,
+            seed: 1,
+            traces_dir: default_traces_dir(),
+        }
+    }
+}
+
+/// Tokens of the SWE-smith sessions' common prefix (system prompt and tool schema) kept
+/// shared when sessions are scaled: the trace's sessions share their first ~1K tokens.
+const SWE_SMITH_SHARED_TOKENS: u32 = 1024;
+
+impl WorkloadSpec {
+    /// Builds the workload.
+    pub fn build(&self) -> Result<Workload, WorkloadError> {
+        let arrivals = Arrivals::Poisson {
+            rate_per_s: self.rate,
+        };
+        let mut wl = match self.workload.as_str() {
+            "swe-smith" => {
+                let base = agentic::read(self.traces_dir.join("continuum_swesmith_derived.jsonl"))?;
+                match self.sessions {
+                    Some(n) => {
+                        let mut w = scale::scale_sessions(
+                            &base,
+                            n,
+                            &arrivals,
+                            SWE_SMITH_SHARED_TOKENS,
+                            self.seed,
+                        );
+                        w.name = format!("swe-smith x{n}");
+                        w
+                    }
+                    None => base,
+                }
+            }
+            "mooncake" => mooncake::read(self.traces_dir.join("mooncake_synthetic_trace.jsonl"))?,
+            "coding-agent" => {
+                let gaps = crate::workload::gaps::swe_smith_gaps(
+                    self.traces_dir.join("continuum_swesmith_derived.jsonl"),
+                )?;
+                let mut p = coding_agent::CodingAgentParams {
+                    arrivals,
+                    tool_gaps_ms: gaps,
+                    ..Default::default()
+                };
+                if let Some(n) = self.sessions {
+                    p.sessions = n;
+                }
+                coding_agent::generate(&p, self.seed)
+            }
+            "forked" | "forked-samples" => {
+                let mut p = forked::ForkedParams {
+                    arrivals,
+                    as_samples: self.workload == "forked-samples",
+                    ..Default::default()
+                };
+                if let Some(n) = self.sessions {
+                    p.roots = n;
+                }
+                forked::generate(&p, self.seed)
+            }
+            "long-doc" => {
+                let mut p = long_doc::LongDocParams {
+                    arrivals,
+                    ..Default::default()
+                };
+                if let Some(n) = self.sessions {
+                    p.sessions = n;
+                }
+                long_doc::generate(&p, self.seed)
+            }
+            path => read_file(Path::new(path))?,
+        };
+        if self.max_requests > 0 {
+            truncate(&mut wl, self.max_requests);
+        }
+        Ok(wl)
+    }
+}
+
+/// A JSONL trace file: agentic if its first line has a `session_id`, else Mooncake.
+fn read_file(path: &Path) -> Result<Workload, WorkloadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| WorkloadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let first = text.lines().next().unwrap_or_default();
+    if first.contains("\"session_id\"") {
+        agentic::parse(&text, path)
+    } else {
+        mooncake::parse(&text, path)
+    }
+}
+
+/// Keeps the first `max` requests in arrival order (open loop) or whole sessions until
+/// `max` requests (closed loop), dropping forks whose parent went.
+fn truncate(wl: &mut Workload, max: usize) {
+    if wl.looping == Loop::Open {
+        let mut at: Vec<f64> = wl.steps().filter_map(|(_, s)| s.arrival_ms).collect();
+        at.sort_by(f64::total_cmp);
+        if let Some(&cutoff) = at.get(max.saturating_sub(1)) {
+            for s in &mut wl.sessions {
+                s.steps
+                    .retain(|st| st.arrival_ms.is_some_and(|a| a <= cutoff));
+            }
+            wl.sessions.retain(|s| !s.steps.is_empty());
+        }
+        return;
+    }
+    let mut left = max;
+    let mut keep = 0;
+    for s in &mut wl.sessions {
+        if left == 0 {
+            break;
+        }
+        s.steps.truncate(left);
+        left -= s.steps.len();
+        keep += 1;
+    }
+    wl.sessions.truncate(keep);
+    for s in &mut wl.sessions {
+        if s.fork_of.is_some_and(|f| f.session >= keep) {
+            s.fork_of = None;
+        }
+    }
+    wl.sessions.retain(|s| !s.steps.is_empty());
+}

@@ -1,0 +1,183 @@
+//! The simulated fleet: which workers, with which roles, GPUs and links. One spec builds
+//! both the simulator's engines and the cost planner's view of them, and the same
+//! settings start a live fleet of `ownerserve sim-worker`s, so both sides model one
+//! cluster.
+
+use std::collections::BTreeMap;
+
+use ownerserve_planner::ids::{Role, WorkerId};
+use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
+use ownerserve_planner::policy::OwnerServeConfig;
+use ownerserve_shim::sim::config::{SimConfig, SimConfigError, SimSettings};
+
+/// One worker of a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterWorker {
+    pub name: String,
+    pub role: Role,
+    /// The same settings `ownerserve sim-worker` takes.
+    pub settings: SimSettings,
+}
+
+/// A fleet of simulated workers.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// Short name, e.g. `2p6d`.
+    pub name: String,
+    pub workers: Vec<ClusterWorker>,
+}
+
+/// A cluster spec that cannot be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(
+        "cluster `{0}`: expected groups like `2p6d` or `8h` (count then p = prefill, \
+         d = decode, h = hybrid)"
+    )]
+    Syntax(String),
+    #[error("cluster `{0}` has no worker that serves whole requests (decode or hybrid)")]
+    NoDecode(String),
+    #[error("worker {worker}: {source}")]
+    Worker {
+        worker: String,
+        #[source]
+        source: Box<SimConfigError>,
+    },
+}
+
+impl Cluster {
+    /// Parses a spec such as `2p6d` (2 prefill + 6 decode) or `8h` (8 hybrid); every worker
+    /// gets `base` settings.
+    pub fn parse(spec: &str, base: &SimSettings) -> Result<Self, ClusterError> {
+        let syntax = || ClusterError::Syntax(spec.to_owned());
+        let mut workers = Vec::new();
+        let mut digits = String::new();
+        for c in spec.trim().chars() {
+            if c.is_ascii_digit() {
+                digits.push(c);
+                continue;
+            }
+            let role = match c.to_ascii_lowercase() {
+                'p' => Role::Prefill,
+                'd' => Role::Decode,
+                'h' => Role::Hybrid,
+                _ => return Err(syntax()),
+            };
+            let n: usize = digits.parse().map_err(|_| syntax())?;
+            digits.clear();
+            if n == 0 || n > 1024 {
+                return Err(syntax());
+            }
+            let prefix = match role {
+                Role::Prefill => "p",
+                Role::Decode => "d",
+                Role::Hybrid => "h",
+            };
+            let first = workers
+                .iter()
+                .filter(|w: &&ClusterWorker| w.role == role)
+                .count();
+            for i in 0..n {
+                workers.push(ClusterWorker {
+                    name: format!("{prefix}{}", first + i),
+                    role,
+                    settings: base.clone(),
+                });
+            }
+        }
+        if !digits.is_empty() || workers.is_empty() {
+            return Err(syntax());
+        }
+        if !workers.iter().any(|w| w.role.serves_full_requests()) {
+            return Err(ClusterError::NoDecode(spec.to_owned()));
+        }
+        Ok(Self {
+            name: spec.trim().to_ascii_lowercase(),
+            workers,
+        })
+    }
+
+    /// Every worker's engine configuration, in worker order.
+    pub fn build(&self) -> Result<Vec<SimConfig>, ClusterError> {
+        self.workers
+            .iter()
+            .map(|w| {
+                w.settings.build().map_err(|source| ClusterError::Worker {
+                    worker: w.name.clone(),
+                    source: Box::new(source),
+                })
+            })
+            .collect()
+    }
+
+    /// The cost planner's figures for this fleet: each worker's own roofline and the
+    /// links its settings give (what an operator configures the live router with).
+    pub fn planner_config(configs: &[SimConfig]) -> Option<OwnerServeConfig> {
+        let first = configs.first()?;
+        let link_of = |c: &SimConfig| Link {
+            bytes_per_s: c.transfer.link.bytes_per_s,
+            latency_s: c.transfer.link.latency_s,
+        };
+        let mut pairs = BTreeMap::new();
+        for (to, c) in configs.iter().enumerate() {
+            for from in 0..configs.len() {
+                if from != to && link_of(c) != link_of(first) {
+                    // A pull is paced by the receiver's link.
+                    pairs.insert((WorkerId(from as u32), WorkerId(to as u32)), link_of(c));
+                }
+            }
+        }
+        let rooflines = configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (WorkerId(i as u32), c.roofline.clone()))
+            .collect();
+        Some(OwnerServeConfig {
+            model: first.model.clone(),
+            roofline: first.roofline.clone(),
+            rooflines,
+            links: Links {
+                default: link_of(first),
+                pairs,
+            },
+            weights: Weights::default(),
+            thresholds: ClassThresholds::default(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_into_named_roles() {
+        let c = Cluster::parse("2p6d", &SimSettings::default()).expect("parses");
+        let names: Vec<_> = c.workers.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["p0", "p1", "d0", "d1", "d2", "d3", "d4", "d5"]);
+        assert_eq!(c.workers[1].role, Role::Prefill);
+        assert_eq!(c.workers[2].role, Role::Decode);
+        let h = Cluster::parse("8H", &SimSettings::default()).expect("parses");
+        assert!(h.workers.iter().all(|w| w.role == Role::Hybrid));
+        assert_eq!(h.name, "8h");
+    }
+
+    #[test]
+    fn bad_specs_are_refused() {
+        for bad in ["", "p", "2x", "0d", "2p", "3", "d2"] {
+            assert!(
+                Cluster::parse(bad, &SimSettings::default()).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn the_planner_sees_each_workers_roofline() {
+        let c = Cluster::parse("1p1d", &SimSettings::default()).expect("parses");
+        let configs = c.build().expect("builds");
+        let p = Cluster::planner_config(&configs).expect("a planner config");
+        assert_eq!(p.rooflines.len(), 2);
+        assert!((p.links.default.bytes_per_s - 50e9).abs() < 1.0);
+    }
+}

@@ -1,0 +1,76 @@
+//! The trace simulator (`ownerserve simulate`): a discrete-event run of a workload over a
+//! simulated cluster in virtual time. Each worker is the live sim engine's own
+//! [`Scheduler`](ownerserve_shim::sim::scheduler::Scheduler) (continuous batching, chunked
+//! prefill, paged prefix cache with LRU eviction, roofline timing), KV moves over the same
+//! link model, and steps are placed by the same [`Policy`] implementations the router runs.
+//! Deterministic: no clock, no thread, ties broken by event order.
+
+mod cluster;
+mod directory;
+mod engine;
+mod events;
+mod residency;
+mod run;
+mod stats;
+
+pub use cluster::{Cluster, ClusterError, ClusterWorker};
+pub use stats::{mean, percentile, KvBytes, RunResult, StepRecord};
+
+use ownerserve_planner::policy::Policy;
+
+use crate::workload::Workload;
+
+/// Knobs of a simulation that are not the cluster's or the policy's: the router's
+/// idle-session lease and calibration settings (same defaults as the router's config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimOptions {
+    /// Idle lease = factor × predicted tool gap (`router.session_lease_factor`).
+    pub lease_factor: f64,
+    pub lease_min_ms: u64,
+    pub lease_max_ms: u64,
+    /// Feed observed prefill times back to the policy (`router.planner_calibrate`).
+    pub calibrate: bool,
+    /// Spacing of the duplicate-factor series, virtual seconds.
+    pub sample_every_s: f64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            lease_factor: 2.0,
+            lease_min_ms: 5_000,
+            lease_max_ms: 600_000,
+            calibrate: true,
+            sample_every_s: 1.0,
+        }
+    }
+}
+
+/// Runs `workload` on `cluster` with `policy`; `progress` is told how many steps completed.
+pub fn simulate(
+    workload: &Workload,
+    cluster: &Cluster,
+    policy: Box<dyn Policy>,
+    opts: &SimOptions,
+    progress: &dyn Fn(u64),
+) -> Result<RunResult, ClusterError> {
+    let configs = cluster.build()?;
+    let Some(first) = configs.first() else {
+        return Err(ClusterError::Syntax(cluster.name.clone()));
+    };
+    let roles: Vec<_> = cluster.workers.iter().map(|w| w.role).collect();
+    let sim = run::Sim::new(
+        workload,
+        first.model.clone(),
+        &configs,
+        &roles,
+        policy,
+        opts,
+    );
+    let mut result = sim.run(progress);
+    result.cluster = cluster.name.clone();
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests;

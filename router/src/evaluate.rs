@@ -1,0 +1,206 @@
+//! `ownerserve simulate` and `ownerserve report`: the trace simulator and the evaluation
+//! report from the command line. The work is in `ownerserve-eval`; this is its shell
+//! (arguments, files, stdout).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use ownerserve_eval::agreement::Agreement;
+use ownerserve_eval::replay::{self, ReplayOptions};
+use ownerserve_eval::report::{self, markdown_table, summary_line, ALL_POLICIES};
+use ownerserve_eval::scenario::WorkloadSpec;
+use ownerserve_eval::sim::{Cluster, SimOptions};
+use ownerserve_shim::sim::config::SimSettings;
+
+use crate::cli::say;
+
+/// Which fleet and policies to simulate.
+#[derive(Debug, clap::Args)]
+pub struct SimulateArgs {
+    #[command(flatten)]
+    workload: WorkloadSpec,
+    /// Cluster: groups of `<count><p|d|h>` (prefill, decode, hybrid), e.g. 2p6d or 8h.
+    #[arg(long, default_value = "2p6d")]
+    cluster: String,
+    /// Policies to run, comma-separated, or `all` (every baseline, ownerserve, oracle).
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// Every worker's engine settings (the same flags `ownerserve sim-worker` takes).
+    #[command(flatten)]
+    engine: SimSettings,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Which fleets to compare policies on, and where the report goes.
+#[derive(Debug, clap::Args)]
+pub struct ReportArgs {
+    #[command(flatten)]
+    workload: WorkloadSpec,
+    /// Clusters, comma-separated (see `simulate --cluster`).
+    #[arg(long, default_value = "2p6d,8h")]
+    clusters: String,
+    /// Policies, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    policy: String,
+    /// Output folder for `<name>.md` and the PNG plots.
+    #[arg(long, default_value = "docs/eval")]
+    out: PathBuf,
+    /// File stem of the report (default: from the workload).
+    #[arg(long)]
+    name: Option<String>,
+    #[command(flatten)]
+    engine: SimSettings,
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Which router to drive, and what to compare with.
+#[derive(Debug, clap::Args)]
+pub struct ReplayArgs {
+    /// The router's base URL.
+    #[arg(long)]
+    target: String,
+    #[command(flatten)]
+    workload: WorkloadSpec,
+    /// The `model` requests name.
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    model: String,
+    /// The fleet's simulated seconds per wall second (its workers' `time_scale`).
+    #[arg(long = "fleet-time-scale", default_value_t = 1.0)]
+    fleet_time_scale: f64,
+    /// Bearer token for the router.
+    #[arg(long, env = "OWNERSERVE_API_TOKEN")]
+    token: Option<String>,
+    /// Longest one request may take, seconds (wall).
+    #[arg(long, default_value_t = 600)]
+    timeout_s: u64,
+    /// Also simulate the same workload on this cluster (the fleet behind the router) and
+    /// print how far apart the two are.
+    #[arg(long)]
+    compare_cluster: Option<String>,
+    /// The router's policy, for the comparison.
+    #[arg(long, default_value = "ownerserve")]
+    compare_policy: String,
+    /// Engine settings of the compared cluster (match the live workers').
+    #[command(flatten)]
+    engine: SimSettings,
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// Replays the workload against a live router; optionally compares with the simulator.
+pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    let wl = args.workload.build().context("workload")?;
+    say(&format!("workload: {}", wl.stats()));
+    let opts = ReplayOptions {
+        target: args.target.clone(),
+        model: args.model.clone(),
+        time_scale: args.fleet_time_scale,
+        token: args.token.clone(),
+        timeout: std::time::Duration::from_secs(args.timeout_s.max(1)),
+    };
+    let bar = std::sync::Arc::new(ownerserve_eval::progress::Progress::new(
+        "replay",
+        wl.num_requests() as u64,
+        args.quiet,
+    ));
+    let b = bar.clone();
+    let live = replay::replay(&wl, &opts, std::sync::Arc::new(move |n| b.set(n))).await?;
+    bar.finish();
+    for e in &live.errors {
+        say(&format!("error: {e}"));
+    }
+    say(&summary_line(&live.result));
+    let Some(spec) = args.compare_cluster else {
+        return Ok(());
+    };
+    let cluster = Cluster::parse(&spec, &args.engine)?;
+    let policy = report::make_policy(&args.compare_policy, &wl, &cluster)?;
+    let sim =
+        ownerserve_eval::sim::simulate(&wl, &cluster, policy, &SimOptions::default(), &|_| {})?;
+    say(&summary_line(&sim));
+    say(&Agreement::of(&live.result, &sim).to_string());
+    Ok(())
+}
+
+fn policies(list: &str) -> Vec<String> {
+    if list == "all" {
+        ALL_POLICIES.iter().map(|s| (*s).to_owned()).collect()
+    } else {
+        list.split(',')
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+}
+
+/// Runs the simulator and prints one summary line per policy, then a Markdown table.
+pub fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    let wl = args.workload.build().context("workload")?;
+    let cluster = Cluster::parse(&args.cluster, &args.engine)?;
+    say(&format!("workload: {}", wl.stats()));
+    let runs = report::run_all(
+        &wl,
+        &cluster,
+        &policies(&args.policy),
+        &SimOptions::default(),
+        args.quiet,
+    )?;
+    for r in &runs {
+        say(&summary_line(r));
+    }
+    say("");
+    say(&markdown_table(&runs));
+    Ok(())
+}
+
+/// Runs every policy on every cluster and writes the Markdown report and plots.
+pub fn report(args: ReportArgs) -> anyhow::Result<()> {
+    let wl = args.workload.build().context("workload")?;
+    let stem = args
+        .name
+        .clone()
+        .unwrap_or_else(|| slug(&args.workload.workload));
+    let mut md = format!("## {}\n\nWorkload: {}\n\n", wl.name, wl.stats());
+    for spec in args
+        .clusters
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        let cluster = Cluster::parse(spec, &args.engine)?;
+        let runs = report::run_all(
+            &wl,
+            &cluster,
+            &policies(&args.policy),
+            &SimOptions::default(),
+            args.quiet,
+        )?;
+        let plots = report::write_plots(&args.out, &format!("{stem}-{}", cluster.name), &runs)?;
+        md.push_str(&format!("### Cluster {}\n\n", cluster.name));
+        md.push_str(&markdown_table(&runs));
+        md.push('\n');
+        for p in plots {
+            md.push_str(&format!("![{p}]({p})\n"));
+        }
+        md.push('\n');
+    }
+    let path = args.out.join(format!("{stem}.md"));
+    std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+    say(&format!("wrote {}", path.display()));
+    Ok(())
+}
+
+/// A file-name-safe form of a workload name.
+fn slug(s: &str) -> String {
+    let name = std::path::Path::new(s)
+        .file_stem()
+        .and_then(|n| n.to_str())
+        .unwrap_or(s);
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
