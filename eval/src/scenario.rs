@@ -18,7 +18,8 @@ pub fn default_traces_dir() -> PathBuf {
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct WorkloadSpec {
     /// `swe-smith` (the SWE-smith agent sessions, scaled to --sessions), `mooncake` (the
-    /// Mooncake synthetic trace, open loop), `coding-agent`, `forked`, `forked-samples`,
+    /// Mooncake synthetic trace, open loop), `mooncake-hour` (it tiled to one hour with
+    /// fresh content per copy), `coding-agent`, `forked`, `forked-samples`,
     /// `long-doc` (generators), or a path to a Mooncake or agentic JSONL file.
     #[arg(long, default_value = "swe-smith")]
     pub workload: String,
@@ -82,6 +83,10 @@ impl WorkloadSpec {
                 }
             }
             "mooncake" => mooncake::read(self.traces_dir.join("mooncake_synthetic_trace.jsonl"))?,
+            "mooncake-hour" => {
+                let base = mooncake::read(self.traces_dir.join("mooncake_synthetic_trace.jsonl"))?;
+                tile_open_loop(&base, 3_600_000.0)
+            }
             "coding-agent" => {
                 let gaps = crate::workload::gaps::swe_smith_gaps(
                     self.traces_dir.join("continuum_swesmith_derived.jsonl"),
@@ -172,4 +177,104 @@ fn truncate(wl: &mut Workload, max: usize) {
         }
     }
     wl.sessions.retain(|s| !s.steps.is_empty());
+}
+
+/// Repeats an open-loop trace back to back until `duration_ms`, each copy with its own
+/// content (hash ids shifted past the previous copy's) and session names.
+pub fn tile_open_loop(base: &Workload, duration_ms: f64) -> Workload {
+    let arrivals = || base.steps().filter_map(|(_, s)| s.arrival_ms);
+    let span = arrivals().fold(0.0, f64::max);
+    let n = base.num_requests().max(1) as f64;
+    let period = span + span / n;
+    let id_span = base
+        .steps()
+        .flat_map(|(_, s)| s.hash_ids.iter().copied())
+        .max()
+        .map_or(1, |m| m + 1);
+    let mut out = Workload {
+        name: format!("{} tiled to {:.0} s", base.name, duration_ms / 1e3),
+        sessions: Vec::new(),
+        ..base.clone()
+    };
+    let mut copy = 0u64;
+    while period > 0.0 && copy as f64 * period < duration_ms {
+        let offset = copy as f64 * period;
+        for s in &base.sessions {
+            let mut t = s.clone();
+            t.id = format!("{}~{copy}", s.id);
+            t.start_ms += offset;
+            t.steps.retain_mut(|st| {
+                st.arrival_ms = st.arrival_ms.map(|a| a + offset);
+                for h in &mut st.hash_ids {
+                    *h += copy * id_span;
+                }
+                st.arrival_ms.is_some_and(|a| a < duration_ms)
+            });
+            if !t.steps.is_empty() {
+                out.sessions.push(t);
+            }
+        }
+        copy += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_named_workload_builds_and_checks() {
+        for name in [
+            "swe-smith",
+            "mooncake",
+            "coding-agent",
+            "forked",
+            "forked-samples",
+            "long-doc",
+        ] {
+            let spec = WorkloadSpec {
+                workload: name.to_owned(),
+                sessions: Some(3),
+                ..WorkloadSpec::default()
+            };
+            let wl = spec.build().expect(name);
+            wl.check().expect(name);
+            assert!(wl.num_requests() > 0, "{name}");
+        }
+        assert!(WorkloadSpec {
+            workload: "no-such-file.jsonl".into(),
+            ..WorkloadSpec::default()
+        }
+        .build()
+        .is_err());
+    }
+
+    #[test]
+    fn an_hour_of_mooncake_has_distinct_copies() {
+        let base = mooncake::read(default_traces_dir().join("mooncake_synthetic_trace.jsonl"))
+            .expect("reads");
+        let hour = tile_open_loop(&base, 3_600_000.0);
+        hour.check().expect("valid");
+        let n = hour.num_requests();
+        assert!((13_000..15_000).contains(&n), "{n} requests");
+        let last = hour
+            .steps()
+            .filter_map(|(_, s)| s.arrival_ms)
+            .fold(0.0, f64::max);
+        assert!(last < 3_600_000.0 && last > 3_500_000.0);
+        assert!(hour.stats().reuse_ratio < base.stats().reuse_ratio + 0.01);
+    }
+
+    #[test]
+    fn truncation_keeps_the_earliest_requests() {
+        let spec = WorkloadSpec {
+            workload: "mooncake".into(),
+            max_requests: 100,
+            ..WorkloadSpec::default()
+        };
+        let wl = spec.build().expect("builds");
+        assert_eq!(wl.num_requests(), 100);
+        wl.check().expect("valid");
+    }
 }

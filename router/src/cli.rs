@@ -55,6 +55,8 @@ enum BenchCommand {
     Directory(crate::bench::directory::DirectoryBenchArgs),
     /// Planner decision latency (hash + plan) over a fleet for a long prompt.
     Planner(crate::bench::planner::PlannerBenchArgs),
+    /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
+    Sim(crate::bench::sim::SimBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,6 +103,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Planner(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::planner::run(args)).await?
+            }
+            Command::Bench(BenchCommand::Sim(args)) => {
+                tokio::task::spawn_blocking(move || crate::bench::sim::run(args)).await?
             }
             Command::Simulate(args) => {
                 tokio::task::spawn_blocking(move || crate::evaluate::simulate(args)).await?

@@ -5,6 +5,7 @@ pub mod directory;
 pub mod kv;
 pub mod planner;
 pub mod proxy;
+pub mod sim;
 
 /// Percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
