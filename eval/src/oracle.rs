@@ -3,7 +3,7 @@
 //! each new session once, balancing the KV memory sessions will hold over their lifetime,
 //! and then keep every later step where its KV already is: nothing is copied, migrated or
 //! recomputed because of a bad early choice. Long first prefills go to a prefill worker
-//! when the fleet has one. It is a heuristic with perfect knowledge, not a proven optimum:
+//! when the fleet has one and its queue is empty (the simulator's load is exact). It is a heuristic with perfect knowledge, not a proven optimum:
 //! it bounds what placement alone can buy, which is what the baselines differ in.
 
 use std::collections::{HashMap, VecDeque};
@@ -175,10 +175,13 @@ impl Oracle {
             u64::from(w.cached_blocks) * u64::from(req.block_size)
         });
         let fresh = u64::from(req.prompt_tokens).saturating_sub(cached);
+        // The simulator's load is exact, not scraped: a prefill worker with a queue would
+        // delay this prompt, so only an idle-queued one takes it.
+        let queued = |w: &WorkerView| w.load.map_or(0.0, |l| l.waiting);
         let prefill = workers
             .iter()
-            .filter(|w| w.takes_work() && w.role == Role::Prefill)
-            .min_by_key(|w| (w.active_prefill_tokens, w.in_flight, w.id.0));
+            .filter(|w| w.takes_work() && w.role == Role::Prefill && queued(w) == 0.0)
+            .min_by_key(|w| (w.decoding(), w.id.0));
         match prefill {
             Some(p) if fresh >= u64::from(REMOTE_PREFILL_TOKENS) => Decision {
                 worker: d,

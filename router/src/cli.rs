@@ -153,10 +153,11 @@ pub fn announce_token(cfg: &RouterConfig) {
     }
 }
 
-/// Prints one line to stdout; tests and scripts read these.
-#[expect(clippy::print_stdout, reason = "the CLI's own output")]
+/// Prints one line to stdout; tests and scripts read these. A closed pipe (`| head`) is
+/// not an error worth a panic: the line is dropped.
 pub fn say(line: &str) {
-    println!("{line}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 async fn run_router(args: RouterArgs) -> anyhow::Result<()> {

@@ -51,6 +51,13 @@ pub struct ReportArgs {
     /// File stem of the report (default: from the workload).
     #[arg(long)]
     name: Option<String>,
+    /// Also search, per policy, the most sessions held with p99 TTFT within this many
+    /// seconds (the workload rescaled to each session count; needs a scalable workload).
+    #[arg(long)]
+    capacity_slo_s: Option<f64>,
+    /// Largest session count the capacity search tries.
+    #[arg(long, default_value_t = 512)]
+    capacity_max: usize,
     #[command(flatten)]
     engine: SimSettings,
     #[arg(long)]
@@ -187,11 +194,53 @@ pub fn report(args: ReportArgs) -> anyhow::Result<()> {
             md.push_str(&format!("![{p}]({p})\n"));
         }
         md.push('\n');
+        if let Some(slo_s) = args.capacity_slo_s {
+            md.push_str(&capacity(&args, &cluster, slo_s)?);
+        }
     }
     let path = args.out.join(format!("{stem}.md"));
     std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
     say(&format!("wrote {}", path.display()));
     Ok(())
+}
+
+/// The capacity table of one cluster: sessions held at the SLO, per policy.
+fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> anyhow::Result<String> {
+    let search = report::CapacitySearch {
+        slo_s,
+        max_sessions: args.capacity_max.max(1),
+    };
+    let build = |n: usize| {
+        WorkloadSpec {
+            sessions: Some(n),
+            ..args.workload.clone()
+        }
+        .build()
+    };
+    let names = policies(&args.policy);
+    let bar = ownerserve_eval::progress::Progress::new(
+        &format!("capacity on {}", cluster.name),
+        names.len() as u64,
+        args.quiet,
+    );
+    let mut md = format!(
+        "Sessions held with p99 TTFT ≤ {slo_s} s (session count searched up to {}):\n\n\
+         | policy | sessions |\n|---|---:|\n",
+        search.max_sessions
+    );
+    for name in &names {
+        let n = report::max_sessions(&build, cluster, name, search, &SimOptions::default())?;
+        let shown = if n >= search.max_sessions {
+            format!("≥ {n}")
+        } else {
+            n.to_string()
+        };
+        md.push_str(&format!("| {name} | {shown} |\n"));
+        bar.inc(1);
+    }
+    bar.finish();
+    md.push('\n');
+    Ok(md)
 }
 
 /// A file-name-safe form of a workload name.

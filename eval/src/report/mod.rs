@@ -1,8 +1,10 @@
 //! The evaluation report: every policy over one workload on each cluster, as a Markdown
 //! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved).
 
+mod capacity;
 mod table;
 
+pub use capacity::{max_sessions, meets, CapacitySearch};
 pub use table::{markdown_table, summary_line};
 
 use std::path::{Path, PathBuf};
@@ -43,6 +45,8 @@ pub enum ReportError {
     },
     #[error(transparent)]
     Plot(#[from] plot::PlotError),
+    #[error(transparent)]
+    Workload(#[from] crate::workload::WorkloadError),
 }
 
 /// Builds `name` for a run of `workload` on a fleet with these engine configs.
