@@ -34,6 +34,7 @@ use crate::metrics::directory::DirectoryMetrics;
 use crate::metrics::fleet::FleetMetrics;
 use crate::metrics::http::{Executed, HttpMetrics};
 use crate::metrics::proxy::{Placement, ProxyMetrics};
+use crate::metrics::scrape::Telemetry;
 use crate::ownership_sync::{Effects, OwnershipSync, Routed, SyncSettings};
 use crate::registry::{self, ModelAvailability, Registry};
 use crate::sessions::{self, Sessions};
@@ -53,19 +54,11 @@ pub struct AppState {
     /// Records ownership of routed requests, when a directory is configured.
     pub(crate) ownership: Option<OwnershipSync>,
     /// The embedded directory node, whose operator API the router also serves.
-    directory: Option<Arc<Node>>,
+    pub(crate) directory: Option<Arc<Node>>,
     pub(crate) metrics: ProxyMetrics,
     /// The process's metrics registry and what is read into it at scrape time.
-    telemetry: Telemetry,
+    pub(crate) telemetry: Telemetry,
     pub(crate) sessions: Arc<Sessions>,
-}
-
-/// The router's metrics registry: the proxy's counters, the fleet read at scrape time,
-/// and the HTTP middleware's counters.
-struct Telemetry {
-    registry: prometheus::Registry,
-    fleet: FleetMetrics,
-    http: Arc<HttpMetrics>,
 }
 
 impl AppState {
@@ -208,8 +201,8 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
-        .route("/metrics/targets", get(scrape_targets))
+        .route("/metrics", get(crate::metrics::scrape::metrics))
+        .route("/metrics/targets", get(crate::metrics::scrape::targets))
         .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -665,43 +658,6 @@ async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"policy": st.cfg.policy, "workers": st.registry.describe()})).into_response()
-}
-
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    st.telemetry.fleet.refresh(&st.registry, &st.kv);
-    if let Some(node) = &st.directory {
-        node.metrics.refresh(node);
-    }
-    (
-        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        crate::metrics::render(&st.telemetry.registry),
-    )
-        .into_response()
-}
-
-/// `GET /metrics/targets`: the workers' `/metrics` as a Prometheus HTTP service-discovery
-/// list (`http_sd_configs`), labelled with each worker's name and role, so a Prometheus
-/// scrapes the engines of whatever fleet the router fronts (`ownerserve up` starts them on
-/// free ports).
-async fn scrape_targets(State(st): State<Arc<AppState>>) -> Response {
-    let groups: Vec<_> = st
-        .registry
-        .all()
-        .iter()
-        .filter_map(|w| {
-            let (host, port) = w.spec.host_port()?;
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host
-            };
-            Some(json!({
-                "targets": [format!("{host}:{port}")],
-                "labels": {"worker": w.spec.name, "role": w.spec.role.as_str(), "engine": w.spec.engine.as_str()},
-            }))
-        })
-        .collect();
-    Json(groups).into_response()
 }
 
 /// `POST /admin/v1/workers/{name}/drain`: the worker takes no new work; sessions it owns

@@ -162,5 +162,8 @@ fn print_summary(
     say(&format!(
         "  curl -s -H \"Authorization: Bearer $TOKEN\" http://{addr}/admin/v1/workers"
     ));
+    say(&format!(
+        "  OWNERSERVE_ADMIN_TOKEN=$TOKEN ownerserve ctl --url http://{addr} workers"
+    ));
     say("press Ctrl-C to stop");
 }

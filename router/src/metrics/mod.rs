@@ -9,6 +9,7 @@
 //!   time.
 //! - [`directory`]: the ownership directory and its Raft node (gauges read at scrape time,
 //!   counters kept by the replicated state machine).
+//! - [`scrape`]: the router's `/metrics` and `/metrics/targets` handlers.
 //!
 //! Labels are bounded: routes, actions, classes, cost terms, commands and worker names
 //! (the fleet is fixed by config); never sessions, prefixes or request ids.
@@ -17,6 +18,7 @@ pub mod directory;
 pub mod fleet;
 pub mod http;
 pub mod proxy;
+pub mod scrape;
 
 use prometheus::{
     CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
