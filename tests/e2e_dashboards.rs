@@ -440,7 +440,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             "owner moves",
         ),
         (
-            r#"max(ownerserve_directory_entries{kind="sessions"})"#,
+            r#"max(sum by (instance) (ownerserve_directory_sessions))"#,
             "sessions",
         ),
         (r#"sum(ownerserve_kv_events_total)"#, "KV events"),
@@ -453,10 +453,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
             r#"sum(ownerserve_time_to_first_token_seconds_count)"#,
             "TTFT samples",
         ),
-        (
-            r#"max(ownerserve_raft_info{figure="applied_index"})"#,
-            "applied entries",
-        ),
+        (r#"max(ownerserve_raft_applied_index)"#, "applied entries"),
         (r#"sum(vllm:request_success_total)"#, "engine requests"),
     ] {
         let v = prom.value(expr).await.unwrap_or_default();

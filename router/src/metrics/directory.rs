@@ -1,5 +1,5 @@
-//! The ownership directory and its Raft node: the state's size (owners, prefixes, leases,
-//! sessions and forks) and the replicated counters of ownership changes (forks,
+//! The ownership directory and its Raft node: the state's size (leases, prefixes by
+//! owner state, sessions and forks, pinned sessions) and the replicated counters of ownership changes (forks,
 //! migrations, lease expiries and revocations), read at scrape time; commands proposed
 //! through this node by kind and result, and how long each took to commit and apply;
 //! Raft's term, leader, log, commit and apply indexes from openraft's metrics.
@@ -7,11 +7,13 @@
 use std::time::Duration;
 
 use openraft::ServerState;
-use prometheus::{Histogram, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{GaugeVec, Histogram, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use ownerserve_ownership::{Command, Outcome};
 
-use super::{counter_vec, histogram, int_gauge_vec, sync_counter, LATENCY_BUCKETS};
+use super::{
+    counter_vec, gauge_vec, histogram, int_gauge, int_gauge_vec, sync_counter, LATENCY_BUCKETS,
+};
 use crate::directory::Node;
 
 /// Every command kind, to start their counters at zero.
@@ -56,15 +58,31 @@ const STATES: [(ServerState, &str); 5] = [
     (ServerState::Shutdown, "shutdown"),
 ];
 
+/// Raft figures read from openraft's metrics, each its own gauge.
+const RAFT_FIGURES: [(&str, &str); 8] = [
+    ("ownerserve_raft_node_id", "This node's Raft id."),
+    ("ownerserve_raft_term", "Current Raft term (a rising term means elections)."),
+    ("ownerserve_raft_leader_id", "The leader's node id as this node knows it (0: none)."),
+    ("ownerserve_raft_last_log_index", "Index of the last entry in this node's log."),
+    ("ownerserve_raft_committed_index", "Commit index: the highest index a quorum of voters matched (on the leader; the applied index elsewhere)."),
+    ("ownerserve_raft_applied_index", "Index of the last entry applied to this node's state machine."),
+    ("ownerserve_raft_voters", "Voting members of the cluster, as this node sees the membership."),
+    ("ownerserve_raft_learners", "Non-voting members of the cluster."),
+];
+
 /// The directory node's metrics.
 #[derive(Debug, Clone)]
 pub struct DirectoryMetrics {
-    size: IntGaugeVec,
+    leases: IntGauge,
+    prefixes: IntGaugeVec,
+    sessions: IntGaugeVec,
+    pinned: IntGauge,
     changes: IntCounterVec,
     commands: IntCounterVec,
     rejections: IntCounterVec,
     apply_latency: Histogram,
-    raft: IntGaugeVec,
+    raft: Vec<IntGauge>,
+    quorum_ack_age: GaugeVec,
     raft_state: IntGaugeVec,
 }
 
@@ -72,11 +90,27 @@ impl DirectoryMetrics {
     /// Registers the directory metrics; every label set starts at zero.
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let m = Self {
-            size: int_gauge_vec(
+            leases: int_gauge(
                 registry,
-                "ownerserve_directory_entries",
-                "Entries in this node's directory state: owners (prefixes with a live owner), prefixes, recompute (prefixes whose owner died with no copy), leases, sessions, forks (sessions with a parent), pinned_sessions.",
+                "ownerserve_directory_leases",
+                "Worker leases in this node's directory state.",
+            )?,
+            prefixes: int_gauge_vec(
+                registry,
+                "ownerserve_directory_prefixes",
+                "Prefix artifacts in this node's directory state, by state: owned (a live owner), recompute (the owner died with no copy), unowned (released).",
+                &["state"],
+            )?,
+            sessions: int_gauge_vec(
+                registry,
+                "ownerserve_directory_sessions",
+                "Sessions in this node's directory state, by kind: root or fork (a child of another session).",
                 &["kind"],
+            )?,
+            pinned: int_gauge(
+                registry,
+                "ownerserve_directory_pinned_sessions",
+                "Sessions an operator pinned to their decode owner.",
             )?,
             changes: counter_vec(
                 registry,
@@ -102,11 +136,15 @@ impl DirectoryMetrics {
                 "Time from proposing an entry on this node until it was committed and applied (openraft client_write).",
                 LATENCY_BUCKETS,
             )?,
-            raft: int_gauge_vec(
+            raft: RAFT_FIGURES
+                .iter()
+                .map(|(name, help)| int_gauge(registry, name, help))
+                .collect::<prometheus::Result<_>>()?,
+            quorum_ack_age: gauge_vec(
                 registry,
-                "ownerserve_raft_info",
-                "This Raft node's figures: id, term, leader_id (0: none known), is_leader, last_log_index, committed_index (a quorum's match on the leader; the applied index elsewhere), applied_index, voters, learners, quorum_ack_age_ms (leader only).",
-                &["figure"],
+                "ownerserve_raft_quorum_ack_age_seconds",
+                "Time since a quorum last acknowledged the leader (leader only).",
+                &[],
             )?,
             raft_state: int_gauge_vec(
                 registry,
@@ -158,30 +196,32 @@ impl DirectoryMetrics {
 
     /// Reads the node's state and Raft metrics into the gauges.
     pub fn refresh(&self, node: &Node) {
-        let (size, stats) = node.machine.read(|s| {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let stats = node.machine.read(|s| {
             let d = &s.directory;
-            let owners = d.artifacts.values().filter(|a| a.owner.is_some()).count();
-            let recompute = d.artifacts.values().filter(|a| a.needs_recompute).count();
+            let owned = d.artifacts.values().filter(|a| a.owner.is_some()).count();
+            let recompute = d
+                .artifacts
+                .values()
+                .filter(|a| a.owner.is_none() && a.needs_recompute)
+                .count();
+            let unowned = d.artifacts.len() - owned - recompute;
+            for (state, n) in [
+                ("owned", owned),
+                ("recompute", recompute),
+                ("unowned", unowned),
+            ] {
+                self.prefixes.with_label_values(&[state]).set(count(n));
+            }
             let forks = d.sessions.values().filter(|x| x.parent.is_some()).count();
-            let pinned = d.sessions.values().filter(|x| x.pinned).count();
-            (
-                [
-                    ("owners", owners),
-                    ("prefixes", d.artifacts.len()),
-                    ("recompute", recompute),
-                    ("leases", d.leases.len()),
-                    ("sessions", d.sessions.len()),
-                    ("forks", forks),
-                    ("pinned_sessions", pinned),
-                ],
-                d.stats,
-            )
+            for (kind, n) in [("root", d.sessions.len() - forks), ("fork", forks)] {
+                self.sessions.with_label_values(&[kind]).set(count(n));
+            }
+            self.pinned
+                .set(count(d.sessions.values().filter(|x| x.pinned).count()));
+            self.leases.set(count(d.leases.len()));
+            d.stats
         });
-        for (kind, n) in size {
-            self.size
-                .with_label_values(&[kind])
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
-        }
         for (change, total) in [
             ("fork", stats.forks),
             ("prefix_migration", stats.prefix_migrations),
@@ -201,28 +241,26 @@ impl DirectoryMetrics {
             .map_or(applied, |r| quorum_index(&voters, r));
         let leader = m.state == ServerState::Leader;
         let figures = [
-            ("id", node.id),
-            ("term", m.current_term),
-            ("leader_id", m.current_leader.unwrap_or(0)),
-            ("is_leader", u64::from(leader)),
-            ("last_log_index", m.last_log_index.unwrap_or(0)),
-            ("committed_index", committed),
-            ("applied_index", applied),
-            ("voters", voters.len() as u64),
-            ("learners", membership.learner_ids().count() as u64),
+            node.id,
+            m.current_term,
+            m.current_leader.unwrap_or(0),
+            m.last_log_index.unwrap_or(0),
+            committed,
+            applied,
+            voters.len() as u64,
+            membership.learner_ids().count() as u64,
         ];
-        for (figure, v) in figures {
-            self.raft
-                .with_label_values(&[figure])
-                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        for (gauge, v) in self.raft.iter().zip(figures) {
+            gauge.set(i64::try_from(v).unwrap_or(i64::MAX));
         }
+        // Only a leader has a quorum acknowledgement to age; elsewhere there is no sample.
         match m.millis_since_quorum_ack.filter(|_| leader) {
             Some(ms) => self
-                .raft
-                .with_label_values(&["quorum_ack_age_ms"])
-                .set(i64::try_from(ms).unwrap_or(i64::MAX)),
+                .quorum_ack_age
+                .with_label_values(&[] as &[&str])
+                .set(ms as f64 / 1000.0),
             None => {
-                let _ = self.raft.remove_label_values(&["quorum_ack_age_ms"]);
+                let _ = self.quorum_ack_age.remove_label_values(&[] as &[&str]);
             }
         }
         for (state, name) in STATES {

@@ -5,11 +5,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use ownerserve_shim::kv_events::subscriber::SubscriberStats;
 
-use super::{counter_vec, gauge, gauge_vec, int_gauge_vec, sync_counter};
+use super::{counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter};
 use crate::kv::KvRouting;
 use crate::registry::Registry as Workers;
 
@@ -69,10 +69,12 @@ pub struct FleetMetrics {
     waiting: GaugeVec,
     kv_usage: GaugeVec,
     indexed_blocks: IntGaugeVec,
-    index_blocks: IntGaugeVec,
+    index_blocks: IntGauge,
+    index_gpu_blocks: IntGauge,
     duplicate_factor: Gauge,
     events: Vec<IntCounterVec>,
     index_changes: IntCounterVec,
+    index_rejected: IntCounter,
 }
 
 impl FleetMetrics {
@@ -132,11 +134,15 @@ impl FleetMetrics {
                 "Blocks the router's KV index holds for the worker (any tier).",
                 &["worker"],
             )?,
-            index_blocks: int_gauge_vec(
+            index_blocks: int_gauge(
                 registry,
                 "ownerserve_kv_index_blocks",
-                "Distinct blocks in the router's KV index, by where: gpu (held in some GPU) or any.",
-                &["tier"],
+                "Distinct blocks in the router's KV index (any tier).",
+            )?,
+            index_gpu_blocks: int_gauge(
+                registry,
+                "ownerserve_kv_index_gpu_blocks",
+                "Distinct blocks of the router's KV index held in some worker's GPU memory.",
             )?,
             duplicate_factor: gauge(
                 registry,
@@ -147,8 +153,13 @@ impl FleetMetrics {
             index_changes: counter_vec(
                 registry,
                 "ownerserve_kv_index_block_changes_total",
-                "Blocks the KV index stored, removed, pruned or expired, and events it rejected.",
+                "Blocks the KV index stored, removed, pruned (over its size cap) or expired (approximate entries).",
                 &["change"],
+            )?,
+            index_rejected: counter(
+                registry,
+                "ownerserve_kv_index_events_rejected_total",
+                "KV events the index refused (unknown parent, wrong block size).",
             )?,
         })
     }
@@ -188,11 +199,9 @@ impl FleetMetrics {
                 .set(i64::try_from(ix.worker_blocks(w.id)).unwrap_or(i64::MAX));
         }
         let replication = ix.gpu_replication();
-        self.index_blocks
-            .with_label_values(&["gpu"])
+        self.index_gpu_blocks
             .set(i64::try_from(replication.blocks).unwrap_or(i64::MAX));
         self.index_blocks
-            .with_label_values(&["any"])
             .set(i64::try_from(ix.len()).unwrap_or(i64::MAX));
         self.duplicate_factor.set(replication.duplicate_factor());
         let stats = ix.stats();
@@ -202,10 +211,10 @@ impl FleetMetrics {
             ("removed", stats.blocks_removed),
             ("pruned", stats.blocks_pruned),
             ("expired", stats.blocks_expired),
-            ("rejected", stats.events_rejected),
         ] {
             sync_counter(&self.index_changes.with_label_values(&[change]), total);
         }
+        sync_counter(&self.index_rejected, stats.events_rejected);
         for (id, s) in kv.event_stats() {
             let Some(w) = workers.get(id) else { continue };
             for (vec, (_, _, read)) in self.events.iter().zip(EVENT_COUNTERS) {

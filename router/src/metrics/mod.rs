@@ -22,7 +22,7 @@ pub mod scrape;
 
 use prometheus::{
     CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The text exposition's content type.
@@ -103,6 +103,16 @@ pub(crate) fn int_gauge_vec(
     labels: &[&str],
 ) -> prometheus::Result<IntGaugeVec> {
     let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+pub(crate) fn int_gauge(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+) -> prometheus::Result<IntGauge> {
+    let g = IntGauge::with_opts(Opts::new(name, help))?;
     registry.register(Box::new(g.clone()))?;
     Ok(g)
 }
