@@ -91,7 +91,7 @@ impl Fleet {
         let text = get_text(&format!("{}/metrics", self.router.url)).await;
         metric(
             &text,
-            &format!("ownerserve_plans_total{{policy=\"ownerserve\",action=\"{action}\"}}"),
+            &format!("ownerserve_plans_total{{action=\"{action}\",policy=\"ownerserve\"}}"),
         )
     }
 

@@ -338,7 +338,7 @@ async fn ask(
 /// `(plans, fallbacks)` of the `remote_prefill` action in the router's `/metrics`.
 async fn remote_prefill_counts(router: &Proc) -> (f64, f64) {
     let text = get_text(&format!("{}/metrics", router.url)).await;
-    let labels = "{policy=\"static_pd\",action=\"remote_prefill\"}";
+    let labels = "{action=\"remote_prefill\",policy=\"static_pd\"}";
     (
         metric(&text, &format!("ownerserve_plans_total{labels} ")),
         metric(&text, &format!("ownerserve_plan_fallbacks_total{labels} ")),

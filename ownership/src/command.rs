@@ -103,5 +103,28 @@ pub enum Command {
     Batch { commands: Vec<Command> },
 }
 
+impl Command {
+    /// The command's name in metrics (`snake_case`, one per variant).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::GrantLease { .. } => "grant_lease",
+            Command::KeepAlive { .. } => "keep_alive",
+            Command::RevokeLease { .. } => "revoke_lease",
+            Command::Claim { .. } => "claim",
+            Command::Extend { .. } => "extend",
+            Command::Release { .. } => "release",
+            Command::ReplicateReadOnly { .. } => "replicate_read_only",
+            Command::Migrate { .. } => "migrate",
+            Command::SetDecodeOwner { .. } => "set_decode_owner",
+            Command::Fork { .. } => "fork",
+            Command::EndSession { .. } => "end_session",
+            Command::DemoteSession { .. } => "demote_session",
+            Command::PinSession { .. } => "pin_session",
+            Command::Tick => "tick",
+            Command::Batch { .. } => "batch",
+        }
+    }
+}
+
 /// Most commands in one [`Command::Batch`].
 pub const MAX_BATCH: usize = 4096;

@@ -79,6 +79,24 @@ pub struct Directory {
     pub dedup: BTreeMap<ClientId, (u64, Outcome)>,
     /// Log index of the last applied entry.
     pub applied: u64,
+    /// Ownership changes so far (replicated, so every node reports the same totals).
+    #[serde(default)]
+    pub stats: DirectoryStats,
+}
+
+/// Counts of ownership changes, kept by `apply` for the operator's metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectoryStats {
+    /// Sessions forked off a parent.
+    pub forks: u64,
+    /// Prefix artifacts whose owner moved to another worker (`Migrate`).
+    pub prefix_migrations: u64,
+    /// Sessions whose decode owner moved from one worker to another.
+    pub session_moves: u64,
+    /// Leases that expired (`Tick`).
+    pub lease_expiries: u64,
+    /// Leases revoked by an operator or a worker.
+    pub lease_revocations: u64,
 }
 
 impl Directory {

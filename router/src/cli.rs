@@ -14,12 +14,16 @@ use ownerserve_shim::sim::config::SimSettings;
 use crate::config::{
     parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
 };
+use crate::logging::{self, LogFormat};
 use crate::{server, up};
 
 /// OwnerServe: an ownership-aware control plane for agentic LLM serving.
 #[derive(Debug, Parser)]
 #[command(name = "ownerserve", version)]
 pub struct Cli {
+    /// Log lines as text or JSON (`up` and `router` default to the config's `log_format`).
+    #[arg(long, global = true, env = "OWNERSERVE_LOG_FORMAT", value_enum)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,6 +47,9 @@ enum Command {
     Report(crate::evaluate::ReportArgs),
     /// Drive a running router with a workload over HTTP and measure TTFT/E2E at the client.
     Replay(crate::evaluate::ReplayArgs),
+    /// The operator API from the command line: owners, leases, sessions, workers, drain,
+    /// cluster, plan explain.
+    Ctl(crate::ctl::CtlArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -87,9 +94,14 @@ struct SimWorkerArgs {
 impl Cli {
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
+        let log = self.log_format;
+        if !matches!(self.command, Command::Up(_) | Command::Router(_)) {
+            logging::init(log.unwrap_or_default());
+        }
         match self.command {
-            Command::Up(args) => up::run(args).await,
-            Command::Router(args) => run_router(args).await,
+            Command::Up(args) => up::run(args, log).await,
+            Command::Router(args) => run_router(args, log).await,
+            Command::Ctl(args) => crate::ctl::run(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
             Command::Directory(args) => crate::directory::run(args).await,
             Command::Bench(BenchCommand::Proxy(args)) => {
@@ -160,11 +172,12 @@ pub fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+async fn run_router(args: RouterArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let mut file = match &args.config {
         Some(path) => read_toml::<RouterFile>(path)?,
         None => RouterFile::default(),
     };
+    logging::init(log.unwrap_or(file.router.log_format));
     args.overrides.apply(&mut file.router);
     for flag in &args.workers {
         file.workers.push(parse_worker_flag(flag)?);

@@ -10,6 +10,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::auth::{Origin, Tokens};
+use crate::logging::LogFormat;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::kv_index::KvIndexConfig;
@@ -109,6 +110,8 @@ pub struct RouterSettings {
     pub session_lease_min_ms: u64,
     /// ... and at most this long (also the lease before any gap was seen).
     pub session_lease_max_ms: u64,
+    /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
+    pub log_format: LogFormat,
 }
 
 /// One `[[router.planner_links]]` entry: the link from one worker to another.
@@ -189,6 +192,7 @@ impl Default for RouterSettings {
             session_lease_factor: 2.0,
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
+            log_format: LogFormat::Text,
         }
     }
 }

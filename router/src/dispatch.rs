@@ -50,18 +50,6 @@ pub struct Prepared {
     pub fell_back: bool,
 }
 
-/// A fresh request id when the client sent none (both legs of a split share it).
-pub fn request_id(given: Option<&HeaderValue>) -> HeaderValue {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    if let Some(v) = given {
-        return v.clone();
-    }
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let salt = crate::directory::unix_ms();
-    HeaderValue::from_str(&format!("ownerserve-{salt:x}-{n:x}"))
-        .unwrap_or_else(|_| HeaderValue::from_static("ownerserve"))
-}
-
 /// The fencing headers of a session at `epoch`.
 fn fence_headers(
     session: Option<&str>,
@@ -83,10 +71,7 @@ fn fence_headers(
 }
 
 fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out = vec![(
-        HeaderName::from_static("x-request-id"),
-        step.request_id.clone(),
-    )];
+    let mut out = vec![(crate::request_id::HEADER, step.request_id.clone())];
     if let Some(a) = &step.authorization {
         out.push((axum::http::header::AUTHORIZATION, a.clone()));
     }
@@ -278,11 +263,12 @@ async fn migrate(
         "session": step.session,
         "epoch": step.lookup.epoch.map(|e| e.0),
     });
+    let request_id = [(crate::request_id::HEADER, step.request_id.clone())];
     let copied = post_small(
         &st.client,
         &target.spec.base_url,
         "/ownerserve/v1/kv/fetch",
-        &[],
+        &request_id,
         Bytes::from(body.to_string()),
         st.cfg.request_timeout,
     )
@@ -314,7 +300,7 @@ async fn migrate(
                 &client,
                 &url,
                 "/ownerserve/v1/kv/drop",
-                &[],
+                &request_id,
                 Bytes::from(drop_body.to_string()),
                 timeout,
             )

@@ -89,6 +89,11 @@ impl KvRouting {
         }
     }
 
+    /// Each event-fed worker's subscriber counters.
+    pub fn event_stats(&self) -> impl Iterator<Item = (WorkerId, &SubscriberStats)> {
+        self.subscribers.iter().map(|(id, s)| (*id, s.as_ref()))
+    }
+
     /// The admin API's view.
     pub fn describe(&self, registry: &Registry) -> KvInfo {
         let ix = self.index.lock();

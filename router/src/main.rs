@@ -13,12 +13,16 @@
 //! - [`directory`]: one node of the replicated ownership directory; [`directory_client`]
 //!   how the router reaches it; [`ownership_sync`] what the router records there.
 //! - [`mod@bench`]: benchmark commands.
+//! - [`metrics`]: the Prometheus metrics of every server; [`request_id`] the middleware
+//!   that gives each request its id, span and metrics; [`logging`] text or JSON logs.
+//! - [`ctl`]: `ownerserve ctl`, the operator API from the command line.
 #![forbid(unsafe_code)]
 
 mod auth;
 mod bench;
 mod cli;
 mod config;
+mod ctl;
 mod demotion;
 mod directory;
 mod directory_client;
@@ -28,27 +32,38 @@ mod evaluate;
 mod explain;
 mod health;
 mod kv;
+mod logging;
 mod metrics;
 mod ownership_sync;
 mod registry;
+mod request_id;
 mod server;
 mod sessions;
 mod up;
 mod upstream;
 
+use std::process::ExitCode;
+
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OWNERSERVE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let run = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?;
-    runtime.block_on(cli.run())
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(cli.run()));
+    match run {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Prints an error and its causes on one line (no backtrace: the message is for operators).
+#[expect(clippy::print_stderr, reason = "the CLI's own error output")]
+fn report(e: &anyhow::Error) {
+    eprintln!("error: {e:#}");
 }

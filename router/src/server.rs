@@ -30,7 +30,11 @@ use crate::error::ApiError;
 use crate::explain;
 use crate::health::{self, HealthSettings};
 use crate::kv::{self, KvRouting};
-use crate::metrics::RouterMetrics;
+use crate::metrics::directory::DirectoryMetrics;
+use crate::metrics::fleet::FleetMetrics;
+use crate::metrics::http::{Executed, HttpMetrics};
+use crate::metrics::proxy::{Placement, ProxyMetrics};
+use crate::metrics::scrape::Telemetry;
 use crate::ownership_sync::{Effects, OwnershipSync, Routed, SyncSettings};
 use crate::registry::{self, ModelAvailability, Registry};
 use crate::sessions::{self, Sessions};
@@ -50,8 +54,10 @@ pub struct AppState {
     /// Records ownership of routed requests, when a directory is configured.
     pub(crate) ownership: Option<OwnershipSync>,
     /// The embedded directory node, whose operator API the router also serves.
-    directory: Option<Arc<Node>>,
-    pub(crate) metrics: RouterMetrics,
+    pub(crate) directory: Option<Arc<Node>>,
+    pub(crate) metrics: ProxyMetrics,
+    /// The process's metrics registry and what is read into it at scrape time.
+    pub(crate) telemetry: Telemetry,
     pub(crate) sessions: Arc<Sessions>,
 }
 
@@ -80,6 +86,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let policy = policy::by_name(&cfg.policy, &cfg.policy_settings)?;
+    let registry = prometheus::Registry::new();
+    let proxy_metrics = ProxyMetrics::register(&registry, &cfg.policy)?;
+    let telemetry = Telemetry {
+        fleet: FleetMetrics::register(&registry)?,
+        http: Arc::new(HttpMetrics::register(&registry)?),
+        registry,
+    };
     let client = upstream::client(cfg.connect_timeout);
     let registry = Arc::new(Registry::new(cfg.workers.clone()));
     let kv = Arc::new(KvRouting::new(cfg.kv_index, cfg.kv_approx_ttl, &registry));
@@ -114,6 +127,7 @@ pub async fn run(
                         init: true,
                         grace_ms: 500,
                         tick_ms: 250,
+                        metrics: DirectoryMetrics::register(&telemetry.registry)?,
                     },
                     &tracker,
                     &shutdown,
@@ -142,7 +156,8 @@ pub async fn run(
         cfg,
         ownership,
         directory: directory.clone(),
-        metrics: RouterMetrics::default(),
+        metrics: proxy_metrics,
+        telemetry,
         sessions,
     });
     if state.ownership.is_some() {
@@ -164,6 +179,7 @@ pub async fn run(
 /// The router's routes; `/admin/v1` needs a bearer token.
 pub fn app(state: Arc<AppState>) -> Router {
     let tokens = Arc::new(state.cfg.tokens.clone());
+    let http_metrics = state.telemetry.http.clone();
     let admin = Router::new()
         .route("/admin/v1/workers", get(workers))
         .route("/admin/v1/kv", get(kv_index))
@@ -185,15 +201,20 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(crate::metrics::scrape::metrics))
+        .route("/metrics/targets", get(crate::metrics::scrape::targets))
         .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
-    match directory_admin {
+    let router = match directory_admin {
         Some(d) => router.merge(d),
         None => router,
-    }
+    };
+    router.layer(axum::middleware::from_fn_with_state(
+        http_metrics,
+        crate::request_id::track,
+    ))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
@@ -262,6 +283,7 @@ async fn proxy(
     endpoint: Endpoint,
     path: &str,
 ) -> Result<Response, ApiError> {
+    let started = std::time::Instant::now();
     let (parts, body) = req.into_parts();
     let bytes = read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
     let parsed = openai::parse(&bytes, endpoint)?;
@@ -298,7 +320,7 @@ async fn proxy(
         samples: parsed.sampling.n,
         fork: fork.is_some(),
     };
-    let request_id = dispatch::request_id(parts.headers.get("x-request-id"));
+    let request_id = crate::request_id::of(&parts.headers);
     // A fork (`n > 1` or the header) starts a child session; the parent stays put.
     let child = (route.fork || route.samples > 1)
         .then(|| session.map(|s| child_session(s, fork.as_deref(), &request_id)))
@@ -345,6 +367,8 @@ async fn proxy(
             .map_or(0, |c| u64::from(c.cached_blocks));
         let prefill = u64::from(prompt_tokens).saturating_sub(cached * block);
         let in_flight = worker.start_request(route.prompt_blocks(), prefill);
+        let executed = decision.action();
+        st.metrics.dispatched(executed, started.elapsed());
         let sent = send(st, worker, path, &parts.headers, &prepared).await;
         match sent {
             Ok(resp) => {
@@ -356,7 +380,7 @@ async fn proxy(
                     reason,
                     "plan executed"
                 );
-                st.metrics.plan(decision.action());
+                observe_step(st, &decision, &lookup, session, &resp, &prepared);
                 st.kv.record_routed(worker, &hashes);
                 let activity = tracked.map(|s| {
                     st.sessions
@@ -378,12 +402,19 @@ async fn proxy(
                         ),
                     });
                 }
-                return Ok(upstream::relay(
+                let first_byte = upstream::FirstByte {
+                    histogram: st.metrics.ttft(executed),
+                    started,
+                };
+                let mut relayed = upstream::relay(
                     resp,
                     worker,
                     in_flight,
                     activity.map(|a| a.1),
-                ));
+                    Some(first_byte),
+                );
+                relayed.extensions_mut().insert(Executed(executed));
+                return Ok(relayed);
             }
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
@@ -395,6 +426,39 @@ async fn proxy(
                 return Err(e.into_api(worker));
             }
         }
+    }
+}
+
+/// Counts an executed step: its plan and the planner's decision, where a session's step
+/// ran against its owner, and the KV its decode worker reports receiving.
+fn observe_step(
+    st: &AppState,
+    decision: &Decision,
+    lookup: &Lookup,
+    session: Option<&str>,
+    resp: &hyper::Response<hyper::body::Incoming>,
+    prepared: &Prepared,
+) {
+    let action = decision.action();
+    st.metrics.plan(action);
+    if let Some(plan) = &decision.plan {
+        st.metrics.decided(plan, st.cfg.planner.weights);
+    }
+    if session.is_some() && st.needs_directory {
+        st.metrics.session_step(match lookup.owner {
+            Some(owner) if owner == decision.worker => Placement::Owner,
+            Some(_) => Placement::Elsewhere,
+            None => Placement::Unowned,
+        });
+    }
+    let received = resp
+        .headers()
+        .get("x-ownerserve-kv-received-bytes")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if !prepared.fell_back {
+        st.metrics.kv_received(action, received);
     }
 }
 
@@ -594,14 +658,6 @@ async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({"policy": st.cfg.policy, "workers": st.registry.describe()})).into_response()
-}
-
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(&st.cfg.policy),
-    )
-        .into_response()
 }
 
 /// `POST /admin/v1/workers/{name}/drain`: the worker takes no new work; sessions it owns

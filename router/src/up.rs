@@ -14,6 +14,7 @@ use crate::cli::{bind, cancel_on_signal, say};
 use crate::config::{
     read_toml, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
 };
+use crate::logging::LogFormat;
 use crate::server;
 
 /// Flags of `ownerserve up`.
@@ -33,11 +34,12 @@ pub struct UpArgs {
 }
 
 /// Starts everything, prints what runs, and waits for Ctrl-C.
-pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let mut file: UpFile = match &args.config {
         Some(path) => read_toml(path)?,
         None => toml::from_str(DEFAULT_UP_TOML).context("embedded configs/up.toml")?,
     };
+    crate::logging::init(log.unwrap_or(file.router.log_format));
     args.overrides.apply(&mut file.router);
     if let Some(scale) = args.time_scale {
         file.sim.time_scale = scale;
@@ -161,6 +163,9 @@ fn print_summary(
     ));
     say(&format!(
         "  curl -s -H \"Authorization: Bearer $TOKEN\" http://{addr}/admin/v1/workers"
+    ));
+    say(&format!(
+        "  OWNERSERVE_ADMIN_TOKEN=$TOKEN ownerserve ctl --url http://{addr} workers"
     ));
     say("press Ctrl-C to stop");
 }

@@ -173,14 +173,22 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::TRAILER,
 ];
 
+/// Where the time to a response's first byte goes.
+pub struct FirstByte {
+    pub histogram: prometheus::Histogram,
+    /// When the client's request arrived.
+    pub started: std::time::Instant,
+}
+
 /// Turns a worker's response into the client's: same status and headers (minus hop-by-hop
 /// ones), plus `x-ownerserve-worker`, with the body relayed frame by frame. `activity`
-/// keeps the session busy until the body is done.
+/// keeps the session busy until the body is done; `first_byte` times its first frame.
 pub fn relay(
     resp: Response<Incoming>,
     worker: &Worker,
     in_flight: InFlight,
     activity: Option<Activity>,
+    first_byte: Option<FirstByte>,
 ) -> Response<Body> {
     let (mut parts, incoming) = resp.into_parts();
     for h in HOP_BY_HOP {
@@ -202,6 +210,7 @@ pub fn relay(
         failed: false,
         in_flight,
         _activity: activity,
+        first_byte,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -216,6 +225,7 @@ struct RelayBody {
     failed: bool,
     in_flight: InFlight,
     _activity: Option<Activity>,
+    first_byte: Option<FirstByte>,
 }
 
 impl http_body::Body for RelayBody {
@@ -232,6 +242,9 @@ impl http_body::Body for RelayBody {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(_))) = &polled {
             self.in_flight.prefill_done();
+            if let Some(f) = self.first_byte.take() {
+                f.histogram.observe(f.started.elapsed().as_secs_f64());
+            }
         }
         match polled {
             Poll::Ready(Some(Err(e))) if self.sse => {

@@ -6,6 +6,7 @@
 mod artifacts;
 mod leases;
 mod sessions;
+mod stats;
 
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +78,23 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// The refusal's name in metrics (`snake_case`, one per variant).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rejection::UnknownLease(_) => "unknown_lease",
+            Rejection::LeaseExpired(_) => "lease_expired",
+            Rejection::UnknownPrefix(_) => "unknown_prefix",
+            Rejection::UnknownSession(_) => "unknown_session",
+            Rejection::SessionExists(_) => "session_exists",
+            Rejection::StaleEpoch { .. } => "stale_epoch",
+            Rejection::NotReady { .. } => "not_ready",
+            Rejection::NoOwner(_) => "no_owner",
+            Rejection::StaleRetry { .. } => "stale_retry",
+            Rejection::BadBatch { .. } => "bad_batch",
+            Rejection::Pinned(_) => "pinned",
+        }
+    }
+
     /// The caller acted on an outdated view (fencing) and should refresh, not retry.
     pub fn is_stale(&self) -> bool {
         matches!(
@@ -134,8 +152,17 @@ impl Directory {
         outcome
     }
 
-    /// Applies one (non-batch) command; `epoch` is its position in the log.
+    /// Applies one (non-batch) command; `epoch` is its position in the log. Counts what it
+    /// changed in [`Directory::stats`].
     fn apply_one(&mut self, epoch: Epoch, command: &Command) -> Outcome {
+        let before = self.owner_worker(command);
+        let outcome = self.run_one(epoch, command);
+        let after = self.owner_worker(command);
+        self.stats.count(command, &outcome, before, after);
+        outcome
+    }
+
+    fn run_one(&mut self, epoch: Epoch, command: &Command) -> Outcome {
         match command {
             Command::GrantLease { worker, ttl_ms } => {
                 self.grant(LeaseId(epoch.0), *worker, *ttl_ms)

@@ -2,6 +2,7 @@ use super::*;
 use crate::command::ArtifactSpec;
 use crate::ids::{ClientId, Tier};
 use crate::invariants;
+use crate::state::DirectoryStats;
 
 const W0: WorkerId = WorkerId(0);
 const W1: WorkerId = WorkerId(1);
@@ -494,4 +495,70 @@ fn a_demoted_session_keeps_its_artifact_and_resumes_on_any_worker() {
     assert!(!log.d.leases[&a].keys.contains(&Key::Session(s.clone())));
     // Without an owner, any worker may take the session up (no epoch needed).
     assert!(matches!(log.run(set(b)), Outcome::Owned { worker: W1, .. }));
+}
+
+#[test]
+fn stats_count_forks_migrations_session_moves_and_lease_ends() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 60_000);
+    let c = log.lease(WorkerId(2), 60_000);
+    let Outcome::Owned { epoch, .. } = log.run(claim(P, a)) else {
+        panic!()
+    };
+    log.run(Command::ReplicateReadOnly {
+        key: P,
+        worker: W1,
+        tier: Tier::Gpu,
+    });
+    log.run(Command::Migrate {
+        key: P,
+        from_epoch: epoch,
+        to_lease: b,
+    });
+    let s = |n: &str| SessionId(n.into());
+    let owner = |lease, expect_epoch| Command::SetDecodeOwner {
+        session: s("root"),
+        lease,
+        prefix: Some(P),
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch,
+    };
+    let Outcome::Owned { epoch, .. } = log.run(owner(a, None)) else {
+        panic!()
+    };
+    // Recording the same owner again moves nothing; moving to another worker does.
+    let Outcome::Owned { epoch, .. } = log.run(owner(a, Some(epoch))) else {
+        panic!()
+    };
+    let Outcome::Owned { epoch, .. } = log.run(owner(b, Some(epoch))) else {
+        panic!()
+    };
+    log.run(Command::Fork {
+        parent: s("root"),
+        child: s("child"),
+        lease: b,
+        parent_epoch: epoch,
+    });
+    // A refused fork counts nothing.
+    log.run(Command::Fork {
+        parent: s("root"),
+        child: s("child"),
+        lease: b,
+        parent_epoch: epoch,
+    });
+    log.run(Command::RevokeLease { lease: c });
+    log.at(5_000);
+    log.run(Command::Tick);
+    assert_eq!(
+        log.d.stats,
+        DirectoryStats {
+            forks: 1,
+            prefix_migrations: 1,
+            session_moves: 1,
+            lease_expiries: 1,
+            lease_revocations: 1,
+        }
+    );
 }

@@ -129,6 +129,26 @@ pub struct IndexStats {
     pub blocks_expired: u64,
 }
 
+/// GPU copies of the indexed blocks ([`KvIndex::gpu_replication`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuReplication {
+    /// Distinct blocks held in some worker's GPU memory.
+    pub blocks: u64,
+    /// (block, worker) pairs in GPU memory.
+    pub copies: u64,
+}
+
+impl GpuReplication {
+    /// Copies per distinct block (1 with no duplication; 0 for an empty index).
+    pub fn duplicate_factor(&self) -> f64 {
+        if self.blocks == 0 {
+            0.0
+        } else {
+            self.copies as f64 / self.blocks as f64
+        }
+    }
+}
+
 /// The index.
 #[derive(Debug, Clone)]
 pub struct KvIndex {
@@ -489,6 +509,31 @@ impl KvIndex {
     /// Blocks `worker` holds in any tier.
     pub fn worker_blocks(&self, worker: WorkerId) -> usize {
         self.engine_ids.get(&worker).map_or(0, |m| m.len())
+    }
+
+    /// How many distinct blocks some GPU holds, and how many GPU copies of them there are
+    /// (one per worker holding a block in GPU memory); `copies / blocks` is the fleet's HBM
+    /// duplication. Walks the whole index: for scrapes, not the request path.
+    pub fn gpu_replication(&self) -> GpuReplication {
+        let mut out = GpuReplication::default();
+        for node in self.nodes.values() {
+            let copies = node
+                .holders
+                .iter()
+                .enumerate()
+                .filter(|(i, h)| {
+                    h.tier == Tier::Gpu
+                        && !node.holders[..*i]
+                            .iter()
+                            .any(|x| x.tier == Tier::Gpu && x.worker == h.worker)
+                })
+                .count() as u64;
+            if copies > 0 {
+                out.blocks += 1;
+                out.copies += copies;
+            }
+        }
+        out
     }
 
     /// A fingerprint of [`KvIndex::dump`]: equal for indexes holding the same blocks.

@@ -281,3 +281,24 @@ fn bisection_agrees_with_a_linear_walk_on_random_histories() {
         }
     }
 }
+
+#[test]
+fn gpu_replication_counts_one_copy_per_worker_and_ignores_other_tiers() {
+    let mut ix = index();
+    assert_eq!(ix.gpu_replication().duplicate_factor(), 0.0);
+    ix.apply(W0, &stored(None, blocks(1, 0..8), Tier::Gpu))
+        .unwrap();
+    ix.apply(W1, &stored(None, blocks(1, 0..4), Tier::Gpu))
+        .unwrap();
+    // A CPU copy is not HBM.
+    ix.apply(W1, &stored(Some(1003), blocks(1, 4..6), Tier::Cpu))
+        .unwrap();
+    assert_eq!(
+        ix.gpu_replication(),
+        GpuReplication {
+            blocks: 8,
+            copies: 12
+        }
+    );
+    assert_eq!(ix.gpu_replication().duplicate_factor(), 1.5);
+}

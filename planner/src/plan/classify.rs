@@ -24,6 +24,32 @@ pub enum StepClass {
     ColdResume,
 }
 
+impl StepClass {
+    /// Every class, for metrics that list them all.
+    pub const ALL: [StepClass; 7] = [
+        StepClass::NewLongPrefix,
+        StepClass::NewShortPrompt,
+        StepClass::SmallIncrement,
+        StepClass::LongToolOutput,
+        StepClass::DecodeContinuation,
+        StepClass::ForkedRollout,
+        StepClass::ColdResume,
+    ];
+
+    /// The class's name in plans and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepClass::NewLongPrefix => "new_long_prefix",
+            StepClass::NewShortPrompt => "new_short_prompt",
+            StepClass::SmallIncrement => "small_increment",
+            StepClass::LongToolOutput => "long_tool_output",
+            StepClass::DecodeContinuation => "decode_continuation",
+            StepClass::ForkedRollout => "forked_rollout",
+            StepClass::ColdResume => "cold_resume",
+        }
+    }
+}
+
 /// Thresholds between the classes, in tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct ClassThresholds {

@@ -38,6 +38,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, for metrics that list them all.
+    pub const ALL: [Action; 5] = [
+        Action::Colocate,
+        Action::RemotePrefill,
+        Action::ArtifactFetch,
+        Action::TailRecompute,
+        Action::Migrate,
+    ];
+
     /// The action's name in plans, metrics and the explain API.
     pub fn name(self) -> &'static str {
         match self {

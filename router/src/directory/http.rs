@@ -18,8 +18,15 @@ use ownerserve_ownership::Command;
 
 use super::Node;
 
-pub fn app(node: Arc<Node>, tokens: Arc<crate::auth::Tokens>) -> Router {
+pub fn app(
+    node: Arc<Node>,
+    tokens: Arc<crate::auth::Tokens>,
+    registry: Arc<prometheus::Registry>,
+) -> Router {
     let admin = super::admin::routes(node.clone(), tokens);
+    let metrics = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state((node.clone(), registry));
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
@@ -29,6 +36,20 @@ pub fn app(node: Arc<Node>, tokens: Arc<crate::auth::Tokens>) -> Router {
         .route("/directory/v1/cluster", get(cluster))
         .with_state(node)
         .merge(admin)
+        .merge(metrics)
+}
+
+/// `GET /metrics`: the node's directory and Raft metrics, read now.
+async fn metrics(State((n, registry)): State<(Arc<Node>, Arc<prometheus::Registry>)>) -> Response {
+    n.metrics.refresh(&n);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
+        crate::metrics::render(&registry),
+    )
+        .into_response()
 }
 
 async fn append(

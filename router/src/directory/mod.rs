@@ -29,6 +29,8 @@ use ownerserve_ownership::raft::{NodeId, Raft};
 use ownerserve_ownership::{Command, Envelope};
 
 use crate::cli::{bind, cancel_on_signal, say};
+use crate::metrics::directory::{command_names, DirectoryMetrics};
+use crate::metrics::http::HttpMetrics;
 
 /// Flags of `ownerserve directory`.
 #[derive(Debug, clap::Args)]
@@ -106,6 +108,8 @@ pub struct Node {
     pub faults: ownerserve_ownership::raft::network::Faults,
     /// Client for forwarding writes that reach a follower to the leader.
     pub forwarder: reqwest::Client,
+    /// The node's metrics (registered in its process's registry).
+    pub metrics: DirectoryMetrics,
 }
 
 /// Why a read barrier failed.
@@ -140,13 +144,21 @@ impl Node {
         openraft::raft::ClientWriteResponse<ownerserve_ownership::raft::TypeConfig>,
         openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>,
     > {
-        self.raft
+        let names = command_names(&command);
+        let started = std::time::Instant::now();
+        let written = self
+            .raft
             .client_write(Envelope {
                 now_ms: unix_ms(),
                 client,
                 command,
             })
-            .await
+            .await;
+        if let Ok(resp) = &written {
+            self.metrics
+                .applied(&names, resp.data.as_ref(), started.elapsed());
+        }
+        written
     }
 }
 
@@ -159,6 +171,8 @@ pub struct NodeSettings {
     pub init: bool,
     pub grace_ms: u64,
     pub tick_ms: u64,
+    /// Where the node counts its commands and reads its state at scrape time.
+    pub metrics: DirectoryMetrics,
 }
 
 impl Node {
@@ -200,6 +214,7 @@ impl Node {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap_or_default(),
+            metrics: s.metrics,
         });
         let single = s.nodes.len() == 1 && s.nodes.contains_key(&s.id);
         if s.init {
@@ -256,6 +271,8 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     cancel_on_signal(shutdown.clone())?;
     let tracker = tokio_util::task::TaskTracker::new();
+    let registry = prometheus::Registry::new();
+    let http_metrics = std::sync::Arc::new(HttpMetrics::register(&registry)?);
     let node = Node::start(
         NodeSettings {
             id: args.id,
@@ -264,6 +281,7 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
             init: args.init,
             grace_ms: args.grace_ms,
             tick_ms: args.tick_ms,
+            metrics: DirectoryMetrics::register(&registry)?,
         },
         &tracker,
         &shutdown,
@@ -281,10 +299,14 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
         listener.local_addr()?
     ));
     let tokens = Arc::new(tokens);
-    let mut app = http::app(node.clone(), tokens.clone());
+    let mut app = http::app(node.clone(), tokens.clone(), Arc::new(registry));
     if args.fault_injection {
         app = app.merge(http::fault_routes(node.clone(), tokens));
     }
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        http_metrics,
+        crate::request_id::track,
+    ));
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;

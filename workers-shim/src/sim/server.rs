@@ -318,6 +318,14 @@ async fn generate(
             st.next_id.fetch_add(1, Ordering::Relaxed)
         ),
     };
+    // The router sends one id on every leg of a step (prefill and decode), so this line
+    // ties an engine's work to the client request.
+    tracing::debug!(
+        request_id = %request_id,
+        prefill_leg = legs.serve_remote_decode,
+        kv_load = legs.load.is_some(),
+        "request received"
+    );
     let prefix = match endpoint {
         Endpoint::ChatCompletions => "chatcmpl",
         Endpoint::Completions => "cmpl",

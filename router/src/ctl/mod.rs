@@ -1,0 +1,220 @@
+//! `ownerserve ctl`: the operator API (`/admin/v1`) from the command line. Each subcommand
+//! is one API call; the answer is printed as a table (or key/value lines), or as the
+//! API's own JSON with `--json`. The token comes from `--token` or
+//! `OWNERSERVE_ADMIN_TOKEN`; API errors (401, 403, 404, ...) are printed with their
+//! meaning and the command exits non-zero.
+//!
+//! - [`client`]: the HTTP calls and their errors.
+//! - [`views`]: the tables for each answer; [`table`] lays them out.
+
+mod client;
+mod table;
+mod views;
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use axum::http::Method;
+use clap::Subcommand;
+use serde_json::Value;
+
+use crate::cli::say;
+use client::Api;
+
+/// Flags of `ownerserve ctl`.
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The router (or directory node) to talk to.
+    #[arg(
+        long,
+        global = true,
+        env = "OWNERSERVE_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    url: String,
+    /// Bearer token: admin, or read-only for the commands that only read.
+    #[arg(
+        long,
+        global = true,
+        env = "OWNERSERVE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum CtlCommand {
+    /// Prefix artifacts with their owner, epoch, copies and references (or one, by key).
+    Owners { key: Option<u64> },
+    /// Worker leases with their remaining TTL and attached keys (or one, by id).
+    Leases { id: Option<u64> },
+    /// Revoke a lease: its keys pass to a live copy-holder or are marked for recompute.
+    Revoke { id: u64 },
+    /// Sessions with their decode owner, epoch and forks (or one, by id).
+    Sessions { id: Option<String> },
+    /// Pin a session to its decode owner (`--off` unpins).
+    Pin {
+        id: String,
+        #[arg(long)]
+        off: bool,
+    },
+    /// End a session.
+    Release { id: String },
+    /// Move a session to the worker of another lease.
+    Transfer { id: String, lease: u64 },
+    /// Workers with health, drain, in-flight requests and scraped load (router only).
+    Workers,
+    /// Drain a worker: no new work; its sessions move off on their next step (router only).
+    Drain { name: String },
+    /// End a worker's drain (router only).
+    Undrain { name: String },
+    /// Raft status of the directory: leader, term, indexes, voters, learners.
+    Cluster,
+    /// The plan the router would choose for a chat request, with every candidate's costs,
+    /// without running it (router only). The body is read from `--file` or stdin.
+    Explain {
+        /// A chat-completions request body (JSON); `-` or none reads stdin.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// The session the step belongs to (`x-session-id`).
+        #[arg(long)]
+        session: Option<String>,
+        /// Explain the step as a fork of its session.
+        #[arg(long)]
+        fork: bool,
+    },
+}
+
+/// Runs one `ctl` command.
+pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
+    let api = Api::new(&args.url, args.token.clone())?;
+    let (answer, view): (Value, fn(&Value) -> String) = match args.command {
+        CtlCommand::Owners { key } => match key {
+            Some(k) => (
+                api.get(&format!("/admin/v1/owners/{k}")).await?,
+                views::owner,
+            ),
+            None => (api.get("/admin/v1/owners").await?, views::owners),
+        },
+        CtlCommand::Leases { id } => match id {
+            Some(i) => (
+                api.get(&format!("/admin/v1/leases/{i}")).await?,
+                views::lease,
+            ),
+            None => (api.get("/admin/v1/leases").await?, views::leases),
+        },
+        CtlCommand::Revoke { id } => (
+            api.call(Method::DELETE, &format!("/admin/v1/leases/{id}"), None, &[])
+                .await?,
+            views::write,
+        ),
+        CtlCommand::Sessions { id } => match id {
+            Some(i) => (
+                api.get(&format!("/admin/v1/sessions/{}", client::segment(&i)))
+                    .await?,
+                views::session,
+            ),
+            None => (api.get("/admin/v1/sessions").await?, views::sessions),
+        },
+        CtlCommand::Pin { id, off } => (
+            api.call(
+                Method::POST,
+                &format!("/admin/v1/sessions/{}/pin", client::segment(&id)),
+                Some(serde_json::json!({"pinned": !off})),
+                &[],
+            )
+            .await?,
+            views::write,
+        ),
+        CtlCommand::Release { id } => (
+            api.call(
+                Method::POST,
+                &format!("/admin/v1/sessions/{}/release", client::segment(&id)),
+                None,
+                &[],
+            )
+            .await?,
+            views::write,
+        ),
+        CtlCommand::Transfer { id, lease } => (
+            api.call(
+                Method::POST,
+                &format!("/admin/v1/sessions/{}/transfer", client::segment(&id)),
+                Some(serde_json::json!({"lease": lease})),
+                &[],
+            )
+            .await?,
+            views::write,
+        ),
+        CtlCommand::Workers => (api.get("/admin/v1/workers").await?, views::workers),
+        CtlCommand::Drain { name } => (
+            api.call(
+                Method::POST,
+                &format!("/admin/v1/workers/{}/drain", client::segment(&name)),
+                None,
+                &[],
+            )
+            .await?,
+            views::drain,
+        ),
+        CtlCommand::Undrain { name } => (
+            api.call(
+                Method::DELETE,
+                &format!("/admin/v1/workers/{}/drain", client::segment(&name)),
+                None,
+                &[],
+            )
+            .await?,
+            views::drain,
+        ),
+        CtlCommand::Cluster => (api.get("/admin/v1/cluster").await?, views::cluster),
+        CtlCommand::Explain {
+            file,
+            session,
+            fork,
+        } => {
+            let body = read_body(file.as_ref())?;
+            let mut headers = Vec::new();
+            if let Some(s) = session {
+                headers.push(("x-session-id", s));
+            }
+            if fork {
+                headers.push((crate::explain::FORK_HEADER, "true".to_owned()));
+            }
+            (
+                api.call(Method::POST, "/admin/v1/plan/explain", Some(body), &headers)
+                    .await?,
+                views::explain,
+            )
+        }
+    };
+    if args.json {
+        say(&serde_json::to_string_pretty(&answer)?);
+    } else {
+        say(view(&answer).trim_end());
+    }
+    Ok(())
+}
+
+/// The explain request's body, from a file or stdin.
+fn read_body(file: Option<&PathBuf>) -> anyhow::Result<Value> {
+    let text = match file.filter(|p| p.as_os_str() != "-") {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?
+        }
+        None => {
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("cannot read the request body from stdin")?;
+            s
+        }
+    };
+    serde_json::from_str(&text).context("the request body is not JSON")
+}

@@ -1,0 +1,35 @@
+//! Logs: `tracing` events to stderr, as text or as JSON lines (one object per event, with
+//! the request span's fields such as `request_id`), filtered by `OWNERSERVE_LOG`
+//! (`info` by default; e.g. `OWNERSERVE_LOG=debug,openraft=warn`).
+
+use serde::Deserialize;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// Installs the process's subscriber (once; later calls change nothing).
+pub fn init(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_env("OWNERSERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // Fails only when a subscriber is already installed, which is then kept.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
+}

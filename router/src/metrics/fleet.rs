@@ -1,0 +1,228 @@
+//! The fleet as the router sees it, read at scrape time: each worker's health, drain,
+//! in-flight requests and predicted KV blocks, the load and KV usage scraped from its
+//! engine, its KV-event stream (batches, events, gaps, replays, restarts), and the KV
+//! index (blocks per worker, distinct blocks, HBM duplicate factor).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+use ownerserve_shim::kv_events::subscriber::SubscriberStats;
+
+use super::{counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter};
+use crate::kv::KvRouting;
+use crate::registry::Registry as Workers;
+
+/// A counter read from a subscriber's stats.
+type EventCounter = (
+    &'static str,
+    &'static str,
+    fn(&SubscriberStats) -> &AtomicU64,
+);
+
+const EVENT_COUNTERS: [EventCounter; 7] = [
+    (
+        "ownerserve_kv_event_batches_total",
+        "KV-event batches received from the worker's engine.",
+        |s| &s.batches,
+    ),
+    (
+        "ownerserve_kv_events_total",
+        "KV events received from the worker's engine.",
+        |s| &s.events,
+    ),
+    (
+        "ownerserve_kv_event_gaps_total",
+        "Sequence gaps detected in the worker's KV-event stream.",
+        |s| &s.gaps,
+    ),
+    (
+        "ownerserve_kv_event_malformed_total",
+        "KV-event messages that could not be decoded.",
+        |s| &s.malformed,
+    ),
+    (
+        "ownerserve_kv_event_replayed_batches_total",
+        "KV-event batches recovered through the engine's replay socket after a gap.",
+        |s| &s.replayed_batches,
+    ),
+    (
+        "ownerserve_kv_event_missing_history_total",
+        "Gaps the replay socket could no longer fill (the worker's index was rebuilt).",
+        |s| &s.missing_history,
+    ),
+    (
+        "ownerserve_kv_engine_restarts_total",
+        "Engine restarts detected in the worker's KV-event stream.",
+        |s| &s.restarts,
+    ),
+];
+
+/// The fleet's gauges and counters.
+#[derive(Debug, Clone)]
+pub struct FleetMetrics {
+    healthy: IntGaugeVec,
+    draining: IntGaugeVec,
+    in_flight: IntGaugeVec,
+    active_blocks: IntGaugeVec,
+    running: GaugeVec,
+    waiting: GaugeVec,
+    kv_usage: GaugeVec,
+    indexed_blocks: IntGaugeVec,
+    index_blocks: IntGauge,
+    index_gpu_blocks: IntGauge,
+    duplicate_factor: Gauge,
+    events: Vec<IntCounterVec>,
+    index_changes: IntCounterVec,
+    index_rejected: IntCounter,
+}
+
+impl FleetMetrics {
+    /// Registers the fleet metrics.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let per_worker = &["worker", "role"];
+        let events = EVENT_COUNTERS
+            .iter()
+            .map(|(name, help, _)| counter_vec(registry, name, help, &["worker"]))
+            .collect::<prometheus::Result<Vec<_>>>()?;
+        Ok(Self {
+            healthy: int_gauge_vec(
+                registry,
+                "ownerserve_worker_healthy",
+                "1 while the worker passes its health checks.",
+                per_worker,
+            )?,
+            draining: int_gauge_vec(
+                registry,
+                "ownerserve_worker_draining",
+                "1 while an operator drains the worker.",
+                per_worker,
+            )?,
+            in_flight: int_gauge_vec(
+                registry,
+                "ownerserve_worker_in_flight_requests",
+                "Requests the router has sent to the worker that have not finished.",
+                per_worker,
+            )?,
+            active_blocks: int_gauge_vec(
+                registry,
+                "ownerserve_worker_active_kv_blocks",
+                "KV blocks of the router's requests in flight at the worker (the router's prediction).",
+                per_worker,
+            )?,
+            running: gauge_vec(
+                registry,
+                "ownerserve_worker_running_requests",
+                "Requests running on the worker's engine, as last scraped from its /metrics.",
+                per_worker,
+            )?,
+            waiting: gauge_vec(
+                registry,
+                "ownerserve_worker_waiting_requests",
+                "Requests queued on the worker's engine, as last scraped from its /metrics.",
+                per_worker,
+            )?,
+            kv_usage: gauge_vec(
+                registry,
+                "ownerserve_worker_kv_usage_ratio",
+                "KV-cache usage of the worker's engine (0..1), as last scraped from its /metrics.",
+                per_worker,
+            )?,
+            indexed_blocks: int_gauge_vec(
+                registry,
+                "ownerserve_kv_index_worker_blocks",
+                "Blocks the router's KV index holds for the worker (any tier).",
+                &["worker"],
+            )?,
+            index_blocks: int_gauge(
+                registry,
+                "ownerserve_kv_index_blocks",
+                "Distinct blocks in the router's KV index (any tier).",
+            )?,
+            index_gpu_blocks: int_gauge(
+                registry,
+                "ownerserve_kv_index_gpu_blocks",
+                "Distinct blocks of the router's KV index held in some worker's GPU memory.",
+            )?,
+            duplicate_factor: gauge(
+                registry,
+                "ownerserve_hbm_duplicate_factor",
+                "GPU copies per distinct KV block across the fleet, from the KV index (1: no duplication; 0: empty).",
+            )?,
+            events,
+            index_changes: counter_vec(
+                registry,
+                "ownerserve_kv_index_block_changes_total",
+                "Blocks the KV index stored, removed, pruned (over its size cap) or expired (approximate entries).",
+                &["change"],
+            )?,
+            index_rejected: counter(
+                registry,
+                "ownerserve_kv_index_events_rejected_total",
+                "KV events the index refused (unknown parent, wrong block size).",
+            )?,
+        })
+    }
+
+    /// Reads the workers and the KV index into the metrics.
+    pub fn refresh(&self, workers: &Workers, kv: &KvRouting) {
+        let ix = kv.index.lock();
+        for w in workers.all() {
+            let labels = [w.spec.name.as_str(), w.spec.role.as_str()];
+            self.healthy
+                .with_label_values(&labels)
+                .set(i64::from(w.is_healthy()));
+            self.draining
+                .with_label_values(&labels)
+                .set(i64::from(w.is_draining()));
+            self.in_flight
+                .with_label_values(&labels)
+                .set(i64::from(w.in_flight()));
+            self.active_blocks
+                .with_label_values(&labels)
+                .set(i64::try_from(w.active_blocks()).unwrap_or(i64::MAX));
+            match w.load() {
+                Some(load) => {
+                    self.running.with_label_values(&labels).set(load.running);
+                    self.waiting.with_label_values(&labels).set(load.waiting);
+                    self.kv_usage.with_label_values(&labels).set(load.kv_usage);
+                }
+                // An unknown load is no sample, not a stale or zero one.
+                None => {
+                    for g in [&self.running, &self.waiting, &self.kv_usage] {
+                        let _ = g.remove_label_values(&labels);
+                    }
+                }
+            }
+            self.indexed_blocks
+                .with_label_values(&[&w.spec.name])
+                .set(i64::try_from(ix.worker_blocks(w.id)).unwrap_or(i64::MAX));
+        }
+        let replication = ix.gpu_replication();
+        self.index_gpu_blocks
+            .set(i64::try_from(replication.blocks).unwrap_or(i64::MAX));
+        self.index_blocks
+            .set(i64::try_from(ix.len()).unwrap_or(i64::MAX));
+        self.duplicate_factor.set(replication.duplicate_factor());
+        let stats = ix.stats();
+        drop(ix);
+        for (change, total) in [
+            ("stored", stats.blocks_stored),
+            ("removed", stats.blocks_removed),
+            ("pruned", stats.blocks_pruned),
+            ("expired", stats.blocks_expired),
+        ] {
+            sync_counter(&self.index_changes.with_label_values(&[change]), total);
+        }
+        sync_counter(&self.index_rejected, stats.events_rejected);
+        for (id, s) in kv.event_stats() {
+            let Some(w) = workers.get(id) else { continue };
+            for (vec, (_, _, read)) in self.events.iter().zip(EVENT_COUNTERS) {
+                sync_counter(
+                    &vec.with_label_values(&[&w.spec.name]),
+                    read(s).load(Ordering::Relaxed),
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! What the router decides and moves, counted on the request path: plans executed by
+//! action (every policy), the cost planner's decisions by action and step class with
+//! each cost term summed, fallbacks, where a known session's step ran against its
+//! directory owner, KV bytes moved by kind, migrations, demotions, queue time and time to
+//! first token.
+
+use std::time::Duration;
+
+use prometheus::{CounterVec, Histogram, HistogramVec, IntCounter, IntCounterVec, Registry};
+
+use ownerserve_planner::plan::{Action, Plan, StepClass};
+
+use super::{counter, counter_vec, float_counter_vec, histogram_vec, LATENCY_BUCKETS};
+
+/// The cost terms of a plan, each in (weighted) seconds so they add up to its total.
+pub const COST_TERMS: [&str; 6] = [
+    "queue",
+    "compute",
+    "network",
+    "restore",
+    "hbm",
+    "interference",
+];
+
+/// Where a step of a session ran, against the directory's decode owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On the owner (an owner hit).
+    Owner,
+    /// Elsewhere (a move, a fork off the owner, or a fallback).
+    Elsewhere,
+    /// The directory knew no owner for the session yet.
+    Unowned,
+}
+
+impl Placement {
+    const ALL: [Placement; 3] = [Placement::Owner, Placement::Elsewhere, Placement::Unowned];
+
+    fn name(self) -> &'static str {
+        match self {
+            Placement::Owner => "owner",
+            Placement::Elsewhere => "elsewhere",
+            Placement::Unowned => "unowned",
+        }
+    }
+}
+
+/// Kinds of KV movement between workers.
+pub const KV_MOVES: [&str; 3] = ["remote_prefill", "artifact_fetch", "migrate"];
+
+/// The router's decision and movement metrics.
+#[derive(Debug, Clone)]
+pub struct ProxyMetrics {
+    policy: String,
+    plans: IntCounterVec,
+    fallbacks: IntCounterVec,
+    decisions: IntCounterVec,
+    cost: CounterVec,
+    session_steps: IntCounterVec,
+    kv_moved: IntCounterVec,
+    migrations: IntCounter,
+    demotions: IntCounter,
+    queue_time: HistogramVec,
+    ttft: HistogramVec,
+}
+
+impl ProxyMetrics {
+    /// Registers the metrics of a router running `policy`; every label set starts at zero.
+    pub fn register(registry: &Registry, policy: &str) -> prometheus::Result<Self> {
+        let m = Self {
+            policy: policy.to_owned(),
+            plans: counter_vec(
+                registry,
+                "ownerserve_plans_total",
+                "Plans executed, by policy and action (baselines map to the action they amount to).",
+                &["policy", "action"],
+            )?,
+            fallbacks: counter_vec(
+                registry,
+                "ownerserve_plan_fallbacks_total",
+                "Plans whose KV transfer leg failed and were recomputed on the decode worker.",
+                &["policy", "action"],
+            )?,
+            decisions: counter_vec(
+                registry,
+                "ownerserve_planner_decisions_total",
+                "Cost-planner decisions, by chosen action and step class.",
+                &["action", "class"],
+            )?,
+            cost: float_counter_vec(
+                registry,
+                "ownerserve_planner_cost_seconds_total",
+                "Sum of the chosen plans' cost terms in seconds (hbm and interference weighted by lambda and mu), by action and term.",
+                &["action", "term"],
+            )?,
+            session_steps: counter_vec(
+                registry,
+                "ownerserve_session_steps_total",
+                "Routed steps of sessions, by where they ran against the directory's decode owner (owner, elsewhere, unowned).",
+                &["placement"],
+            )?,
+            kv_moved: counter_vec(
+                registry,
+                "ownerserve_kv_moved_bytes_total",
+                "KV bytes moved between workers, as the receiving workers reported, by kind.",
+                &["kind"],
+            )?,
+            migrations: counter(
+                registry,
+                "ownerserve_migrations_total",
+                "Sessions whose ownership moved after their KV was copied to the target.",
+            )?,
+            demotions: counter(
+                registry,
+                "ownerserve_session_demotions_total",
+                "Idle sessions demoted when their lease lapsed.",
+            )?,
+            queue_time: histogram_vec(
+                registry,
+                "ownerserve_request_queue_time_seconds",
+                "Time from a request's arrival until its decode leg is sent: planning, directory lookup and any prefill, pull or migration leg.",
+                &["action"],
+                LATENCY_BUCKETS,
+            )?,
+            ttft: histogram_vec(
+                registry,
+                "ownerserve_time_to_first_token_seconds",
+                "Time from a request's arrival until the first byte of the decode worker's response reached the router.",
+                &["action"],
+                LATENCY_BUCKETS,
+            )?,
+        };
+        for a in Action::ALL {
+            let action = a.name();
+            m.plans.with_label_values(&[policy, action]);
+            m.fallbacks.with_label_values(&[policy, action]);
+            m.queue_time.with_label_values(&[action]);
+            m.ttft.with_label_values(&[action]);
+            for c in StepClass::ALL {
+                m.decisions.with_label_values(&[action, c.name()]);
+            }
+            for term in COST_TERMS {
+                m.cost.with_label_values(&[action, term]);
+            }
+        }
+        for p in Placement::ALL {
+            m.session_steps.with_label_values(&[p.name()]);
+        }
+        for kind in KV_MOVES {
+            m.kv_moved.with_label_values(&[kind]);
+        }
+        Ok(m)
+    }
+
+    /// A plan was executed.
+    pub fn plan(&self, a: Action) {
+        self.plans
+            .with_label_values(&[&self.policy, a.name()])
+            .inc();
+    }
+
+    /// A plan's transfer leg failed and the decode worker recomputed instead.
+    pub fn fallback(&self, a: Action) {
+        self.fallbacks
+            .with_label_values(&[&self.policy, a.name()])
+            .inc();
+    }
+
+    /// The cost planner chose `plan`.
+    pub fn decided(&self, plan: &Plan, weights: ownerserve_planner::plan::Weights) {
+        let action = plan.chosen.action.name();
+        self.decisions
+            .with_label_values(&[action, plan.class.name()])
+            .inc();
+        let c = &plan.chosen.cost;
+        let terms = [
+            c.queue_s,
+            c.compute_s,
+            c.network_s,
+            c.restore_s,
+            weights.lambda_s_per_gb * c.hbm_bytes / 1e9,
+            weights.mu * c.interference_s,
+        ];
+        for (term, v) in COST_TERMS.iter().zip(terms) {
+            if v.is_finite() && v > 0.0 {
+                self.cost.with_label_values(&[action, term]).inc_by(v);
+            }
+        }
+    }
+
+    /// A step of a session ran, placed as `p` against its owner.
+    pub fn session_step(&self, p: Placement) {
+        self.session_steps.with_label_values(&[p.name()]).inc();
+    }
+
+    /// KV bytes the decode worker of a step executed as `a` reported receiving (a
+    /// migration's copy is counted by [`ProxyMetrics::migrated`]).
+    pub fn kv_received(&self, a: Action, bytes: u64) {
+        let kind = match a {
+            Action::RemotePrefill => "remote_prefill",
+            Action::ArtifactFetch => "artifact_fetch",
+            Action::Migrate | Action::TailRecompute | Action::Colocate => return,
+        };
+        if bytes > 0 {
+            self.kv_moved.with_label_values(&[kind]).inc_by(bytes);
+        }
+    }
+
+    /// A session's ownership moved after its KV was copied (`bytes`).
+    pub fn migrated(&self, bytes: u64) {
+        self.migrations.inc();
+        if bytes > 0 {
+            self.kv_moved.with_label_values(&["migrate"]).inc_by(bytes);
+        }
+    }
+
+    /// An idle session's lease lapsed and it was demoted.
+    pub fn demoted(&self) {
+        self.demotions.inc();
+    }
+
+    /// The decode leg of a step executed as `a` goes out `after` its arrival.
+    pub fn dispatched(&self, a: Action, after: Duration) {
+        self.queue_time
+            .with_label_values(&[a.name()])
+            .observe(after.as_secs_f64());
+    }
+
+    /// The time-to-first-token histogram of steps executed as `a`.
+    pub fn ttft(&self, a: Action) -> Histogram {
+        self.ttft.with_label_values(&[a.name()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+    use super::*;
+
+    #[test]
+    fn counts_render_by_action_and_every_label_set_starts_at_zero() {
+        let registry = Registry::new();
+        let m = ProxyMetrics::register(&registry, "ownerserve").unwrap();
+        m.plan(Action::Migrate);
+        m.plan(Action::Migrate);
+        m.fallback(Action::RemotePrefill);
+        m.migrated(10);
+        m.kv_received(Action::RemotePrefill, 7);
+        m.session_step(Placement::Owner);
+        let text = super::super::render(&registry);
+        for line in [
+            "ownerserve_plans_total{action=\"migrate\",policy=\"ownerserve\"} 2",
+            "ownerserve_plans_total{action=\"colocate\",policy=\"ownerserve\"} 0",
+            "ownerserve_plan_fallbacks_total{action=\"remote_prefill\",policy=\"ownerserve\"} 1",
+            "ownerserve_kv_moved_bytes_total{kind=\"migrate\"} 10",
+            "ownerserve_kv_moved_bytes_total{kind=\"remote_prefill\"} 7",
+            "ownerserve_migrations_total 1",
+            "ownerserve_session_steps_total{placement=\"owner\"} 1",
+            "ownerserve_session_steps_total{placement=\"elsewhere\"} 0",
+            "ownerserve_planner_decisions_total{action=\"colocate\",class=\"cold_resume\"} 0",
+            "ownerserve_planner_cost_seconds_total{action=\"migrate\",term=\"network\"} 0",
+            "# TYPE ownerserve_session_demotions_total counter",
+            "# TYPE ownerserve_time_to_first_token_seconds histogram",
+        ] {
+            assert!(text.contains(line), "missing {line}\n{text}");
+        }
+    }
+}

@@ -1,0 +1,60 @@
+//! The router's `GET /metrics` and `GET /metrics/targets` (the workers, for Prometheus's
+//! HTTP service discovery), and the registry they serve.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use super::fleet::FleetMetrics;
+use super::http::HttpMetrics;
+use crate::server::AppState;
+
+/// The router's metrics registry: the proxy's counters, the fleet read at scrape time,
+/// and the HTTP middleware's counters.
+pub struct Telemetry {
+    pub registry: prometheus::Registry,
+    pub fleet: FleetMetrics,
+    pub http: Arc<HttpMetrics>,
+}
+
+/// `GET /metrics`: the fleet and the embedded directory read now, then the exposition.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    st.telemetry.fleet.refresh(&st.registry, &st.kv);
+    if let Some(node) = &st.directory {
+        node.metrics.refresh(node);
+    }
+    (
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        crate::metrics::render(&st.telemetry.registry),
+    )
+        .into_response()
+}
+
+/// `GET /metrics/targets`: the workers' `/metrics` as a Prometheus HTTP service-discovery
+/// list (`http_sd_configs`), labelled with each worker's name and role, so a Prometheus
+/// scrapes the engines of whatever fleet the router fronts (`ownerserve up` starts them on
+/// free ports).
+pub async fn targets(State(st): State<Arc<AppState>>) -> Response {
+    let groups: Vec<_> = st
+        .registry
+        .all()
+        .iter()
+        .filter_map(|w| {
+            let (host, port) = w.spec.host_port()?;
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host
+            };
+            Some(json!({
+                "targets": [format!("{host}:{port}")],
+                "labels": {"worker": w.spec.name, "role": w.spec.role.as_str(), "engine": w.spec.engine.as_str()},
+            }))
+        })
+        .collect();
+    Json(groups).into_response()
+}
