@@ -1,10 +1,11 @@
-//! The oracle: a clairvoyant placement policy for the simulator. It knows every session's
-//! future (how many steps, the largest context it will reach, its forks), so it can place
-//! each new session once, balancing the KV memory sessions will hold over their lifetime,
-//! and then keep every later step where its KV already is: nothing is copied, migrated or
-//! recomputed because of a bad early choice. Long first prefills go to a prefill worker
-//! when the fleet has one and its queue is empty (the simulator's load is exact). It is a heuristic with perfect knowledge, not a proven optimum:
-//! it bounds what placement alone can buy, which is what the baselines differ in.
+//! The oracle: a clairvoyant reference policy for the simulator. It reads the simulator's
+//! exact state (every engine's queued prefill work and cached blocks, not a scraped or
+//! event-fed view) and knows every session's future (how far its context will grow, how
+//! many steps remain, which forks follow). Each step goes to the worker where it would
+//! start soonest: queued prefill tokens plus its own uncached tokens, plus a share of the
+//! KV the sessions already placed there will still grow to. Long prefills go to a prefill
+//! worker whose queue is empty. It is a greedy heuristic with perfect information, not a
+//! proven optimum; `docs/EVALUATION.md` says where other policies beat it.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -32,6 +33,7 @@ pub struct Oracle {
     futures: HashMap<String, Future>,
     /// Fork children of each parent session, in the order they will be issued.
     children: HashMap<String, VecDeque<String>>,
+    /// Each placed session's first worker and steps seen.
     placed: HashMap<String, (WorkerId, usize)>,
     /// Lifetime KV (tokens) of the live sessions placed on each worker.
     committed: HashMap<WorkerId, u64>,
@@ -77,14 +79,6 @@ impl Oracle {
         self.committed.get(&w).copied().unwrap_or(0)
     }
 
-    /// The decode-capable worker with the least committed lifetime KV.
-    fn emptiest<'a>(&self, workers: &'a [WorkerView]) -> Option<&'a WorkerView> {
-        let full = workers
-            .iter()
-            .filter(|w| w.takes_work() && w.role.serves_full_requests());
-        full.min_by_key(|w| (self.load(w.id), w.active_prefill_tokens, w.id.0))
-    }
-
     /// Counts a step of `session` on `worker`; its KV is released after its last step.
     fn account(&mut self, session: &str, worker: WorkerId) {
         let Some(f) = self.futures.get(session).cloned() else {
@@ -115,46 +109,26 @@ impl Policy for Oracle {
     ) -> Result<Decision, PolicyError> {
         let name = req.session.unwrap_or_default().to_owned();
         // A fork names its parent; the child it starts is the parent's next one.
-        let (session, parent) = if req.fork {
-            let child = self
-                .children
+        let session = if req.fork {
+            self.children
                 .get_mut(&name)
                 .and_then(VecDeque::pop_front)
-                .unwrap_or_else(|| name.clone());
-            (child, Some(name))
+                .unwrap_or(name)
         } else {
-            (name, None)
+            name
         };
-        let home = self
-            .placed
-            .get(&session)
-            .map(|p| p.0)
-            .filter(|w| workers.iter().any(|v| v.id == *w && v.takes_work()));
-        let decision = match home {
-            Some(w) => Decision::single(w),
-            None => {
-                let parent_home = parent
-                    .as_ref()
-                    .and_then(|p| self.placed.get(p))
-                    .map(|p| p.0);
-                let target = self.emptiest(workers).ok_or(PolicyError::NoHealthyWorker)?;
-                match parent_home {
-                    // A fork stays with its parent unless the parent's worker is fuller.
-                    Some(p) if self.load(p) <= self.load(target.id) + target_slack(req) => {
-                        Decision::single(p)
-                    }
-                    Some(p) => Decision {
-                        worker: target.id,
-                        dispatch: Dispatch::Fetch {
-                            source: p,
-                            tokens: u64::from(req.prompt_tokens),
-                        },
-                        plan: None,
-                    },
-                    None => self.first_step(req, workers, target.id),
-                }
-            }
-        };
+        let block = u64::from(req.block_size);
+        let prompt = u64::from(req.prompt_tokens);
+        let fresh = |w: &WorkerView| prompt.saturating_sub(u64::from(w.cached_blocks) * block);
+        // Exact work ahead of this prompt there, plus its own uncached part, plus a share
+        // of the KV the sessions placed there will still grow to (the future it knows).
+        let cost = |w: &WorkerView| w.active_prefill_tokens + fresh(w) + self.load(w.id) / 16;
+        let target = workers
+            .iter()
+            .filter(|w| w.takes_work() && w.role.serves_full_requests())
+            .min_by_key(|w| (cost(w), w.id.0))
+            .ok_or(PolicyError::NoHealthyWorker)?;
+        let decision = self.split(fresh(target), workers, target.id);
         self.account(&session, decision.worker);
         Ok(decision)
     }
@@ -169,12 +143,8 @@ impl Policy for Oracle {
 }
 
 impl Oracle {
-    /// A session's first step: long prompts are prefilled remotely if the fleet can.
-    fn first_step(&self, req: &RouteRequest<'_>, workers: &[WorkerView], d: WorkerId) -> Decision {
-        let cached = workers.iter().find(|w| w.id == d).map_or(0, |w| {
-            u64::from(w.cached_blocks) * u64::from(req.block_size)
-        });
-        let fresh = u64::from(req.prompt_tokens).saturating_sub(cached);
+    /// Long prefills go to a prefill worker whose queue is empty, if the fleet has one.
+    fn split(&self, fresh: u64, workers: &[WorkerView], d: WorkerId) -> Decision {
         // The simulator's load is exact, not scraped: a prefill worker with a queue would
         // delay this prompt, so only an idle-queued one takes it.
         let queued = |w: &WorkerView| w.load.map_or(0.0, |l| l.waiting);
@@ -191,11 +161,6 @@ impl Oracle {
             _ => Decision::single(d),
         }
     }
-}
-
-/// How much more a fork's parent worker may hold than the emptiest before the fork moves.
-fn target_slack(req: &RouteRequest<'_>) -> u64 {
-    u64::from(req.prompt_tokens)
 }
 
 #[cfg(test)]
@@ -258,19 +223,31 @@ mod tests {
     }
 
     #[test]
-    fn sessions_spread_by_lifetime_kv_then_stay_put() {
+    fn sessions_spread_by_lifetime_kv_and_follow_their_cache() {
         let mut o = Oracle::new(&workload());
-        let ws = [
+        let idle = [
             WorkerView::idle(WorkerId(0), Role::Decode),
             WorkerView::idle(WorkerId(1), Role::Decode),
         ];
-        let a = o.choose(&req("a", false), &ws).expect("placed").worker;
-        let b = o.choose(&req("b", false), &ws).expect("placed").worker;
-        assert_ne!(a, b, "the second session goes to the emptier worker");
-        assert_eq!(o.choose(&req("a", false), &ws).expect("placed").worker, a);
-        // The fork of `a` stays with `a`: b's worker is no emptier by more than the prompt.
-        let c = o.choose(&req("a", true), &ws).expect("placed");
-        assert_eq!(c.worker, a);
-        assert_eq!(c.dispatch, Dispatch::Single);
+        let a = o.choose(&req("a", false), &idle).expect("placed").worker;
+        let b = o.choose(&req("b", false), &idle).expect("placed").worker;
+        assert_ne!(a, b, "the second session goes where less KV is committed");
+        // a's worker caches its prompt: its next step and its fork stay there.
+        let cached = idle.map(|w| WorkerView {
+            cached_blocks: if w.id == a { 6 } else { 0 },
+            ..w
+        });
+        assert_eq!(
+            o.choose(&req("a", false), &cached).expect("placed").worker,
+            a
+        );
+        let c = o.choose(&req("a", true), &cached).expect("placed");
+        assert_eq!((c.worker, c.dispatch), (a, Dispatch::Single));
+        // Queued prefill work elsewhere outweighs nothing here.
+        let busy = cached.map(|w| WorkerView {
+            active_prefill_tokens: if w.id == a { 10_000 } else { 0 },
+            ..w
+        });
+        assert_eq!(o.choose(&req("b", false), &busy).expect("placed").worker, b);
     }
 }
