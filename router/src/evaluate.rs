@@ -8,7 +8,7 @@ use anyhow::Context;
 
 use ownerserve_eval::agreement::Agreement;
 use ownerserve_eval::replay::{self, ReplayOptions};
-use ownerserve_eval::report::{self, markdown_table, summary_line, ALL_POLICIES};
+use ownerserve_eval::report::{self, all_policies, markdown_table, summary_line};
 use ownerserve_eval::scenario::WorkloadSpec;
 use ownerserve_eval::sim::{Cluster, SimOptions};
 use ownerserve_shim::sim::config::SimSettings;
@@ -135,7 +135,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 
 fn policies(list: &str) -> Vec<String> {
     if list == "all" {
-        ALL_POLICIES.iter().map(|s| (*s).to_owned()).collect()
+        all_policies()
     } else {
         list.split(',')
             .map(|s| s.trim().to_owned())

@@ -17,18 +17,15 @@ use crate::progress::Progress;
 use crate::sim::{simulate, Cluster, ClusterError, RunResult, SimOptions};
 use crate::workload::Workload;
 
-/// Every policy the report compares: the baselines, OwnerServe and the oracle.
-pub const ALL_POLICIES: [&str; 9] = [
-    "round_robin",
-    "least_loaded",
-    "session_affinity",
-    "kv_aware",
-    "colocated",
-    "static_pd",
-    "conditional_pd",
-    "ownerserve",
-    "oracle",
-];
+/// Every policy the report compares: the router's (baselines and OwnerServe), then the
+/// oracle.
+pub fn all_policies() -> Vec<String> {
+    policy::POLICY_NAMES
+        .iter()
+        .chain(&["oracle"])
+        .map(|s| (*s).to_owned())
+        .collect()
+}
 
 /// Why a report could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -34,17 +34,8 @@ fn run(wl: &Workload, cluster: &str, name: &str) -> RunResult {
 #[test]
 fn every_policy_completes_every_step_of_the_swe_smith_sessions() {
     let wl = swe_smith();
-    for name in [
-        "round_robin",
-        "least_loaded",
-        "kv_aware",
-        "session_affinity",
-        "static_pd",
-        "colocated",
-        "conditional_pd",
-        "ownerserve",
-        "oracle",
-    ] {
+    for name in crate::report::all_policies() {
+        let name = name.as_str();
         let r = run(&wl, "1p3d", name);
         assert_eq!(r.steps.len(), wl.num_requests(), "{name}");
         assert_eq!(r.rejected(), 0, "{name}");
