@@ -361,7 +361,7 @@ impl<'w> Sim<'w> {
             .entry(decision.action().name().to_owned())
             .or_insert(0) += 1;
         self.count_hit(&decision, &cached);
-        self.record_directory(session, step, &decision, &hashes, &found);
+        self.record_directory(session, step, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
 
         let e = &mut self.engines[worker];
@@ -445,21 +445,11 @@ impl<'w> Sim<'w> {
         }
     }
 
-    /// The directory writes the router makes for a routed step.
-    fn record_directory(
-        &mut self,
-        session: usize,
-        step: usize,
-        d: &Decision,
-        hashes: &[u64],
-        found: &super::directory::Found,
-    ) {
+    /// The directory writes the router makes for a routed step. A migration's prefix
+    /// moves only once its KV has arrived (`arrived`), as the router flips it after the copy.
+    fn record_directory(&mut self, session: usize, step: usize, worker: WorkerId, hashes: &[u64]) {
         let (_, tracked) = self.names(session, step);
-        let w = d.worker;
-        self.dir.record(Some(tracked), hashes, w);
-        if let (Dispatch::Migrate { .. }, Some(key)) = (d.dispatch, found.artifact_key) {
-            self.dir.move_prefix(key, w);
-        }
+        self.dir.record(Some(tracked), hashes, worker);
     }
 
     fn start_idle_tracking(&mut self, session: usize, worker: usize, hashes: &[u64], now: f64) {
