@@ -71,21 +71,11 @@ impl Shared {
         tokio::time::sleep_until((self.start + wall).into()).await;
     }
 
-    /// The session name the router sees for a step, and the fork header's value.
-    fn names(&self, session: usize, step: usize) -> (String, Option<String>) {
-        let s = &self.wl.sessions[session];
-        let fork_step = step == 0 && s.steps.get(step).is_some_and(|st| st.fork);
-        match s.fork_of {
-            Some(f) if fork_step => (self.wl.sessions[f.session].id.clone(), Some(s.id.clone())),
-            _ => (s.id.clone(), None),
-        }
-    }
-
     /// Sends one step and measures it.
     async fn send(&self, session: usize, step: usize) -> StepRecord {
         let st = &self.wl.sessions[session].steps[step];
         let prompt = prompt_tokens(st, self.wl.hash_block);
-        let (name, fork) = self.names(session, step);
+        let (name, fork) = self.wl.route_names(session, step);
         let body = json!({
             "model": self.opts.model,
             "prompt": prompt,
@@ -204,18 +194,12 @@ pub async fn replay(
         .pool_max_idle_per_host(256)
         .build()
         .map_err(|e| ReplayError::Client(e.to_string()))?;
-    let mut children: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-    for (i, s) in wl.sessions.iter().enumerate() {
-        if let Some(f) = s.fork_of {
-            children.entry((f.session, f.step)).or_default().push(i);
-        }
-    }
     let shared = Arc::new(Shared {
         wl: wl.clone(),
         opts: opts.clone(),
         http,
         start: Instant::now(),
-        children,
+        children: wl.forks_by_step(),
         records: std::sync::Mutex::new(Vec::new()),
         done: AtomicU64::new(0),
         errors: std::sync::Mutex::new(Vec::new()),

@@ -129,12 +129,6 @@ impl<'w> Sim<'w> {
             .map(|(c, &r)| Engine::new(c, r))
             .collect();
         let block = configs.first().map_or(16, |c| c.scheduler.block_size);
-        let mut forks: HashMap<(usize, usize), Vec<usize>> = HashMap::new();
-        for (i, s) in wl.sessions.iter().enumerate() {
-            if let Some(f) = &s.fork_of {
-                forks.entry((f.session, f.step)).or_default().push(i);
-            }
-        }
         let template = GapLease::new(opts.lease_factor, opts.lease_min_ms, opts.lease_max_ms);
         let n = wl.sessions.len();
         Self {
@@ -157,7 +151,7 @@ impl<'w> Sim<'w> {
                 };
                 n
             ],
-            forks,
+            forks: wl.forks_by_step(),
             residency: Residency::new(opts.sample_every_s),
             block,
             model,
@@ -281,17 +275,6 @@ impl<'w> Sim<'w> {
         }
     }
 
-    /// The session name the router would see for a step, and the name it tracks.
-    fn names(&self, session: usize, step: usize) -> (&'w str, &'w str) {
-        let s = &self.wl.sessions[session];
-        let own = s.id.as_str();
-        let fork_step = s.steps.get(step).is_some_and(|st| st.fork) && step == 0;
-        match &s.fork_of {
-            Some(f) if fork_step => (self.wl.sessions[f.session].id.as_str(), own),
-            _ => (own, own),
-        }
-    }
-
     fn issue(&mut self, session: usize, step: usize) {
         let wl = self.wl;
         let Some(st) = wl.sessions.get(session).and_then(|s| s.steps.get(step)) else {
@@ -303,7 +286,7 @@ impl<'w> Sim<'w> {
         }
         let prompt: Arc<[u32]> = prompt_tokens(st, wl.hash_block).into();
         let hashes = prompt_hashes(&prompt, self.block as usize, XXH3_SEED);
-        let (route_session, _) = self.names(session, step);
+        let (route_session, _) = wl.route_names(session, step);
         let found = self
             .dir
             .lookup(Some(route_session), &hashes, u64::from(self.block));
@@ -361,7 +344,7 @@ impl<'w> Sim<'w> {
             .entry(decision.action().name().to_owned())
             .or_insert(0) += 1;
         self.count_hit(&decision, &cached);
-        self.record_directory(session, step, decision.worker, &hashes);
+        self.record_directory(session, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
 
         let e = &mut self.engines[worker];
@@ -447,8 +430,9 @@ impl<'w> Sim<'w> {
 
     /// The directory writes the router makes for a routed step. A migration's prefix
     /// moves only once its KV has arrived (`arrived`), as the router flips it after the copy.
-    fn record_directory(&mut self, session: usize, step: usize, worker: WorkerId, hashes: &[u64]) {
-        let (_, tracked) = self.names(session, step);
+    fn record_directory(&mut self, session: usize, worker: WorkerId, hashes: &[u64]) {
+        // The router tracks the child a fork starts, else the session itself.
+        let tracked = self.wl.sessions[session].id.as_str();
         self.dir.record(Some(tracked), hashes, worker);
     }
 

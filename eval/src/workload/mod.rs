@@ -130,6 +130,33 @@ impl Workload {
         check::check(self)
     }
 
+    /// The names a client sends for step `step` of session `session`: the session the
+    /// router sees (`x-session-id`) and, for a fork's first step, the child it starts
+    /// (`x-ownerserve-fork`), which names the parent session. The simulator and the live
+    /// replay both use this, so they route the same way.
+    pub fn route_names(&self, session: usize, step: usize) -> (&str, Option<&str>) {
+        let Some(s) = self.sessions.get(session) else {
+            return ("", None);
+        };
+        let fork_step = step == 0 && s.steps.first().is_some_and(|st| st.fork);
+        match s.fork_of.and_then(|f| self.sessions.get(f.session)) {
+            Some(parent) if fork_step => (parent.id.as_str(), Some(s.id.as_str())),
+            _ => (s.id.as_str(), None),
+        }
+    }
+
+    /// Fork sessions by the step they start after: `(session, step)` → child sessions.
+    pub fn forks_by_step(&self) -> std::collections::HashMap<(usize, usize), Vec<usize>> {
+        let mut out: std::collections::HashMap<(usize, usize), Vec<usize>> =
+            std::collections::HashMap::new();
+        for (i, s) in self.sessions.iter().enumerate() {
+            if let Some(f) = s.fork_of {
+                out.entry((f.session, f.step)).or_default().push(i);
+            }
+        }
+        out
+    }
+
     /// Iterates over every step with its session index, in session then step order.
     pub fn steps(&self) -> impl Iterator<Item = (usize, &Step)> {
         self.sessions
