@@ -23,7 +23,8 @@ pub struct SimulateArgs {
     /// Cluster: groups of `<count><p|d|h>` (prefill, decode, hybrid), e.g. 2p6d or 8h.
     #[arg(long, default_value = "2p6d")]
     cluster: String,
-    /// Policies to run, comma-separated, or `all` (every baseline, ownerserve, oracle).
+    /// Policies to run, comma-separated, or `all` (every baseline, ownerserve, oracle, and
+    /// `bound`, the lower bound no policy beats).
     #[arg(long, default_value = "all")]
     policy: String,
     /// Every worker's engine settings (the same flags `ownerserve sim-worker` takes).
@@ -125,9 +126,13 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     let cluster = Cluster::parse(&spec, &args.engine)?;
-    let policy = report::make_policy(&args.compare_policy, &wl, &cluster)?;
-    let sim =
-        ownerserve_eval::sim::simulate(&wl, &cluster, policy, &SimOptions::default(), &|_| {})?;
+    let sim = report::run_one(
+        &args.compare_policy,
+        &wl,
+        &cluster,
+        &SimOptions::default(),
+        &|_| {},
+    )?;
     say(&summary_line(&sim));
     say(&Agreement::of(&live.result, &sim).to_string());
     Ok(())

@@ -2,10 +2,10 @@
 //! the p99 TTFT of their steps stays within the SLO, found by doubling then bisecting the
 //! session count of a scaled workload.
 
-use crate::sim::{percentile, simulate, Cluster, RunResult, SimOptions};
+use crate::sim::{percentile, Cluster, RunResult, SimOptions};
 use crate::workload::{Workload, WorkloadError};
 
-use super::{make_policy, ReportError};
+use super::{run_one, ReportError};
 
 /// How to search.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,9 +32,8 @@ pub fn max_sessions(
 ) -> Result<usize, ReportError> {
     let ok = |n: usize| -> Result<bool, ReportError> {
         let wl = workload(n)?;
-        let p = make_policy(policy, &wl, cluster)?;
         Ok(meets(
-            &simulate(&wl, cluster, p, opts, &|_| {})?,
+            &run_one(policy, &wl, cluster, opts, &|_| {})?,
             search.slo_s,
         ))
     };
@@ -107,8 +106,7 @@ mod tests {
         // by much: it is a real boundary, not a default.
         if some > 0 {
             let wl = build(some).expect("builds");
-            let p = make_policy("round_robin", &wl, &cluster).expect("policy");
-            let r = simulate(&wl, &cluster, p, &opts, &|_| {}).expect("runs");
+            let r = run_one("round_robin", &wl, &cluster, &opts, &|_| {}).expect("runs");
             assert!(meets(&r, 0.5));
         }
     }

@@ -11,18 +11,19 @@ use std::path::{Path, PathBuf};
 
 use ownerserve_planner::policy::{self, Policy, PolicySettings};
 
+use crate::bound::{lower_bound, BOUND};
 use crate::oracle::Oracle;
 use crate::plot::{self, Series};
 use crate::progress::Progress;
 use crate::sim::{simulate, Cluster, ClusterError, RunResult, SimOptions};
 use crate::workload::Workload;
 
-/// Every policy the report compares: the router's (baselines and OwnerServe), then the
-/// oracle.
+/// Every row the report compares: the router's policies (baselines and OwnerServe), the
+/// oracle, then the lower bound no policy beats.
 pub fn all_policies() -> Vec<String> {
     policy::POLICY_NAMES
         .iter()
-        .chain(&["oracle"])
+        .chain(&["oracle", BOUND])
         .map(|s| (*s).to_owned())
         .collect()
 }
@@ -63,6 +64,24 @@ pub fn make_policy(
     policy::by_name(name, &settings).map_err(|_| ReportError::Policy(name.to_owned()))
 }
 
+/// One row of a report: `name` (a policy, `oracle`, or the [`BOUND`]) over `workload` on
+/// `cluster`; `progress` is told how many steps completed.
+pub fn run_one(
+    name: &str,
+    workload: &Workload,
+    cluster: &Cluster,
+    opts: &SimOptions,
+    progress: &dyn Fn(u64),
+) -> Result<RunResult, ReportError> {
+    if name == BOUND {
+        let r = lower_bound(workload, cluster)?;
+        progress(r.steps.len() as u64);
+        return Ok(r);
+    }
+    let p = make_policy(name, workload, cluster)?;
+    Ok(simulate(workload, cluster, p, opts, progress)?)
+}
+
 /// Runs each of `policies` over `workload` on `cluster`, with a progress bar.
 pub fn run_all(
     workload: &Workload,
@@ -79,10 +98,10 @@ pub fn run_all(
     );
     let mut out = Vec::new();
     for (i, name) in policies.iter().enumerate() {
-        let p = make_policy(name, workload, cluster)?;
         let base = per_run * i as u64;
-        let r = simulate(workload, cluster, p, opts, &|done| bar.set(base + done))?;
-        out.push(r);
+        out.push(run_one(name, workload, cluster, opts, &|done| {
+            bar.set(base + done)
+        })?);
     }
     bar.finish();
     Ok(out)
@@ -114,7 +133,9 @@ pub fn write_plots(dir: &Path, stem: &str, runs: &[RunResult]) -> Result<Vec<Str
         true,
     )?;
     let dup = format!("{stem}-duplicate-factor.png");
-    let series: Vec<Series<'_>> = runs
+    // The bound has no residency series and moves no KV: it only joins the CDF.
+    let simulated: Vec<&RunResult> = runs.iter().filter(|r| r.policy != BOUND).collect();
+    let series: Vec<Series<'_>> = simulated
         .iter()
         .map(|r| Series {
             label: &r.policy,
@@ -129,8 +150,13 @@ pub fn write_plots(dir: &Path, stem: &str, runs: &[RunResult]) -> Result<Vec<Str
         &series,
     )?;
     let bytes = format!("{stem}-kv-bytes.png");
-    let names: Vec<&str> = runs.iter().map(|r| r.policy.as_str()).collect();
-    let gb = |f: fn(&RunResult) -> u64| runs.iter().map(|r| f(r) as f64 / 1e9).collect::<Vec<_>>();
+    let names: Vec<&str> = simulated.iter().map(|r| r.policy.as_str()).collect();
+    let gb = |f: fn(&RunResult) -> u64| {
+        simulated
+            .iter()
+            .map(|r| f(r) as f64 / 1e9)
+            .collect::<Vec<_>>()
+    };
     let (p2d, fetch, mig) = (
         gb(|r| r.kv_bytes.prefill_to_decode),
         gb(|r| r.kv_bytes.fetch),

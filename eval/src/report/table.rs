@@ -24,6 +24,14 @@ fn ratio(x: f64) -> String {
     }
 }
 
+fn pct(x: f64) -> String {
+    if x.is_finite() {
+        format!("{:.0}%", x * 100.0)
+    } else {
+        "–".to_owned()
+    }
+}
+
 fn gb(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / 1e9)
 }
@@ -50,7 +58,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {}{} | {} / {} / {} | {:.0} / {:.0} | {} / {} | {} | {} / {} / {} | {} | {} | {:.0}% | {:.0}% | {} |",
+            "| {}{} | {} / {} / {} | {:.0} / {:.0} | {} / {} | {} | {} / {} / {} | {} | {} | {} | {} | {} |",
             r.policy,
             rejected,
             secs(percentile(&t, 0.5)),
@@ -66,8 +74,8 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
             gb(r.kv_bytes.migration),
             ratio(r.owner_hit_rate),
             ratio(r.decode_interference),
-            r.gpu_busy * 100.0,
-            r.reuse_ratio() * 100.0,
+            pct(r.gpu_busy),
+            pct(r.reuse_ratio()),
             actions.join(", "),
         );
     }
@@ -78,7 +86,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
 pub fn summary_line(r: &RunResult) -> String {
     let t = r.ttfts();
     format!(
-        "{:<16} ttft p50 {:>7}s p99 {:>7}s  e2e mean {:>7}s  dup {:>5}  kv {:>7} GB  hit {:>5}  busy {:>3.0}%  ({} steps, {:.2}s wall)",
+        "{:<16} ttft p50 {:>7}s p99 {:>7}s  e2e mean {:>7}s  dup {:>5}  kv {:>7} GB  hit {:>5}  busy {:>4}  ({} steps, {:.2}s wall)",
         r.policy,
         secs(percentile(&t, 0.5)),
         secs(percentile(&t, 0.99)),
@@ -86,7 +94,7 @@ pub fn summary_line(r: &RunResult) -> String {
         ratio(r.duplicate_factor),
         gb(r.kv_bytes.total()),
         ratio(r.owner_hit_rate),
-        r.gpu_busy * 100.0,
+        pct(r.gpu_busy),
         r.steps.len(),
         r.wall_s,
     )

@@ -3,9 +3,8 @@
 //! moved only by policies that move it).
 
 use super::*;
-use crate::oracle::Oracle;
+use crate::report::run_one;
 use crate::workload::{agentic, Workload};
-use ownerserve_planner::policy::{self, PolicySettings};
 use ownerserve_shim::sim::config::SimSettings;
 
 fn swe_smith() -> Workload {
@@ -18,17 +17,7 @@ fn swe_smith() -> Workload {
 
 fn run(wl: &Workload, cluster: &str, name: &str) -> RunResult {
     let c = Cluster::parse(cluster, &SimSettings::default()).expect("cluster");
-    let configs = c.build().expect("builds");
-    let settings = PolicySettings {
-        ownerserve: Cluster::planner_config(&configs),
-        ..PolicySettings::default()
-    };
-    let p: Box<dyn policy::Policy> = if name == "oracle" {
-        Box::new(Oracle::new(wl))
-    } else {
-        policy::by_name(name, &settings).expect("policy")
-    };
-    simulate(wl, &c, p, &SimOptions::default(), &|_| {}).expect("runs")
+    run_one(name, wl, &c, &SimOptions::default(), &|_| {}).expect("runs")
 }
 
 #[test]
@@ -41,10 +30,10 @@ fn every_policy_completes_every_step_of_the_swe_smith_sessions() {
         assert_eq!(r.rejected(), 0, "{name}");
         assert!(r.ttfts().iter().all(|t| *t > 0.0), "{name}");
         assert_eq!(r.session_e2e_s.len(), wl.sessions.len(), "{name}");
-        assert!(
-            r.makespan_s > 0.0 && r.gpu_busy > 0.0 && r.gpu_busy <= 1.0,
-            "{name}"
-        );
+        assert!(r.makespan_s > 0.0, "{name}");
+        if name != crate::bound::BOUND {
+            assert!(r.gpu_busy > 0.0 && r.gpu_busy <= 1.0, "{name}");
+        }
         assert!(r.duplicate_factor >= 1.0, "{name}");
     }
 }
