@@ -26,6 +26,10 @@ pub use matching::{MatchScratch, WorkerMatch};
 use crate::hash::{block_seed, local_block_hash, sequence_hash};
 use crate::ids::WorkerId;
 
+/// Approximate-mode expiries are rounded up to this many milliseconds (see
+/// [`KvIndex::insert_routed`]); entries may outlive their TTL by up to this much.
+pub const EXPIRY_GRAIN_MS: u64 = 1000;
+
 /// Limits and hashing parameters of an index.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvIndexConfig {
@@ -289,7 +293,7 @@ impl KvIndex {
         tier: Tier,
         engine_hash: u64,
         expires_at_ms: Option<u64>,
-    ) {
+    ) -> Option<Option<u64>> {
         self.tick += 1;
         let tick = self.tick;
         let fresh = !self.nodes.contains_key(&seq);
@@ -298,14 +302,14 @@ impl KvIndex {
             ..Node::default()
         });
         node.last_used = tick;
-        match node
+        let previous = match node
             .holders
             .iter_mut()
             .find(|h| h.worker == worker && h.tier == tier)
         {
             Some(h) => {
                 h.engine_hash = engine_hash;
-                h.expires_at_ms = expires_at_ms;
+                Some(std::mem::replace(&mut h.expires_at_ms, expires_at_ms))
             }
             None => {
                 node.holders.push(Holder {
@@ -315,8 +319,9 @@ impl KvIndex {
                     expires_at_ms,
                 });
                 node.recompute_prints();
+                None
             }
-        }
+        };
         if fresh {
             if let Some(p) = parent.and_then(|p| self.nodes.get_mut(&p)) {
                 p.children.push(seq);
@@ -326,6 +331,7 @@ impl KvIndex {
             .entry(worker)
             .or_default()
             .insert(engine_hash, seq);
+        previous
     }
 
     fn remove(&mut self, worker: WorkerId, block_ids: &[u64], tier: Tier) {
@@ -436,13 +442,37 @@ impl KvIndex {
     }
 
     /// Approximate mode: records that the router sent a request with these block hashes to
-    /// `worker`, valid until `now_ms + ttl_ms`.
+    /// `worker`, valid until `now_ms + ttl_ms` rounded up to [`EXPIRY_GRAIN_MS`].
+    ///
+    /// The rounding bounds the expiry queue: a block refreshed many times within one grain
+    /// keeps one queue entry instead of one per request, and a prompt routed again to the
+    /// same worker within the grain costs one lookup (its last block is held at least that
+    /// long, so every block before it is too: each insert refreshes the whole chain).
     pub fn insert_routed(&mut self, worker: WorkerId, hashes: &[u64], now_ms: u64, ttl_ms: u64) {
-        let expires = now_ms.saturating_add(ttl_ms);
+        let expires = now_ms
+            .saturating_add(ttl_ms)
+            .div_ceil(EXPIRY_GRAIN_MS)
+            .saturating_mul(EXPIRY_GRAIN_MS);
+        let Some(&last) = hashes.last() else {
+            return;
+        };
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(node) = self.nodes.get_mut(&last) {
+            let held = node.holders.iter().any(|h| {
+                h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires)
+            });
+            if held {
+                node.last_used = tick;
+                return;
+            }
+        }
         let mut prev = None;
         for &seq in hashes {
-            self.add_holder(prev, seq, worker, Tier::Gpu, seq, Some(expires));
-            self.expiries.push_back((expires, worker, seq));
+            let previous = self.add_holder(prev, seq, worker, Tier::Gpu, seq, Some(expires));
+            if previous != Some(Some(expires)) {
+                self.expiries.push_back((expires, worker, seq));
+            }
             prev = Some(seq);
         }
         self.prune_if_full();

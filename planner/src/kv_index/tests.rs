@@ -189,6 +189,28 @@ fn approximate_entries_expire_after_their_ttl() {
 }
 
 #[test]
+fn routing_the_same_prompt_again_does_not_grow_the_expiry_queue() {
+    let mut ix = index();
+    let q = query(4, 6);
+    for t in 0..500 {
+        // 500 requests within 1 s: every expiry rounds up to the same grain.
+        ix.insert_routed(W0, &q, 4_500 + t, 120_000);
+    }
+    assert_eq!(ix.expiries.len(), 6);
+    // A longer prompt extends the chain and queues only its new blocks.
+    let longer = query(4, 8);
+    ix.insert_routed(W0, &longer, 4_900, 120_000);
+    assert_eq!(ix.expiries.len(), 8);
+    // Later, every block is refreshed once more.
+    ix.insert_routed(W0, &longer, 9_000, 120_000);
+    assert_eq!(ix.expiries.len(), 16);
+    ix.expire(126_000);
+    assert_eq!(matches(&ix, &longer), vec![m(W0, 8, 8)]);
+    ix.expire(129_000);
+    assert!(ix.is_empty());
+}
+
+#[test]
 fn size_is_bounded_by_pruning_least_recently_used_leaves() {
     let mut ix = KvIndex::new(KvIndexConfig {
         block_size: 4,
