@@ -33,8 +33,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
     let started = std::time::Instant::now();
     let configs = cluster.build()?;
     let shared = SharedPrefixes::new(workload);
-    // Per session, per step: (ttft, decode time after the first token, tpot); None if no
-    // worker can take the step.
+    // Per session, per step: the step's bound, or None if no worker can take it.
     let mut times: Vec<Vec<Option<StepTimes>>> = Vec::with_capacity(workload.sessions.len());
     for (si, s) in workload.sessions.iter().enumerate() {
         let row = s

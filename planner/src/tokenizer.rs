@@ -300,23 +300,12 @@ mod tests {
         assert_eq!(pieces("'x"), vec!["'", "x"]);
     }
 
-    /// Pre-token lengths from the char-wise rules alone.
-    fn unicode_pre_tokens(text: &str) -> Vec<usize> {
+    /// Lengths of the successive pre-tokens of `text` as `rule` splits it.
+    fn pre_tokens(text: &str, rule: fn(&str) -> usize) -> Vec<usize> {
         let mut rest = text;
         let mut out = Vec::new();
         while !rest.is_empty() {
-            let n = unicode_pre_token_len(rest);
-            out.push(n);
-            rest = &rest[n..];
-        }
-        out
-    }
-
-    fn pre_tokens(text: &str) -> Vec<usize> {
-        let mut rest = text;
-        let mut out = Vec::new();
-        while !rest.is_empty() {
-            let n = pre_token_len(rest);
+            let n = rule(rest);
             out.push(n);
             rest = &rest[n..];
         }
@@ -343,7 +332,11 @@ mod tests {
                     alphabet[(r % alphabet.len() as u64) as usize]
                 })
                 .collect();
-            assert_eq!(pre_tokens(&text), unicode_pre_tokens(&text), "{text:?}");
+            assert_eq!(
+                pre_tokens(&text, pre_token_len),
+                pre_tokens(&text, unicode_pre_token_len),
+                "{text:?}"
+            );
         }
     }
 

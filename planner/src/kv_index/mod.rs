@@ -285,6 +285,8 @@ impl KvIndex {
         Ok(())
     }
 
+    /// Records `worker` holding block `seq` in `tier`; returns the expiry the holder had
+    /// before, or None if it is new.
     fn add_holder(
         &mut self,
         parent: Option<u64>,
