@@ -149,6 +149,50 @@ async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
     assert!(kv["blocks"].as_u64().unwrap() > 50);
 }
 
+/// A prompt over 64 KiB is tokenized off the router's thread, and a session's next step
+/// reuses the block hashes of its previous prompt: both must match the prefix exactly as a
+/// freshly hashed short prompt does, or `kv_aware` would send the step to the empty worker
+/// (the smaller index wins a tie).
+#[tokio::test]
+async fn long_prompts_and_later_session_steps_match_their_prefix() {
+    let a = Proc::sim_worker(&["--instant"]);
+    let b = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(
+        &[
+            format!("{},role=decode,name=a", a.url),
+            format!("{},role=decode,name=b", b.url),
+        ],
+        &["--policy", "kv_aware"],
+    );
+    let prefix: String = (0..5000).map(|i| format!("src/lib.rs line {i}; ")).collect();
+    assert!(prefix.len() > 64 * 1024);
+    let first = route(
+        &router.url,
+        &chat_body(&format!("{prefix} q1"), 2),
+        Some("s"),
+    )
+    .await;
+    let mut step = format!("{prefix} q1");
+    for q in ["q2", "q3"] {
+        step.push_str(&format!(" tool output for {q}"));
+        assert_eq!(
+            route(&router.url, &chat_body(&step, 2), Some("s")).await,
+            first,
+            "step {q} of the session"
+        );
+    }
+    // Another session with the same prefix, hashed from scratch.
+    assert_eq!(
+        route(
+            &router.url,
+            &chat_body(&format!("{prefix} q9"), 2),
+            Some("t")
+        )
+        .await,
+        first
+    );
+}
+
 #[tokio::test]
 async fn session_affinity_keeps_a_session_on_one_worker() {
     let stack = Proc::up(&["--instant", "true", "--policy", "session_affinity"]);

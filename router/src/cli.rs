@@ -13,6 +13,7 @@ use ownerserve_shim::sim::config::SimSettings;
 
 use crate::config::{
     parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
+    RouterSettings,
 };
 use crate::logging::{self, LogFormat};
 use crate::{server, up};
@@ -92,6 +93,27 @@ struct SimWorkerArgs {
 }
 
 impl Cli {
+    /// Runtime threads for this command (see `RouterSettings::worker_threads`): what the
+    /// router's config asks for with `router` and `up`, one per core (0) for the rest. Read
+    /// before the runtime starts; a config that does not load falls back to the default
+    /// here and is reported by [`Cli::run`].
+    pub fn worker_threads(&self) -> usize {
+        let asked = match &self.command {
+            Command::Router(args) => args
+                .overrides
+                .worker_threads
+                .or_else(|| match &args.config {
+                    Some(path) => read_toml::<RouterFile>(path)
+                        .ok()
+                        .map(|f| f.router.worker_threads),
+                    None => None,
+                }),
+            Command::Up(args) => args.worker_threads(),
+            _ => return 0,
+        };
+        asked.unwrap_or(RouterSettings::default().worker_threads)
+    }
+
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         let log = self.log_format;
@@ -220,4 +242,23 @@ async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
     ));
     ownerserve_shim::sim::server::serve(listener, cfg, publisher, shutdown).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_router_runs_on_one_thread_unless_asked_and_up_on_every_core() {
+        let threads = |args: &[&str]| {
+            let mut argv = vec!["ownerserve"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).unwrap().worker_threads()
+        };
+        assert_eq!(threads(&["router"]), 1);
+        assert_eq!(threads(&["router", "--worker-threads", "3"]), 3);
+        assert_eq!(threads(&["up"]), 0);
+        assert_eq!(threads(&["up", "--worker-threads", "1"]), 1);
+        assert_eq!(threads(&["sim-worker"]), 0);
+    }
 }

@@ -27,6 +27,11 @@ use ownerserve_shim::sim::config::{load, SimSettings};
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RouterSettings {
+    /// Runtime threads. 1 (the default) runs every task on one thread, as linkerd2-proxy
+    /// does by default: no cross-thread wake-ups on the request path, the lowest latency;
+    /// long prompts are tokenized on the blocking pool either way. N > 1: a work-stealing
+    /// pool of N threads; 0: one per core.
+    pub worker_threads: usize,
     pub host: IpAddr,
     pub port: u16,
     pub policy: String,
@@ -36,6 +41,9 @@ pub struct RouterSettings {
     pub connect_timeout_ms: u64,
     pub request_timeout_s: u64,
     pub max_body_bytes: usize,
+    /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
+    /// in all, so its next step hashes only the blocks it adds (0: keep none).
+    pub prompt_cache_mb: usize,
     /// Tokens per KV block of the router's index (must match the engines').
     pub kv_block_size: usize,
     /// Most blocks the KV index keeps before pruning.
@@ -149,6 +157,7 @@ pub enum FanoutRole {
 impl Default for RouterSettings {
     fn default() -> Self {
         Self {
+            worker_threads: 1,
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
             policy: "round_robin".to_owned(),
@@ -158,6 +167,7 @@ impl Default for RouterSettings {
             connect_timeout_ms: 1000,
             request_timeout_s: 600,
             max_body_bytes: 32 * 1024 * 1024,
+            prompt_cache_mb: 256,
             kv_block_size: 16,
             kv_index_max_blocks: 1 << 20,
             kv_approx_ttl_s: 120,
@@ -293,6 +303,9 @@ pub struct RouterOverrides {
     /// Read-only bearer token for /admin/v1.
     #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
     pub read_token: Option<String>,
+    /// Runtime threads: 1 = one thread (lowest latency), N = a pool of N, 0 = one per core.
+    #[arg(long, env = "OWNERSERVE_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
 }
 
 impl RouterOverrides {
@@ -312,6 +325,9 @@ impl RouterOverrides {
         }
         if self.read_token.is_some() {
             s.read_token.clone_from(&self.read_token);
+        }
+        if let Some(n) = self.worker_threads {
+            s.worker_threads = n;
         }
     }
 }
@@ -368,6 +384,7 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub max_body_bytes: usize,
+    pub prompt_cache_bytes: usize,
     pub workers: Vec<WorkerSpec>,
     pub policy_settings: PolicySettings,
     pub kv_index: KvIndexConfig,
@@ -570,6 +587,7 @@ impl RouterConfig {
             connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
+            prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
             workers,
             policy_settings,
             kv_index: KvIndexConfig {
@@ -765,9 +783,11 @@ mod tests {
             policy: Some("least_loaded".into()),
             admin_token: Some("t".into()),
             read_token: None,
+            worker_threads: Some(4),
         }
         .apply(&mut s);
         assert_eq!(s.admin_token.as_deref(), Some("t"));
         assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
+        assert_eq!(s.worker_threads, 4);
     }
 }

@@ -39,6 +39,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("this token may only read")]
     Forbidden,
+    /// A bug or a shutdown cut the request short inside the router.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 #[derive(Serialize)]
@@ -137,6 +140,12 @@ impl ApiError {
                 "permission_error",
                 None,
                 "insufficient_scope",
+            ),
+            Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                "internal_error",
             ),
         }
     }

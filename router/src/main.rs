@@ -35,6 +35,7 @@ mod kv;
 mod logging;
 mod metrics;
 mod ownership_sync;
+mod prompt_cache;
 mod registry;
 mod request_id;
 mod server;
@@ -48,7 +49,17 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let run = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = match cli.worker_threads() {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut pool = tokio::runtime::Builder::new_multi_thread();
+            if n > 1 {
+                pool.worker_threads(n);
+            }
+            pool
+        }
+    };
+    let run = runtime
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)

@@ -17,9 +17,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{self, Decision, Dispatch, Policy, PolicyError, RouteRequest};
-use ownerserve_shim::openai::{self, Endpoint};
+use ownerserve_shim::openai::{self, Endpoint, RenderedPrompt};
 
 use crate::auth;
 use crate::config::{DirectorySetup, RouterConfig};
@@ -36,6 +37,7 @@ use crate::metrics::http::{Executed, HttpMetrics};
 use crate::metrics::proxy::{Placement, ProxyMetrics};
 use crate::metrics::scrape::Telemetry;
 use crate::ownership_sync::{Effects, OwnershipSync, Routed, SyncSettings};
+use crate::prompt_cache::PromptCache;
 use crate::registry::{self, ModelAvailability, Registry};
 use crate::sessions::{self, Sessions};
 use crate::upstream::{self, ForwardError, HttpClient};
@@ -59,6 +61,8 @@ pub struct AppState {
     /// The process's metrics registry and what is read into it at scrape time.
     pub(crate) telemetry: Telemetry,
     pub(crate) sessions: Arc<Sessions>,
+    /// Each session's last prompt, to hash only what its next step adds.
+    prompts: PromptCache,
 }
 
 impl AppState {
@@ -146,6 +150,7 @@ pub async fn run(
         OwnershipSync::spawn(c, registry.clone(), settings, &tracker, shutdown.clone())
     });
     let sessions = Sessions::new(cfg.session_lease);
+    let prompts = PromptCache::new(cfg.prompt_cache_bytes);
     let state = Arc::new(AppState {
         registry,
         needs_match: policy.needs_prefix_match(),
@@ -159,6 +164,7 @@ pub async fn run(
         metrics: proxy_metrics,
         telemetry,
         sessions,
+        prompts,
     });
     if state.ownership.is_some() {
         tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
@@ -291,18 +297,15 @@ async fn proxy(
     check_model(st, model)?;
     let block = st.kv.block_size() as u64;
     // Only policies that use the KV index or the directory pay for tokenizing and hashing.
+    let session = session_of(&parts.headers, &parsed);
     let (prompt_tokens, hashes) = if st.needs_match || st.needs_directory {
-        let tokens = parsed
-            .prompt_tokens()
-            .into_iter()
-            .next()
-            .unwrap_or_default();
-        let hashes = st.kv.hashes(&tokens);
-        (u32::try_from(tokens.len()).unwrap_or(u32::MAX), hashes)
+        match parsed.rendered_prompts().into_iter().next() {
+            Some(prompt) => tokenize_and_hash(st, prompt, session).await?,
+            None => (0, Vec::new()),
+        }
     } else {
         (0, Vec::new())
     };
-    let session = session_of(&parts.headers, &parsed);
     let lookup = if st.needs_directory {
         st.lookup(session, &hashes)
     } else {
@@ -427,6 +430,47 @@ async fn proxy(
             }
         }
     }
+}
+
+/// Prompts with more text than this are tokenized and hashed on the blocking pool, so a
+/// 100K-token prompt (a millisecond or more of CPU) never stalls the runtime thread that
+/// relays every other request's stream. Below it, the hand-off costs more than it saves.
+const OFFLOAD_PROMPT_BYTES: usize = 64 * 1024;
+
+/// The prompt's token count and block hashes. A session's prompt is kept for its next
+/// step, which then hashes only the blocks it adds.
+async fn tokenize_and_hash(
+    st: &AppState,
+    prompt: RenderedPrompt,
+    session: Option<&str>,
+) -> Result<(u32, Vec<u64>), ApiError> {
+    let kv = st.kv.clone();
+    let prompt_len = prompt.text_len();
+    let prev = session.and_then(|s| st.prompts.get(s));
+    let work = move || {
+        let tokens = prompt.into_tokens();
+        let hashes = match prev {
+            Some(prev) => kv.hashes_after(&prev, &tokens),
+            None => kv.hashes(&tokens),
+        };
+        (tokens, hashes)
+    };
+    let (tokens, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
+        work()
+    } else {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
+    };
+    let count = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+    if let Some(s) = session {
+        let kept = HashedPrompt {
+            tokens,
+            hashes: hashes.clone(),
+        };
+        st.prompts.put(s, kept);
+    }
+    Ok((count, hashes))
 }
 
 /// Counts an executed step: its plan and the planner's decision, where a session's step

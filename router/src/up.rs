@@ -33,6 +33,21 @@ pub struct UpArgs {
     instant: Option<bool>,
 }
 
+impl UpArgs {
+    /// The `worker_threads` this run asks for (flag, env, file or the embedded default);
+    /// `None` when the config does not load, which `run` then reports.
+    pub fn worker_threads(&self) -> Option<usize> {
+        if let Some(n) = self.overrides.worker_threads {
+            return Some(n);
+        }
+        let file: UpFile = match &self.config {
+            Some(path) => read_toml(path).ok()?,
+            None => toml::from_str(DEFAULT_UP_TOML).ok()?,
+        };
+        Some(file.router.worker_threads)
+    }
+}
+
 /// Starts everything, prints what runs, and waits for Ctrl-C.
 pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let mut file: UpFile = match &args.config {

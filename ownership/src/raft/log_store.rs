@@ -1,6 +1,8 @@
 //! The Raft log on redb: table `logs` (index → JSON entry) and table `meta` (vote,
 //! committed, last purged). Every write transaction commits with `Durability::Immediate`,
-//! so an appended batch is fsynced once before openraft is told it is durable.
+//! so an appended batch is fsynced once before openraft is told it is durable. Writes run
+//! on the blocking pool: an fsync must not stall the runtime thread, which in a router
+//! with the embedded directory also relays every request.
 
 use std::fmt::Debug;
 use std::ops::RangeBounds;
@@ -33,33 +35,40 @@ impl LogStore {
         Ok(Self { db: Arc::new(db) })
     }
 
-    fn write<T>(
+    async fn write<T: Send + 'static>(
         &self,
         make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
-        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>,
+        f: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error> + Send + 'static,
     ) -> StoreResult<T> {
-        let run = || -> Result<T, redb::Error> {
-            let mut tx = self.db.begin_write()?;
+        let db = Arc::clone(&self.db);
+        let run = move || -> Result<T, redb::Error> {
+            let mut tx = db.begin_write()?;
             tx.set_durability(Durability::Immediate)
                 .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
             let out = f(&tx)?;
             tx.commit()?;
             Ok(out)
         };
-        run().map_err(|e| io_err(make, &e))
+        match tokio::task::spawn_blocking(run).await {
+            Ok(done) => done.map_err(|e| io_err(make, &e)),
+            Err(e) => Err(io_err(make, &e)),
+        }
     }
 
-    fn put_meta<T: Serialize>(
+    async fn put_meta<T: Serialize>(
         &self,
         key: &str,
         value: &T,
         make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
     ) -> StoreResult<()> {
         let bytes = serde_json::to_vec(value).map_err(|e| io_err(make, &e))?;
-        self.write(make, |tx| {
-            tx.open_table(META)?.insert(key, bytes.as_slice())?;
+        let key = key.to_owned();
+        self.write(make, move |tx| {
+            tx.open_table(META)?
+                .insert(key.as_str(), bytes.as_slice())?;
             Ok(())
         })
+        .await
     }
 
     fn get_meta<T: DeserializeOwned>(
@@ -147,6 +156,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
         self.put_meta("vote", vote, StorageIOError::write_vote)
+            .await
     }
 
     async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
@@ -173,13 +183,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             encoded.push((e.log_id.index, bytes));
         }
         // One transaction, one fsync, for the whole batch; only then is it acknowledged.
-        let result = self.write(StorageIOError::write_logs, |tx| {
-            let mut table = tx.open_table(LOGS)?;
-            for (index, bytes) in &encoded {
-                table.insert(*index, bytes.as_slice())?;
-            }
-            Ok(())
-        });
+        let result = self
+            .write(StorageIOError::write_logs, move |tx| {
+                let mut table = tx.open_table(LOGS)?;
+                for (index, bytes) in &encoded {
+                    table.insert(*index, bytes.as_slice())?;
+                }
+                Ok(())
+            })
+            .await;
         match &result {
             Ok(()) => callback.log_io_completed(Ok(())),
             Err(e) => callback.log_io_completed(Err(std::io::Error::other(e.to_string()))),
@@ -188,22 +200,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
-        self.write(StorageIOError::write_logs, |tx| {
+        self.write(StorageIOError::write_logs, move |tx| {
             tx.open_table(LOGS)?
                 .retain_in::<u64, _>(log_id.index.., |_, _| false)?;
             Ok(())
         })
+        .await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
         let bytes = serde_json::to_vec(&Some(log_id))
             .map_err(|e| io_err(StorageIOError::write_logs, &e))?;
-        self.write(StorageIOError::write_logs, |tx| {
+        self.write(StorageIOError::write_logs, move |tx| {
             tx.open_table(META)?
                 .insert("last_purged", bytes.as_slice())?;
             tx.open_table(LOGS)?
                 .retain_in::<u64, _>(..=log_id.index, |_, _| false)?;
             Ok(())
         })
+        .await
     }
 }

@@ -9,5 +9,6 @@ pub mod request;
 pub mod response;
 
 pub use request::{
-    parse, Endpoint, Message, ParsedRequest, Prompt, PromptInput, RequestError, Sampling,
+    parse, Endpoint, Message, ParsedRequest, Prompt, PromptInput, RenderedPrompt, RequestError,
+    Sampling,
 };

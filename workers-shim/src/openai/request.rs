@@ -466,9 +466,36 @@ fn parse_prompt(raw: &RawValue) -> Result<Vec<PromptInput<'_>>, RequestError> {
     Ok(prompts)
 }
 
+/// One prompt as the engine sees it, owned: chat messages rendered through the template,
+/// or a completions prompt. Owning it lets a long prompt be tokenized off the request's
+/// thread.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RenderedPrompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+impl RenderedPrompt {
+    /// Bytes of text to tokenize (0 for a prompt given as token ids).
+    pub fn text_len(&self) -> usize {
+        match self {
+            RenderedPrompt::Text(t) => t.len(),
+            RenderedPrompt::Tokens(_) => 0,
+        }
+    }
+
+    /// Token ids through the built-in tokenizer.
+    pub fn into_tokens(self) -> Vec<u32> {
+        match self {
+            RenderedPrompt::Text(t) => tokenizer::encode(&t),
+            RenderedPrompt::Tokens(t) => t,
+        }
+    }
+}
+
 impl ParsedRequest<'_> {
-    /// Token ids of each prompt, through the built-in tokenizer and chat template.
-    pub fn prompt_tokens(&self) -> Vec<Vec<u32>> {
+    /// Each prompt rendered for tokenizing (chat messages through the chat template).
+    pub fn rendered_prompts(&self) -> Vec<RenderedPrompt> {
         match &self.prompt {
             Prompt::Chat(messages) => {
                 let parts: Vec<Vec<&str>> = messages
@@ -485,16 +512,24 @@ impl ParsedRequest<'_> {
                     .collect();
                 let mut text = String::new();
                 tokenizer::render_chat(&template, &mut text);
-                vec![tokenizer::encode(&text)]
+                vec![RenderedPrompt::Text(text)]
             }
             Prompt::Completion(prompts) => prompts
                 .iter()
                 .map(|p| match p {
-                    PromptInput::Text(t) => tokenizer::encode(t),
-                    PromptInput::Tokens(t) => t.clone(),
+                    PromptInput::Text(t) => RenderedPrompt::Text(t.to_string()),
+                    PromptInput::Tokens(t) => RenderedPrompt::Tokens(t.clone()),
                 })
                 .collect(),
         }
+    }
+
+    /// Token ids of each prompt, through the built-in tokenizer and chat template.
+    pub fn prompt_tokens(&self) -> Vec<Vec<u32>> {
+        self.rendered_prompts()
+            .into_iter()
+            .map(RenderedPrompt::into_tokens)
+            .collect()
     }
 }
 
