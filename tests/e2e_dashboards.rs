@@ -213,6 +213,23 @@ impl Prometheus {
         }
     }
 
+    /// Waits until Prometheus answers queries: until then it serves a plain-text 503, not
+    /// JSON, and on a loaded machine that can take seconds.
+    async fn ready(&self) {
+        let url = format!("{}/-/ready", self.url);
+        eventually(Duration::from_secs(60), "Prometheus ready", || {
+            let url = url.clone();
+            async move {
+                client()
+                    .get(url)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success())
+            }
+        })
+        .await;
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("prometheus.log")).unwrap_or_default()
     }
@@ -372,6 +389,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         "",
     );
     let prom = Prometheus::start(&router, &directory);
+    prom.ready().await;
 
     // Both expositions pass promtool's lint (names, units, _total counters, help texts).
     promtool(
