@@ -70,7 +70,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
         },
         pairs: BTreeMap::new(),
     };
-    let input = |decode_owner: Option<u32>| PlanInput {
+    let input = |decode_owner: Option<u32>, exhaustive: bool| PlanInput {
         model: &model,
         block_size: BLOCK,
         prompt_tokens: tokens,
@@ -85,6 +85,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
         samples: 1,
         fork: false,
         thresholds: ClassThresholds::default(),
+        exhaustive,
     };
     say(&format!(
         "bench planner: {} workers ({} prefill), {}-token prompt, {}, {n} iterations, one thread",
@@ -98,11 +99,12 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
     let hash = time_us(n, || {
         black_box(prompt_hashes(black_box(&prompt), BLOCK as usize, XXH3_SEED));
     });
-    for (label, owner) in [
-        ("a known session (owner decodes)", Some(3)),
-        ("a new session (every P × D pair)", None),
+    for (label, owner, exhaustive) in [
+        ("a known session (owner decodes)", Some(3), false),
+        ("a new session (best P per D)", None, false),
+        ("a new session, every P × D pair (explain)", None, true),
     ] {
-        let inp = input(owner);
+        let inp = input(owner, exhaustive);
         let candidates = plan(&inp).map(|p| p.candidates.len()).unwrap_or(0);
         let decide = time_us(n, || {
             black_box(prompt_hashes(black_box(&prompt), BLOCK as usize, XXH3_SEED));
