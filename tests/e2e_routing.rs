@@ -164,7 +164,9 @@ async fn long_prompts_and_later_session_steps_match_their_prefix() {
         ],
         &["--policy", "kv_aware"],
     );
-    let prefix: String = (0..5000).map(|i| format!("src/lib.rs line {i}; ")).collect();
+    let prefix: String = (0..5000)
+        .map(|i| format!("src/lib.rs line {i}; "))
+        .collect();
     assert!(prefix.len() > 64 * 1024);
     let first = route(
         &router.url,

@@ -59,20 +59,28 @@ pub struct PrefixState {
 
 impl PrefixState {
     pub fn sealed_bytes(&self) -> f64 {
-        self.bytes_where(|p| p.sealed)
+        bytes_where(&self.parts, |p| p.sealed)
     }
 
     pub fn unsealed_bytes(&self) -> f64 {
-        self.bytes_where(|p| !p.sealed)
+        bytes_where(&self.parts, |p| !p.sealed)
     }
 
     pub fn total_bytes(&self) -> f64 {
-        self.bytes_where(|_| true)
+        bytes_where(&self.parts, |_| true)
     }
+}
 
-    fn bytes_where(&self, pick: impl Fn(&StatePart) -> bool) -> f64 {
-        self.parts.iter().filter(|p| pick(p)).map(|p| p.bytes).sum()
-    }
+/// A prefix's byte totals: what [`PrefixState::sealed_bytes`] and
+/// [`PrefixState::total_bytes`] give, to the bit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixBytes {
+    pub sealed: f64,
+    pub total: f64,
+}
+
+fn bytes_where(parts: &[StatePart], pick: impl Fn(&StatePart) -> bool) -> f64 {
+    parts.iter().filter(|p| pick(p)).map(|p| p.bytes).sum()
 }
 
 impl ModelSpec {
@@ -104,6 +112,36 @@ impl ModelSpec {
 
     /// The state of a `tokens`-long prefix, by kind.
     pub fn prefix_state(&self, tokens: u64, block_size: u32) -> PrefixState {
+        self.with_parts(
+            tokens,
+            block_size,
+            |sealed_tokens, recompute_tokens, parts| PrefixState {
+                tokens,
+                sealed_tokens,
+                recompute_tokens,
+                parts: parts.to_vec(),
+            },
+        )
+    }
+
+    /// The sealed and total bytes of a `tokens`-long prefix, as [`ModelSpec::prefix_state`]
+    /// would sum them, without allocating its parts (the planner asks for them per worker
+    /// per step).
+    pub fn prefix_bytes(&self, tokens: u64, block_size: u32) -> PrefixBytes {
+        self.with_parts(tokens, block_size, |_, _, parts| PrefixBytes {
+            sealed: bytes_where(parts, |p| p.sealed),
+            total: bytes_where(parts, |_| true),
+        })
+    }
+
+    /// Calls `f` with a `tokens`-long prefix's sealed tokens, tokens to recompute and
+    /// parts, the parts kept on the stack.
+    fn with_parts<R>(
+        &self,
+        tokens: u64,
+        block_size: u32,
+        f: impl FnOnce(u64, u64, &[StatePart]) -> R,
+    ) -> R {
         let unit = self.seal_unit(block_size);
         let sealed_tokens = tokens / unit * unit;
         let tail = tokens - sealed_tokens;
@@ -118,15 +156,14 @@ impl ModelSpec {
         match self.attention {
             Attention::Gqa { .. } | Attention::Mla { .. } => {
                 let per_layer = self.kv_bytes_per_token() / (f64::from(self.layers) * el);
-                PrefixState {
-                    tokens,
+                f(
                     sealed_tokens,
-                    recompute_tokens: tail,
-                    parts: vec![
+                    tail,
+                    &[
                         part(StateKind::Kv, sealed_tokens, self.layers, per_layer, true),
                         part(StateKind::Tail, tail, self.layers, per_layer, false),
                     ],
-                }
+                )
             }
             Attention::Hybrid {
                 csa_layers,
@@ -141,11 +178,10 @@ impl ModelSpec {
                 let window = tokens.min(u64::from(swa_window));
                 let csa_entries = sealed_tokens / u64::from(csa_ratio.max(1));
                 let hca_entries = sealed_tokens / u64::from(hca_ratio.max(1));
-                PrefixState {
-                    tokens,
+                f(
                     sealed_tokens,
-                    recompute_tokens: tail.max(window),
-                    parts: vec![
+                    tail.max(window),
+                    &[
                         part(StateKind::CsaMain, csa_entries, csa_layers, entry, true),
                         part(
                             StateKind::CsaIndexer,
@@ -158,7 +194,7 @@ impl ModelSpec {
                         part(StateKind::SwaWindow, window, self.layers, entry, false),
                         part(StateKind::Tail, tail, csa_layers + hca_layers, entry, false),
                     ],
-                }
+                )
             }
         }
     }
@@ -252,6 +288,27 @@ mod tests {
         let per_token = hybrid.kv_bytes_per_token() * tokens as f64;
         let sealed = hybrid.prefix_state(tokens, 64).sealed_bytes();
         assert!((per_token - sealed).abs() / sealed < 0.01);
+    }
+
+    #[test]
+    fn prefix_bytes_are_the_prefix_states_sums_to_the_bit() {
+        for name in ["llama-3.1-8b", "deepseek-v3", "hybrid-v4-like"] {
+            let m = ModelSpec::preset(name).unwrap();
+            for tokens in (0..300_000).step_by(997) {
+                let s = m.prefix_state(tokens, 16);
+                let b = m.prefix_bytes(tokens, 16);
+                assert_eq!(
+                    b.sealed.to_bits(),
+                    s.sealed_bytes().to_bits(),
+                    "{name} {tokens}"
+                );
+                assert_eq!(
+                    b.total.to_bits(),
+                    s.total_bytes().to_bits(),
+                    "{name} {tokens}"
+                );
+            }
+        }
     }
 
     #[test]

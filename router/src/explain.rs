@@ -40,7 +40,7 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
         fork: step.fork,
     };
     let p = OwnerServe::new(st.cfg.planner.clone())
-        .plan(&req, &views)
+        .explain_plan(&req, &views)
         .map_err(|_| ApiError::NoHealthyWorker {
             model: step.model.to_owned(),
         })?;
@@ -72,6 +72,8 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
             "directory": consulted,
         },
         "workers": names,
+        // Every candidate, dominated remote prefills included (routing prices fewer).
+        "exhaustive": true,
         "candidates": p.ranked(),
     }))
 }

@@ -1,13 +1,16 @@
 //! Which candidates a step has, and what each costs.
 
 use crate::ids::{Role, WorkerId};
+use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepWork};
 
-use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker};
+use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
-/// Every candidate `(action, workers)` for the step.
+/// Every candidate `(action, workers)` for the step, except remote prefills that are
+/// provably dominated: with uniform links and no request for an exhaustive list, each
+/// decoder gets only its cheapest prefill partner (see [`best_partners`]).
 pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
-    let p = Pricing { input };
+    let p = Pricing::new(input);
     let owner = input
         .decode_owner
         .and_then(|d| input.workers.iter().find(|w| w.id == d));
@@ -18,51 +21,65 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // is a new branch reading the shared prefix: it may start anywhere, and never moves
     // its parent.
     let fork = input.is_fork();
-    let decoders: Vec<&PlanWorker> = match owner {
-        Some(d) if d.takes_work() && !fork => vec![d],
-        _ => input
-            .workers
-            .iter()
-            .filter(|w| w.takes_work() && w.role.serves_full_requests())
-            .collect(),
-    };
+    let sole = owner.filter(|d| d.takes_work() && !fork);
+    let decoders = sole
+        .map_or(input.workers, std::slice::from_ref)
+        .iter()
+        .filter(|w| sole.is_some() || (w.takes_work() && w.role.serves_full_requests()));
     // Each prefill worker's share of a remote prefill, computed once for every decoder:
     // the work, and the bytes it computes (and keeps a copy of).
-    let prompt_bytes = p.state_bytes(input.prompt_tokens);
-    let prefillers: Vec<(&PlanWorker, Work, f64)> = input
+    let prefillers: Vec<Prefiller<'_>> = input
         .workers
         .iter()
         .filter(|w| w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid))
         .map(|w| {
             let work = p.work(w, p.to_compute(w.cached_tokens));
             let computed =
-                prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
-            (w, work, computed)
+                p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
+            Prefiller { w, work, computed }
         })
         .collect();
-    let mut out = Vec::new();
-    for d in &decoders {
+    let partners = (!input.exhaustive && input.links.pairs.is_empty())
+        .then(|| best_partners(&prefillers, input.weights));
+    // At most a colocation, the remote prefills and a fetch per decoder, a tail recompute
+    // and a migration per worker: one allocation.
+    let remote = partners.map_or(prefillers.len(), |_| 1);
+    let mut out =
+        Vec::with_capacity(decoders.clone().count() * (2 + remote) + 1 + input.workers.len());
+    for d in decoders {
+        // What d holds, priced once; what it duplicates of the artifact and receives from
+        // a prefill worker, whoever prefills.
+        let cached = p.bytes(d.cached_tokens);
+        let dup = p.duplicated(d, cached);
+        let lacks = (p.prompt_bytes - cached.total).max(0.0);
         // Moving the session onto the artifact's owner is what tail_recompute prices.
         if input.decode_owner == Some(d.id) || artifact_owner.is_none_or(|o| o.id != d.id) {
-            out.push(p.colocate(d));
+            out.push(p.colocate(d, dup));
         }
-        // What d receives and duplicates does not depend on the prefill worker.
-        let lacks = (prompt_bytes - p.state_bytes(d.cached_tokens)).max(0.0);
-        let dup = p.duplicated(d, input.prompt_tokens);
-        for (pre, work, computed) in prefillers.iter().filter(|(w, ..)| w.id != d.id) {
-            out.push(p.candidate(
+        let remote = |pre: &Prefiller<'_>| {
+            p.candidate(
                 Action::RemotePrefill,
-                pre,
+                pre.w,
                 d,
-                Some(pre.id),
-                *work,
+                Some(pre.w.id),
+                pre.work,
                 lacks,
-                dup + computed,
-            ));
+                dup + pre.computed,
+            )
+        };
+        match partners {
+            // Worker ids are unique, so one of the best two is not d.
+            Some(best) => out.extend(
+                best.into_iter()
+                    .flatten()
+                    .find(|pre| pre.w.id != d.id)
+                    .map(remote),
+            ),
+            None => out.extend(prefillers.iter().filter(|pre| pre.w.id != d.id).map(remote)),
         }
         if let Some(o) = artifact_owner {
             if o.id != d.id {
-                out.extend(p.artifact_fetch(o, d));
+                out.extend(p.artifact_fetch(o, d, cached));
             }
         }
     }
@@ -72,15 +89,63 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         }
     }
     if let Some(d) = owner.filter(|d| d.healthy && !fork) {
+        let sent = p.state_bytes(d.cached_tokens.min(input.prompt_tokens));
         for t in input
             .workers
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
-            out.push(p.migrate(d, t));
+            out.push(p.migrate(d, t, sent));
         }
     }
     out
+}
+
+/// A prefill worker's share of any remote prefill it runs.
+#[derive(Debug, Clone, Copy)]
+struct Prefiller<'a> {
+    w: &'a PlanWorker,
+    work: Work,
+    /// Bytes it computes, and so keeps a copy of.
+    computed: f64,
+}
+
+impl Prefiller<'_> {
+    /// The part of a remote prefill's total that depends on the prefill worker alone:
+    /// its queue, its compute, the copy it keeps and the decodes it stalls. The rest
+    /// (network, restore, the decoder's duplicate) depends on the decoder alone when every
+    /// pair shares one link.
+    fn own_s(&self, weights: Weights) -> f64 {
+        self.w.queue_s
+            + self.work.compute_s
+            + weights.lambda_s_per_gb * self.computed / 1e9
+            + weights.mu * self.work.compute_s * self.w.decoding as f64
+    }
+}
+
+/// The two prefill workers with the lowest [`Prefiller::own_s`], the earliest first among
+/// equals. With uniform links a remote prefill's total is `own_s(pre) + f(decoder)`, so
+/// each decoder's cheapest partner is the first of these that is not the decoder itself:
+/// the candidate the exhaustive list would choose for that decoder (its first minimal
+/// one, as [`super::plan`] keeps). Exact up to float rounding: the total is summed term by
+/// term, not as `own_s + f`, so partners whose totals differ by a few ulps may swap.
+fn best_partners<'p, 'w>(
+    prefillers: &'p [Prefiller<'w>],
+    weights: Weights,
+) -> [Option<&'p Prefiller<'w>>; 2] {
+    let mut best: [Option<(f64, &Prefiller<'w>)>; 2] = [None, None];
+    for pre in prefillers {
+        let s = pre.own_s(weights);
+        match best {
+            [Some((b, _)), _] if s >= b => {
+                if best[1].is_none_or(|(r, _)| s < r) {
+                    best[1] = Some((s, pre));
+                }
+            }
+            _ => best = [Some((s, pre)), best[0]],
+        }
+    }
+    best.map(|b| b.map(|(_, pre)| pre))
 }
 
 /// Tokens a candidate computes, and how long that takes where it runs.
@@ -93,8 +158,26 @@ struct Work {
     compute_s: f64,
 }
 
+/// Prices candidates; holds the step's byte figures every candidate is a difference from.
 struct Pricing<'a, 'b> {
     input: &'a PlanInput<'b>,
+    /// Bytes of the whole prompt's state.
+    prompt_bytes: f64,
+    /// Sealed bytes of the prompt's tokens the artifact covers; 0 without one.
+    artifact_sealed: f64,
+}
+
+impl<'a, 'b> Pricing<'a, 'b> {
+    fn new(input: &'a PlanInput<'b>) -> Self {
+        let bytes = |tokens| input.model.prefix_bytes(tokens, input.block_size);
+        Self {
+            input,
+            prompt_bytes: bytes(input.prompt_tokens).total,
+            artifact_sealed: input
+                .artifact
+                .map_or(0.0, |a| bytes(a.tokens.min(input.prompt_tokens)).sealed),
+        }
+    }
 }
 
 impl Pricing<'_, '_> {
@@ -102,23 +185,27 @@ impl Pricing<'_, '_> {
         self.input.prompt_tokens
     }
 
-    /// Bytes of the whole state of the first `tokens` prompt tokens.
-    fn state_bytes(&self, tokens: u64) -> f64 {
-        self.input
-            .model
-            .prefix_state(tokens, self.input.block_size)
-            .total_bytes()
+    /// Bytes of the state of the first `tokens` prompt tokens, sealed and in all.
+    fn bytes(&self, tokens: u64) -> PrefixBytes {
+        self.input.model.prefix_bytes(tokens, self.input.block_size)
     }
 
-    /// Bytes of the sealed artifacts covering tokens `from..to`.
-    fn sealed_bytes(&self, from: u64, to: u64) -> f64 {
-        let sealed = |t| {
-            self.input
-                .model
-                .prefix_state(t, self.input.block_size)
-                .sealed_bytes()
-        };
-        (sealed(to) - sealed(from)).max(0.0)
+    /// Bytes of the whole state of the first `tokens` prompt tokens.
+    fn state_bytes(&self, tokens: u64) -> f64 {
+        self.bytes(tokens).total
+    }
+
+    /// Bytes of the artifact's sealed state `w` does not hold: past its cached tokens,
+    /// whose bytes are `cached`, up to the artifact's end within the prompt.
+    fn artifact_lacked(&self, w: &PlanWorker, cached: PrefixBytes) -> f64 {
+        let held = self
+            .input
+            .artifact
+            .map_or(0, |a| a.tokens.min(self.prompt()));
+        if w.cached_tokens >= held {
+            return 0.0;
+        }
+        (self.artifact_sealed - cached.sealed).max(0.0)
     }
 
     /// Tokens computed when `reused` leading tokens need no compute; at least one, as
@@ -161,14 +248,11 @@ impl Pricing<'_, '_> {
         )
     }
 
-    /// HBM duplicated when `w` ends up holding its own copy of the first `tokens` of a
-    /// sealed artifact another worker owns.
-    fn duplicated(&self, w: &PlanWorker, tokens: u64) -> f64 {
+    /// HBM duplicated when `w`, whose cached tokens' bytes are `cached`, ends up holding
+    /// its own copy of the prompt's part of a sealed artifact another worker owns.
+    fn duplicated(&self, w: &PlanWorker, cached: PrefixBytes) -> f64 {
         match self.input.artifact {
-            Some(a) if a.owner != w.id => {
-                let held = a.tokens.min(self.prompt());
-                self.sealed_bytes(w.cached_tokens.min(held), tokens.min(held))
-            }
+            Some(a) if a.owner != w.id => self.artifact_lacked(w, cached),
             _ => 0.0,
         }
     }
@@ -217,19 +301,27 @@ impl Pricing<'_, '_> {
         }
     }
 
-    fn colocate(&self, d: &PlanWorker) -> Candidate {
+    /// Prefill and decode on `d`, which then holds `dup` bytes of someone else's artifact
+    /// ([`Pricing::duplicated`]).
+    fn colocate(&self, d: &PlanWorker, dup: f64) -> Candidate {
         let new = self.to_compute(d.cached_tokens);
-        let dup = self.duplicated(d, self.prompt());
         self.candidate(Action::Colocate, d, d, None, self.work(d, new), 0.0, dup)
     }
 
-    fn artifact_fetch(&self, o: &PlanWorker, w: &PlanWorker) -> Option<Candidate> {
+    /// `w`, whose cached tokens' bytes are `cached`, fetches the rest of the artifact from
+    /// its owner `o`.
+    fn artifact_fetch(
+        &self,
+        o: &PlanWorker,
+        w: &PlanWorker,
+        cached: PrefixBytes,
+    ) -> Option<Candidate> {
         let a = self.input.artifact?;
         let sealed = a.tokens.min(self.prompt());
         if sealed <= w.cached_tokens {
             return None;
         }
-        let fetched = self.sealed_bytes(w.cached_tokens, sealed);
+        let fetched = self.artifact_lacked(w, cached);
         let reused = self.input.model.resume_point(sealed).max(w.cached_tokens);
         let new = self.to_compute(reused);
         Some(self.candidate(
@@ -260,11 +352,11 @@ impl Pricing<'_, '_> {
         )
     }
 
-    fn migrate(&self, d: &PlanWorker, t: &PlanWorker) -> Candidate {
+    /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
+    /// prompt.
+    fn migrate(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> Candidate {
         let moved_tokens = d.cached_tokens.min(self.prompt());
-        let moved = (self.state_bytes(moved_tokens)
-            - self.state_bytes(t.cached_tokens.min(moved_tokens)))
-        .max(0.0);
+        let moved = (sent - self.state_bytes(t.cached_tokens.min(moved_tokens))).max(0.0);
         let new = self.to_compute(moved_tokens.max(t.cached_tokens));
         // The source frees what it sends: nothing is duplicated.
         self.candidate(

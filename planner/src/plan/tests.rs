@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use super::*;
+use crate::policy::SplitMix64;
 use crate::roofline::Efficiency;
 use crate::spec::GpuSpec;
 
@@ -36,6 +37,9 @@ struct Scenario {
     workers: Vec<PlanWorker>,
     links: Links,
     samples: u32,
+    fork: bool,
+    weights: Weights,
+    exhaustive: bool,
 }
 
 impl Scenario {
@@ -48,11 +52,18 @@ impl Scenario {
             workers,
             links: links(50.0),
             samples: 1,
+            fork: false,
+            weights: Weights::default(),
+            exhaustive: false,
         }
     }
 
     fn plan(&self) -> Plan {
-        plan(&PlanInput {
+        plan(&self.input()).unwrap()
+    }
+
+    fn input(&self) -> PlanInput<'_> {
+        PlanInput {
             model: &self.model,
             block_size: 16,
             prompt_tokens: self.prompt_tokens,
@@ -63,12 +74,12 @@ impl Scenario {
             }),
             workers: &self.workers,
             links: &self.links,
-            weights: Weights::default(),
+            weights: self.weights,
             samples: self.samples,
-            fork: false,
+            fork: self.fork,
             thresholds: ClassThresholds::default(),
-        })
-        .unwrap()
+            exhaustive: self.exhaustive,
+        }
     }
 }
 
@@ -246,6 +257,7 @@ fn no_available_worker_is_an_error() {
         samples: 1,
         fork: false,
         thresholds: ClassThresholds::default(),
+        exhaustive: false,
     })
     .unwrap_err();
     assert_eq!(err, PlanError::NoWorker);
@@ -348,4 +360,226 @@ fn degenerate_steps_do_not_panic() {
         let p = s.plan();
         assert!(p.chosen.cost.total.is_finite() && p.chosen.compute_tokens <= prompt.max(1));
     }
+}
+
+/// A random step over a random fleet: every role, busy and idle, cached and cold workers,
+/// some unhealthy or draining, some exact copies of another worker (so partners tie), with
+/// and without an owner, an artifact, samples and a fork, on uniform links.
+fn random_scenario(rng: &mut SplitMix64) -> Scenario {
+    let pick = |rng: &mut SplitMix64, n: usize| (rng.next_u64() % n as u64) as usize;
+    let models = ["llama-3.1-8b", "deepseek-v3", "hybrid-v4-like"];
+    let gpus = ["h100", "a100", "l40"];
+    let prompt_tokens = match pick(rng, 4) {
+        0 => rng.next_u64() % 64,
+        _ => 1 + rng.next_u64() % 120_000,
+    };
+    let n = 1 + pick(rng, 12);
+    let mut workers: Vec<PlanWorker> = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = WorkerId(i as u32);
+        if i > 0 && pick(rng, 4) == 0 {
+            let twin = workers[pick(rng, i)].clone();
+            workers.push(PlanWorker { id, ..twin });
+            continue;
+        }
+        let gpu = GpuSpec::preset(gpus[pick(rng, gpus.len())]).unwrap();
+        workers.push(PlanWorker {
+            id,
+            role: [Role::Prefill, Role::Decode, Role::Hybrid][pick(rng, 3)],
+            healthy: pick(rng, 10) != 0,
+            draining: pick(rng, 10) == 0,
+            roofline: Roofline::new(&gpu, 1 + pick(rng, 4) as u32, Efficiency::default()),
+            queue_s: if pick(rng, 3) == 0 {
+                0.0
+            } else {
+                rng.next_f64() * 2.0
+            },
+            decoding: rng.next_u64() % 128,
+            cached_tokens: match pick(rng, 3) {
+                0 => 0,
+                _ => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
+            },
+            prefill_scale: 0.5 + rng.next_f64() * 1.5,
+        });
+    }
+    // Ids that are not in the fleet too: a stale owner or artifact.
+    let some_id = |rng: &mut SplitMix64| (rng.next_u64() % (n as u64 + 1)) as u32;
+    let mut s = Scenario::new(prompt_tokens, workers);
+    s.model = ModelSpec::preset(models[pick(rng, models.len())]).unwrap();
+    s.decode_owner = (pick(rng, 2) == 0).then(|| some_id(rng));
+    s.artifact = (pick(rng, 2) == 0).then(|| {
+        let tokens = rng.next_u64() % (prompt_tokens + 1) / 128 * 128;
+        (some_id(rng), tokens)
+    });
+    s.samples = if pick(rng, 4) == 0 {
+        2 + pick(rng, 3) as u32
+    } else {
+        1
+    };
+    s.fork = pick(rng, 5) == 0;
+    s.links = links(1.0 + rng.next_f64() * 400.0);
+    s.links.default.latency_s = rng.next_f64() * 1e-4;
+    if pick(rng, 2) == 0 {
+        s.weights = Weights {
+            lambda_s_per_gb: rng.next_f64() * 0.5,
+            mu: rng.next_f64() * 2.0,
+        };
+    }
+    s
+}
+
+/// The routing plan (dominated remote prefills left out) and the explain plan (every
+/// pair), or `None` when neither has a worker.
+fn pruned_and_exhaustive(s: &mut Scenario) -> Option<(Plan, Plan)> {
+    let mut plan_listing = |exhaustive| {
+        s.exhaustive = exhaustive;
+        plan(&s.input())
+    };
+    match (plan_listing(false), plan_listing(true)) {
+        (Ok(pruned), Ok(all)) => Some((pruned, all)),
+        (Err(PlanError::NoWorker), Err(PlanError::NoWorker)) => None,
+        other => panic!("one plan failed: {other:#?}"),
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
+#[test]
+fn pruning_dominated_remote_prefills_keeps_the_choice() {
+    let mut rng = SplitMix64::new(0x5eed);
+    let mut remote_chosen = 0;
+    for i in 0..3_000 {
+        let mut s = random_scenario(&mut rng);
+        let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
+            continue;
+        };
+        let (a, b) = (&pruned.chosen, &all.chosen);
+        assert_eq!(
+            (a.action, a.compute_on, a.decode_on, a.source),
+            (b.action, b.compute_on, b.decode_on, b.source),
+            "step {i}: {a:#?} vs {b:#?}"
+        );
+        assert!(close(a.cost.total, b.cost.total), "step {i}");
+        assert_eq!((pruned.class, &pruned.changes), (all.class, &all.changes));
+        remote_chosen += usize::from(a.action == Action::RemotePrefill);
+        // Every listed candidate is one of the full list, priced the same, in the same
+        // order; only remote prefills are dropped.
+        let mut rest = all.candidates.iter();
+        for c in &pruned.candidates {
+            assert!(
+                rest.any(|e| e == c),
+                "step {i}: {c:#?} is not listed in full"
+            );
+        }
+        let others = |p: &Plan| {
+            p.candidates
+                .iter()
+                .filter(|c| c.action != Action::RemotePrefill)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(others(&pruned), others(&all), "step {i}");
+        // Each decoder keeps exactly its cheapest remote prefill, the first among equals.
+        let remote = |p: &Plan, d: WorkerId| {
+            p.candidates
+                .iter()
+                .filter(|c| c.action == Action::RemotePrefill && c.decode_on == d)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        for d in all.candidates.iter().map(|c| c.decode_on) {
+            let full = remote(&all, d);
+            let Some(best) = full
+                .iter()
+                .reduce(|b, c| if c.cost.total < b.cost.total { c } else { b })
+            else {
+                assert!(remote(&pruned, d).is_empty(), "step {i}");
+                continue;
+            };
+            let kept = remote(&pruned, d);
+            assert_eq!(kept.len(), 1, "step {i}, decoder {d}");
+            // Another partner only where float rounding of the split sum set them apart.
+            let (k, b) = (kept[0].cost.total, best.cost.total);
+            assert!(
+                kept[0].compute_on == best.compute_on || (k != b && close(k, b)),
+                "step {i}, decoder {d}: kept {:#?}, cheapest {best:#?}",
+                kept[0]
+            );
+        }
+    }
+    // The fleets do exercise the pruned choice.
+    assert!(
+        remote_chosen > 300,
+        "{remote_chosen} remote prefills chosen"
+    );
+}
+
+#[test]
+fn per_pair_links_list_every_pair() {
+    let mut rng = SplitMix64::new(11);
+    for i in 0..500 {
+        let mut s = random_scenario(&mut rng);
+        let n = s.workers.len() as u32;
+        let (from, to) = (rng.next_u64() as u32 % n, rng.next_u64() as u32 % n);
+        let slow = Link {
+            bytes_per_s: 1e9,
+            latency_s: 1e-3,
+        };
+        s.links.pairs.insert((WorkerId(from), WorkerId(to)), slow);
+        let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
+            continue;
+        };
+        assert_eq!(pruned.candidates, all.candidates, "step {i}");
+        assert_eq!(pruned.chosen, all.chosen, "step {i}");
+    }
+    // And every pair is there: P prefill workers × D decoders, less the workers that are
+    // both.
+    let mut s = Scenario::new(
+        30_000,
+        (0..6)
+            .map(|i| {
+                worker(
+                    i,
+                    [Role::Prefill, Role::Decode, Role::Hybrid][i as usize % 3],
+                )
+            })
+            .collect(),
+    );
+    s.links
+        .pairs
+        .insert((WorkerId(0), WorkerId(1)), s.links.default);
+    let remote = s
+        .plan()
+        .candidates
+        .iter()
+        .filter(|c| c.action == Action::RemotePrefill)
+        .count();
+    assert_eq!(remote, 4 * 4 - 2);
+}
+
+#[test]
+fn uniform_links_list_one_remote_prefill_per_decoder() {
+    let mut s = Scenario::new(
+        30_000,
+        (0..6)
+            .map(|i| {
+                worker(
+                    i,
+                    [Role::Prefill, Role::Decode, Role::Hybrid][i as usize % 3],
+                )
+            })
+            .collect(),
+    );
+    let remote = |s: &Scenario| {
+        s.plan()
+            .candidates
+            .iter()
+            .filter(|c| c.action == Action::RemotePrefill)
+            .count()
+    };
+    assert_eq!(remote(&s), 4);
+    s.exhaustive = true;
+    assert_eq!(remote(&s), 4 * 4 - 2);
 }

@@ -102,11 +102,31 @@ impl OwnerServe {
         }
     }
 
-    /// Plans `req` over `workers` without deciding anything (the explain API).
+    /// Plans `req` over `workers` as routing does, without deciding anything: dominated
+    /// remote prefills are left out of the candidates.
     pub fn plan(
         &self,
         req: &RouteRequest<'_>,
         workers: &[WorkerView],
+    ) -> Result<Plan, PolicyError> {
+        self.plan_listing(req, workers, false)
+    }
+
+    /// Plans `req` over `workers` listing every candidate, dominated ones included (the
+    /// explain API). It chooses what [`OwnerServe::plan`] chooses.
+    pub fn explain_plan(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[WorkerView],
+    ) -> Result<Plan, PolicyError> {
+        self.plan_listing(req, workers, true)
+    }
+
+    fn plan_listing(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[WorkerView],
+        exhaustive: bool,
     ) -> Result<Plan, PolicyError> {
         let block_size = req.block_size.max(1);
         let plan_workers: Vec<PlanWorker> = workers
@@ -125,6 +145,7 @@ impl OwnerServe {
             samples: req.samples.max(1),
             fork: req.fork,
             thresholds: self.cfg.thresholds,
+            exhaustive,
         };
         plan(&input).map_err(|_| PolicyError::NoHealthyWorker)
     }
@@ -247,6 +268,27 @@ mod tests {
             }
         );
         assert_eq!(d.worker, WorkerId(1));
+    }
+
+    #[test]
+    fn explaining_lists_every_pair_and_chooses_as_routing_does() {
+        let p = policy();
+        let ws = [
+            WorkerView::idle(WorkerId(0), Role::Prefill),
+            WorkerView::idle(WorkerId(1), Role::Prefill),
+            WorkerView::idle(WorkerId(2), Role::Decode),
+            WorkerView::idle(WorkerId(3), Role::Decode),
+        ];
+        let routed = p.plan(&req(16_000), &ws).unwrap();
+        let explained = p.explain_plan(&req(16_000), &ws).unwrap();
+        assert_eq!(routed.chosen, explained.chosen);
+        let remote = |p: &Plan| {
+            p.candidates
+                .iter()
+                .filter(|c| c.action == Action::RemotePrefill)
+                .count()
+        };
+        assert_eq!((remote(&routed), remote(&explained)), (2, 4));
     }
 
     #[test]
