@@ -149,8 +149,8 @@ async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
     assert!(kv["blocks"].as_u64().unwrap() > 50);
 }
 
-/// A prompt over 64 KiB is tokenized off the router's thread, and a session's next step
-/// reuses the block hashes of its previous prompt: both must match the prefix exactly as a
+/// A long prompt (over 16 KiB) is tokenized off the router's thread, and a session's next
+/// step reuses the block hashes of its previous prompt: both must match the prefix exactly as a
 /// freshly hashed short prompt does, or `kv_aware` would send the step to the empty worker
 /// (the smaller index wins a tie).
 #[tokio::test]

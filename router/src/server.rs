@@ -435,7 +435,7 @@ async fn proxy(
 /// Prompts with more text than this are tokenized and hashed on the blocking pool, so a
 /// 100K-token prompt (a millisecond or more of CPU) never stalls the runtime thread that
 /// relays every other request's stream. Below it, the hand-off costs more than it saves.
-const OFFLOAD_PROMPT_BYTES: usize = 64 * 1024;
+const OFFLOAD_PROMPT_BYTES: usize = 16 * 1024;
 
 /// The prompt's token count and block hashes. A session's prompt is kept for its next
 /// step, which then hashes only the blocks it adds.
