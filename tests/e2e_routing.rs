@@ -121,8 +121,8 @@ async fn kv_aware_follows_the_prefix_through_real_kv_events_and_spreads_the_rest
     );
 }
 
-#[tokio::test]
-async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
+/// Two instant sim workers `a` and `b` (no KV events) behind a `kv_aware` router.
+fn kv_aware_over_two_workers_without_events() -> (Proc, Proc, Proc) {
     let a = Proc::sim_worker(&["--instant"]);
     let b = Proc::sim_worker(&["--instant"]);
     let router = Proc::router(
@@ -132,6 +132,12 @@ async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
         ],
         &["--policy", "kv_aware"],
     );
+    (a, b, router)
+}
+
+#[tokio::test]
+async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
+    let (_a, _b, router) = kv_aware_over_two_workers_without_events();
     let prefix = long_prefix("doc");
     let first = route(&router.url, &chat_body(&format!("{prefix} q1"), 2), None).await;
     for q in ["q2", "q3", "q4"] {
@@ -155,15 +161,7 @@ async fn kv_aware_uses_the_approximate_index_for_workers_without_events() {
 /// (the smaller index wins a tie).
 #[tokio::test]
 async fn long_prompts_and_later_session_steps_match_their_prefix() {
-    let a = Proc::sim_worker(&["--instant"]);
-    let b = Proc::sim_worker(&["--instant"]);
-    let router = Proc::router(
-        &[
-            format!("{},role=decode,name=a", a.url),
-            format!("{},role=decode,name=b", b.url),
-        ],
-        &["--policy", "kv_aware"],
-    );
+    let (_a, _b, router) = kv_aware_over_two_workers_without_events();
     let prefix: String = (0..5000)
         .map(|i| format!("src/lib.rs line {i}; "))
         .collect();

@@ -536,17 +536,7 @@ fn per_pair_links_list_every_pair() {
     }
     // And every pair is there: P prefill workers × D decoders, less the workers that are
     // both.
-    let mut s = Scenario::new(
-        30_000,
-        (0..6)
-            .map(|i| {
-                worker(
-                    i,
-                    [Role::Prefill, Role::Decode, Role::Hybrid][i as usize % 3],
-                )
-            })
-            .collect(),
-    );
+    let mut s = mixed_fleet();
     s.links
         .pairs
         .insert((WorkerId(0), WorkerId(1)), s.links.default);
@@ -559,9 +549,9 @@ fn per_pair_links_list_every_pair() {
     assert_eq!(remote, 4 * 4 - 2);
 }
 
-#[test]
-fn uniform_links_list_one_remote_prefill_per_decoder() {
-    let mut s = Scenario::new(
+/// Six workers, two of each role: 4 can prefill, 4 can decode, 2 do both.
+fn mixed_fleet() -> Scenario {
+    Scenario::new(
         30_000,
         (0..6)
             .map(|i| {
@@ -571,7 +561,12 @@ fn uniform_links_list_one_remote_prefill_per_decoder() {
                 )
             })
             .collect(),
-    );
+    )
+}
+
+#[test]
+fn uniform_links_list_one_remote_prefill_per_decoder() {
+    let mut s = mixed_fleet();
     let remote = |s: &Scenario| {
         s.plan()
             .candidates
