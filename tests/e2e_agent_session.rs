@@ -137,6 +137,10 @@ impl Fleet {
     async fn step(&self, body: &Value, fork: bool, action: &str) -> (Value, u64, u64) {
         let plan = self.explain(body, fork).await;
         assert_eq!(plan["action"], action, "{plan:#}");
+        assert_eq!(
+            plan["inputs"]["planner"], "routing",
+            "the routing policy explains"
+        );
         let names = plan["workers"].as_array().unwrap();
         let name = |role: &str| {
             names[plan["chosen"][role].as_u64().unwrap() as usize]["name"]

@@ -192,6 +192,11 @@ async fn explain_shows_the_plan_for_a_session_s_next_turn_without_running_it() {
     assert_eq!(plan["chosen"]["decode_on"], 0);
     assert!(plan["reason"].as_str().unwrap().starts_with("colocate"));
     assert_eq!(plan["exhaustive"], true, "explain lists every pair");
+    // This router routes with kv_aware: explain shows what the planner would do.
+    assert_eq!(
+        plan["inputs"]["planner"],
+        "fresh (routing uses another policy)"
+    );
     let candidates = plan["candidates"].as_array().unwrap();
     let remote = candidates
         .iter()

@@ -1,7 +1,8 @@
 //! `POST /admin/v1/plan/explain`: the plan the cost planner would choose for a request,
-//! with every candidate's cost terms, without executing anything. It runs the same
-//! `ownerserve` policy the proxy runs, on the router's view of the workers (load, KV-index
-//! prefix matches) and the directory's view of the session (owner, longest owned prefix).
+//! with every candidate's cost terms, without executing anything. It asks the routing
+//! policy itself (with what its calibration has learned) when that is `ownerserve`, on the
+//! router's view of the workers (load, KV-index prefix matches) and the directory's view of
+//! the session (owner, longest owned prefix).
 
 use ownerserve_planner::policy::{OwnerServe, RouteRequest};
 use serde_json::{json, Value};
@@ -39,11 +40,18 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
         samples: step.samples,
         fork: step.fork,
     };
-    let p = OwnerServe::new(st.cfg.planner.clone())
-        .explain_plan(&req, &views)
-        .map_err(|_| ApiError::NoHealthyWorker {
-            model: step.model.to_owned(),
-        })?;
+    // The routing policy itself when it is the planner, with what its calibration has
+    // learned; otherwise a fresh planner shows what `ownerserve` would do.
+    let (planned, planner) = match st.explain(&req, &views) {
+        Some(p) => (p, "routing"),
+        None => (
+            OwnerServe::new(st.cfg.planner.clone()).explain_plan(&req, &views),
+            "fresh (routing uses another policy)",
+        ),
+    };
+    let p = planned.map_err(|_| ApiError::NoHealthyWorker {
+        model: step.model.to_owned(),
+    })?;
     let names: Vec<Value> = st
         .registry
         .all()
@@ -70,6 +78,7 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
             "epoch": lookup.epoch.map(|e| e.0),
             "artifact": lookup.artifact,
             "directory": consulted,
+            "planner": planner,
         },
         "workers": names,
         // Every candidate, dominated remote prefills included (routing prices fewer).

@@ -74,6 +74,19 @@ impl AppState {
             .observe_prefill(worker, predicted_s, observed_s);
     }
 
+    /// The routing policy's cost plan for `req`, every candidate listed (`None` when the
+    /// policy has no cost planner).
+    pub(crate) fn explain(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[policy::WorkerView],
+    ) -> Option<Result<ownerserve_planner::plan::Plan, PolicyError>> {
+        self.policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .explain(req, workers)
+    }
+
     /// What the directory says about a step (empty without a directory).
     pub(crate) fn lookup(&self, session: Option<&str>, hashes: &[u64]) -> Lookup {
         self.ownership.as_ref().map_or_else(Lookup::default, |o| {

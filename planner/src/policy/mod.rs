@@ -196,6 +196,16 @@ pub trait Policy: Send {
     /// Feeds back an observed prefill: `predicted_s` was the plan's compute time on
     /// `worker`, `observed_s` what it took. Policies that calibrate keep an EWMA.
     fn observe_prefill(&mut self, _worker: WorkerId, _predicted_s: f64, _observed_s: f64) {}
+
+    /// The cost plan this policy would make for `req`, every candidate listed, without
+    /// deciding anything (the explain API); `None` for policies without a cost planner.
+    fn explain(
+        &self,
+        _req: &RouteRequest<'_>,
+        _workers: &[WorkerView],
+    ) -> Option<Result<crate::plan::Plan, PolicyError>> {
+        None
+    }
 }
 
 /// Names accepted by [`by_name`].

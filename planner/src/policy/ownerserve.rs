@@ -202,6 +202,14 @@ impl Policy for OwnerServe {
             .or_default()
             .observe(predicted_s, observed_s);
     }
+
+    fn explain(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[WorkerView],
+    ) -> Option<Result<Plan, PolicyError>> {
+        Some(self.explain_plan(req, workers))
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +297,24 @@ mod tests {
                 .count()
         };
         assert_eq!((remote(&routed), remote(&explained)), (2, 4));
+    }
+
+    #[test]
+    fn explaining_uses_what_calibration_learned() {
+        let mut p = policy();
+        let ws = [
+            WorkerView::idle(WorkerId(2), Role::Decode),
+            WorkerView::idle(WorkerId(3), Role::Decode),
+        ];
+        let first = p.choose(&req(16_000), &ws).unwrap().worker;
+        // The first choice turns out to prefill ten times slower than predicted.
+        for _ in 0..50 {
+            p.observe_prefill(first, 0.1, 1.0);
+        }
+        let routed = p.choose(&req(16_000), &ws).unwrap().worker;
+        assert_ne!(routed, first, "calibration moves routing");
+        let explained = Policy::explain(&p, &req(16_000), &ws).unwrap().unwrap();
+        assert_eq!(explained.chosen.decode_on, routed);
     }
 
     #[test]
