@@ -309,8 +309,8 @@ async fn proxy(
     let model: &str = &parsed.model;
     check_model(st, model)?;
     let block = st.kv.block_size() as u64;
-    // Only policies that use the KV index or the directory pay for tokenizing and hashing.
     let session = session_of(&parts.headers, &parsed);
+    // Only policies that use the KV index or the directory pay for tokenizing and hashing.
     let (prompt_tokens, hashes) = if st.needs_match || st.needs_directory {
         match parsed.rendered_prompts().into_iter().next() {
             Some(prompt) => tokenize_and_hash(st, prompt, session).await?,
@@ -468,7 +468,7 @@ async fn tokenize_and_hash(
         };
         (tokens, hashes)
     };
-    let (tokens, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
+    let (mut tokens, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
         work()
     } else {
         tokio::task::spawn_blocking(work)
@@ -477,6 +477,8 @@ async fn tokenize_and_hash(
     };
     let count = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
     if let Some(s) = session {
+        // The tokenizer reserves for a dense text; keep only what the tokens need.
+        tokens.shrink_to_fit();
         let kept = HashedPrompt {
             tokens,
             hashes: hashes.clone(),
