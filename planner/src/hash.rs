@@ -6,6 +6,8 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
+use crate::tokenized::Tokenized;
+
 /// Seed of every xxh3 call in the scheme when there is no LoRA and no salt.
 pub const XXH3_SEED: u64 = 1337;
 
@@ -116,13 +118,13 @@ pub fn prompt_hashes(tokens: &[u32], block_size: usize, seed: u64) -> Vec<u64> {
     out
 }
 
-/// A prompt's tokens with their block hashes, kept so that the session's next prompt,
-/// which almost always extends it, hashes only the blocks it adds: comparing 100K tokens
-/// takes a few microseconds, chaining their 6,250 blocks about 28 (each link waits for the
-/// one before).
+/// A prompt (its text, when it came as text, and tokens) with its block hashes, kept so
+/// that the session's next prompt, which almost always extends it, tokenizes and hashes
+/// only what it adds: comparing 100K tokens takes a few microseconds, chaining their 6,250
+/// blocks about 28 (each link waits for the one before), tokenizing their text about 1 ms.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HashedPrompt {
-    pub tokens: Vec<u32>,
+    pub tokenized: Tokenized,
     /// `prompt_hashes(tokens, ..)` for the block size and seed the caller uses.
     pub hashes: Vec<u64>,
 }
@@ -130,7 +132,7 @@ pub struct HashedPrompt {
 impl HashedPrompt {
     /// Bytes this holds (for cache budgets).
     pub fn heap_bytes(&self) -> usize {
-        self.tokens.capacity() * 4 + self.hashes.capacity() * 8
+        self.tokenized.heap_bytes() + self.hashes.capacity() * 8
     }
 }
 
@@ -144,7 +146,7 @@ pub fn prompt_hashes_after(
     seed: u64,
 ) -> Vec<u64> {
     let bs = block_size.max(1);
-    let shared = (common_prefix(&prev.tokens, tokens) / bs).min(prev.hashes.len());
+    let shared = (common_prefix(&prev.tokenized.tokens, tokens) / bs).min(prev.hashes.len());
     let mut out = Vec::with_capacity(tokens.len() / bs);
     out.extend_from_slice(&prev.hashes[..shared]);
     chain_blocks(&mut out, &tokens[shared * bs..], bs, seed);
@@ -260,7 +262,7 @@ mod tests {
         let base: Vec<u32> = (0..3000).map(|_| next() % 50_000).collect();
         for bs in [1, 16, 64] {
             let prev = HashedPrompt {
-                tokens: base.clone(),
+                tokenized: Tokenized::from_tokens(base.clone()),
                 hashes: prompt_hashes(&base, bs, XXH3_SEED),
             };
             // An extension, a prefix, a divergence mid-block and at a block edge, an

@@ -20,4 +20,5 @@ pub mod plan;
 pub mod policy;
 pub mod roofline;
 pub mod spec;
+pub mod tokenized;
 pub mod tokenizer;

@@ -69,7 +69,7 @@ pub fn for_each_piece<'a>(text: &'a str, mut f: impl FnMut(&'a str)) {
     }
 }
 
-fn split_long<'a>(word: &'a str, f: &mut impl FnMut(&'a str)) {
+pub(crate) fn split_long<'a>(word: &'a str, f: &mut impl FnMut(&'a str)) {
     if word.is_ascii() {
         // One byte per character: pieces are 4-byte slices (always on char boundaries).
         let mut i = 0;
@@ -118,7 +118,7 @@ fn class(c: char) -> Class {
 /// Byte length of the pre-token at the start of `s` (non-empty), following the regex's
 /// alternation order. Prompts are mostly ASCII: the byte-wise rules decide those pre-tokens
 /// (about 3x faster), the char-wise ones the rest; both give the same answer.
-fn pre_token_len(s: &str) -> usize {
+pub(crate) fn pre_token_len(s: &str) -> usize {
     ascii_pre_token_len(s.as_bytes()).unwrap_or_else(|| unicode_pre_token_len(s))
 }
 

@@ -1,11 +1,13 @@
-//! Each session's last prompt (tokens and block hashes), so that its next step, which
-//! almost always extends it, hashes only the blocks it adds. Bounded by bytes, least
+//! Each session's last prompt (text, tokens and block hashes), so that its next step,
+//! which almost always extends it, tokenizes and hashes only what it adds. Bounded by bytes, least
 //! recently used out first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use ownerserve_planner::hash::HashedPrompt;
+#[cfg(test)]
+use ownerserve_planner::tokenized::Tokenized;
 
 /// Session → last prompt, within a byte budget.
 #[derive(Debug)]
@@ -88,7 +90,7 @@ mod tests {
 
     fn prompt(tokens: usize) -> HashedPrompt {
         HashedPrompt {
-            tokens: vec![7; tokens],
+            tokenized: Tokenized::from_tokens(vec![7; tokens]),
             hashes: vec![1; tokens / 16],
         }
     }
@@ -108,7 +110,7 @@ mod tests {
         assert!(cache.get("a").is_some() && cache.get("c").is_some());
         // Replacing a session's prompt frees the old one.
         cache.put("a", prompt(32));
-        assert_eq!(cache.get("a").map(|p| p.tokens.len()), Some(32));
+        assert_eq!(cache.get("a").map(|p| p.tokenized.tokens.len()), Some(32));
         assert_eq!(cache.bytes(), 2 * each + prompt(32).heap_bytes() + 1);
         // Too large for the whole budget: not kept, nothing evicted for it.
         cache.put("huge", prompt(16_000));

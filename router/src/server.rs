@@ -451,7 +451,7 @@ async fn proxy(
 const OFFLOAD_PROMPT_BYTES: usize = 16 * 1024;
 
 /// The prompt's token count and block hashes. A session's prompt is kept for its next
-/// step, which then hashes only the blocks it adds.
+/// step, which then tokenizes and hashes only what it adds.
 async fn tokenize_and_hash(
     st: &AppState,
     prompt: RenderedPrompt,
@@ -461,26 +461,26 @@ async fn tokenize_and_hash(
     let prompt_len = prompt.text_len();
     let prev = session.and_then(|s| st.prompts.get(s));
     let work = move || {
-        let tokens = prompt.into_tokens();
-        let hashes = match prev {
-            Some(prev) => kv.hashes_after(&prev, &tokens),
-            None => kv.hashes(&tokens),
+        let tokenized = prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized));
+        let hashes = match &prev {
+            Some(prev) => kv.hashes_after(prev, &tokenized.tokens),
+            None => kv.hashes(&tokenized.tokens),
         };
-        (tokens, hashes)
+        (tokenized, hashes)
     };
-    let (mut tokens, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
+    let (mut tokenized, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
         work()
     } else {
         tokio::task::spawn_blocking(work)
             .await
             .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
     };
-    let count = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+    let count = u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX);
     if let Some(s) = session {
-        // The tokenizer reserves for a dense text; keep only what the tokens need.
-        tokens.shrink_to_fit();
+        // The tokenizer reserves for a dense text; keep only what is used.
+        tokenized.shrink_to_fit();
         let kept = HashedPrompt {
-            tokens,
+            tokenized,
             hashes: hashes.clone(),
         };
         st.prompts.put(s, kept);

@@ -13,6 +13,7 @@ use ownerserve_planner::plan::{
 use ownerserve_planner::policy::SplitMix64;
 use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
+use ownerserve_planner::tokenized::Tokenized;
 
 use super::{percentile, time_us};
 use crate::cli::say;
@@ -104,7 +105,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
     let kept_tokens = prompt[..prompt.len().saturating_sub(1000)].to_vec();
     let previous = HashedPrompt {
         hashes: prompt_hashes(&kept_tokens, BLOCK as usize, XXH3_SEED),
-        tokens: kept_tokens,
+        tokenized: Tokenized::from_tokens(kept_tokens),
     };
     for (label, owner, reuse, exhaustive) in [
         (

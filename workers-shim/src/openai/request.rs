@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use ownerserve_planner::tokenized::Tokenized;
 use ownerserve_planner::tokenizer::{self, TemplateMessage};
 
 /// Which endpoint a body was sent to.
@@ -489,6 +490,16 @@ impl RenderedPrompt {
         match self {
             RenderedPrompt::Text(t) => tokenizer::encode(&t),
             RenderedPrompt::Tokens(t) => t,
+        }
+    }
+
+    /// Tokenized, kept with its text; text that extends `prev`'s is tokenized only from
+    /// near where the two differ.
+    pub fn into_tokenized(self, prev: Option<&Tokenized>) -> Tokenized {
+        match (self, prev) {
+            (RenderedPrompt::Text(t), Some(prev)) => Tokenized::after(prev, t),
+            (RenderedPrompt::Text(t), None) => Tokenized::new(t),
+            (RenderedPrompt::Tokens(t), _) => Tokenized::from_tokens(t),
         }
     }
 }

@@ -1,0 +1,195 @@
+//! A text kept with its tokens, so that a text extending it (a session's next prompt)
+//! is tokenized only from near where the two differ, not from the start.
+//!
+//! The built-in tokenizer splits text into pre-tokens one after the other, each decided by
+//! the text from its start to one character past its end; pieces come from one pre-token
+//! each. So up to a pre-token boundary whose decision lies inside the part two texts share,
+//! both texts have the same tokens, and tokenizing the rest afresh from that boundary gives
+//! what tokenizing the whole would.
+
+use crate::tokenizer::{piece_id, pre_token_len, split_long};
+
+/// Pre-token boundaries are remembered about this often (bytes of text).
+const CHECKPOINT_BYTES: usize = 256;
+/// A boundary is reused only this many bytes before the texts differ: past the one
+/// character (at most 4 bytes) the pre-tokenizer looks ahead, with room to spare.
+const LOOKAHEAD_BYTES: usize = 16;
+
+/// A text, its tokens, and pre-token boundaries to restart from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tokenized {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    /// `(byte, tokens before it)` at pre-token boundaries, ascending, about every
+    /// [`CHECKPOINT_BYTES`].
+    checkpoints: Vec<(usize, usize)>,
+}
+
+impl Tokenized {
+    /// Tokenizes `text` whole.
+    pub fn new(text: String) -> Self {
+        let mut t = Self {
+            tokens: Vec::with_capacity(text.len() / 3 + 1),
+            text,
+            checkpoints: Vec::new(),
+        };
+        t.encode_from(0);
+        t
+    }
+
+    /// Tokens given as ids (a completions prompt): nothing to reuse them by but the ids.
+    pub fn from_tokens(tokens: Vec<u32>) -> Self {
+        Self {
+            text: String::new(),
+            tokens,
+            checkpoints: Vec::new(),
+        }
+    }
+
+    /// Tokenizes `text`, reusing `prev`'s tokens up to the last boundary safely inside the
+    /// part both texts start with. Same result as [`Tokenized::new`].
+    pub fn after(prev: &Tokenized, text: String) -> Self {
+        let shared = common_prefix(prev.text.as_bytes(), text.as_bytes());
+        let keep = prev
+            .checkpoints
+            .partition_point(|&(byte, _)| byte + LOOKAHEAD_BYTES <= shared);
+        let Some(&(byte, tokens)) = keep.checked_sub(1).and_then(|i| prev.checkpoints.get(i))
+        else {
+            return Self::new(text);
+        };
+        let mut t = Self {
+            tokens: Vec::with_capacity(tokens + (text.len() - byte) / 3 + 1),
+            text,
+            checkpoints: prev.checkpoints[..keep].to_vec(),
+        };
+        t.tokens.extend_from_slice(&prev.tokens[..tokens]);
+        t.encode_from(byte);
+        t
+    }
+
+    /// Heap bytes held (for cache budgets).
+    pub fn heap_bytes(&self) -> usize {
+        self.text.capacity() + self.tokens.capacity() * 4 + self.checkpoints.capacity() * 16
+    }
+
+    /// Releases spare capacity (a kept entry should cost what it holds).
+    pub fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.tokens.shrink_to_fit();
+        self.checkpoints.shrink_to_fit();
+    }
+
+    /// Appends the tokens of `text[start..]`, `start` being a pre-token boundary, and
+    /// records boundaries on the way.
+    fn encode_from(&mut self, start: usize) {
+        let Self {
+            text,
+            tokens,
+            checkpoints,
+        } = self;
+        let mut at = start;
+        let mut next_mark = checkpoints.last().map_or(0, |&(b, _)| b) + CHECKPOINT_BYTES;
+        while at < text.len() {
+            if at >= next_mark {
+                checkpoints.push((at, tokens.len()));
+                next_mark = at + CHECKPOINT_BYTES;
+            }
+            let rest = &text[at..];
+            let len = pre_token_len(rest);
+            split_long(&rest[..len], &mut |p| tokens.push(piece_id(p)));
+            at += len;
+        }
+    }
+}
+
+/// Length of the longest common prefix, compared a chunk at a time (a memcmp each).
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const CHUNK: usize = 1024;
+    let n = a.len().min(b.len());
+    let mut at = 0;
+    while at + CHUNK <= n && a[at..at + CHUNK] == b[at..at + CHUNK] {
+        at += CHUNK;
+    }
+    at + a[at..n]
+        .iter()
+        .zip(&b[at..n])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::encode;
+
+    /// Random text over the characters where pre-token rules differ.
+    fn random_text(state: &mut u64, len: usize) -> String {
+        let alphabet: Vec<char> = "aZs tdrevml1'  \n\t\r!.é中\u{a0}\u{2003}ï0"
+            .chars()
+            .collect();
+        (0..len)
+            .map(|_| {
+                *state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                alphabet[((*state >> 33) % alphabet.len() as u64) as usize]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn reusing_a_previous_text_tokenizes_as_the_whole_text_would() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut reused = 0;
+        for i in 0..3000 {
+            let len = 200 + (state >> 54) as usize * 4;
+            let base = random_text(&mut state, len);
+            let prev = Tokenized::new(base.clone());
+            assert_eq!(prev.tokens, encode(&base));
+            // Cut the base at a char boundary and append a suffix: an extension (cut at
+            // the end), an edit, a shorter text; runs of spaces and letters straddle the cut.
+            let mut cut = (state >> 40) as usize % (base.len() + 1);
+            if i % 3 == 0 {
+                cut = base.len();
+            }
+            while !base.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let len = (state >> 58) as usize * 8;
+            let suffix = random_text(&mut state, len);
+            let text = format!("{}{suffix}", &base[..cut]);
+            let after = Tokenized::after(&prev, text.clone());
+            assert_eq!(
+                after.tokens,
+                encode(&text),
+                "{base:?} cut at {cut} + {suffix:?}"
+            );
+            assert_eq!(after, Tokenized::new(text), "the same boundaries too");
+            let shared = common_prefix(base.as_bytes(), after.text.as_bytes());
+            reused += usize::from(
+                prev.checkpoints
+                    .first()
+                    .is_some_and(|&(b, _)| b + LOOKAHEAD_BYTES <= shared),
+            );
+        }
+        assert!(reused > 1000, "the reuse path ran: {reused}");
+    }
+
+    #[test]
+    fn a_session_step_retokenizes_only_its_tail() {
+        let step1 = "<|user|>\nfix the bug in parser.rs\n".repeat(200) + "<|assistant|>\n";
+        let prev = Tokenized::new(step1.clone());
+        let step2 = format!("{step1}looking at it\n<|user|>\ntool output\n<|assistant|>\n");
+        let after = Tokenized::after(&prev, step2.clone());
+        assert_eq!(after.tokens, encode(&step2));
+        let kept = after.checkpoints.last().map_or(0, |&(b, _)| b);
+        assert!(
+            kept + 2 * CHECKPOINT_BYTES >= step1.len(),
+            "restarted at byte {kept} of {}",
+            step1.len()
+        );
+        assert_eq!(common_prefix(b"abcd", b"abxd"), 2);
+        let long = vec![7u8; 3000];
+        assert_eq!(common_prefix(&long, &long[..2500]), 2500);
+    }
+}
