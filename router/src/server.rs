@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{self, Decision, Dispatch, Policy, PolicyError, RouteRequest};
+use ownerserve_planner::tokenized::Tokenized;
 use ownerserve_shim::openai::{self, Endpoint, RenderedPrompt};
 
 use crate::auth;
@@ -460,8 +461,14 @@ async fn tokenize_and_hash(
     let kv = st.kv.clone();
     let prompt_len = prompt.text_len();
     let prev = session.and_then(|s| st.prompts.get(s));
+    let kept = session.is_some();
     let work = move || {
-        let tokenized = prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized));
+        // Only a session's prompt is kept, so only it needs restart points.
+        let tokenized = if kept {
+            prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized))
+        } else {
+            Tokenized::from_tokens(prompt.into_tokens())
+        };
         let hashes = match &prev {
             Some(prev) => kv.hashes_after(prev, &tokenized.tokens),
             None => kv.hashes(&tokenized.tokens),
