@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
-use crate::tokenized::Tokenized;
+use crate::tokenized::{common_prefix, Tokenized};
 
 /// Seed of every xxh3 call in the scheme when there is no LoRA and no salt.
 pub const XXH3_SEED: u64 = 1337;
@@ -151,21 +151,6 @@ pub fn prompt_hashes_after(
     out.extend_from_slice(&prev.hashes[..shared]);
     chain_blocks(&mut out, &tokens[shared * bs..], bs, seed);
     out
-}
-
-/// Length of the longest common prefix, compared a chunk at a time (a memcmp each).
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    const CHUNK: usize = 256;
-    let n = a.len().min(b.len());
-    let mut at = 0;
-    while at + CHUNK <= n && a[at..at + CHUNK] == b[at..at + CHUNK] {
-        at += CHUNK;
-    }
-    at + a[at..n]
-        .iter()
-        .zip(&b[at..n])
-        .take_while(|(x, y)| x == y)
-        .count()
 }
 
 /// Appends the hashes of `tokens`' full blocks to `out`, chained onto its last hash.

@@ -102,9 +102,10 @@ impl Tokenized {
     }
 }
 
-/// Length of the longest common prefix, compared a chunk at a time (a memcmp each).
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    const CHUNK: usize = 1024;
+/// Length of the longest common prefix, compared a chunk at a time (a memcmp each for
+/// bytes and integers).
+pub(crate) fn common_prefix<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    const CHUNK: usize = 256;
     let n = a.len().min(b.len());
     let mut at = 0;
     while at + CHUNK <= n && a[at..at + CHUNK] == b[at..at + CHUNK] {
