@@ -463,9 +463,12 @@ async fn tokenize_and_hash(
     let prev = session.and_then(|s| st.prompts.get(s));
     let kept = session.is_some();
     let work = move || {
-        // Only a session's prompt is kept, so only it needs restart points.
+        // Only a session's prompt is kept, so only it needs restart points, and should
+        // hold no spare capacity (the tokenizer reserves for a dense text).
         let tokenized = if kept {
-            prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized))
+            let mut t = prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized));
+            t.shrink_to_fit();
+            t
         } else {
             Tokenized::from_tokens(prompt.into_tokens())
         };
@@ -475,7 +478,7 @@ async fn tokenize_and_hash(
         };
         (tokenized, hashes)
     };
-    let (mut tokenized, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
+    let (tokenized, hashes) = if prompt_len < OFFLOAD_PROMPT_BYTES {
         work()
     } else {
         tokio::task::spawn_blocking(work)
@@ -484,8 +487,6 @@ async fn tokenize_and_hash(
     };
     let count = u32::try_from(tokenized.tokens.len()).unwrap_or(u32::MAX);
     if let Some(s) = session {
-        // The tokenizer reserves for a dense text; keep only what is used.
-        tokenized.shrink_to_fit();
         let kept = HashedPrompt {
             tokenized,
             hashes: hashes.clone(),
