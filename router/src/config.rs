@@ -499,6 +499,16 @@ fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
 }
 
 impl RouterConfig {
+    /// Prints the admin token if it was generated (the only way to learn it).
+    pub fn announce_token(&self) {
+        if self.token_origin == Origin::Generated {
+            crate::process::say(&format!(
+                "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
+                self.tokens.admin()
+            ));
+        }
+    }
+
     /// Validates settings and a worker list into a config.
     pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> anyhow::Result<Self> {
         if let Some(url) = &s.kv_redis_url {

@@ -10,11 +10,11 @@ use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::ids::EngineKind;
 
-use crate::cli::{bind, cancel_on_signal, say};
 use crate::config::{
     read_toml, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
 };
 use crate::logging::LogFormat;
+use crate::process::{bind, cancel_on_signal, say};
 use crate::server;
 
 /// Flags of `ownerserve up`.
@@ -85,8 +85,8 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
 
     let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone())?;
     let tracker = TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &tracker)?;
     let mut workers = Vec::new();
     for group in &file.fleet {
         let sim = match &group.gpu {
@@ -130,7 +130,7 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     }
     let cfg = RouterConfig::validate(&file.router, workers)?;
     let router_addr = router_listener.local_addr()?;
-    crate::cli::announce_token(&cfg);
+    cfg.announce_token();
     print_summary(&cfg, router_addr, &sim.served_model_name, &file.sim);
 
     let result = server::run(router_listener, cfg, shutdown.clone()).await;
@@ -176,11 +176,13 @@ fn print_summary(
         "  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    \
          -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'"
     ));
+    // The real token, so the lines work when pasted.
+    let token = cfg.tokens.admin();
     say(&format!(
-        "  curl -s -H \"Authorization: Bearer $TOKEN\" http://{addr}/admin/v1/workers"
+        "  curl -s -H \"Authorization: Bearer {token}\" http://{addr}/admin/v1/workers"
     ));
     say(&format!(
-        "  OWNERSERVE_ADMIN_TOKEN=$TOKEN ownerserve ctl --url http://{addr} workers"
+        "  OWNERSERVE_ADMIN_TOKEN={token} ownerserve ctl --url http://{addr} workers"
     ));
     say("press Ctrl-C to stop");
 }

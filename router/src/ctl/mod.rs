@@ -19,7 +19,7 @@ use axum::http::Method;
 use clap::Subcommand;
 use serde_json::Value;
 
-use crate::cli::say;
+use crate::process::say;
 use client::Api;
 
 /// Flags of `ownerserve ctl`.

@@ -28,9 +28,9 @@ use ownerserve_ownership::raft::state_machine::StateMachineStore;
 use ownerserve_ownership::raft::{NodeId, Raft};
 use ownerserve_ownership::{Command, Envelope};
 
-use crate::cli::{bind, cancel_on_signal, say};
 use crate::metrics::directory::{command_names, DirectoryMetrics};
 use crate::metrics::http::HttpMetrics;
+use crate::process::{bind, cancel_on_signal, say};
 
 /// Flags of `ownerserve directory`.
 #[derive(Debug, clap::Args)]
@@ -269,8 +269,8 @@ pub async fn run(args: DirectoryArgs) -> anyhow::Result<()> {
     }
     let listener = bind(args.listen).await?;
     let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone())?;
     let tracker = tokio_util::task::TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &tracker)?;
     let registry = prometheus::Registry::new();
     let http_metrics = std::sync::Arc::new(HttpMetrics::register(&registry)?);
     let node = Node::start(

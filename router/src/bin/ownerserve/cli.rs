@@ -4,19 +4,19 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use ownerserve_shim::sim::config::SimSettings;
 
-use crate::config::{
+use ownerserve_router::config::{
     parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
     RouterSettings,
 };
-use crate::logging::{self, LogFormat};
-use crate::{server, up};
+use ownerserve_router::logging::{self, LogFormat};
+use ownerserve_router::process::{bind, cancel_on_signal, say};
+use ownerserve_router::{server, up};
 
 /// OwnerServe: an ownership-aware control plane for agentic LLM serving.
 #[derive(Debug, Parser)]
@@ -38,7 +38,7 @@ enum Command {
     /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
     SimWorker(SimWorkerArgs),
     /// Run one node of the replicated ownership directory.
-    Directory(crate::directory::DirectoryArgs),
+    Directory(ownerserve_router::directory::DirectoryArgs),
     /// Benchmarks (they print figures against a baseline measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -50,7 +50,7 @@ enum Command {
     Replay(crate::evaluate::ReplayArgs),
     /// The operator API from the command line: owners, leases, sessions, workers, drain,
     /// cluster, plan explain.
-    Ctl(crate::ctl::CtlArgs),
+    Ctl(ownerserve_router::ctl::CtlArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,9 +123,9 @@ impl Cli {
         match self.command {
             Command::Up(args) => up::run(args, log).await,
             Command::Router(args) => run_router(args, log).await,
-            Command::Ctl(args) => crate::ctl::run(args).await,
+            Command::Ctl(args) => ownerserve_router::ctl::run(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
-            Command::Directory(args) => crate::directory::run(args).await,
+            Command::Directory(args) => ownerserve_router::directory::run(args).await,
             Command::Bench(BenchCommand::Proxy(args)) => {
                 tokio::task::spawn_blocking(move || crate::bench::proxy::run(args)).await?
             }
@@ -152,48 +152,6 @@ impl Cli {
     }
 }
 
-/// Cancels `token` on Ctrl-C (SIGINT) or SIGTERM. The handlers are registered before this
-/// returns, so a signal sent right after the caller prints its address is not lost.
-pub fn cancel_on_signal(token: CancellationToken) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
-    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
-    // Detached on purpose: it lives as long as the process and only cancels the token.
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
-        token.cancel();
-    });
-    Ok(())
-}
-
-/// Binds, naming the address in the error (a busy port is the usual cause).
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))
-}
-
-/// Prints the admin token if it was generated (the only way to learn it).
-pub fn announce_token(cfg: &RouterConfig) {
-    if cfg.token_origin == crate::auth::Origin::Generated {
-        say(&format!(
-            "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
-            cfg.tokens.admin()
-        ));
-    }
-}
-
-/// Prints one line to stdout; tests and scripts read these. A closed pipe (`| head`) is
-/// not an error worth a panic: the line is dropped.
-pub fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
-}
-
 async fn run_router(args: RouterArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let mut file = match &args.config {
         Some(path) => read_toml::<RouterFile>(path)?,
@@ -207,15 +165,20 @@ async fn run_router(args: RouterArgs, log: Option<LogFormat>) -> anyhow::Result<
     let cfg = RouterConfig::validate(&file.router, worker_specs(&file.workers)?)?;
     let listener = bind(cfg.addr).await?;
     let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone())?;
-    announce_token(&cfg);
+    let signals = TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &signals)?;
+    cfg.announce_token();
     say(&format!(
         "ownerserve router listening on http://{} (policy {}, {} workers)",
         listener.local_addr()?,
         cfg.policy,
         cfg.workers.len()
     ));
-    server::run(listener, cfg, shutdown).await
+    let served = server::run(listener, cfg, shutdown.clone()).await;
+    shutdown.cancel();
+    signals.close();
+    signals.wait().await;
+    served
 }
 
 async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
@@ -230,7 +193,8 @@ async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
         ));
     }
     let shutdown = CancellationToken::new();
-    cancel_on_signal(shutdown.clone())?;
+    let signals = TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &signals)?;
     say(&format!(
         "ownerserve sim worker listening on http://{} ({} on {}x {}, {} KV blocks of {} tokens)",
         listener.local_addr()?,
@@ -240,7 +204,12 @@ async fn run_sim_worker(args: SimWorkerArgs) -> anyhow::Result<()> {
         cfg.scheduler.num_blocks,
         cfg.scheduler.block_size
     ));
-    ownerserve_shim::sim::server::serve(listener, cfg, publisher, shutdown).await?;
+    let served =
+        ownerserve_shim::sim::server::serve(listener, cfg, publisher, shutdown.clone()).await;
+    shutdown.cancel();
+    signals.close();
+    signals.wait().await;
+    served?;
     Ok(())
 }
 

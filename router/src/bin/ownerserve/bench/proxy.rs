@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use crate::cli::say;
+use ownerserve_router::process::say;
 
 /// Flags of `ownerserve bench proxy`.
 #[derive(Debug, clap::Args)]

@@ -9,7 +9,7 @@ use ownerserve_eval::scenario::WorkloadSpec;
 use ownerserve_eval::sim::{simulate, Cluster, SimOptions};
 use ownerserve_shim::sim::config::SimSettings;
 
-use crate::cli::say;
+use ownerserve_router::process::say;
 
 /// Sizes of the simulator benchmark.
 #[derive(Debug, clap::Args)]

@@ -13,7 +13,7 @@ use ownerserve_eval::scenario::WorkloadSpec;
 use ownerserve_eval::sim::{Cluster, SimOptions};
 use ownerserve_shim::sim::config::SimSettings;
 
-use crate::cli::say;
+use ownerserve_router::process::say;
 
 /// Which fleet and policies to simulate.
 #[derive(Debug, clap::Args)]

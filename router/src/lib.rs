@@ -1,0 +1,42 @@
+//! The OwnerServe router: an OpenAI-compatible proxy that plans every agent step with the
+//! cost planner and the ownership directory, and its operator API.
+//!
+//! # Layout
+//! - [`config`]: TOML + env + flags, validated before any socket opens.
+//! - [`server`]: the router's routes and its run loop; [`error`] maps every error to HTTP;
+//!   [`auth`] guards the operator API with bearer tokens; [`explain`] answers
+//!   `/admin/v1/plan/explain` with the cost planner's choice.
+//! - [`registry`] and [`health`]: the workers and their health.
+//! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
+//! - [`upstream`]: the pooled client and the streaming relay to and from workers.
+//! - [`up`]: the whole stack in one process.
+//! - [`directory`]: one node of the replicated ownership directory; [`directory_client`]
+//!   how the router reaches it; [`ownership_sync`] what the router records there.
+//! - [`metrics`]: the Prometheus metrics of every server; [`request_id`] the middleware
+//!   that gives each request its id, span and metrics; [`logging`] text or JSON logs.
+//! - [`ctl`]: `ownerserve ctl`, the operator API from the command line.
+//! - [`process`]: printing, binding and signals, shared by every command.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod config;
+pub mod ctl;
+mod demotion;
+pub mod directory;
+pub mod directory_client;
+mod dispatch;
+pub mod error;
+pub mod explain;
+mod health;
+pub mod kv;
+pub mod logging;
+pub mod metrics;
+mod ownership_sync;
+pub mod process;
+mod prompt_cache;
+pub mod registry;
+pub mod request_id;
+pub mod server;
+mod sessions;
+pub mod up;
+pub mod upstream;
