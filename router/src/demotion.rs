@@ -7,16 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use ownerserve_ownership::ids::SessionId;
 use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_shim::engines::sim::{DropRequest, DROP_PATH};
 
 use crate::server::AppState;
 use crate::sessions::{now_ms, Lapsed};
-use crate::upstream::post_small;
 
 /// How often the sweep runs.
 const SWEEP_EVERY: Duration = Duration::from_millis(200);
@@ -38,7 +37,13 @@ pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
 
 async fn demote(st: &AppState, l: Lapsed) {
     let Some(sync) = &st.ownership else { return };
-    let lookup = st.lookup(Some(&l.session), &[]);
+    let Some(lookup) = st
+        .sources()
+        .directory
+        .map(|d| d.lookup(Some(&l.session), &[], st.kv.block_size() as u64))
+    else {
+        return;
+    };
     // Only a session still owned by the worker that last served it (no one moved it since).
     let (Some(owner), Some(epoch)) = (lookup.owner, lookup.epoch) else {
         return;
@@ -66,16 +71,16 @@ async fn demote(st: &AppState, l: Lapsed) {
     if l.tail.is_empty() || w.spec.engine != EngineKind::Sim {
         return;
     }
-    let body = json!({"block_hashes": l.tail, "session": l.session, "epoch": epoch.0});
-    if let Err(e) = post_small(
-        &st.client,
-        &w.spec.base_url,
-        "/ownerserve/v1/kv/drop",
-        &[],
-        Bytes::from(body.to_string()),
-        st.cfg.request_timeout,
-    )
-    .await
+    let drop = DropRequest {
+        block_hashes: l.tail,
+        session: Some(l.session),
+        epoch: Some(epoch.0),
+    };
+    let body = Bytes::from(serde_json::to_vec(&drop).unwrap_or_default());
+    if let Err(e) = st
+        .engines
+        .post(&w.spec.base_url, DROP_PATH, &[], body)
+        .await
     {
         tracing::warn!(worker = %w.spec.name, error = %e, "demoted session's tail not dropped");
     }

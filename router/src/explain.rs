@@ -4,45 +4,41 @@
 //! router's view of the workers (load, KV-index prefix matches) and the directory's view of
 //! the session (owner, longest owned prefix).
 
-use ownerserve_planner::policy::{OwnerServe, RouteRequest};
+use axum::extract::Request;
 use serde_json::{json, Value};
 
+use ownerserve_planner::policy::OwnerServe;
+use ownerserve_shim::openai::{self, Endpoint};
+
 use crate::error::ApiError;
+use crate::proxy::identity::{self, Hashing};
+use crate::proxy::ingress;
+use crate::proxy::view::Needs;
 use crate::server::AppState;
 
-/// Header a client sets to mark a request as a fork of its session.
-pub const FORK_HEADER: &str = "x-ownerserve-fork";
-
-/// What the explain request asks about.
-pub struct Step<'a> {
-    pub model: &'a str,
-    pub tokens: &'a [u32],
-    pub session: Option<&'a str>,
-    pub samples: u32,
-    pub fork: bool,
-}
-
-/// Explains the plan for `step`.
-pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
-    let block = st.kv.block_size() as u64;
-    let hashes = st.kv.hashes(step.tokens);
-    let mut views = st.registry.candidates(step.model, &[]);
-    st.kv.fill_cached(&hashes, &mut views);
-    let lookup = st.lookup(step.session, &hashes);
-    let req = RouteRequest {
-        model: step.model,
-        prompt_tokens: u32::try_from(step.tokens.len()).unwrap_or(u32::MAX),
-        block_size: block as u32,
-        session: step.session,
-        now_ms: st.kv.now_ms(),
-        decode_owner: lookup.owner,
-        artifact: lookup.artifact,
-        samples: step.samples,
-        fork: step.fork,
-    };
+/// Explains the plan for a chat request (with its session and fork headers), reading
+/// every source whatever the routing policy reads.
+pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
+    let (parts, body) = req.into_parts();
+    let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
+    let parsed = openai::parse(&bytes, Endpoint::ChatCompletions)?;
+    ingress::check_model(&st.registry, &parsed.model)?;
+    let request_id = crate::request_id::of(&parts.headers);
+    let id = identity::identify(
+        &st.prompts,
+        &parts.headers,
+        &parsed,
+        &request_id,
+        Hashing::Peek,
+    )
+    .await?;
+    let sources = st.sources();
+    let step = sources.step(&parsed.model, &id, parsed.sampling.n, Needs::ALL);
+    let views = sources.candidates(&parsed.model, id.hashes(), &[], Needs::ALL);
+    let (req, lookup) = (step.route, step.lookup);
     // The routing policy itself when it is the planner, with what its calibration has
     // learned; otherwise a fresh planner shows what `ownerserve` would do.
-    let (planned, planner) = match st.explain(&req, &views) {
+    let (planned, planner) = match st.policy.explain(&req, &views) {
         Some(p) => (p, "routing"),
         None => (
             OwnerServe::new(st.cfg.planner.clone()).explain_plan(&req, &views),
@@ -50,7 +46,7 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
         ),
     };
     let p = planned.map_err(|_| ApiError::NoHealthyWorker {
-        model: step.model.to_owned(),
+        model: parsed.model.to_string(),
     })?;
     let names: Vec<Value> = st
         .registry
@@ -73,7 +69,7 @@ pub fn explain(st: &AppState, step: &Step<'_>) -> Result<Value, ApiError> {
         "inputs": {
             "model": st.cfg.planner.model.name,
             "prompt_tokens": req.prompt_tokens,
-            "session": step.session,
+            "session": id.session,
             "decode_owner": lookup.owner,
             "epoch": lookup.epoch.map(|e| e.0),
             "artifact": lookup.artifact,

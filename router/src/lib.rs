@@ -3,9 +3,12 @@
 //!
 //! # Layout
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
-//! - [`server`]: the router's routes and its run loop; [`error`] maps every error to HTTP;
-//!   [`auth`] guards the operator API with bearer tokens; [`explain`] answers
-//!   `/admin/v1/plan/explain` with the cost planner's choice.
+//! - [`server`]: the router's state, routes and run loop; [`error`] maps every error to
+//!   HTTP; [`auth`] guards the operator API with bearer tokens; [`headers`] names every
+//!   header a client sends or gets.
+//! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
+//!   dispatch → relay → feedback); [`explain`] answers `/admin/v1/plan/explain` through
+//!   the same stages without dispatching.
 //! - [`registry`] and [`health`]: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -24,9 +27,9 @@ pub mod ctl;
 mod demotion;
 pub mod directory;
 pub mod directory_client;
-mod dispatch;
 pub mod error;
 pub mod explain;
+pub mod headers;
 mod health;
 pub mod kv;
 pub mod logging;
@@ -34,6 +37,7 @@ pub mod metrics;
 mod ownership_sync;
 pub mod process;
 mod prompt_cache;
+pub mod proxy;
 pub mod registry;
 pub mod request_id;
 pub mod server;

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,9 +17,8 @@ use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
 use ownerserve_ownership::{Command, Outcome};
-use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::directory_client::DirectoryClient;
 use crate::registry::Registry;
@@ -32,8 +30,8 @@ const MAX_WAITING: usize = 10_000;
 pub struct Routed {
     pub worker: WorkerId,
     pub session: Option<String>,
-    pub endpoint: Endpoint,
-    pub body: Bytes,
+    /// The prompt as the identity stage tokenized and hashed it.
+    pub prompt: Arc<HashedPrompt>,
     pub effects: Effects,
 }
 
@@ -110,11 +108,7 @@ fn dir_worker(w: WorkerId) -> DirWorkerId {
 
 /// The commands recording one routed request, given the serving worker's lease.
 fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
-    let Ok(req) = openai::parse(&r.body, r.endpoint) else {
-        return Vec::new();
-    };
-    let tokens = req.prompt_tokens().into_iter().next().unwrap_or_default();
-    let hashes = prompt_hashes(&tokens, block_size, XXH3_SEED);
+    let (tokens, hashes) = (&r.prompt.tokenized.tokens, &r.prompt.hashes);
     let prefix = hashes.last().map(|&h| PrefixKey(h));
     let mut out = Vec::new();
     if let Some(key) = r.effects.replicate {

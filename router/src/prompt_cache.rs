@@ -50,7 +50,7 @@ impl PromptCache {
 
     /// Keeps `prompt` as the session's last, evicting the least recently used sessions
     /// beyond the budget (a prompt larger than the whole budget is not kept).
-    pub fn put(&self, session: &str, prompt: HashedPrompt) {
+    pub fn put(&self, session: &str, prompt: Arc<HashedPrompt>) {
         let size = prompt.heap_bytes() + session.len();
         if size > self.budget_bytes {
             return;
@@ -73,8 +73,7 @@ impl PromptCache {
         }
         lru.bytes += size;
         lru.order.insert(tick, session.to_owned());
-        lru.entries
-            .insert(session.to_owned(), (tick, Arc::new(prompt)));
+        lru.entries.insert(session.to_owned(), (tick, prompt));
     }
 
     /// Bytes held now.
@@ -88,11 +87,11 @@ impl PromptCache {
 mod tests {
     use super::*;
 
-    fn prompt(tokens: usize) -> HashedPrompt {
-        HashedPrompt {
+    fn prompt(tokens: usize) -> Arc<HashedPrompt> {
+        Arc::new(HashedPrompt {
             tokenized: Tokenized::from_tokens(vec![7; tokens]),
             hashes: vec![1; tokens / 16],
-        }
+        })
     }
 
     #[test]

@@ -1,14 +1,14 @@
-//! Talking to workers: one pooled HTTP/1.1 client, request forwarding with timeouts, and
-//! the relay body that streams a worker's response back chunk by chunk.
+//! Talking to workers: one pooled HTTP/1.1 client, the streaming forward of a client's
+//! request, and small calls that read a bounded answer (health, metrics, prefill legs,
+//! KV copies). [`EngineCalls`] is the seam the dispatch stage calls engines through, so
+//! its legs can be tested against a fake engine.
 
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response};
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -16,8 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::error::ApiError;
-use crate::registry::{InFlight, Worker};
-use crate::sessions::Activity;
+use crate::registry::Worker;
 
 /// The pooled client every worker call goes through.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -164,110 +163,71 @@ async fn send_small(
         .map_err(|_| ForwardError::Timeout(timeout))?
 }
 
-const HOP_BY_HOP: &[HeaderName] = &[
-    header::CONNECTION,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    header::PROXY_AUTHENTICATE,
-    header::TE,
-    header::TRAILER,
-];
+/// A boxed future, so [`EngineCalls`] can be used as a trait object.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Where the time to a response's first byte goes.
-pub struct FirstByte {
-    pub histogram: prometheus::Histogram,
-    /// When the client's request arrived.
-    pub started: std::time::Instant,
+/// An engine's small answer: status and a bounded body.
+pub type SmallAnswer = (hyper::StatusCode, Bytes);
+
+/// The calls the dispatch stage makes to engines before the decode worker's request: a
+/// prefill leg, a KV copy, a drop. Each reads a small answer within the request timeout.
+pub trait EngineCalls: Send + Sync {
+    /// POSTs a JSON `body` with `headers` to `path` on the engine at `base_url`.
+    fn post<'a>(
+        &'a self,
+        base_url: &'a str,
+        path: &'a str,
+        headers: &'a [(HeaderName, HeaderValue)],
+        body: Bytes,
+    ) -> BoxFuture<'a, Result<SmallAnswer, ForwardError>>;
 }
 
-/// Turns a worker's response into the client's: same status and headers (minus hop-by-hop
-/// ones), plus `x-ownerserve-worker`, with the body relayed frame by frame. `activity`
-/// keeps the session busy until the body is done; `first_byte` times its first frame.
-pub fn relay(
-    resp: Response<Incoming>,
-    worker: &Worker,
-    in_flight: InFlight,
-    activity: Option<Activity>,
-    first_byte: Option<FirstByte>,
-) -> Response<Body> {
-    let (mut parts, incoming) = resp.into_parts();
-    for h in HOP_BY_HOP {
-        parts.headers.remove(h);
-    }
-    parts.headers.remove("keep-alive");
-    if let Ok(v) = HeaderValue::from_str(&worker.spec.name) {
-        parts.headers.insert("x-ownerserve-worker", v);
-    }
-    let sse = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    let body = RelayBody {
-        inner: incoming,
-        sse,
-        worker: worker.spec.name.clone(),
-        failed: false,
-        in_flight,
-        _activity: activity,
-        first_byte,
-    };
-    Response::from_parts(parts, Body::new(body))
+/// The pooled client with the router's request timeout.
+#[derive(Clone)]
+pub struct Upstream {
+    pub client: HttpClient,
+    /// How long a worker has to send response headers (or a whole small answer).
+    pub timeout: Duration,
 }
 
-/// A worker's response body on its way to the client. If the worker dies mid-stream, an SSE
-/// client gets a final error event and `[DONE]` instead of a silently cut stream; other
-/// clients see the connection fail. Holds the worker's in-flight count until done.
-struct RelayBody {
-    inner: Incoming,
-    sse: bool,
-    worker: String,
-    failed: bool,
-    in_flight: InFlight,
-    _activity: Option<Activity>,
-    first_byte: Option<FirstByte>,
+impl Upstream {
+    /// [`forward`] with this client and timeout.
+    pub async fn forward(
+        &self,
+        worker: &Worker,
+        path: &str,
+        headers: &HeaderMap,
+        extra: &[(HeaderName, HeaderValue)],
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        forward(
+            &self.client,
+            worker,
+            path,
+            headers,
+            extra,
+            body,
+            self.timeout,
+        )
+        .await
+    }
 }
 
-impl http_body::Body for RelayBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.failed {
-            return Poll::Ready(None);
-        }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
-            self.in_flight.prefill_done();
-            if let Some(f) = self.first_byte.take() {
-                f.histogram.observe(f.started.elapsed().as_secs_f64());
-            }
-        }
-        match polled {
-            Poll::Ready(Some(Err(e))) if self.sse => {
-                tracing::warn!(worker = %self.worker, error = %e, "worker failed mid-stream");
-                self.failed = true;
-                let err = ApiError::UpstreamUnreachable {
-                    worker: self.worker.clone(),
-                };
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(err.sse_event())))))
-            }
-            other => other,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.failed || self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        if self.sse {
-            SizeHint::default()
-        } else {
-            self.inner.size_hint()
-        }
+impl EngineCalls for Upstream {
+    fn post<'a>(
+        &'a self,
+        base_url: &'a str,
+        path: &'a str,
+        headers: &'a [(HeaderName, HeaderValue)],
+        body: Bytes,
+    ) -> BoxFuture<'a, Result<SmallAnswer, ForwardError>> {
+        Box::pin(post_small(
+            &self.client,
+            base_url,
+            path,
+            headers,
+            body,
+            self.timeout,
+        ))
     }
 }

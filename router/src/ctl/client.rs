@@ -56,7 +56,7 @@ impl Api {
         method: Method,
         path: &str,
         body: Option<Value>,
-        headers: &[(&str, String)],
+        headers: &[(axum::http::HeaderName, String)],
     ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
         let method = reqwest::Method::from_bytes(method.as_str().as_bytes())
@@ -66,7 +66,7 @@ impl Api {
             req = req.bearer_auth(t);
         }
         for (k, v) in headers {
-            req = req.header(*k, v);
+            req = req.header(k.as_str(), v);
         }
         if let Some(b) = body {
             req = req.json(&b);

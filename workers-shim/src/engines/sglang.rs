@@ -48,6 +48,21 @@ pub fn with_bootstrap(body: &Value, b: &Bootstrap, rooms: &[u64]) -> Value {
     out
 }
 
+/// Fields [`with_bootstrap`] adds.
+const BOOTSTRAP_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
+
+/// The client's body again, without the bootstrap fields: what the decode worker runs
+/// whole when its prefill partner failed.
+pub fn without_bootstrap(body: &Value) -> Value {
+    let mut out = body.clone();
+    if let Some(o) = out.as_object_mut() {
+        for k in BOOTSTRAP_FIELDS {
+            o.remove(k);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +83,7 @@ mod tests {
         assert_eq!(two["bootstrap_port"], json!([null, null]));
         assert_eq!(two["bootstrap_room"], json!([1, 2]));
         assert_eq!(room(u64::MAX), i64::MAX as u64);
+        assert_eq!(without_bootstrap(&two), body);
+        assert_eq!(without_bootstrap(&one), json!({"model": "m", "text": "x"}));
     }
 }

@@ -15,6 +15,16 @@ pub enum Endpoint {
     Completions,
 }
 
+impl Endpoint {
+    /// The endpoint's path, the same on every OpenAI-compatible server.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
 /// A request body that is not acceptable; becomes a 400 with OpenAI's error shape.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]

@@ -36,10 +36,7 @@ use super::kv_transfer::{
 use super::respond::TransferReport;
 use super::server::AppState;
 
-/// Path of the migration pre-copy endpoint.
-pub const FETCH_PATH: &str = "/ownerserve/v1/kv/fetch";
-/// Path of the drop endpoint.
-pub const DROP_PATH: &str = "/ownerserve/v1/kv/drop";
+pub use crate::engines::sim::{DROP_PATH, FETCH_PATH};
 
 /// Longest simulated wait a transfer may cause, whatever the numbers say.
 const MAX_WAIT: Duration = Duration::from_secs(3600);

@@ -102,7 +102,7 @@ impl Accumulator {
             ("x-ownerserve-cached-tokens", self.cached_tokens.to_string()),
             ("x-ownerserve-computed-tokens", computed.to_string()),
             (
-                "x-ownerserve-kv-received-bytes",
+                crate::engines::KV_RECEIVED_BYTES_HEADER,
                 meta.transfer.received_bytes.to_string(),
             ),
             ("x-ownerserve-kv-transfer-ms", transfer_ms),

@@ -1,0 +1,465 @@
+//! Dispatch: carrying out a routing decision across workers with the engines' own
+//! protocols (`ownerserve_shim::engines`): the prefill leg of a disaggregated step (vLLM
+//! NIXL two-step, or SGLang's bootstrap pair sent concurrently), the pull parameters of an
+//! artifact fetch, and a migration's copy → owner flip → hand-off; then the decode
+//! worker's request itself. Every leg that fails degrades to the decode worker
+//! recomputing, so a dead prefill worker or owner costs time, never the request.
+//!
+//! It reads only what [`Dispatcher`] hands it (engine calls, the worker registry, the
+//! directory for a migration's flip, a task tracker) and reports what happened in
+//! [`Prepared`]; the feedback stage turns that into metrics and calibration.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use bytes::Bytes;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio_util::task::TaskTracker;
+
+use ownerserve_ownership::ids::{Epoch, SessionId, Tier, WorkerId as DirWorkerId};
+use ownerserve_ownership::{Command, Outcome};
+use ownerserve_planner::ids::{EngineKind, WorkerId};
+use ownerserve_planner::policy::{Decision, Dispatch};
+use ownerserve_shim::engines::{self, sglang, vllm, EPOCH_HEADER, SESSION_HEADER};
+
+use crate::directory_client::Lookup;
+use crate::ownership_sync::OwnershipSync;
+use crate::registry::{Registry, Worker};
+use crate::upstream::{EngineCalls, ForwardError, Upstream};
+
+/// What dispatch may touch.
+pub struct Dispatcher<'a> {
+    pub engines: &'a Arc<dyn EngineCalls>,
+    pub registry: &'a Registry,
+    /// Where a migration's owner flip commits (`None`: no directory, no migration).
+    pub directory: Option<&'a OwnershipSync>,
+    /// Owns the hand-off calls that outlive the request (a migration source's drop).
+    pub tasks: &'a TaskTracker,
+}
+
+/// What one step knows when its legs run.
+pub struct Step<'a> {
+    pub path: &'a str,
+    pub body: &'a Bytes,
+    pub session: Option<&'a str>,
+    pub lookup: &'a Lookup,
+    pub hashes: &'a [u64],
+    pub block: u64,
+    pub request_id: HeaderValue,
+    /// The client's `Authorization`, which every leg carries (engines run with `--api-key`).
+    pub authorization: Option<HeaderValue>,
+}
+
+/// A prefill leg's predicted and observed compute time, for the policy's calibration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillTiming {
+    pub worker: WorkerId,
+    pub predicted_s: f64,
+    /// Wall-clock seconds (the caller scales them to engine time).
+    pub observed_s: f64,
+}
+
+/// The decode worker's request, once the earlier legs ran, and what they did.
+#[derive(Debug)]
+pub struct Prepared {
+    pub body: Bytes,
+    /// Headers for the decode worker: request id, authorization, session and epoch.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The session's epoch after the step (new after a migration).
+    pub epoch: Option<Epoch>,
+    /// SGLang's prefill leg, to run concurrently with the decode leg.
+    pub concurrent_prefill: Option<(Arc<Worker>, Bytes)>,
+    /// The plan's transfer leg failed: the decode worker recomputes.
+    pub fell_back: bool,
+    /// A NIXL prefill leg ran and was timed.
+    pub prefill: Option<PrefillTiming>,
+    /// A migration copied this many KV bytes.
+    pub migrated_bytes: Option<u64>,
+}
+
+/// The fencing headers of a session at `epoch`.
+fn fence_headers(
+    session: Option<&str>,
+    epoch: Option<Epoch>,
+) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+    let pair = session.zip(epoch).and_then(|(s, e)| {
+        Some([
+            (
+                HeaderName::from_static(SESSION_HEADER),
+                HeaderValue::from_str(s).ok()?,
+            ),
+            (
+                HeaderName::from_static(EPOCH_HEADER),
+                HeaderValue::from(e.0),
+            ),
+        ])
+    });
+    pair.into_iter().flatten()
+}
+
+fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = vec![(crate::request_id::HEADER, step.request_id.clone())];
+    if let Some(a) = &step.authorization {
+        out.push((header::AUTHORIZATION, a.clone()));
+    }
+    out.extend(fence_headers(step.session, epoch));
+    out
+}
+
+impl Dispatcher<'_> {
+    /// Runs the legs before the decode worker's request and prepares that request.
+    pub async fn prepare(
+        &self,
+        step: &Step<'_>,
+        decision: &Decision,
+        decode: &Arc<Worker>,
+    ) -> Prepared {
+        let epoch = step.lookup.epoch;
+        let mut out = Prepared {
+            body: step.body.clone(),
+            headers: headers_for(step, epoch),
+            epoch,
+            concurrent_prefill: None,
+            fell_back: false,
+            prefill: None,
+            migrated_bytes: None,
+        };
+        match decision.dispatch {
+            Dispatch::Single => {}
+            Dispatch::Disaggregated { prefill } => {
+                self.disaggregate(step, decision, decode, prefill, &mut out)
+                    .await
+            }
+            Dispatch::Fetch { source, tokens } => match self.pull_source(source, decode, tokens) {
+                Some(src) => match serde_json::from_slice::<Value>(step.body) {
+                    Ok(v) => out.body = Bytes::from(vllm::fetch_request(&v, &src).to_string()),
+                    Err(_) => out.fell_back = true,
+                },
+                None => out.fell_back = true,
+            },
+            Dispatch::Migrate { source, tokens } => {
+                match self.migrate(step, source, decode, tokens, &mut out).await {
+                    Some(new_epoch) => {
+                        out.epoch = Some(new_epoch);
+                        out.headers = headers_for(step, Some(new_epoch));
+                    }
+                    None => out.fell_back = true,
+                }
+            }
+        }
+        if out.fell_back {
+            out.body = step.body.clone();
+            out.concurrent_prefill = None;
+        }
+        out
+    }
+
+    /// A remote prefill: SGLang's pair body, or vLLM's NIXL prefill leg run now.
+    async fn disaggregate(
+        &self,
+        step: &Step<'_>,
+        decision: &Decision,
+        decode: &Worker,
+        prefill: WorkerId,
+        out: &mut Prepared,
+    ) {
+        let Some(p) = self.registry.get(prefill).cloned() else {
+            out.fell_back = true;
+            return;
+        };
+        match (p.spec.engine, decode.spec.engine) {
+            (EngineKind::Sglang, EngineKind::Sglang) => match sglang_body(step, &p) {
+                Some(body) => {
+                    out.body = body.clone();
+                    out.concurrent_prefill = Some((p, body));
+                }
+                None => out.fell_back = true,
+            },
+            (EngineKind::Sglang, _) | (_, EngineKind::Sglang) => {
+                tracing::debug!("no P/D protocol between these engines: running whole");
+                out.fell_back = true;
+            }
+            _ => match self.nixl_prefill(step, &p).await {
+                Some((body, observed_s)) => {
+                    out.body = body;
+                    out.prefill = decision.plan.as_ref().map(|plan| PrefillTiming {
+                        worker: p.id,
+                        predicted_s: plan.chosen.cost.compute_s,
+                        observed_s,
+                    });
+                }
+                None => out.fell_back = true,
+            },
+        }
+    }
+
+    /// vLLM NIXL step 1: the prefill leg, whose returned params make the decode leg's
+    /// body. Returns that body and the leg's wall-clock seconds.
+    async fn nixl_prefill(&self, step: &Step<'_>, p: &Arc<Worker>) -> Option<(Bytes, f64)> {
+        let original: Value = serde_json::from_slice(step.body).ok()?;
+        let body = Bytes::from(vllm::prefill_request(&original).to_string());
+        let tokens = step.hashes.len() as u64 * step.block;
+        let _in_flight = p.start_request(step.hashes.len() as u64, tokens);
+        let started = Instant::now();
+        let headers = headers_for(step, step.lookup.epoch);
+        let sent = self
+            .engines
+            .post(&p.spec.base_url, step.path, &headers, body)
+            .await;
+        let (status, bytes) = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                if matches!(e, ForwardError::Connect) {
+                    p.mark_down("connection refused");
+                }
+                tracing::warn!(worker = %p.spec.name, error = %e, "prefill leg failed; decoding worker recomputes");
+                return None;
+            }
+        };
+        if !status.is_success() {
+            tracing::warn!(worker = %p.spec.name, %status, "prefill leg refused; decoding worker recomputes");
+            return None;
+        }
+        let resp: Value = serde_json::from_slice(&bytes).ok()?;
+        let Some(params) = vllm::returned_params(&resp) else {
+            tracing::warn!(worker = %p.spec.name, "prefill leg returned no kv_transfer_params");
+            return None;
+        };
+        let observed_s = started.elapsed().as_secs_f64();
+        Some((
+            Bytes::from(vllm::decode_request(&original, params).to_string()),
+            observed_s,
+        ))
+    }
+
+    /// Where `decode` can pull a sealed prefix from `source`: only between engines that
+    /// speak OwnerServe's pull (the sim engine).
+    fn pull_source(
+        &self,
+        source: WorkerId,
+        decode: &Worker,
+        tokens: u64,
+    ) -> Option<vllm::PullSource> {
+        let s = self.registry.get(source)?;
+        if s.spec.engine != EngineKind::Sim || decode.spec.engine != EngineKind::Sim {
+            tracing::debug!(source = %s.spec.name, "engine cannot pull a sealed prefix: recomputing");
+            return None;
+        }
+        let (host, port) = s.spec.host_port()?;
+        Some(vllm::PullSource {
+            engine_id: s.spec.name.clone(),
+            host,
+            port,
+            tokens,
+        })
+    }
+
+    /// A migration: the target copies the session's KV from `source`, and only once it
+    /// reports the blocks in place does the directory flip the session (and the prefix it
+    /// owns there) to the target; the source then drops its copy and learns the new
+    /// epoch, so a stale request to it is refused. Returns the new epoch; the bytes
+    /// copied go to `out` even if the flip then fails.
+    async fn migrate(
+        &self,
+        step: &Step<'_>,
+        source: WorkerId,
+        target: &Arc<Worker>,
+        tokens: u64,
+        out: &mut Prepared,
+    ) -> Option<Epoch> {
+        let src = self.pull_source(source, target, tokens)?;
+        let blocks = (tokens / step.block.max(1)) as usize;
+        let hashes = &step.hashes[..blocks.min(step.hashes.len())];
+        let fetch = engines::sim::FetchRequest {
+            remote_host: src.host,
+            remote_port: src.port,
+            block_hashes: hashes.to_vec(),
+            session: step.session.map(str::to_owned),
+            epoch: step.lookup.epoch.map(|e| e.0),
+        };
+        let request_id = [(crate::request_id::HEADER, step.request_id.clone())];
+        let copied = self
+            .engines
+            .post(
+                &target.spec.base_url,
+                engines::sim::FETCH_PATH,
+                &request_id,
+                json_body(&fetch),
+            )
+            .await;
+        let report: engines::sim::FetchResponse = match copied {
+            Ok((status, bytes)) if status.is_success() => serde_json::from_slice(&bytes).ok()?,
+            other => {
+                tracing::warn!(target = %target.spec.name, ?other, "migration copy failed; target recomputes");
+                return None;
+            }
+        };
+        out.migrated_bytes = Some(report.bytes);
+        let new_epoch = self.flip_owner(step, source, target).await?;
+        if let Some(s) = self.registry.get(source) {
+            let drop = engines::sim::DropRequest {
+                block_hashes: hashes.to_vec(),
+                session: step.session.map(str::to_owned),
+                epoch: Some(new_epoch.0),
+            };
+            let (engines, url) = (self.engines.clone(), s.spec.base_url.clone());
+            // The hand-off's last step does not hold up the request.
+            self.tasks.spawn(async move {
+                let dropped = engines
+                    .post(&url, engines::sim::DROP_PATH, &request_id, json_body(&drop))
+                    .await;
+                if let Err(e) = dropped {
+                    tracing::warn!(worker = %url, error = %e, "migration source did not drop its copy");
+                }
+            });
+        }
+        tracing::info!(session = ?step.session, from = %source, to = %target.spec.name, epoch = new_epoch.0, "session migrated");
+        Some(new_epoch)
+    }
+
+    /// The owner flip of a migration, in one directory entry: the target's copy is
+    /// registered, the prefix the source owns moves (CAS on its epoch), and the session's
+    /// decode owner moves (CAS on the session's epoch).
+    async fn flip_owner(
+        &self,
+        step: &Step<'_>,
+        source: WorkerId,
+        target: &Worker,
+    ) -> Option<Epoch> {
+        let sync = self.directory?;
+        let lease = sync.lease_of(target.id)?;
+        let mut commands = Vec::new();
+        if let (Some(view), Some((key, key_epoch))) =
+            (step.lookup.artifact, step.lookup.artifact_key)
+        {
+            commands.push(Command::ReplicateReadOnly {
+                key,
+                worker: DirWorkerId(target.id.0),
+                tier: Tier::Gpu,
+            });
+            if view.owner == source {
+                commands.push(Command::Migrate {
+                    key,
+                    from_epoch: key_epoch,
+                    to_lease: lease,
+                });
+            }
+        }
+        let session = step.session?;
+        commands.push(Command::SetDecodeOwner {
+            session: SessionId(session.to_owned()),
+            lease,
+            prefix: step.lookup.artifact_key.map(|(k, _)| k),
+            tail_tokens: 0,
+            predicted_tool_gap_ms: None,
+            expect_epoch: step.lookup.epoch,
+        });
+        match sync.client().write(Command::Batch { commands }).await {
+            Ok(Outcome::Batch { outcomes }) => match outcomes.last() {
+                Some(Outcome::Owned { epoch, .. }) => Some(*epoch),
+                other => {
+                    tracing::warn!(?other, "migration flip refused");
+                    None
+                }
+            },
+            other => {
+                tracing::warn!(?other, "migration flip not committed");
+                None
+            }
+        }
+    }
+}
+
+/// The decode worker's response, and whether an SGLang pair failed on the way.
+pub struct Sent {
+    pub response: hyper::Response<Incoming>,
+    /// The SGLang prefill leg failed and the decode worker ran the request whole.
+    pub pair_failed: bool,
+}
+
+/// Sends the decode worker its request; with SGLang, the prefill leg goes at the same
+/// time and a failed prefill leg cancels the pair, after which the decode worker runs the
+/// request whole.
+pub async fn send(
+    upstream: &Upstream,
+    worker: &Worker,
+    path: &str,
+    client_headers: &HeaderMap,
+    prepared: &Prepared,
+) -> Result<Sent, ForwardError> {
+    let decode =
+        |body: Bytes| upstream.forward(worker, path, client_headers, &prepared.headers, body);
+    let Some((p, p_body)) = &prepared.concurrent_prefill else {
+        let response = decode(prepared.body.clone()).await?;
+        return Ok(Sent {
+            response,
+            pair_failed: false,
+        });
+    };
+    let prefill = async {
+        match upstream
+            .post(&p.spec.base_url, path, &prepared.headers, p_body.clone())
+            .await
+        {
+            Ok((status, _)) if status.is_success() => Ok(()),
+            Ok((status, _)) => Err(ForwardError::Refused(status.as_u16())),
+            Err(ForwardError::Connect) => {
+                p.mark_down("connection refused");
+                Err(ForwardError::Connect)
+            }
+            Err(e) => Err(e),
+        }
+    };
+    match tokio::try_join!(prefill, decode(prepared.body.clone())) {
+        Ok(((), response)) => Ok(Sent {
+            response,
+            pair_failed: false,
+        }),
+        Err(e) => {
+            tracing::warn!(prefill = %p.spec.name, error = %e, "SGLang pair failed; running whole on the decode worker");
+            let whole = match serde_json::from_slice::<Value>(&prepared.body) {
+                Ok(v) => Bytes::from(sglang::without_bootstrap(&v).to_string()),
+                Err(_) => prepared.body.clone(),
+            };
+            let response = decode(whole).await?;
+            Ok(Sent {
+                response,
+                pair_failed: true,
+            })
+        }
+    }
+}
+
+/// SGLang: one body with the bootstrap triple for both legs.
+fn sglang_body(step: &Step<'_>, p: &Worker) -> Option<Bytes> {
+    let original: Value = serde_json::from_slice(step.body).ok()?;
+    let (host, _) = p.spec.host_port()?;
+    let rooms: Vec<u64> = (0..sglang::batch_size(&original))
+        .map(|_| sglang::room(random_u64()))
+        .collect();
+    let b = sglang::Bootstrap {
+        host,
+        port: p.spec.bootstrap_port,
+    };
+    Some(Bytes::from(
+        sglang::with_bootstrap(&original, &b, &rooms).to_string(),
+    ))
+}
+
+/// A random 64-bit number (bootstrap rooms): std's per-process random hasher keys, mixed
+/// with a counter, so no RNG crate is pulled in for one function.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// A typed request body as JSON (these types always serialize).
+fn json_body(v: &impl serde::Serialize) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}

@@ -1,0 +1,143 @@
+//! Feedback: what an executed step teaches the router. The dispatch legs' outcome goes to
+//! metrics and the policy's calibration; the decode worker's answer to the plan metrics;
+//! the prompt's block hashes (from the identity stage, never re-derived from the body) to
+//! the approximate KV index, the session's idle tracking and the ownership records.
+
+use ownerserve_planner::plan::Action;
+use ownerserve_planner::policy::{Decision, Dispatch};
+use ownerserve_shim::engines::KV_RECEIVED_BYTES_HEADER;
+
+use super::dispatch::Prepared;
+use super::identity::Identity;
+use super::view::StepView;
+use crate::directory_client::Lookup;
+use crate::metrics::proxy::Placement;
+use crate::ownership_sync::{Effects, Routed};
+use crate::registry::Worker;
+use crate::server::AppState;
+use crate::sessions::{self, Activity};
+
+/// Counts what the legs before the decode request did: a fallback, a migration's bytes,
+/// and a timed prefill leg for the policy's calibration.
+pub fn legs_ran(st: &AppState, action: Action, prepared: &Prepared) {
+    if prepared.fell_back {
+        st.metrics.fallback(action);
+    }
+    if let Some(bytes) = prepared.migrated_bytes {
+        st.metrics.migrated(bytes);
+    }
+    if let Some(t) = prepared.prefill.filter(|_| st.cfg.planner_calibrate) {
+        let observed = t.observed_s * st.cfg.planner_time_scale;
+        st.policy.observe_prefill(t.worker, t.predicted_s, observed);
+    }
+}
+
+/// Records a step the decode worker accepted: its metrics, where its prompt now is, the
+/// session's activity (returned, to be held until the response ends) and the directory
+/// records of its ownership.
+pub fn accepted(
+    st: &AppState,
+    decision: &Decision,
+    view: &StepView<'_>,
+    id: &Identity<'_>,
+    worker: &Worker,
+    response: &hyper::Response<hyper::body::Incoming>,
+    prepared: &Prepared,
+) -> Option<Activity> {
+    observe(st, decision, view, id.session, response, prepared);
+    // Only what the policy itself hashed feeds the index and the idle tail (a policy
+    // that reads neither hashes the prompt only for the ownership records).
+    let needs = st.policy.needs();
+    let hashes = if needs.prefix_match || needs.directory {
+        id.hashes()
+    } else {
+        &[]
+    };
+    st.kv.record_routed(worker, hashes);
+    let activity = id.tracked().map(|s| {
+        st.sessions
+            .start(s, worker.id, tail_hashes(st, hashes), sessions::now_ms())
+    });
+    let predicted_gap_ms = activity.as_ref().and_then(|a| a.0);
+    if let Some(sync) = &st.ownership {
+        sync.record(Routed {
+            worker: worker.id,
+            session: id.session.map(str::to_owned),
+            prompt: id.prompt.clone(),
+            effects: effects(
+                decision,
+                &view.lookup,
+                prepared,
+                id.child.clone(),
+                predicted_gap_ms,
+            ),
+        });
+    }
+    activity.map(|a| a.1)
+}
+
+/// Counts an executed step: its plan and the planner's decision, where a session's step
+/// ran against its owner, and the KV its decode worker reports receiving.
+fn observe(
+    st: &AppState,
+    decision: &Decision,
+    view: &StepView<'_>,
+    session: Option<&str>,
+    response: &hyper::Response<hyper::body::Incoming>,
+    prepared: &Prepared,
+) {
+    let action = decision.action();
+    st.metrics.plan(action);
+    if let Some(plan) = &decision.plan {
+        st.metrics.decided(plan, st.cfg.planner.weights);
+    }
+    if session.is_some() && st.policy.needs().directory {
+        st.metrics.session_step(match view.lookup.owner {
+            Some(owner) if owner == decision.worker => Placement::Owner,
+            Some(_) => Placement::Elsewhere,
+            None => Placement::Unowned,
+        });
+    }
+    let received = response
+        .headers()
+        .get(KV_RECEIVED_BYTES_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if !prepared.fell_back {
+        st.metrics.kv_received(action, received);
+    }
+}
+
+/// Block hashes of the prompt past its sealed prefix: what a demotion drops.
+fn tail_hashes(st: &AppState, hashes: &[u64]) -> Vec<u64> {
+    let block = st.kv.block_size() as u64;
+    let tokens = hashes.len() as u64 * block;
+    let sealed = st
+        .cfg
+        .planner
+        .model
+        .prefix_state(tokens, block as u32)
+        .sealed_tokens;
+    hashes[((sealed / block.max(1)) as usize).min(hashes.len())..].to_vec()
+}
+
+/// The directory effects of an executed decision.
+fn effects(
+    decision: &Decision,
+    lookup: &Lookup,
+    prepared: &Prepared,
+    child: Option<String>,
+    predicted_gap_ms: Option<u64>,
+) -> Effects {
+    let moved = lookup.owner != Some(decision.worker);
+    let fetched = matches!(decision.dispatch, Dispatch::Fetch { .. }) && !prepared.fell_back;
+    Effects {
+        expect_epoch: if moved { prepared.epoch } else { None },
+        replicate: fetched
+            .then_some(lookup.artifact_key.map(|k| k.0))
+            .flatten(),
+        fork: child.zip(lookup.epoch),
+        predicted_gap_ms,
+    }
+}

@@ -1,0 +1,282 @@
+//! Identity: who a step belongs to and what its prompt is. The session (and a fork's
+//! child session) come from headers and body; the prompt's tokens and block hashes are
+//! computed once, as one [`HashedPrompt`] that every later stage reads (the view, the
+//! dispatch legs, and the ownership records of the feedback stage).
+//!
+//! A session's prompt is kept for its next step, which then tokenizes and hashes only
+//! what it adds. Prompts over [`OFFLOAD_PROMPT_BYTES`] are tokenized on the blocking pool.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, HeaderValue};
+
+use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
+use ownerserve_planner::tokenized::Tokenized;
+use ownerserve_shim::openai::{ParsedRequest, RenderedPrompt};
+
+use crate::error::ApiError;
+use crate::headers;
+use crate::prompt_cache::PromptCache;
+
+/// Prompts with more text than this are tokenized and hashed on the blocking pool, so a
+/// 100K-token prompt (a millisecond or more of CPU) never stalls the runtime thread that
+/// relays every other request's stream. Below it, the hand-off costs more than it saves.
+const OFFLOAD_PROMPT_BYTES: usize = 16 * 1024;
+
+/// Who a step belongs to and its prompt.
+#[derive(Debug)]
+pub struct Identity<'a> {
+    /// The session: `x-session-id`, else OpenAI's `user`, else `metadata.session_id`.
+    pub session: Option<&'a str>,
+    /// The client marked the step as a fork of its session.
+    pub fork: bool,
+    /// The child session a fork (`n > 1` or the fork header) starts; the parent stays put.
+    pub child: Option<String>,
+    /// Tokens and block hashes (empty when nothing downstream reads them).
+    pub prompt: Arc<HashedPrompt>,
+}
+
+impl Identity<'_> {
+    /// The session this step's activity counts for: a fork's child, else the session.
+    pub fn tracked(&self) -> Option<&str> {
+        self.child.as_deref().or(self.session)
+    }
+
+    /// Prompt length in tokens (0 when not tokenized).
+    pub fn prompt_tokens(&self) -> u32 {
+        u32::try_from(self.prompt.tokenized.tokens.len()).unwrap_or(u32::MAX)
+    }
+
+    pub fn hashes(&self) -> &[u64] {
+        &self.prompt.hashes
+    }
+}
+
+/// What the identity stage does with the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hashing {
+    /// Nothing downstream reads tokens or hashes: skip the work.
+    Skip,
+    /// Tokenize and hash; keep a session's prompt for its next step.
+    Keep,
+    /// Tokenize and hash, reusing a kept prompt but keeping nothing (a dry run).
+    Peek,
+}
+
+/// Tokenizes and hashes prompts, keeping each session's last one.
+pub struct PromptHasher {
+    block_size: usize,
+    cache: PromptCache,
+}
+
+impl PromptHasher {
+    /// Hashes in blocks of `block_size` tokens, keeping up to `cache_bytes` of prompts.
+    pub fn new(block_size: usize, cache_bytes: usize) -> Self {
+        Self {
+            block_size,
+            cache: PromptCache::new(cache_bytes),
+        }
+    }
+
+    /// The prompt's tokens and block hashes.
+    pub async fn hash(
+        &self,
+        prompt: RenderedPrompt,
+        session: Option<&str>,
+        hashing: Hashing,
+    ) -> Result<Arc<HashedPrompt>, ApiError> {
+        let prev = session.and_then(|s| self.cache.get(s));
+        let keep = hashing == Hashing::Keep && session.is_some();
+        let block_size = self.block_size;
+        let prompt_len = prompt.text_len();
+        let work = move || {
+            // Only a kept prompt needs restart points, and should hold no spare capacity
+            // (the tokenizer reserves for a dense text).
+            let tokenized = if keep {
+                let mut t = prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized));
+                t.shrink_to_fit();
+                t
+            } else {
+                Tokenized::from_tokens(prompt.into_tokens())
+            };
+            let hashes = match &prev {
+                Some(prev) => prompt_hashes_after(prev, &tokenized.tokens, block_size, XXH3_SEED),
+                None => prompt_hashes(&tokenized.tokens, block_size, XXH3_SEED),
+            };
+            HashedPrompt { tokenized, hashes }
+        };
+        let hashed = if prompt_len < OFFLOAD_PROMPT_BYTES {
+            work()
+        } else {
+            tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
+        };
+        let hashed = Arc::new(hashed);
+        if let (true, Some(s)) = (keep, session) {
+            self.cache.put(s, hashed.clone());
+        }
+        Ok(hashed)
+    }
+}
+
+/// The step's identity; `request_id` names an unnamed fork's child.
+pub async fn identify<'a>(
+    hasher: &PromptHasher,
+    headers: &'a HeaderMap,
+    parsed: &'a ParsedRequest<'_>,
+    request_id: &HeaderValue,
+    hashing: Hashing,
+) -> Result<Identity<'a>, ApiError> {
+    let session = session_of(headers, parsed);
+    let fork = fork_of(headers);
+    let child = (fork.is_some() || parsed.sampling.n > 1)
+        .then(|| session.map(|s| child_session(s, fork, request_id)))
+        .flatten();
+    let prompt = match (hashing, parsed.rendered_prompts().into_iter().next()) {
+        (Hashing::Skip, _) | (_, None) => Arc::default(),
+        (hashing, Some(prompt)) => hasher.hash(prompt, session, hashing).await?,
+    };
+    Ok(Identity {
+        session,
+        fork: fork.is_some(),
+        child,
+        prompt,
+    })
+}
+
+/// The session a request belongs to: the `x-session-id` header, else OpenAI's `user`, else
+/// `metadata.session_id`.
+fn session_of<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> Option<&'a str> {
+    headers
+        .get(headers::SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+        .or(parsed.user.as_deref())
+        .or(parsed.session_id.as_deref())
+}
+
+/// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
+/// empty, `0` and `false` ask for none.
+fn fork_of(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(headers::FORK)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && !matches!(*v, "0" | "false"))
+}
+
+/// The child session of a fork of `session`: the header's name, or one made up from the
+/// request id (`x-ownerserve-fork: 1`, or `n > 1` without the header).
+fn child_session(session: &str, fork: Option<&str>, request_id: &HeaderValue) -> String {
+    match fork {
+        Some(named) if !matches!(named, "1" | "true") => named.to_owned(),
+        _ => format!("{session}/fork-{}", request_id.to_str().unwrap_or("fork")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ownerserve_shim::openai::{parse, Endpoint};
+
+    use super::*;
+
+    fn chat(text: &str, n: u32) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "model": "m", "n": n, "messages": [{"role": "user", "content": text}]
+        }))
+        .unwrap()
+    }
+
+    type Pairs = &'static [(&'static str, &'static str)];
+
+    const SESSION: &str = "x-session-id";
+    const FORK: &str = "x-ownerserve-fork";
+
+    fn headers(pairs: Pairs) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[tokio::test]
+    async fn a_session_step_hashes_like_a_fresh_prompt_and_is_kept_for_the_next() {
+        let hasher = PromptHasher::new(16, 1 << 20);
+        let h = headers(&[(SESSION, "s1")]);
+        let rid = HeaderValue::from_static("r1");
+        let long = "tool output line\n".repeat(400);
+        let mut texts = vec![
+            long.clone(),
+            format!("{long} and then more"),
+            "unrelated".into(),
+        ];
+        texts.push(format!("{long}{}", "x".repeat(20_000)));
+        for text in texts {
+            let body = chat(&text, 1);
+            let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+            let id = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+                .await
+                .unwrap();
+            let whole = parsed.prompt_tokens().remove(0);
+            assert_eq!(id.session, Some("s1"));
+            assert_eq!(id.prompt.tokenized.tokens, whole);
+            assert_eq!(id.hashes(), prompt_hashes(&whole, 16, XXH3_SEED));
+            assert_eq!(hasher.cache.get("s1").as_deref(), Some(&*id.prompt));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dry_run_keeps_nothing_and_skipping_hashes_nothing() {
+        let hasher = PromptHasher::new(16, 1 << 20);
+        let h = headers(&[(SESSION, "s1")]);
+        let rid = HeaderValue::from_static("r1");
+        let body = chat("hello there", 1);
+        let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+        let peek = identify(&hasher, &h, &parsed, &rid, Hashing::Peek)
+            .await
+            .unwrap();
+        assert!(!peek.prompt.tokenized.tokens.is_empty());
+        assert!(hasher.cache.get("s1").is_none());
+        let skip = identify(&hasher, &h, &parsed, &rid, Hashing::Skip)
+            .await
+            .unwrap();
+        assert_eq!(skip.prompt_tokens(), 0);
+        assert!(skip.hashes().is_empty());
+    }
+
+    #[tokio::test]
+    async fn forks_start_a_child_session_named_by_the_header_or_the_request_id() {
+        let hasher = PromptHasher::new(16, 0);
+        let rid = HeaderValue::from_static("r9");
+        let one = chat("hi", 1);
+        let three = chat("hi", 3);
+        let parsed_one = parse(&one, Endpoint::ChatCompletions).unwrap();
+        let parsed_three = parse(&three, Endpoint::ChatCompletions).unwrap();
+        type Case<'a> = (Pairs, &'a ParsedRequest<'a>, Option<&'a str>);
+        let cases: [Case<'_>; 5] = [
+            (&[(SESSION, "s")], &parsed_one, None),
+            (
+                &[(SESSION, "s"), (FORK, "1")],
+                &parsed_one,
+                Some("s/fork-r9"),
+            ),
+            (&[(SESSION, "s"), (FORK, "kid")], &parsed_one, Some("kid")),
+            (&[(SESSION, "s"), (FORK, "false")], &parsed_one, None),
+            (&[(SESSION, "s")], &parsed_three, Some("s/fork-r9")),
+        ];
+        for (pairs, parsed, child) in cases {
+            let h = headers(pairs);
+            let id = identify(&hasher, &h, parsed, &rid, Hashing::Skip)
+                .await
+                .unwrap();
+            assert_eq!(id.child.as_deref(), child, "{pairs:?}");
+            assert_eq!(id.tracked(), child.or(Some("s")));
+        }
+        // Without a session there is nothing to fork.
+        let h = headers(&[(FORK, "1")]);
+        let id = identify(&hasher, &h, &parsed_one, &rid, Hashing::Skip)
+            .await
+            .unwrap();
+        assert_eq!((id.fork, id.child), (true, None));
+    }
+}

@@ -1,0 +1,92 @@
+//! Ingress: the client's body read within its limit, parsed and validated by the shared
+//! OpenAI parser, and its model checked against the fleet. Nothing past this stage sees an
+//! unvalidated request. (The proxy does not authenticate clients itself: their
+//! `Authorization` goes on to the engines, which run with their own `--api-key`.)
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::error::ApiError;
+use crate::registry::{ModelAvailability, Registry};
+
+/// Most bytes of an oversized body read and discarded before answering 413, so the client
+/// can finish sending and read the error instead of seeing a reset connection.
+const DRAIN_LIMIT_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Reads the body up to `limit` bytes. A bigger body is drained (up to a cap) and refused.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > DRAIN_LIMIT_BYTES) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let mut body = body;
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
+    let mut seen: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ApiError::BodyRead(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len() as u64;
+        if seen > DRAIN_LIMIT_BYTES {
+            break;
+        }
+        if seen <= limit as u64 {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > limit as u64 {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    Ok(buf.freeze())
+}
+
+/// Fails for a model no worker serves (404) or none serves right now (503).
+pub fn check_model(registry: &Registry, model: &str) -> Result<(), ApiError> {
+    match registry.availability(model) {
+        ModelAvailability::Available => Ok(()),
+        ModelAvailability::Unavailable => Err(ApiError::NoHealthyWorker {
+            model: model.to_owned(),
+        }),
+        ModelAvailability::Unknown => Err(ApiError::ModelNotFound(model.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read(
+        body: &'static [u8],
+        declared: Option<u64>,
+        limit: usize,
+    ) -> Result<Bytes, ApiError> {
+        let mut headers = HeaderMap::new();
+        if let Some(n) = declared {
+            headers.insert(header::CONTENT_LENGTH, n.into());
+        }
+        read_body(&headers, Body::from(body), limit).await
+    }
+
+    #[tokio::test]
+    async fn a_body_within_the_limit_is_read_whole_and_a_larger_one_refused() {
+        assert_eq!(
+            read(b"{\"a\":1}", Some(7), 7).await.unwrap(),
+            &b"{\"a\":1}"[..]
+        );
+        assert!(matches!(
+            read(b"{\"a\":1}", None, 6).await,
+            Err(ApiError::BodyTooLarge { limit: 6 })
+        ));
+        // A declared length past the drain cap is refused before reading anything.
+        assert!(matches!(
+            read(b"", Some(DRAIN_LIMIT_BYTES + 1), 1024).await,
+            Err(ApiError::BodyTooLarge { limit: 1024 })
+        ));
+    }
+}

@@ -1,0 +1,135 @@
+//! The proxy's request path, one stage per file, each handing the next what it computed:
+//!
+//! ```text
+//! ingress   read the body within its limit, parse and validate it, check the model
+//!    ↓
+//! identity  session, fork child, prompt tokens and block hashes (one HashedPrompt)
+//!    ↓
+//! view      the planner's input: directory lookup, KV-index matches, worker load
+//!    ↓
+//! plan      the routing policy's decision
+//!    ↓
+//! dispatch  the engines' protocols: prefill legs, fetch, migration, the decode request
+//!    ↓
+//! relay     the worker's response streamed back
+//!    ↓
+//! feedback  metrics, calibration, KV index, session activity, ownership records
+//! ```
+//!
+//! A worker that refuses the connection is marked down and the step is planned again
+//! without it; any other failure is the client's error.
+
+pub mod dispatch;
+pub mod feedback;
+pub mod identity;
+pub mod ingress;
+pub mod plan;
+pub mod relay;
+pub mod view;
+
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::http::header;
+use axum::response::Response;
+
+use ownerserve_shim::openai::{self, Endpoint};
+
+use crate::error::ApiError;
+use crate::metrics::http::Executed;
+use crate::server::AppState;
+use crate::upstream::ForwardError;
+
+/// Serves one client request to `endpoint`.
+pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
+    let started = Instant::now();
+    let path = endpoint.path();
+    let (parts, body) = req.into_parts();
+    let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
+    let parsed = openai::parse(&bytes, endpoint)?;
+    ingress::check_model(&st.registry, &parsed.model)?;
+    let request_id = crate::request_id::of(&parts.headers);
+    let id = identity::identify(
+        &st.prompts,
+        &parts.headers,
+        &parsed,
+        &request_id,
+        st.hashing(),
+    )
+    .await?;
+    let needs = st.policy.needs();
+    let view = st
+        .sources()
+        .step(&parsed.model, &id, parsed.sampling.n, needs);
+    let block = u64::from(view.route.block_size);
+    let mut failed = Vec::new();
+    loop {
+        let candidates = st
+            .sources()
+            .candidates(&parsed.model, id.hashes(), &failed, needs);
+        let decision = st.policy.choose(&view.route, &candidates)?;
+        let Some(worker) = st.registry.get(decision.worker) else {
+            return Err(ApiError::NoHealthyWorker {
+                model: parsed.model.to_string(),
+            });
+        };
+        let step = dispatch::Step {
+            path,
+            body: &bytes,
+            session: id.session,
+            lookup: &view.lookup,
+            hashes: id.hashes(),
+            block,
+            request_id: request_id.clone(),
+            authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
+        };
+        let action = decision.action();
+        let prepared = st.dispatcher().prepare(&step, &decision, worker).await;
+        feedback::legs_ran(st, action, &prepared);
+        let cached = candidates
+            .iter()
+            .find(|c| c.id == worker.id)
+            .map_or(0, |c| u64::from(c.cached_blocks));
+        let prefill = u64::from(view.route.prompt_tokens).saturating_sub(cached * block);
+        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill);
+        st.metrics.dispatched(action, started.elapsed());
+        match dispatch::send(&st.upstream, worker, path, &parts.headers, &prepared).await {
+            Ok(sent) => {
+                if sent.pair_failed {
+                    st.metrics.fallback(action);
+                }
+                let (name, reason) = (
+                    action.name(),
+                    decision.plan.as_ref().map_or("", |p| p.reason.as_str()),
+                );
+                tracing::debug!(action = name, worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
+                let activity = feedback::accepted(
+                    st,
+                    &decision,
+                    &view,
+                    &id,
+                    worker,
+                    &sent.response,
+                    &prepared,
+                );
+                let first_byte = relay::FirstByte {
+                    histogram: st.metrics.ttft(action),
+                    started,
+                };
+                let mut relayed =
+                    relay::relay(sent.response, worker, in_flight, activity, Some(first_byte));
+                relayed.extensions_mut().insert(Executed(action));
+                return Ok(relayed);
+            }
+            // Nothing reached the worker: mark it down and try the next one.
+            Err(ForwardError::Connect) => {
+                worker.mark_down("connection refused");
+                failed.push(worker.id);
+            }
+            Err(e) => {
+                tracing::warn!(worker = %worker.spec.name, error = %e, "forward failed");
+                return Err(e.into_api(worker));
+            }
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! Plan: the routing policy's decision for a step. The policy is one mutable object shared
+//! by every request (it keeps round-robin counters, calibration and sampling state), so
+//! it sits behind a mutex that is held only for the pure `choose` call.
+
+use std::sync::{Mutex, MutexGuard};
+
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::plan::Plan;
+use ownerserve_planner::policy::{Decision, Policy, PolicyError, RouteRequest, WorkerView};
+
+use super::view::Needs;
+use crate::error::ApiError;
+
+/// The router's routing policy.
+pub struct RoutingPolicy {
+    policy: Mutex<Box<dyn Policy>>,
+    needs: Needs,
+}
+
+impl RoutingPolicy {
+    pub fn new(policy: Box<dyn Policy>) -> Self {
+        let needs = Needs {
+            prefix_match: policy.needs_prefix_match(),
+            directory: policy.needs_directory(),
+        };
+        Self {
+            policy: Mutex::new(policy),
+            needs,
+        }
+    }
+
+    /// The sources the policy reads.
+    pub fn needs(&self) -> Needs {
+        self.needs
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Box<dyn Policy>> {
+        self.policy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The policy's decision among `candidates`, or the client's error when there is none.
+    pub fn choose(
+        &self,
+        route: &RouteRequest<'_>,
+        candidates: &[WorkerView],
+    ) -> Result<Decision, ApiError> {
+        self.lock()
+            .choose(route, candidates)
+            .map_err(|e| no_decision(e, route.model))
+    }
+
+    /// The policy's cost plan for `route`, every candidate listed (`None` when the policy
+    /// has no cost planner).
+    pub fn explain(
+        &self,
+        route: &RouteRequest<'_>,
+        candidates: &[WorkerView],
+    ) -> Option<Result<Plan, PolicyError>> {
+        self.lock().explain(route, candidates)
+    }
+
+    /// Feeds an observed prefill back to the policy's calibration.
+    pub fn observe_prefill(&self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
+        self.lock().observe_prefill(worker, predicted_s, observed_s);
+    }
+}
+
+/// The client's error when no worker can take a step.
+pub fn no_decision(e: PolicyError, model: &str) -> ApiError {
+    let model = model.to_owned();
+    match e {
+        PolicyError::AllBusy => ApiError::AllBusy { model },
+        PolicyError::NoHealthyWorker => ApiError::NoHealthyWorker { model },
+    }
+}
