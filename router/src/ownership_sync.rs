@@ -230,3 +230,94 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+    use ownerserve_planner::tokenized::Tokenized;
+
+    use super::*;
+
+    fn routed(tokens: usize, session: Option<&str>, effects: Effects) -> Routed {
+        let tokens: Vec<u32> = (0..tokens as u32).collect();
+        let hashes = prompt_hashes(&tokens, 16, XXH3_SEED);
+        Routed {
+            worker: WorkerId(3),
+            session: session.map(str::to_owned),
+            prompt: Arc::new(HashedPrompt {
+                tokenized: Tokenized::from_tokens(tokens),
+                hashes,
+            }),
+            effects,
+        }
+    }
+
+    #[test]
+    fn a_session_step_claims_its_prefix_and_sets_its_decode_owner() {
+        let r = routed(
+            40,
+            Some("s1"),
+            Effects {
+                predicted_gap_ms: Some(900),
+                ..Effects::default()
+            },
+        );
+        let key = PrefixKey(r.prompt.hashes[1]);
+        let commands = commands_for(&r, LeaseId(5), 16);
+        let [Command::Claim {
+            key: claimed,
+            lease,
+            spec,
+            expect_epoch: None,
+        }, Command::SetDecodeOwner {
+            session,
+            lease: owner_lease,
+            prefix,
+            tail_tokens,
+            predicted_tool_gap_ms,
+            expect_epoch: None,
+        }] = commands.as_slice()
+        else {
+            panic!("{commands:?}");
+        };
+        assert_eq!((*claimed, *lease, spec.blocks), (key, LeaseId(5), (0, 2)));
+        assert_eq!(
+            (session.0.as_str(), *owner_lease, *prefix),
+            ("s1", LeaseId(5), Some(key))
+        );
+        assert_eq!((*tail_tokens, *predicted_tool_gap_ms), (8, Some(900)));
+    }
+
+    #[test]
+    fn a_fetch_registers_the_copy_a_fork_forks_and_a_short_stateless_prompt_records_nothing() {
+        let effects = Effects {
+            replicate: Some(PrefixKey(77)),
+            fork: Some(("s1/kid".into(), Epoch(4))),
+            ..Effects::default()
+        };
+        let commands = commands_for(&routed(32, Some("s1"), effects), LeaseId(1), 16);
+        assert!(matches!(
+            commands[0],
+            Command::ReplicateReadOnly {
+                key: PrefixKey(77),
+                worker: DirWorkerId(3),
+                tier: Tier::Gpu
+            }
+        ));
+        assert!(matches!(commands[1], Command::Claim { .. }));
+        let Command::Fork {
+            parent,
+            child,
+            parent_epoch,
+            ..
+        } = &commands[2]
+        else {
+            panic!("{commands:?}");
+        };
+        assert_eq!(
+            (parent.0.as_str(), child.0.as_str(), *parent_epoch),
+            ("s1", "s1/kid", Epoch(4))
+        );
+        assert!(commands_for(&routed(8, None, Effects::default()), LeaseId(1), 16).is_empty());
+    }
+}

@@ -331,3 +331,6 @@ fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
         None => ApiError::UnknownWorker(name.to_owned()).into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests;

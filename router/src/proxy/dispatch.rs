@@ -463,3 +463,6 @@ fn random_u64() -> u64 {
 fn json_body(v: &impl serde::Serialize) -> Bytes {
     Bytes::from(serde_json::to_vec(v).unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests;

@@ -141,3 +141,108 @@ fn effects(
         predicted_gap_ms,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use ownerserve_ownership::ids::{Epoch, PrefixKey};
+    use ownerserve_planner::ids::WorkerId;
+
+    use super::*;
+
+    fn prepared(epoch: u64, fell_back: bool) -> Prepared {
+        Prepared {
+            body: bytes::Bytes::new(),
+            headers: Vec::new(),
+            epoch: Some(Epoch(epoch)),
+            concurrent_prefill: None,
+            fell_back,
+            prefill: None,
+            migrated_bytes: None,
+        }
+    }
+
+    fn decision(worker: u32, dispatch: Dispatch) -> Decision {
+        Decision {
+            worker: WorkerId(worker),
+            dispatch,
+            plan: None,
+        }
+    }
+
+    #[test]
+    fn a_step_that_moves_its_session_is_fenced_by_the_epoch_it_saw() {
+        let lookup = Lookup {
+            owner: Some(WorkerId(1)),
+            epoch: Some(Epoch(5)),
+            ..Lookup::default()
+        };
+        let stay = effects(
+            &decision(1, Dispatch::Single),
+            &lookup,
+            &prepared(5, false),
+            None,
+            Some(3),
+        );
+        assert_eq!(
+            stay,
+            Effects {
+                predicted_gap_ms: Some(3),
+                ..Effects::default()
+            }
+        );
+        let moved = effects(
+            &decision(2, Dispatch::Single),
+            &lookup,
+            &prepared(5, false),
+            None,
+            None,
+        );
+        assert_eq!(moved.expect_epoch, Some(Epoch(5)));
+        let fork = effects(
+            &decision(1, Dispatch::Single),
+            &lookup,
+            &prepared(5, false),
+            Some("kid".into()),
+            None,
+        );
+        assert_eq!(fork.fork, Some(("kid".into(), Epoch(5))));
+    }
+
+    #[test]
+    fn only_a_fetch_that_ran_registers_a_copy() {
+        let lookup = Lookup {
+            artifact_key: Some((PrefixKey(42), Epoch(2))),
+            ..Lookup::default()
+        };
+        let fetch = Dispatch::Fetch {
+            source: WorkerId(0),
+            tokens: 32,
+        };
+        assert_eq!(
+            effects(
+                &decision(1, fetch),
+                &lookup,
+                &prepared(1, false),
+                None,
+                None
+            )
+            .replicate,
+            Some(PrefixKey(42))
+        );
+        assert_eq!(
+            effects(&decision(1, fetch), &lookup, &prepared(1, true), None, None).replicate,
+            None
+        );
+        assert_eq!(
+            effects(
+                &decision(1, Dispatch::Single),
+                &lookup,
+                &prepared(1, false),
+                None,
+                None
+            )
+            .replicate,
+            None
+        );
+    }
+}

@@ -87,3 +87,164 @@ impl<'a> Sources<'a> {
         views
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use ownerserve_ownership::ids::Epoch;
+    use ownerserve_ownership::{Command, Outcome};
+    use ownerserve_planner::hash::HashedPrompt;
+    use ownerserve_planner::ids::{EngineKind, Role};
+    use ownerserve_planner::kv_index::KvIndexConfig;
+    use ownerserve_planner::plan::ArtifactView;
+    use ownerserve_planner::tokenized::Tokenized;
+
+    use super::*;
+    use crate::config::WorkerSpec;
+    use crate::directory_client::{BoxFuture, DirectoryError};
+
+    /// A directory that answers every lookup with `answer`.
+    struct FixedDirectory(Lookup);
+
+    impl DirectoryClient for FixedDirectory {
+        fn write(&self, _: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
+            Box::pin(async { Err(DirectoryError::Protocol("read-only fake".into())) })
+        }
+
+        fn lookup(&self, _: Option<&str>, _: &[u64], _: u64) -> Lookup {
+            self.0
+        }
+    }
+
+    fn identity(tokens: usize) -> Identity<'static> {
+        let tokens: Vec<u32> = (0..tokens as u32).collect();
+        let hashes = ownerserve_planner::hash::prompt_hashes(
+            &tokens,
+            16,
+            ownerserve_planner::hash::XXH3_SEED,
+        );
+        Identity {
+            session: Some("s1"),
+            fork: true,
+            child: None,
+            prompt: Arc::new(HashedPrompt {
+                tokenized: Tokenized::from_tokens(tokens),
+                hashes,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_step_reads_the_directory_only_for_policies_that_use_it() {
+        let registry = Registry::new(vec![WorkerSpec::new(
+            "d",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Sim,
+        )]);
+        let kv = KvRouting::new(
+            KvIndexConfig {
+                block_size: 16,
+                ..KvIndexConfig::default()
+            },
+            Duration::from_secs(60),
+            &registry,
+        );
+        let owned = Lookup {
+            owner: Some(WorkerId(0)),
+            epoch: Some(Epoch(9)),
+            artifact: Some(ArtifactView {
+                owner: WorkerId(0),
+                tokens: 32,
+            }),
+            artifact_key: None,
+            consulted: true,
+        };
+        let directory = FixedDirectory(owned);
+        let sources = Sources {
+            registry: &registry,
+            kv: &kv,
+            directory: Some(&directory),
+        };
+        let id = identity(40);
+        let step = sources.step("m", &id, 2, Needs::ALL);
+        assert_eq!(step.lookup, owned);
+        let r = step.route;
+        assert_eq!(
+            (r.model, r.prompt_tokens, r.block_size, r.session),
+            ("m", 40, 16, Some("s1"))
+        );
+        assert_eq!(
+            (r.decode_owner, r.artifact, r.samples, r.fork),
+            (owned.owner, owned.artifact, 2, true)
+        );
+        let blind = sources.step(
+            "m",
+            &id,
+            1,
+            Needs {
+                prefix_match: true,
+                directory: false,
+            },
+        );
+        assert_eq!(blind.lookup, Lookup::default());
+        assert_eq!(
+            (blind.route.decode_owner, blind.route.artifact),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn candidates_carry_the_cached_prefix_only_for_policies_that_match() {
+        let registry = Registry::new(vec![
+            WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
+            WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
+        ]);
+        for w in registry.all() {
+            w.mark_healthy(vec!["m".into()]);
+        }
+        let kv = KvRouting::new(
+            KvIndexConfig {
+                block_size: 16,
+                ..KvIndexConfig::default()
+            },
+            Duration::from_secs(60),
+            &registry,
+        );
+        let id = identity(64);
+        let b = registry.get(WorkerId(1)).unwrap();
+        kv.record_routed(b, &id.hashes()[..3]);
+        let sources = Sources {
+            registry: &registry,
+            kv: &kv,
+            directory: None,
+        };
+        let cached = |needs, excluded: &[WorkerId]| -> Vec<(WorkerId, u32)> {
+            sources
+                .candidates("m", id.hashes(), excluded, needs)
+                .iter()
+                .map(|c| (c.id, c.cached_blocks))
+                .collect()
+        };
+        assert_eq!(
+            cached(Needs::ALL, &[]),
+            [(WorkerId(0), 0), (WorkerId(1), 3)]
+        );
+        assert_eq!(
+            cached(
+                Needs {
+                    prefix_match: false,
+                    directory: true
+                },
+                &[]
+            ),
+            [(WorkerId(0), 0), (WorkerId(1), 0)]
+        );
+        assert_eq!(cached(Needs::ALL, &[WorkerId(1)]), [(WorkerId(0), 0)]);
+        assert!(sources
+            .candidates("other", id.hashes(), &[], Needs::ALL)
+            .is_empty());
+    }
+}

@@ -1,0 +1,91 @@
+//! The router built in process, in front of a simulated engine also in process: one
+//! client request goes through every stage and its ownership reaches the directory.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ownerserve_planner::ids::{EngineKind, Role};
+use ownerserve_shim::sim::config::SimSettings;
+
+use super::*;
+use crate::config::{DirectoryMode, RouterSettings, WorkerSpec};
+
+/// A simulated engine on an ephemeral port, ending with `shutdown`.
+async fn sim_worker(tracker: &TaskTracker, shutdown: &CancellationToken) -> SocketAddr {
+    let settings = SimSettings {
+        instant: true,
+        ..SimSettings::default()
+    };
+    let cfg = settings.build().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let token = shutdown.child_token();
+    tracker.spawn(
+        async move { ownerserve_shim::sim::server::serve(listener, cfg, None, token).await },
+    );
+    addr
+}
+
+#[tokio::test]
+async fn a_session_step_runs_through_every_stage_and_its_owner_reaches_the_directory() {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let data_dir = std::env::temp_dir().join(format!("ownerserve-inproc-{}", std::process::id()));
+    let settings = RouterSettings {
+        policy: "ownerserve".into(),
+        directory: DirectoryMode::Embedded,
+        directory_data_dir: Some(data_dir.clone()),
+        ..RouterSettings::default()
+    };
+    let spec = WorkerSpec::new(
+        "d0",
+        &format!("http://{worker}"),
+        Role::Hybrid,
+        EngineKind::Sim,
+    );
+    let cfg = RouterConfig::validate(&settings, vec![spec]).unwrap();
+    let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    tracker.spawn(async move { served.await });
+
+    let directory = state.sources().directory.unwrap();
+    assert_eq!(directory.lookup(Some("s-inproc"), &[], 16).owner, None);
+    let body = serde_json::json!({
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "messages": [{"role": "user", "content": "fix the failing test ".repeat(40)}],
+        "max_tokens": 4
+    });
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-session-id", "s-inproc")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-ownerserve-worker"], "d0");
+    let answer: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(answer["object"], "chat.completion");
+
+    // The ownership record is written off the request path, within a few flushes.
+    let mut owner = None;
+    for _ in 0..200 {
+        owner = directory.lookup(Some("s-inproc"), &[], 16).owner;
+        if owner.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(owner, Some(ownerserve_planner::ids::WorkerId(0)));
+
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    if let Some(node) = &state.directory {
+        node.raft.shutdown().await.ok();
+    }
+    std::fs::remove_dir_all(&data_dir).ok();
+}
