@@ -6,7 +6,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::auth::{Origin, Tokens};
@@ -22,6 +21,10 @@ use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
 use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 use ownerserve_shim::sim::config::{load, SimSettings};
+
+mod error;
+
+pub use error::ConfigError;
 
 /// The `[router]` table.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -276,13 +279,18 @@ pub struct UpFile {
 }
 
 /// The embedded default for `ownerserve up`: `configs/up.toml` as built.
-pub const DEFAULT_UP_TOML: &str = include_str!("../../configs/up.toml");
+pub const DEFAULT_UP_TOML: &str = include_str!("../../../configs/up.toml");
 
 /// Reads a TOML file into `T`, naming the file in every error.
-pub fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<T> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+pub fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Flags (or their `OWNERSERVE_*` variables) that override the `[router]` table.
@@ -407,14 +415,17 @@ pub struct RouterConfig {
 }
 
 /// Builds the cost planner's figures for `workers` (indexed as the registry numbers them).
-fn planner_setup(s: &RouterSettings, workers: &[WorkerSpec]) -> anyhow::Result<OwnerServeConfig> {
+fn planner_setup(
+    s: &RouterSettings,
+    workers: &[WorkerSpec],
+) -> Result<OwnerServeConfig, ConfigError> {
     let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
-        .context("router.planner_model")?;
-    let gpu =
-        load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml).context("router.planner_gpu")?;
+        .map_err(|e| ConfigError::router("planner_model", e))?;
+    let gpu = load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml)
+        .map_err(|e| ConfigError::router("planner_gpu", e))?;
     let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
     if !(link_gbs > 0.0 && link_gbs.is_finite()) {
-        bail!("router.planner_link_gbs must be positive");
+        return Err(ConfigError::router("planner_link_gbs", "must be positive"));
     }
     let weights = Weights {
         lambda_s_per_gb: s.planner_lambda_s_per_gb,
@@ -426,7 +437,7 @@ fn planner_setup(s: &RouterSettings, workers: &[WorkerSpec]) -> anyhow::Result<O
         ("planner_mu", weights.mu),
     ] {
         if !(v >= 0.0 && v.is_finite()) {
-            bail!("router.{field} must be zero or positive");
+            return Err(ConfigError::router(field, "must be zero or positive"));
         }
     }
     let index = |name: &str| {
@@ -434,16 +445,20 @@ fn planner_setup(s: &RouterSettings, workers: &[WorkerSpec]) -> anyhow::Result<O
             .iter()
             .position(|w| w.name == name)
             .map(|i| WorkerId(i as u32))
-            .with_context(|| format!("router.planner_links: no worker named `{name}`"))
+            .ok_or_else(|| {
+                ConfigError::router("planner_links", format!("no worker named `{name}`"))
+            })
     };
     let mut pairs = std::collections::BTreeMap::new();
     for l in &s.planner_links {
         if !(l.gbs > 0.0 && l.gbs.is_finite() && l.latency_us >= 0.0 && l.latency_us.is_finite()) {
-            bail!(
-                "router.planner_links {} -> {}: gbs must be positive, latency_us >= 0",
-                l.from,
-                l.to
-            );
+            return Err(ConfigError::router(
+                "planner_links",
+                format!(
+                    "{} -> {}: gbs must be positive, latency_us >= 0",
+                    l.from, l.to
+                ),
+            ));
         }
         let link = Link {
             bytes_per_s: l.gbs * 1e9,
@@ -458,7 +473,7 @@ fn planner_setup(s: &RouterSettings, workers: &[WorkerSpec]) -> anyhow::Result<O
         }
         let g = match &w.gpu {
             Some(name) => load(name, GpuSpec::preset, GpuSpec::from_toml)
-                .with_context(|| format!("worker {}: gpu", w.name))?,
+                .map_err(|e| ConfigError::invalid("workers", format!("{}.gpu", w.name), e))?,
             None => gpu.clone(),
         };
         let n = w.gpus.unwrap_or(s.planner_gpus).max(1);
@@ -491,9 +506,9 @@ pub enum DirectorySetup {
     Remote { urls: Vec<String> },
 }
 
-fn millis(field: &str, v: u64) -> anyhow::Result<Duration> {
+fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
-        bail!("router.{field} must be positive");
+        return Err(ConfigError::router(field, "must be positive"));
     }
     Ok(Duration::from_millis(v))
 }
@@ -510,31 +525,50 @@ impl RouterConfig {
     }
 
     /// Validates settings and a worker list into a config.
-    pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> anyhow::Result<Self> {
+    pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> Result<Self, ConfigError> {
         if let Some(url) = &s.kv_redis_url {
             redis_url_ok(url)?;
         }
         if !(1..=1024).contains(&s.kv_block_size) {
-            bail!("router.kv_block_size must be in 1..=1024");
+            return Err(ConfigError::router("kv_block_size", "must be in 1..=1024"));
         }
         if !(s.kv_overlap_weight >= 0.0 && s.kv_overlap_weight.is_finite()) {
-            bail!("router.kv_overlap_weight must be a non-negative number");
+            return Err(ConfigError::router(
+                "kv_overlap_weight",
+                "must be a non-negative number",
+            ));
         }
         if !(s.kv_temperature >= 0.0 && s.kv_temperature.is_finite()) {
-            bail!("router.kv_temperature must be a non-negative number");
+            return Err(ConfigError::router(
+                "kv_temperature",
+                "must be a non-negative number",
+            ));
         }
         if workers.is_empty() {
-            bail!("no workers configured");
+            return Err(ConfigError::invalid(
+                "workers",
+                "url",
+                "no workers configured",
+            ));
         }
         let planner = planner_setup(s, &workers)?;
         if !(s.planner_time_scale > 0.0 && s.planner_time_scale.is_finite()) {
-            bail!("router.planner_time_scale must be positive");
+            return Err(ConfigError::router(
+                "planner_time_scale",
+                "must be positive",
+            ));
         }
         if !(s.session_lease_factor > 0.0 && s.session_lease_factor.is_finite()) {
-            bail!("router.session_lease_factor must be positive");
+            return Err(ConfigError::router(
+                "session_lease_factor",
+                "must be positive",
+            ));
         }
         if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {
-            bail!("router.session_lease_min_ms must be positive and at most session_lease_max_ms");
+            return Err(ConfigError::router(
+                "session_lease_min_ms",
+                "must be positive and at most session_lease_max_ms",
+            ));
         }
         let policy_settings = PolicySettings {
             kv_aware: KvAwareConfig {
@@ -551,8 +585,9 @@ impl RouterConfig {
             ..PolicySettings::default()
         };
         policy::by_name(&s.policy, &policy_settings)
-            .map_err(|e| anyhow::anyhow!("router.policy: {e}"))?;
-        let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())?;
+            .map_err(|e| ConfigError::router("policy", e))?;
+        let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())
+            .map_err(|e| ConfigError::router("admin_token", e))?;
         let directory = match s.directory {
             DirectoryMode::Off => DirectorySetup::Off,
             DirectoryMode::Embedded => DirectorySetup::Embedded {
@@ -563,29 +598,45 @@ impl RouterConfig {
             },
             DirectoryMode::Remote => {
                 if s.directory_urls.is_empty() {
-                    bail!("router.directory = \"remote\" needs router.directory_urls");
+                    return Err(ConfigError::router(
+                        "directory_urls",
+                        "directory = \"remote\" needs at least one url",
+                    ));
                 }
                 let urls = s
                     .directory_urls
                     .iter()
-                    .map(|u| worker_url(u))
-                    .collect::<anyhow::Result<Vec<_>>>()?;
+                    .map(|u| worker_url(u).map_err(|e| ConfigError::router("directory_urls", e)))
+                    .collect::<Result<Vec<_>, _>>()?;
                 DirectorySetup::Remote { urls }
             }
         };
         if s.worker_lease_ttl_ms < 300 {
-            bail!("router.worker_lease_ttl_ms must be at least 300");
+            return Err(ConfigError::router(
+                "worker_lease_ttl_ms",
+                "must be at least 300",
+            ));
         }
         if s.max_body_bytes < 1024 {
-            bail!("router.max_body_bytes must be at least 1024");
+            return Err(ConfigError::router(
+                "max_body_bytes",
+                "must be at least 1024",
+            ));
         }
         if s.health_failure_threshold == 0 {
-            bail!("router.health_failure_threshold must be at least 1");
+            return Err(ConfigError::router(
+                "health_failure_threshold",
+                "must be at least 1",
+            ));
         }
         let mut names = std::collections::HashSet::new();
         for w in &workers {
             if !names.insert(&w.name) {
-                bail!("worker name `{}` is used twice", w.name);
+                return Err(ConfigError::invalid(
+                    "workers",
+                    "name",
+                    format!("`{}` is used twice", w.name),
+                ));
             }
         }
         Ok(Self {
@@ -635,30 +686,40 @@ impl RouterConfig {
     }
 }
 
-fn redis_url_ok(url: &str) -> anyhow::Result<()> {
+fn redis_url_ok(url: &str) -> Result<(), ConfigError> {
     if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-        bail!("router.kv_redis_url `{url}` must start with redis://");
+        return Err(ConfigError::router(
+            "kv_redis_url",
+            format!("`{url}` must start with redis://"),
+        ));
     }
     Ok(())
 }
 
-/// Checks a worker URL (`http://host:port`, no path) and strips a trailing slash.
-pub fn worker_url(url: &str) -> anyhow::Result<String> {
+/// Checks a worker URL (`http://host:port`, no path) and strips a trailing slash; the
+/// error says what is wrong with it (the caller names the key).
+pub fn worker_url(url: &str) -> Result<String, String> {
     let trimmed = url.trim_end_matches('/');
     let uri: http::Uri = trimmed
         .parse()
-        .with_context(|| format!("invalid worker url `{url}`"))?;
+        .map_err(|e| format!("invalid url `{url}`: {e}"))?;
     if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-        bail!("worker url `{url}` must look like http://host:port (https is not supported)");
+        return Err(format!(
+            "url `{url}` must look like http://host:port (https is not supported)"
+        ));
     }
     if !matches!(uri.path(), "" | "/") {
-        bail!("worker url `{url}` must not have a path");
+        return Err(format!("url `{url}` must not have a path"));
     }
     Ok(trimmed.to_owned())
 }
 
 /// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`.
-pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
+pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
+    let bad = |reason: String| ConfigError::WorkerFlag {
+        flag: flag.to_owned(),
+        reason,
+    };
     let mut parts = flag.split(',');
     let url = parts.next().unwrap_or_default().to_owned();
     let mut w = WorkerSettings {
@@ -675,31 +736,33 @@ pub fn parse_worker_flag(flag: &str) -> anyhow::Result<WorkerSettings> {
     for kv in parts {
         let (k, v) = kv
             .split_once('=')
-            .with_context(|| format!("--worker `{flag}`: expected key=value, got `{kv}`"))?;
+            .ok_or_else(|| bad(format!("expected key=value, got `{kv}`")))?;
         match k {
-            "role" => w.role = v.parse()?,
-            "engine" => w.engine = v.parse()?,
+            "role" => w.role = v.parse().map_err(|e| bad(format!("{e}")))?,
+            "engine" => w.engine = v.parse().map_err(|e| bad(format!("{e}")))?,
             "name" => w.name = Some(v.to_owned()),
             "kv_events" => w.kv_events = Some(v.to_owned()),
             "kv_replay" => w.kv_replay = Some(v.to_owned()),
             "gpu" => w.gpu = Some(v.to_owned()),
-            "gpus" => w.gpus = Some(v.parse().with_context(|| format!("--worker `{flag}`: gpus"))?),
+            "gpus" => w.gpus = Some(v.parse().map_err(|e| bad(format!("gpus: {e}")))?),
             "bootstrap_port" => {
-                w.bootstrap_port = Some(
-                    v.parse()
-                        .with_context(|| format!("--worker `{flag}`: bootstrap_port"))?,
-                )
+                w.bootstrap_port = Some(v.parse().map_err(|e| bad(format!("bootstrap_port: {e}")))?)
             }
-            _ => bail!(
-                "--worker `{flag}`: unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port)"
-            ),
+            _ => return Err(bad(format!(
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port)"
+            ))),
         }
     }
     Ok(w)
 }
 
+/// A configured worker's checked URL; the error names the worker.
+fn url(w: &WorkerSettings, name: &str) -> Result<String, ConfigError> {
+    worker_url(&w.url).map_err(|e| ConfigError::invalid("workers", format!("{name}.url"), e))
+}
+
 /// Turns configured workers into specs, naming unnamed ones `<role>-<n>`.
-pub fn worker_specs(workers: &[WorkerSettings]) -> anyhow::Result<Vec<WorkerSpec>> {
+pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, ConfigError> {
     let mut counts = std::collections::HashMap::new();
     workers
         .iter()
@@ -716,7 +779,7 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> anyhow::Result<Vec<WorkerSpec
                 gpu: w.gpu.clone(),
                 gpus: w.gpus,
                 bootstrap_port: w.bootstrap_port,
-                ..WorkerSpec::new(&name, &worker_url(&w.url)?, w.role, w.engine)
+                ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
             })
         })
         .collect()
@@ -746,7 +809,7 @@ mod tests {
     #[test]
     fn the_example_router_config_parses() {
         let file: RouterFile =
-            toml::from_str(include_str!("../../configs/router.example.toml")).unwrap();
+            toml::from_str(include_str!("../../../configs/router.example.toml")).unwrap();
         let specs = worker_specs(&file.workers).unwrap();
         RouterConfig::validate(&file.router, specs).unwrap();
     }
@@ -762,6 +825,59 @@ mod tests {
         assert!(parse_worker_flag("http://x:1,role=chef").is_err());
         assert!(worker_specs(&[parse_worker_flag("ftp://x:1").unwrap()]).is_err());
         assert!(worker_specs(&[parse_worker_flag("http://x:1/v1").unwrap()]).is_err());
+    }
+
+    #[test]
+    fn errors_name_the_section_and_key() {
+        let bad = |s: RouterSettings| {
+            let one = vec![WorkerSpec::new(
+                "a",
+                "http://127.0.0.1:1",
+                Role::Decode,
+                EngineKind::Sim,
+            )];
+            RouterConfig::validate(&s, one).unwrap_err().to_string()
+        };
+        let d = RouterSettings::default;
+        assert_eq!(
+            bad(RouterSettings {
+                kv_block_size: 0,
+                ..d()
+            }),
+            "router.kv_block_size: must be in 1..=1024"
+        );
+        assert_eq!(
+            bad(RouterSettings {
+                health_timeout_ms: 0,
+                ..d()
+            }),
+            "router.health_timeout_ms: must be positive"
+        );
+        assert_eq!(
+            bad(RouterSettings {
+                kv_redis_url: Some("http://r".into()),
+                ..d()
+            }),
+            "router.kv_redis_url: `http://r` must start with redis://"
+        );
+        assert!(bad(RouterSettings {
+            planner_gpu: "abacus".into(),
+            ..d()
+        })
+        .starts_with("router.planner_gpu: "));
+        let flag = parse_worker_flag("http://x:1,rol=decode")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            flag.starts_with("--worker `http://x:1,rol=decode`: unknown key `rol`"),
+            "{flag}"
+        );
+        let named =
+            worker_specs(&[parse_worker_flag("http://x:1/v1,name=d7").unwrap()]).unwrap_err();
+        assert_eq!(
+            named.to_string(),
+            "workers.d7.url: url `http://x:1/v1` must not have a path"
+        );
     }
 
     #[test]
