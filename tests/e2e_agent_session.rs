@@ -187,7 +187,7 @@ fn chat(turns: &[String], n: u32) -> Value {
 
 /// Polls the directory until stopped; returns the violations it saw.
 fn monitor(router: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<String>> {
-    tokio::spawn(async move {
+    tokio_util::task::TaskTracker::new().spawn(async move {
         let mut last: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut violations = Vec::new();
         while !stop.load(Ordering::Relaxed) {
@@ -410,7 +410,7 @@ async fn a_coding_agent_session_exercises_all_five_actions() {
     let busy: Vec<_> = (0..24)
         .map(|i| {
             let url = format!("{}/v1/chat/completions", fleet.url(&owner));
-            tokio::spawn(async move {
+            tokio_util::task::TaskTracker::new().spawn(async move {
                 let body = json!({"model": MODEL, "max_tokens": 3000, "ignore_eos": true,
                     "messages": [{"role": "user", "content": format!("background job {i}")}]});
                 let _ = client().post(url).json(&body).send().await;

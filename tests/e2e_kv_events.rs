@@ -36,7 +36,7 @@ fn spawn_subscriber(
     index: Arc<SharedIndex>,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<Subscriber> {
-    tokio::spawn(async move {
+    tokio_util::task::TaskTracker::new().spawn(async move {
         sub.run(index.as_ref(), &cancel).await;
         sub
     })

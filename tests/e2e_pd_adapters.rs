@@ -132,7 +132,7 @@ impl Fake {
             .route("/v1/completions", post(completion))
             .with_state(state.clone());
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
+        let task = tokio_util::task::TaskTracker::new().spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async {
                     let _ = stopped.await;

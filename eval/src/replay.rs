@@ -262,7 +262,8 @@ fn run_session(
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
         sh.sleep_until_virtual(start_s).await;
-        let mut forks = Vec::new();
+        // The forks' tasks are owned here and joined before the session ends.
+        let mut forks = tokio::task::JoinSet::new();
         let steps = sh.wl.sessions[session].steps.len();
         for k in 0..steps {
             let rec = sh.send(session, k).await;
@@ -270,20 +271,13 @@ fn run_session(
             let gap_s = sh.wl.sessions[session].steps[k].gap_after_ms.max(0.0) / 1e3;
             let next_s = sh.virtual_s(Instant::now()) + gap_s;
             for &c in sh.children.get(&(session, k)).into_iter().flatten() {
-                forks.push(tokio::spawn(run_session(
-                    sh.clone(),
-                    c,
-                    next_s,
-                    progress.clone(),
-                )));
+                forks.spawn(run_session(sh.clone(), c, next_s, progress.clone()));
             }
             if k + 1 < steps {
                 sh.sleep_until_virtual(next_s).await;
             }
         }
-        for f in forks {
-            let _ = f.await;
-        }
+        while forks.join_next().await.is_some() {}
     })
 }
 

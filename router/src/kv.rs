@@ -246,7 +246,7 @@ pub fn spawn(
         };
         let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size);
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
-        tracker.spawn(supervise(cfg, stats, sink, cancel, name));
+        tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
     let (kv, cancel) = (kv.clone(), cancel.clone());
     tracker.spawn(async move {
@@ -272,12 +272,13 @@ async fn supervise(
     sink: Arc<dyn EventSink>,
     cancel: CancellationToken,
     worker: String,
+    tracker: TaskTracker,
 ) {
     while !cancel.is_cancelled() {
         let mut sub = Subscriber::with_stats(cfg.clone(), stats.clone());
         let (sink, c) = (sink.clone(), cancel.clone());
         // A separate task only to catch a panic; it ends with `cancel` like its supervisor.
-        let run = tokio::spawn(async move { sub.run(sink.as_ref(), &c).await });
+        let run = tracker.spawn(async move { sub.run(sink.as_ref(), &c).await });
         if let Err(e) = run.await {
             tracing::error!(%worker, error = %e, "kv event subscriber died; restarting");
             tokio::time::sleep(Duration::from_secs(1)).await;

@@ -49,6 +49,10 @@ impl UpArgs {
 }
 
 /// Starts everything, prints what runs, and waits for Ctrl-C.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the whole stack's start-up, read top to bottom; not the request path"
+)]
 pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let mut file: UpFile = match &args.config {
         Some(path) => read_toml(path)?,

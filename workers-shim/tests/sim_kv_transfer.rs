@@ -38,7 +38,12 @@ impl Sim {
         let addr = listener.local_addr().unwrap();
         let publisher = bind_publisher(&cfg).await.unwrap();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(serve(listener, cfg, publisher, shutdown.clone()));
+        let task = tokio_util::task::TaskTracker::new().spawn(serve(
+            listener,
+            cfg,
+            publisher,
+            shutdown.clone(),
+        ));
         Self {
             addr,
             shutdown,

@@ -57,7 +57,8 @@ async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
     let endpoint = publisher.endpoint.clone();
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(publisher.run(rx, cancel.clone()));
+    let tasks = tokio_util::task::TaskTracker::new();
+    let task = tasks.spawn(publisher.run(rx, cancel.clone()));
     for i in 0..6 {
         tx.send(batch(i)).unwrap();
     }
@@ -126,7 +127,8 @@ async fn replay_replies_with_a_topic_frame_are_accepted() {
     // A ROUTER answering like vLLM after #45177: [identity, b"", topic, seq, payload].
     let mut router = RouterSocket::new();
     let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-    let server = tokio::spawn(async move {
+    let tasks = tokio_util::task::TaskTracker::new();
+    let server = tasks.spawn(async move {
         let request = router.recv().await.unwrap().into_vec();
         let (identity, start) = (request[0].clone(), request[2].clone());
         assert_eq!(start.as_ref(), 3u64.to_be_bytes());

@@ -79,6 +79,10 @@ pub struct FleetMetrics {
 
 impl FleetMetrics {
     /// Registers the fleet metrics.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one registration per metric family, in exposition order"
+    )]
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let per_worker = &["worker", "role"];
         let events = EVENT_COUNTERS

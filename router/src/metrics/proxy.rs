@@ -66,6 +66,10 @@ pub struct ProxyMetrics {
 
 impl ProxyMetrics {
     /// Registers the metrics of a router running `policy`; every label set starts at zero.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one registration per metric family, in exposition order"
+    )]
     pub fn register(registry: &Registry, policy: &str) -> prometheus::Result<Self> {
         let m = Self {
             policy: policy.to_owned(),

@@ -27,23 +27,25 @@ pub mod plan;
 pub mod relay;
 pub mod view;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Request;
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::response::Response;
 
+use ownerserve_planner::policy::Decision;
 use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::error::ApiError;
 use crate::metrics::http::Executed;
+use crate::registry::Worker;
 use crate::server::AppState;
 use crate::upstream::ForwardError;
 
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let path = endpoint.path();
     let (parts, body) = req.into_parts();
     let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
     let parsed = openai::parse(&bytes, endpoint)?;
@@ -61,7 +63,16 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let view = st
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
-    let block = u64::from(view.route.block_size);
+    let step = dispatch::Step {
+        path: endpoint.path(),
+        body: &bytes,
+        session: id.session,
+        lookup: &view.lookup,
+        hashes: id.hashes(),
+        block: u64::from(view.route.block_size),
+        request_id,
+        authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
+    };
     let mut failed = Vec::new();
     loop {
         let candidates = st
@@ -73,54 +84,20 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 model: parsed.model.to_string(),
             });
         };
-        let step = dispatch::Step {
-            path,
-            body: &bytes,
-            session: id.session,
-            lookup: &view.lookup,
-            hashes: id.hashes(),
-            block,
-            request_id: request_id.clone(),
-            authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
-        };
-        let action = decision.action();
-        let prepared = st.dispatcher().prepare(&step, &decision, worker).await;
-        feedback::legs_ran(st, action, &prepared);
         let cached = candidates
             .iter()
             .find(|c| c.id == worker.id)
-            .map_or(0, |c| u64::from(c.cached_blocks));
-        let prefill = u64::from(view.route.prompt_tokens).saturating_sub(cached * block);
-        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill);
-        st.metrics.dispatched(action, started.elapsed());
-        match dispatch::send(&st.upstream, worker, path, &parts.headers, &prepared).await {
-            Ok(sent) => {
-                if sent.pair_failed {
-                    st.metrics.fallback(action);
-                }
-                let (name, reason) = (
-                    action.name(),
-                    decision.plan.as_ref().map_or("", |p| p.reason.as_str()),
-                );
-                tracing::debug!(action = name, worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
-                let activity = feedback::accepted(
-                    st,
-                    &decision,
-                    &view,
-                    &id,
-                    worker,
-                    &sent.response,
-                    &prepared,
-                );
-                let first_byte = relay::FirstByte {
-                    histogram: st.metrics.ttft(action),
-                    started,
-                };
-                let mut relayed =
-                    relay::relay(sent.response, worker, in_flight, activity, Some(first_byte));
-                relayed.extensions_mut().insert(Executed(action));
-                return Ok(relayed);
-            }
+            .map_or(0, |c| c.cached_blocks);
+        let attempt = Attempt {
+            st,
+            step: &step,
+            id: &id,
+            view: &view,
+            client_headers: &parts.headers,
+            started,
+        };
+        match attempt.run(&decision, worker, u64::from(cached)).await {
+            Ok(response) => return Ok(response),
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
@@ -131,5 +108,65 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 return Err(e.into_api(worker));
             }
         }
+    }
+}
+
+/// One try of a step on the decision's worker: dispatch, then relay and feedback.
+struct Attempt<'a> {
+    st: &'a AppState,
+    step: &'a dispatch::Step<'a>,
+    id: &'a identity::Identity<'a>,
+    view: &'a view::StepView<'a>,
+    client_headers: &'a HeaderMap,
+    started: Instant,
+}
+
+impl Attempt<'_> {
+    /// Runs the legs and sends the decode request; `cached_blocks` of the prompt are
+    /// already on `worker`.
+    async fn run(
+        &self,
+        decision: &Decision,
+        worker: &Arc<Worker>,
+        cached_blocks: u64,
+    ) -> Result<Response, ForwardError> {
+        let (st, view) = (self.st, self.view);
+        let action = decision.action();
+        let prepared = st.dispatcher().prepare(self.step, decision, worker).await;
+        feedback::legs_ran(st, action, &prepared);
+        let prefill =
+            u64::from(view.route.prompt_tokens).saturating_sub(cached_blocks * self.step.block);
+        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill);
+        st.metrics.dispatched(action, self.started.elapsed());
+        let sent = dispatch::send(
+            &st.upstream,
+            worker,
+            self.step.path,
+            self.client_headers,
+            &prepared,
+        )
+        .await?;
+        if sent.pair_failed {
+            st.metrics.fallback(action);
+        }
+        let reason = decision.plan.as_ref().map_or("", |p| p.reason.as_str());
+        tracing::debug!(action = action.name(), worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
+        let activity = feedback::accepted(
+            st,
+            decision,
+            view,
+            self.id,
+            worker,
+            &sent.response,
+            &prepared,
+        );
+        let first_byte = relay::FirstByte {
+            histogram: st.metrics.ttft(action),
+            started: self.started,
+        };
+        let mut relayed =
+            relay::relay(sent.response, worker, in_flight, activity, Some(first_byte));
+        relayed.extensions_mut().insert(Executed(action));
+        Ok(relayed)
     }
 }

@@ -1,0 +1,131 @@
+//! Config parsing and validation: the shipped configs load, overrides win, and bad values
+//! are refused with the key named.
+
+use super::*;
+use ownerserve_planner::ids::{EngineKind, Role};
+
+#[test]
+fn the_embedded_up_config_parses_and_validates() {
+    let up: UpFile = toml::from_str(DEFAULT_UP_TOML).unwrap();
+    assert!(up.fleet.iter().map(|g| g.count).sum::<u32>() >= 3);
+    up.sim.build().unwrap();
+    RouterConfig::validate(
+        &up.router,
+        vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Sim,
+        )],
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_example_router_config_parses() {
+    let file: RouterFile =
+        toml::from_str(include_str!("../../../configs/router.example.toml")).unwrap();
+    let specs = worker_specs(&file.workers).unwrap();
+    RouterConfig::validate(&file.router, specs).unwrap();
+}
+
+#[test]
+fn worker_flags_parse_and_bad_ones_are_named() {
+    let w = parse_worker_flag("http://10.0.0.1:8000/,role=decode,engine=sglang,name=d1").unwrap();
+    assert_eq!(w.role, Role::Decode);
+    assert_eq!(w.engine, EngineKind::Sglang);
+    let specs = worker_specs(&[w]).unwrap();
+    assert_eq!(specs[0].base_url, "http://10.0.0.1:8000");
+    assert!(parse_worker_flag("http://x:1,role=chef").is_err());
+    assert!(worker_specs(&[parse_worker_flag("ftp://x:1").unwrap()]).is_err());
+    assert!(worker_specs(&[parse_worker_flag("http://x:1/v1").unwrap()]).is_err());
+}
+
+#[test]
+fn errors_name_the_section_and_key() {
+    let bad = |s: RouterSettings| {
+        let one = vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Sim,
+        )];
+        RouterConfig::validate(&s, one).unwrap_err().to_string()
+    };
+    let d = RouterSettings::default;
+    assert_eq!(
+        bad(RouterSettings {
+            kv_block_size: 0,
+            ..d()
+        }),
+        "router.kv_block_size: must be in 1..=1024"
+    );
+    assert_eq!(
+        bad(RouterSettings {
+            health_timeout_ms: 0,
+            ..d()
+        }),
+        "router.health_timeout_ms: must be positive"
+    );
+    assert_eq!(
+        bad(RouterSettings {
+            kv_redis_url: Some("http://r".into()),
+            ..d()
+        }),
+        "router.kv_redis_url: `http://r` must start with redis://"
+    );
+    assert!(bad(RouterSettings {
+        planner_gpu: "abacus".into(),
+        ..d()
+    })
+    .starts_with("router.planner_gpu: "));
+    let flag = parse_worker_flag("http://x:1,rol=decode")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        flag.starts_with("--worker `http://x:1,rol=decode`: unknown key `rol`"),
+        "{flag}"
+    );
+    let named = worker_specs(&[parse_worker_flag("http://x:1/v1,name=d7").unwrap()]).unwrap_err();
+    assert_eq!(
+        named.to_string(),
+        "workers.d7.url: url `http://x:1/v1` must not have a path"
+    );
+}
+
+#[test]
+fn unknown_policy_and_keys_are_refused() {
+    let s = RouterSettings {
+        policy: "magic".into(),
+        ..RouterSettings::default()
+    };
+    let one = vec![WorkerSpec::new(
+        "a",
+        "http://127.0.0.1:1",
+        Role::Decode,
+        EngineKind::Sim,
+    )];
+    let err = RouterConfig::validate(&s, one).unwrap_err().to_string();
+    assert!(
+        err.contains("magic") && err.contains("round_robin"),
+        "{err}"
+    );
+    assert!(toml::from_str::<RouterFile>("[router]\nprot = 1").is_err());
+}
+
+#[test]
+fn overrides_win_over_the_file() {
+    let mut s = RouterSettings::default();
+    RouterOverrides {
+        host: None,
+        port: Some(9),
+        policy: Some("least_loaded".into()),
+        admin_token: Some("t".into()),
+        read_token: None,
+        worker_threads: Some(4),
+    }
+    .apply(&mut s);
+    assert_eq!(s.admin_token.as_deref(), Some("t"));
+    assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
+    assert_eq!(s.worker_threads, 4);
+}

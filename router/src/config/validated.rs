@@ -1,0 +1,351 @@
+//! The validated router configuration: every `[router]` setting checked and turned into
+//! the types the router runs with (durations, the planner's rooflines and links, the
+//! directory choice), before any socket opens.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ownerserve_planner::ewma::GapLease;
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
+use ownerserve_planner::policy::{
+    self, BusyThresholds, KvAwareConfig, OwnerServeConfig, PolicySettings,
+};
+use ownerserve_planner::roofline::{Efficiency, Roofline};
+use ownerserve_planner::spec::{GpuSpec, ModelSpec};
+use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
+use ownerserve_shim::sim::config::load;
+
+use super::{worker_url, ConfigError, DirectoryMode, FanoutRole, RouterSettings, WorkerSpec};
+use crate::auth::{Origin, Tokens};
+
+/// Validated router configuration.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    pub addr: SocketAddr,
+    pub policy: String,
+    pub health_interval: Duration,
+    pub health_timeout: Duration,
+    pub health_failure_threshold: u32,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+    pub max_body_bytes: usize,
+    pub prompt_cache_bytes: usize,
+    pub workers: Vec<WorkerSpec>,
+    pub policy_settings: PolicySettings,
+    pub kv_index: KvIndexConfig,
+    pub kv_approx_ttl: Duration,
+    pub scrape_interval: Option<Duration>,
+    pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
+    pub tokens: Tokens,
+    /// Whether the admin token was generated (and must be printed).
+    pub token_origin: Origin,
+    pub directory: DirectorySetup,
+    pub worker_lease_ttl: Duration,
+    pub ownership_flush: Duration,
+    /// What the cost planner prices plans with (also in `policy_settings.ownerserve`).
+    pub planner: OwnerServeConfig,
+    /// Converts observed wall-clock prefill times into the workers' (simulated) time.
+    pub planner_time_scale: f64,
+    pub planner_calibrate: bool,
+    /// Idle-session leases from predicted tool-call gaps.
+    pub session_lease: GapLease,
+}
+
+/// Builds the cost planner's figures for `workers` (indexed as the registry numbers them).
+fn planner_setup(
+    s: &RouterSettings,
+    workers: &[WorkerSpec],
+) -> Result<OwnerServeConfig, ConfigError> {
+    let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
+        .map_err(|e| ConfigError::router("planner_model", e))?;
+    let gpu = load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml)
+        .map_err(|e| ConfigError::router("planner_gpu", e))?;
+    let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
+    if !(link_gbs > 0.0 && link_gbs.is_finite()) {
+        return Err(ConfigError::router("planner_link_gbs", "must be positive"));
+    }
+    let weights = Weights {
+        lambda_s_per_gb: s.planner_lambda_s_per_gb,
+        mu: s.planner_mu,
+    };
+    for (field, v) in [
+        ("planner_link_latency_us", s.planner_link_latency_us),
+        ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
+        ("planner_mu", weights.mu),
+    ] {
+        if !(v >= 0.0 && v.is_finite()) {
+            return Err(ConfigError::router(field, "must be zero or positive"));
+        }
+    }
+    let index = |name: &str| {
+        workers
+            .iter()
+            .position(|w| w.name == name)
+            .map(|i| WorkerId(i as u32))
+            .ok_or_else(|| {
+                ConfigError::router("planner_links", format!("no worker named `{name}`"))
+            })
+    };
+    let mut pairs = std::collections::BTreeMap::new();
+    for l in &s.planner_links {
+        if !(l.gbs > 0.0 && l.gbs.is_finite() && l.latency_us >= 0.0 && l.latency_us.is_finite()) {
+            return Err(ConfigError::router(
+                "planner_links",
+                format!(
+                    "{} -> {}: gbs must be positive, latency_us >= 0",
+                    l.from, l.to
+                ),
+            ));
+        }
+        let link = Link {
+            bytes_per_s: l.gbs * 1e9,
+            latency_s: l.latency_us / 1e6,
+        };
+        pairs.insert((index(&l.from)?, index(&l.to)?), link);
+    }
+    let mut rooflines = std::collections::BTreeMap::new();
+    for (i, w) in workers.iter().enumerate() {
+        if w.gpu.is_none() && w.gpus.is_none() {
+            continue;
+        }
+        let g = match &w.gpu {
+            Some(name) => load(name, GpuSpec::preset, GpuSpec::from_toml)
+                .map_err(|e| ConfigError::invalid("workers", format!("{}.gpu", w.name), e))?,
+            None => gpu.clone(),
+        };
+        let n = w.gpus.unwrap_or(s.planner_gpus).max(1);
+        rooflines.insert(
+            WorkerId(i as u32),
+            Roofline::new(&g, n, Efficiency::default()),
+        );
+    }
+    Ok(OwnerServeConfig {
+        roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
+        rooflines,
+        model,
+        links: Links {
+            default: Link {
+                bytes_per_s: link_gbs * 1e9,
+                latency_s: s.planner_link_latency_us / 1e6,
+            },
+            pairs,
+        },
+        weights,
+        thresholds: ClassThresholds::default(),
+    })
+}
+
+/// The validated directory choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DirectorySetup {
+    Off,
+    Embedded { data_dir: std::path::PathBuf },
+    Remote { urls: Vec<String> },
+}
+
+fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
+    if v == 0 {
+        return Err(ConfigError::router(field, "must be positive"));
+    }
+    Ok(Duration::from_millis(v))
+}
+
+impl RouterConfig {
+    /// Prints the admin token if it was generated (the only way to learn it).
+    pub fn announce_token(&self) {
+        if self.token_origin == Origin::Generated {
+            crate::process::say(&format!(
+                "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
+                self.tokens.admin()
+            ));
+        }
+    }
+
+    /// Validates settings and a worker list into a config.
+    pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> Result<Self, ConfigError> {
+        check_numbers(s)?;
+        if workers.is_empty() {
+            return Err(ConfigError::invalid(
+                "workers",
+                "url",
+                "no workers configured",
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for w in &workers {
+            if !names.insert(&w.name) {
+                return Err(ConfigError::invalid(
+                    "workers",
+                    "name",
+                    format!("`{}` is used twice", w.name),
+                ));
+            }
+        }
+        let planner = planner_setup(s, &workers)?;
+        let policy_settings = policy_settings(s, &planner);
+        policy::by_name(&s.policy, &policy_settings)
+            .map_err(|e| ConfigError::router("policy", e))?;
+        let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())
+            .map_err(|e| ConfigError::router("admin_token", e))?;
+        let directory = directory_setup(s)?;
+        Ok(Self {
+            addr: SocketAddr::new(s.host, s.port),
+            policy: s.policy.clone(),
+            health_interval: millis("health_interval_ms", s.health_interval_ms)?,
+            health_timeout: millis("health_timeout_ms", s.health_timeout_ms)?,
+            health_failure_threshold: s.health_failure_threshold,
+            connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
+            request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
+            max_body_bytes: s.max_body_bytes,
+            prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
+            workers,
+            policy_settings,
+            kv_index: KvIndexConfig {
+                block_size: s.kv_block_size,
+                max_blocks: s.kv_index_max_blocks.max(1024),
+                ..KvIndexConfig::default()
+            },
+            kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
+            scrape_interval: (s.scrape_interval_ms > 0)
+                .then(|| Duration::from_millis(s.scrape_interval_ms)),
+            kv_fanout: s.kv_redis_url.clone().map(|url| {
+                (
+                    FanoutConfig {
+                        url,
+                        prefix: s.kv_redis_stream_prefix.clone(),
+                        maxlen: s.kv_redis_maxlen.max(1000),
+                    },
+                    s.kv_redis_role,
+                )
+            }),
+            tokens,
+            token_origin,
+            directory,
+            worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
+            ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
+            planner,
+            planner_time_scale: s.planner_time_scale,
+            planner_calibrate: s.planner_calibrate,
+            session_lease: GapLease::new(
+                s.session_lease_factor,
+                s.session_lease_min_ms,
+                s.session_lease_max_ms,
+            ),
+        })
+    }
+}
+
+/// The numeric and URL settings that have a valid range.
+fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
+    if let Some(url) = &s.kv_redis_url {
+        redis_url_ok(url)?;
+    }
+    if !(1..=1024).contains(&s.kv_block_size) {
+        return Err(ConfigError::router("kv_block_size", "must be in 1..=1024"));
+    }
+    if !(s.kv_overlap_weight >= 0.0 && s.kv_overlap_weight.is_finite()) {
+        return Err(ConfigError::router(
+            "kv_overlap_weight",
+            "must be a non-negative number",
+        ));
+    }
+    if !(s.kv_temperature >= 0.0 && s.kv_temperature.is_finite()) {
+        return Err(ConfigError::router(
+            "kv_temperature",
+            "must be a non-negative number",
+        ));
+    }
+    if !(s.planner_time_scale > 0.0 && s.planner_time_scale.is_finite()) {
+        return Err(ConfigError::router(
+            "planner_time_scale",
+            "must be positive",
+        ));
+    }
+    if !(s.session_lease_factor > 0.0 && s.session_lease_factor.is_finite()) {
+        return Err(ConfigError::router(
+            "session_lease_factor",
+            "must be positive",
+        ));
+    }
+    if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {
+        return Err(ConfigError::router(
+            "session_lease_min_ms",
+            "must be positive and at most session_lease_max_ms",
+        ));
+    }
+    if s.worker_lease_ttl_ms < 300 {
+        return Err(ConfigError::router(
+            "worker_lease_ttl_ms",
+            "must be at least 300",
+        ));
+    }
+    if s.max_body_bytes < 1024 {
+        return Err(ConfigError::router(
+            "max_body_bytes",
+            "must be at least 1024",
+        ));
+    }
+    if s.health_failure_threshold == 0 {
+        return Err(ConfigError::router(
+            "health_failure_threshold",
+            "must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// Every policy's settings (the `--policy` chosen reads its own).
+fn policy_settings(s: &RouterSettings, planner: &OwnerServeConfig) -> PolicySettings {
+    PolicySettings {
+        kv_aware: KvAwareConfig {
+            overlap_weight: s.kv_overlap_weight,
+            temperature: s.kv_temperature,
+            busy: BusyThresholds {
+                max_waiting: s.busy_max_waiting,
+                max_kv_usage: s.busy_max_kv_usage,
+                max_active_prefill_tokens: s.busy_max_active_prefill_tokens,
+            },
+        },
+        session_ttl_ms: s.session_ttl_s.saturating_mul(1000),
+        ownerserve: Some(planner.clone()),
+        ..PolicySettings::default()
+    }
+}
+
+/// Where the directory lives: nowhere, in this process, or a remote cluster.
+fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, ConfigError> {
+    Ok(match s.directory {
+        DirectoryMode::Off => DirectorySetup::Off,
+        DirectoryMode::Embedded => DirectorySetup::Embedded {
+            data_dir: s.directory_data_dir.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("ownerserve-directory-{}", std::process::id()))
+            }),
+        },
+        DirectoryMode::Remote => {
+            if s.directory_urls.is_empty() {
+                return Err(ConfigError::router(
+                    "directory_urls",
+                    "directory = \"remote\" needs at least one url",
+                ));
+            }
+            let urls = s
+                .directory_urls
+                .iter()
+                .map(|u| worker_url(u).map_err(|e| ConfigError::router("directory_urls", e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            DirectorySetup::Remote { urls }
+        }
+    })
+}
+
+fn redis_url_ok(url: &str) -> Result<(), ConfigError> {
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(ConfigError::router(
+            "kv_redis_url",
+            format!("`{url}` must start with redis://"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! Workers as the router runs with them: specs from `[[workers]]` entries and `--worker`
+//! flags, with checked URLs and names.
+
+use ownerserve_planner::ids::{EngineKind, Role};
+
+use super::{default_engine, ConfigError, WorkerSettings};
+
+/// A worker as the router runs with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerSpec {
+    pub name: String,
+    /// `http://host:port`, without a trailing slash.
+    pub base_url: String,
+    pub role: Role,
+    pub engine: EngineKind,
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
+    /// GPU preset when it differs from the planner's default.
+    pub gpu: Option<String>,
+    pub gpus: Option<u32>,
+    /// SGLang bootstrap port of a prefill worker.
+    pub bootstrap_port: Option<u16>,
+}
+
+impl WorkerSpec {
+    /// A worker with the planner's default GPU and no event sockets.
+    pub fn new(name: &str, base_url: &str, role: Role, engine: EngineKind) -> Self {
+        Self {
+            name: name.to_owned(),
+            base_url: base_url.to_owned(),
+            role,
+            engine,
+            kv_events: None,
+            kv_replay: None,
+            gpu: None,
+            gpus: None,
+            bootstrap_port: None,
+        }
+    }
+
+    /// `(host, port)` of its base URL.
+    pub fn host_port(&self) -> Option<(String, u16)> {
+        let rest = self.base_url.split_once("://")?.1;
+        let (host, port) = rest.rsplit_once(':')?;
+        Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+    }
+}
+
+/// Checks a worker URL (`http://host:port`, no path) and strips a trailing slash; the
+/// error says what is wrong with it (the caller names the key).
+pub fn worker_url(url: &str) -> Result<String, String> {
+    let trimmed = url.trim_end_matches('/');
+    let uri: http::Uri = trimmed
+        .parse()
+        .map_err(|e| format!("invalid url `{url}`: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(format!(
+            "url `{url}` must look like http://host:port (https is not supported)"
+        ));
+    }
+    if !matches!(uri.path(), "" | "/") {
+        return Err(format!("url `{url}` must not have a path"));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`.
+pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
+    let bad = |reason: String| ConfigError::WorkerFlag {
+        flag: flag.to_owned(),
+        reason,
+    };
+    let mut parts = flag.split(',');
+    let url = parts.next().unwrap_or_default().to_owned();
+    let mut w = WorkerSettings {
+        name: None,
+        url,
+        role: Role::Hybrid,
+        engine: default_engine(),
+        kv_events: None,
+        kv_replay: None,
+        gpu: None,
+        gpus: None,
+        bootstrap_port: None,
+    };
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad(format!("expected key=value, got `{kv}`")))?;
+        match k {
+            "role" => w.role = v.parse().map_err(|e| bad(format!("{e}")))?,
+            "engine" => w.engine = v.parse().map_err(|e| bad(format!("{e}")))?,
+            "name" => w.name = Some(v.to_owned()),
+            "kv_events" => w.kv_events = Some(v.to_owned()),
+            "kv_replay" => w.kv_replay = Some(v.to_owned()),
+            "gpu" => w.gpu = Some(v.to_owned()),
+            "gpus" => w.gpus = Some(v.parse().map_err(|e| bad(format!("gpus: {e}")))?),
+            "bootstrap_port" => {
+                w.bootstrap_port = Some(v.parse().map_err(|e| bad(format!("bootstrap_port: {e}")))?)
+            }
+            _ => return Err(bad(format!(
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port)"
+            ))),
+        }
+    }
+    Ok(w)
+}
+
+/// A configured worker's checked URL; the error names the worker.
+fn url(w: &WorkerSettings, name: &str) -> Result<String, ConfigError> {
+    worker_url(&w.url).map_err(|e| ConfigError::invalid("workers", format!("{name}.url"), e))
+}
+
+/// Turns configured workers into specs, naming unnamed ones `<role>-<n>`.
+pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, ConfigError> {
+    let mut counts = std::collections::HashMap::new();
+    workers
+        .iter()
+        .map(|w| {
+            let n = counts.entry(w.role).or_insert(0u32);
+            let name = w
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("{}-{}", w.role.as_str(), n));
+            *n += 1;
+            Ok(WorkerSpec {
+                kv_events: w.kv_events.clone(),
+                kv_replay: w.kv_replay.clone(),
+                gpu: w.gpu.clone(),
+                gpus: w.gpus,
+                bootstrap_port: w.bootstrap_port,
+                ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
+            })
+        })
+        .collect()
+}
