@@ -126,5 +126,5 @@ impl Command {
     }
 }
 
-/// Most commands in one [`Command::Batch`].
-pub const MAX_BATCH: usize = 4096;
+/// Most commands in one [`Command::Batch`]: each takes its own epoch within its entry.
+pub const MAX_BATCH: usize = crate::ids::Epoch::PER_ENTRY;

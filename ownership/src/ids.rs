@@ -16,10 +16,14 @@ pub struct LeaseId(pub u64);
 pub struct Epoch(pub u64);
 
 impl Epoch {
+    /// Epochs each log entry spans: one per command of the largest batch
+    /// ([`crate::command::MAX_BATCH`] is this).
+    pub const PER_ENTRY: usize = 4096;
+
     /// The epoch of command `position` in the entry at log `index`:
     /// `index × 4096 + position` (a lone command is position 0).
     pub fn of(index: u64, position: usize) -> Epoch {
-        Epoch(index.saturating_mul(crate::command::MAX_BATCH as u64) + position as u64)
+        Epoch(index.saturating_mul(Self::PER_ENTRY as u64) + position as u64)
     }
 }
 
@@ -40,4 +44,12 @@ pub struct ClientId(pub u64);
 pub enum Key {
     Prefix(PrefixKey),
     Session(SessionId),
+}
+
+/// Who owns a key, and under which fencing epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub worker: WorkerId,
+    pub lease: LeaseId,
+    pub epoch: Epoch,
 }

@@ -6,7 +6,8 @@
 //! - [`command`]: what can be asked of the directory ([`Envelope`] = command + leader
 //!   timestamp + optional idempotency key).
 //! - [`state`]: the directory's state, serialisable as a snapshot.
-//! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`.
+//! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
+//!   [`outcome`]: what it answers, rejections included.
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
 //!   fork ref counts), used by the property tests.
 //!
@@ -21,11 +22,12 @@ pub mod apply;
 pub mod command;
 pub mod ids;
 pub mod invariants;
+pub mod outcome;
 pub mod state;
 
 #[cfg(feature = "raft")]
 pub mod raft;
 
-pub use apply::{Outcome, Rejection};
 pub use command::{Command, Envelope};
+pub use outcome::{Outcome, Rejection};
 pub use state::Directory;

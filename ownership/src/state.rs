@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::apply::Outcome;
+use crate::outcome::Outcome;
+
+pub use crate::ids::Owner;
 use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
 
 /// A worker's lease and the keys it keeps alive.
@@ -15,14 +17,6 @@ pub struct Lease {
     pub ttl_ms: u64,
     pub expires_at_ms: u64,
     pub keys: BTreeSet<Key>,
-}
-
-/// Who owns a key, and under which fencing epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Owner {
-    pub worker: WorkerId,
-    pub lease: LeaseId,
-    pub epoch: Epoch,
 }
 
 /// A copy of an artifact.

@@ -14,8 +14,8 @@ use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::ids::EngineKind;
 use ownerserve_shim::engines::sim::{DropRequest, DROP_PATH};
 
-use crate::server::AppState;
 use crate::sessions::{now_ms, Lapsed};
+use crate::state::AppState;
 
 /// How often the sweep runs.
 const SWEEP_EVERY: Duration = Duration::from_millis(200);

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::proxy::identity::{self, Hashing};
 use crate::proxy::ingress;
 use crate::proxy::view::Needs;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Explains the plan for a chat request (with its session and fork headers), reading
 /// every source whatever the routing policy reads.

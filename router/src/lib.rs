@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
-//! - [`server`]: the router's state, routes and run loop; [`error`] maps every error to
+//! - [`state`]: what every handler and stage reads; [`server`]: builds it, starts the
+//!   router's tasks, and serves its routes; [`error`] maps every error to
 //!   HTTP; [`auth`] guards the operator API with bearer tokens; [`headers`] names every
 //!   header a client sends or gets.
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
@@ -45,5 +46,6 @@ pub mod registry;
 pub mod request_id;
 pub mod server;
 mod sessions;
+pub mod state;
 pub mod up;
 pub mod upstream;

@@ -1,6 +1,6 @@
 use super::*;
 use crate::command::ArtifactSpec;
-use crate::ids::{ClientId, Tier};
+use crate::ids::{ClientId, Owner, PrefixKey, SessionId, Tier};
 use crate::invariants;
 use crate::state::DirectoryStats;
 

@@ -9,17 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::fleet::FleetMetrics;
-use super::http::HttpMetrics;
-use crate::server::AppState;
-
-/// The router's metrics registry: the proxy's counters, the fleet read at scrape time,
-/// and the HTTP middleware's counters.
-pub struct Telemetry {
-    pub registry: prometheus::Registry,
-    pub fleet: FleetMetrics,
-    pub http: Arc<HttpMetrics>,
-}
+use crate::state::AppState;
 
 /// `GET /metrics`: the fleet and the embedded directory read now, then the exposition.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {

@@ -14,8 +14,8 @@ use crate::directory_client::Lookup;
 use crate::metrics::proxy::Placement;
 use crate::ownership_sync::{Effects, Routed};
 use crate::registry::Worker;
-use crate::server::AppState;
 use crate::sessions::{self, Activity};
+use crate::state::AppState;
 
 /// Counts what the legs before the decode request did: a fallback, a migration's bytes,
 /// and a timed prefill leg for the policy's calibration.

@@ -40,7 +40,7 @@ use ownerserve_shim::openai::{self, Endpoint};
 use crate::error::ApiError;
 use crate::metrics::http::Executed;
 use crate::registry::Worker;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::upstream::ForwardError;
 
 /// Serves one client request to `endpoint`.

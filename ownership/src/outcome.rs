@@ -1,0 +1,102 @@
+//! What applying a command answers: an [`Outcome`], rejections included (so a retried
+//! command sees the same answer), and why a command was refused ([`Rejection`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, Key, LeaseId, Owner, PrefixKey, SessionId, WorkerId};
+
+/// The result of applying a command (rejections included, so retries see them too).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    LeaseGranted {
+        lease: LeaseId,
+        expires_at_ms: u64,
+    },
+    LeaseRenewed {
+        expires_at_ms: u64,
+    },
+    /// A lease ended (revoked or expired); these keys lost their owner.
+    LeaseEnded {
+        dropped: Vec<Key>,
+    },
+    /// The caller's worker owns the key under this epoch (new or unchanged).
+    Owned {
+        worker: WorkerId,
+        epoch: Epoch,
+    },
+    /// Someone else owns the key: the caller's copy is only a replica.
+    Held {
+        owner: Owner,
+    },
+    Released,
+    Replicated,
+    SessionEnded,
+    Ticked {
+        expired: Vec<LeaseId>,
+    },
+    /// One outcome per command of a batch, in order.
+    Batch {
+        outcomes: Vec<Outcome>,
+    },
+    Rejected(Rejection),
+}
+
+/// Why a command was refused. `StaleEpoch` is the fencing refusal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("unknown lease {0:?}")]
+    UnknownLease(LeaseId),
+    #[error("lease {0:?} has expired")]
+    LeaseExpired(LeaseId),
+    #[error("unknown prefix {0:?}")]
+    UnknownPrefix(PrefixKey),
+    #[error("unknown session {0:?}")]
+    UnknownSession(SessionId),
+    #[error("session {0:?} already exists")]
+    SessionExists(SessionId),
+    #[error("stale epoch {given:?}; the current one is {current:?}")]
+    StaleEpoch { current: Epoch, given: Epoch },
+    #[error("{worker} holds no copy of {key:?} yet")]
+    NotReady { key: PrefixKey, worker: WorkerId },
+    #[error("{0:?} has no owner")]
+    NoOwner(PrefixKey),
+    #[error("retry of an older command (seq {given}, last {last})")]
+    StaleRetry { given: u64, last: u64 },
+    #[error("a batch holds at most {max} commands and no batches")]
+    BadBatch { max: usize },
+    #[error("session {0:?} is pinned to its worker")]
+    Pinned(SessionId),
+}
+
+impl Rejection {
+    /// The refusal's name in metrics (`snake_case`, one per variant).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rejection::UnknownLease(_) => "unknown_lease",
+            Rejection::LeaseExpired(_) => "lease_expired",
+            Rejection::UnknownPrefix(_) => "unknown_prefix",
+            Rejection::UnknownSession(_) => "unknown_session",
+            Rejection::SessionExists(_) => "session_exists",
+            Rejection::StaleEpoch { .. } => "stale_epoch",
+            Rejection::NotReady { .. } => "not_ready",
+            Rejection::NoOwner(_) => "no_owner",
+            Rejection::StaleRetry { .. } => "stale_retry",
+            Rejection::BadBatch { .. } => "bad_batch",
+            Rejection::Pinned(_) => "pinned",
+        }
+    }
+
+    /// The caller acted on an outdated view (fencing) and should refresh, not retry.
+    pub fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            Rejection::StaleEpoch { .. } | Rejection::StaleRetry { .. }
+        )
+    }
+}
+
+impl From<Rejection> for Outcome {
+    fn from(r: Rejection) -> Self {
+        Outcome::Rejected(r)
+    }
+}
