@@ -2,13 +2,22 @@
 //!
 //! # Layout
 //! - [`ids`]: worker identity, roles and engine kinds shared by every crate.
-//! - [`hash`]: Dynamo-compatible rolling block hashes (xxh3, seed 1337).
+//! - [`hash`]: Dynamo-compatible rolling block hashes (xxh3, seed 1337), and a prompt's
+//!   hashes extended from its session's previous prompt ([`hash::HashedPrompt`]).
 //! - [`tokenizer`]: the built-in approximate tokenizer and chat template, shared by the
-//!   router and the simulated engine so prefixes match exactly in the embedded stack.
-//! - [`spec`]: model and GPU presets (TOML in `configs/`) and the figures derived from them.
+//!   router and the simulated engine so prefixes match exactly in the embedded stack;
+//!   [`tokenized`]: a tokenized text with restart points, re-tokenized only past where a
+//!   new text differs.
+//! - [`spec`]: model and GPU presets (TOML in `configs/`) and the figures derived from them;
+//!   [`kv_state`]: what a prefix's KV holds per model kind (sealed, tail, window).
 //! - [`roofline`]: step-time model (prefill compute-bound, decode memory-bound).
+//! - [`ewma`]: smoothed observations (prefill calibration, tool-call gaps and the idle
+//!   lease they imply).
 //! - [`kv_index`]: which worker holds which KV block chain, per tier, and prefix matching.
-//! - [`policy`]: the `Policy` trait every routing policy and baseline implements.
+//! - [`plan`]: the cost planner: step classes, the five actions priced on every worker
+//!   (pair), and the chosen plan with its cost breakdown.
+//! - [`policy`]: the `Policy` trait every routing policy and baseline implements, and
+//!   those policies (the planner's `ownerserve` among them).
 #![forbid(unsafe_code)]
 
 pub mod ewma;
