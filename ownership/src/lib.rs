@@ -15,7 +15,10 @@
 //! entry, folded into a monotonic `now`), does no IO, and every owner change takes an
 //! epoch derived from its log position (index × 4096 + position in a batch), the fencing
 //! token every later write must present.
-//! Replication with openraft and the operator API wrap it (issue 4, not done yet).
+//!
+//! Around it, behind features: `raft`, the openraft shell (redb log, snapshots, the HTTP
+//! network client); `node`, a whole directory node (Raft RPC server, directory and
+//! operator API, metrics, `ownerserve directory`) and the clients a router reaches it with.
 #![forbid(unsafe_code)]
 
 pub mod apply;
@@ -27,6 +30,9 @@ pub mod state;
 
 #[cfg(feature = "raft")]
 pub mod raft;
+
+#[cfg(feature = "node")]
+pub mod node;
 
 pub use command::{Command, Envelope};
 pub use outcome::{Outcome, Rejection};

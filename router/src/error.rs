@@ -1,13 +1,13 @@
-//! The single mapping from router errors to HTTP: OpenAI's error body
-//! `{"error":{"message","type","param","code"}}` with the right status. Handlers return
-//! `Result<_, ApiError>`; nothing else builds error responses.
+//! The single mapping from router errors to HTTP: each error's status, OpenAI error type,
+//! offending parameter and code. Handlers return `Result<_, ApiError>`; the body itself
+//! is built by `ownerserve_edge::error_body`, the one builder every server uses.
 
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
+use ownerserve_edge::error_body::ErrorBody;
 use ownerserve_shim::openai::RequestError;
 
 /// Everything that can go wrong serving a client request.
@@ -35,35 +35,13 @@ pub enum ApiError {
     UnknownWorker(String),
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
-    #[error("a valid bearer token is required")]
-    Unauthorized,
-    #[error("this token may only read")]
-    Forbidden,
     /// A bug or a shutdown cut the request short inside the router.
     #[error("internal error: {0}")]
     Internal(String),
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    error: Detail<'a>,
-}
-
-#[derive(Serialize)]
-struct Detail<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
-}
-
 impl ApiError {
     /// HTTP status, OpenAI error type, offending parameter and code.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the error table: one arm per error, status, type, param and code"
-    )]
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>, &'static str) {
         use ApiError::*;
         match self {
@@ -133,18 +111,6 @@ impl ApiError {
                 None,
                 "method_not_allowed",
             ),
-            Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "authentication_error",
-                None,
-                "invalid_token",
-            ),
-            Forbidden => (
-                StatusCode::FORBIDDEN,
-                "permission_error",
-                None,
-                "insufficient_scope",
-            ),
             Internal(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "server_error",
@@ -154,59 +120,41 @@ impl ApiError {
         }
     }
 
-    /// The error as an SSE event, for failures after a stream has started.
+    /// The error as a stream's last SSE event, for failures after a stream has started.
     pub fn sse_event(&self) -> Vec<u8> {
-        let mut out = b"data: ".to_vec();
-        out.extend_from_slice(&self.body_json());
-        out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
-        out
+        self.with_body(|b| b.sse_event())
     }
 
-    fn body_json(&self) -> Vec<u8> {
+    fn with_body<T>(&self, f: impl FnOnce(&ErrorBody<'_>) -> T) -> T {
         let message = self.to_string();
-        let (_, kind, param, code) = self.parts();
-        let body = Body {
-            error: Detail {
-                message: &message,
-                kind,
-                param,
-                code: Some(code),
-            },
-        };
-        serde_json::to_vec(&body).unwrap_or_default()
+        let (status, kind, param, code) = self.parts();
+        f(&ErrorBody {
+            status,
+            message: &message,
+            kind,
+            param,
+            code,
+            extra: Default::default(),
+        })
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, ..) = self.parts();
-        let mut resp = (status, self.body_json()).into_response();
-        let headers = resp.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if status == StatusCode::UNAUTHORIZED {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if matches!(
-            status,
-            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
-        ) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        resp
+        self.with_body(|b| b.response())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use axum::http::header;
+
     use super::*;
 
     #[test]
     fn body_has_openai_shape() {
         let e = ApiError::ModelNotFound("gpt-x".into());
-        let v: serde_json::Value = serde_json::from_slice(&e.body_json()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&e.with_body(|b| b.json())).unwrap();
         assert_eq!(v["error"]["message"], "the model `gpt-x` does not exist");
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["param"], "model");

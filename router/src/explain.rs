@@ -23,7 +23,7 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
     let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
     let parsed = openai::parse(&bytes, Endpoint::ChatCompletions)?;
     ingress::check_model(&st.registry, &parsed.model)?;
-    let request_id = crate::request_id::of(&parts.headers);
+    let request_id = ownerserve_edge::request_id::of(&parts.headers);
     let id = identity::identify(
         &st.prompts,
         &parts.headers,

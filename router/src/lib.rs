@@ -5,32 +5,28 @@
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
 //! - [`state`]: what every handler and stage reads; [`server`]: builds it, starts the
 //!   router's tasks, and serves its routes; [`error`] maps every error to
-//!   HTTP; [`auth`] guards the operator API with bearer tokens; [`headers`] names every
-//!   header a client sends or gets.
+//!   HTTP (its bodies built by `ownerserve_edge`, which also guards the operator API with
+//!   bearer tokens and gives each request its id); [`headers`] names every header a
+//!   client sends or gets.
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
 //!   dispatch → relay → feedback); [`explain`] answers `/admin/v1/plan/explain` through
 //!   the same stages without dispatching.
-//! - [`registry`] and [`health`]: the workers and their health.
+//! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process.
-//! - [`directory`]: one node of the replicated ownership directory; [`directory_client`]
-//!   how the router reaches it; [`ownership_sync`] what the router records there.
-//! - [`metrics`]: the Prometheus metrics of every server; [`request_id`] the middleware
-//!   that gives each request its id, span and metrics; [`logging`] text or JSON logs.
+//! - `ownership_sync`: what the router records in the ownership directory (the node and
+//!   its clients are `ownerserve_ownership::node`'s) and the workers' leases there.
+//! - [`metrics`]: the router's Prometheus metrics; [`logging`] text or JSON logs.
 //! - [`ctl`]: `ownerserve ctl`, the operator API from the command line.
-//! - [`process`]: printing, binding and signals, shared by every command.
 #![forbid(unsafe_code)]
 // Every function of the request path fits on a screen (issue 14); the threshold is in
 // clippy.toml.
 #![warn(clippy::too_many_lines)]
 
-pub mod auth;
 pub mod config;
 pub mod ctl;
 mod demotion;
-pub mod directory;
-pub mod directory_client;
 pub mod error;
 pub mod explain;
 pub mod headers;
@@ -39,11 +35,9 @@ pub mod kv;
 pub mod logging;
 pub mod metrics;
 mod ownership_sync;
-pub mod process;
 mod prompt_cache;
 pub mod proxy;
 pub mod registry;
-pub mod request_id;
 pub mod server;
 mod sessions;
 pub mod state;

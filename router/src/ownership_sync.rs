@@ -20,8 +20,8 @@ use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 
-use crate::directory_client::DirectoryClient;
 use crate::registry::Registry;
+use ownerserve_ownership::node::DirectoryClient;
 
 /// Most records kept while their worker waits for a lease.
 const MAX_WAITING: usize = 10_000;

@@ -17,17 +17,12 @@ use tokio_util::task::TaskTracker;
 use ownerserve_planner::policy;
 use ownerserve_shim::openai::Endpoint;
 
-use crate::auth;
 use crate::config::{DirectorySetup, RouterConfig};
-use crate::directory::{Node, NodeSettings};
-use crate::directory_client::{DirectoryClient, Embedded, Remote};
 use crate::error::ApiError;
 use crate::explain;
 use crate::health::{self, HealthSettings};
 use crate::kv::{self, KvRouting};
-use crate::metrics::directory::DirectoryMetrics;
 use crate::metrics::fleet::FleetMetrics;
-use crate::metrics::http::HttpMetrics;
 use crate::metrics::proxy::ProxyMetrics;
 use crate::ownership_sync::{OwnershipSync, SyncSettings};
 use crate::proxy::identity::PromptHasher;
@@ -36,6 +31,11 @@ use crate::registry::Registry;
 use crate::sessions::Sessions;
 use crate::state::{AppState, Telemetry};
 use crate::upstream::{self, Upstream};
+use ownerserve_edge::auth;
+use ownerserve_edge::http_metrics::HttpMetrics;
+use ownerserve_ownership::node::metrics::DirectoryMetrics;
+use ownerserve_ownership::node::{DirectoryClient, Embedded, Remote};
+use ownerserve_ownership::node::{Node, NodeSettings};
 
 /// Runs the router on `listener` until `shutdown` fires, then drains in-flight requests.
 pub async fn run(
@@ -177,7 +177,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let directory_admin = state
         .directory
         .clone()
-        .map(|node| crate::directory::admin::routes(node, tokens));
+        .map(|node| ownerserve_ownership::node::admin::routes(node, tokens));
     let router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -195,7 +195,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     };
     router.layer(axum::middleware::from_fn_with_state(
         http_metrics,
-        crate::request_id::track,
+        ownerserve_edge::request_id::track,
     ))
 }
 

@@ -126,7 +126,7 @@ impl Sessions {
 
 /// Wall-clock milliseconds since the Unix epoch (the sweep's and requests' common clock).
 pub fn now_ms() -> u64 {
-    crate::directory::unix_ms()
+    ownerserve_ownership::node::unix_ms()
 }
 
 /// A request of a session in flight; dropping it (response done or abandoned) starts the

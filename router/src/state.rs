@@ -8,10 +8,8 @@ use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 
 use crate::config::RouterConfig;
-use crate::directory::Node;
 use crate::kv::KvRouting;
 use crate::metrics::fleet::FleetMetrics;
-use crate::metrics::http::HttpMetrics;
 use crate::metrics::proxy::ProxyMetrics;
 use crate::ownership_sync::OwnershipSync;
 use crate::proxy::dispatch::Dispatcher;
@@ -21,6 +19,8 @@ use crate::proxy::view::Sources;
 use crate::registry::Registry;
 use crate::sessions::Sessions;
 use crate::upstream::{EngineCalls, Upstream};
+use ownerserve_edge::http_metrics::HttpMetrics;
+use ownerserve_ownership::node::Node;
 
 /// The router's metrics registry: the proxy's counters, the fleet read at scrape time,
 /// and the HTTP middleware's counters.

@@ -14,8 +14,8 @@ use crate::config::{
     read_toml, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
 };
 use crate::logging::LogFormat;
-use crate::process::{bind, cancel_on_signal, say};
 use crate::server;
+use ownerserve_edge::process::{bind, cancel_on_signal, say};
 
 /// Flags of `ownerserve up`.
 #[derive(Debug, clap::Args)]

@@ -3,13 +3,17 @@
 //! # Layout
 //! - [`openai`]: OpenAI request parsing and validation (shared by the router and the
 //!   simulated engine) and the response/chunk wire types.
-//! - [`kv_events`]: vLLM/SGLang KV-event codecs, the ZMQ publisher and subscriber.
+//! - [`kv_events`]: vLLM/SGLang KV-event codecs; with `io`, the ZMQ publisher and
+//!   subscriber and the Redis fan-out.
 //! - [`load_metrics`]: engine `/metrics` (vLLM, SGLang names) read into a load.
 //! - [`engines`]: dispatch adapters, how each engine runs one leg of a plan (vLLM NIXL,
 //!   SGLang bootstrap).
 //! - [`sim`]: the simulated GPU engine behind `ownerserve sim-worker`: a pure scheduler
 //!   core (continuous batching, chunked prefill, paged prefix cache, roofline timing) and
 //!   a thin HTTP/tokio shell that speaks vLLM's OpenAI API and `/metrics`.
+//!
+//! The `io` feature (on by default) gates everything that opens a socket or runs a task;
+//! without it the crate is pure, and `eval` uses it that way.
 #![forbid(unsafe_code)]
 
 pub mod engines;

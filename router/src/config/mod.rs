@@ -5,10 +5,10 @@
 //! # Layout
 //! - this file: the TOML tables as written ([`RouterSettings`], [`RouterFile`], [`UpFile`])
 //!   and the flags that override them ([`RouterOverrides`]);
-//! - [`validated`]: [`RouterConfig`], the settings checked into types that cannot hold
+//! - `validated`: [`RouterConfig`], the settings checked into types that cannot hold
 //!   bad values, and the planner's figures;
-//! - [`workers`]: worker specs, `--worker` flags and worker URLs;
-//! - [`error`]: [`ConfigError`], which names the section and key at fault.
+//! - `workers`: worker specs, `--worker` flags and worker URLs;
+//! - `error`: [`ConfigError`], which names the section and key at fault.
 
 use std::net::IpAddr;
 use std::path::Path;

@@ -18,7 +18,7 @@ use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 use ownerserve_shim::sim::config::load;
 
 use super::{worker_url, ConfigError, DirectoryMode, FanoutRole, RouterSettings, WorkerSpec};
-use crate::auth::{Origin, Tokens};
+use ownerserve_edge::auth::{Origin, Tokens};
 
 /// Validated router configuration.
 #[derive(Debug, Clone)]
@@ -156,7 +156,7 @@ impl RouterConfig {
     /// Prints the admin token if it was generated (the only way to learn it).
     pub fn announce_token(&self) {
         if self.token_origin == Origin::Generated {
-            crate::process::say(&format!(
+            ownerserve_edge::process::say(&format!(
                 "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
                 self.tokens.admin()
             ));

@@ -4,8 +4,8 @@
 //! `OWNERSERVE_ADMIN_TOKEN`; API errors (401, 403, 404, ...) are printed with their
 //! meaning and the command exits non-zero.
 //!
-//! - [`client`]: the HTTP calls and their errors.
-//! - [`views`]: the tables for each answer; [`table`] lays them out.
+//! - `client`: the HTTP calls and their errors.
+//! - `views`: the tables for each answer; `table` lays them out.
 
 mod client;
 mod table;
@@ -19,8 +19,8 @@ use axum::http::Method;
 use clap::Subcommand;
 use serde_json::Value;
 
-use crate::process::say;
 use client::Api;
+use ownerserve_edge::process::say;
 
 /// Flags of `ownerserve ctl`.
 #[derive(Debug, clap::Args)]

@@ -9,9 +9,11 @@ use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeV
 
 use ownerserve_shim::kv_events::subscriber::SubscriberStats;
 
-use super::{counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter};
 use crate::kv::KvRouting;
 use crate::registry::Registry as Workers;
+use ownerserve_edge::exposition::{
+    counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter,
+};
 
 /// A counter read from a subscriber's stats.
 type EventCounter = (

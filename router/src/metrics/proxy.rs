@@ -10,7 +10,9 @@ use prometheus::{CounterVec, Histogram, HistogramVec, IntCounter, IntCounterVec,
 
 use ownerserve_planner::plan::{Action, Plan, StepClass};
 
-use super::{counter, counter_vec, float_counter_vec, histogram_vec, LATENCY_BUCKETS};
+use ownerserve_edge::exposition::{
+    counter, counter_vec, float_counter_vec, histogram_vec, LATENCY_BUCKETS,
+};
 
 /// The cost terms of a plan, each in (weighted) seconds so they add up to its total.
 pub const COST_TERMS: [&str; 6] = [
@@ -252,7 +254,7 @@ mod tests {
         m.migrated(10);
         m.kv_received(Action::RemotePrefill, 7);
         m.session_step(Placement::Owner);
-        let text = super::super::render(&registry);
+        let text = ownerserve_edge::exposition::render(&registry);
         for line in [
             "ownerserve_plans_total{action=\"migrate\",policy=\"ownerserve\"} 2",
             "ownerserve_plans_total{action=\"colocate\",policy=\"ownerserve\"} 0",

@@ -18,8 +18,11 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         node.metrics.refresh(node);
     }
     (
-        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        crate::metrics::render(&st.telemetry.registry),
+        [(
+            header::CONTENT_TYPE,
+            ownerserve_edge::exposition::CONTENT_TYPE,
+        )],
+        ownerserve_edge::exposition::render(&st.telemetry.registry),
     )
         .into_response()
 }

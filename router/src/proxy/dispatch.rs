@@ -25,10 +25,10 @@ use ownerserve_planner::ids::{EngineKind, WorkerId};
 use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::engines::{self, sglang, vllm, EPOCH_HEADER, SESSION_HEADER};
 
-use crate::directory_client::Lookup;
 use crate::ownership_sync::OwnershipSync;
 use crate::registry::{Registry, Worker};
 use crate::upstream::{EngineCalls, ForwardError, Upstream};
+use ownerserve_ownership::node::Lookup;
 
 /// What dispatch may touch.
 pub struct Dispatcher<'a> {
@@ -101,7 +101,7 @@ fn fence_headers(
 }
 
 fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, HeaderValue)> {
-    let mut out = vec![(crate::request_id::HEADER, step.request_id.clone())];
+    let mut out = vec![(ownerserve_edge::request_id::HEADER, step.request_id.clone())];
     if let Some(a) = &step.authorization {
         out.push((header::AUTHORIZATION, a.clone()));
     }
@@ -280,7 +280,7 @@ impl Dispatcher<'_> {
             session: step.session.map(str::to_owned),
             epoch: step.lookup.epoch.map(|e| e.0),
         };
-        let request_id = [(crate::request_id::HEADER, step.request_id.clone())];
+        let request_id = [(ownerserve_edge::request_id::HEADER, step.request_id.clone())];
         let copied = self
             .engines
             .post(

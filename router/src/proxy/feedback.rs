@@ -10,12 +10,12 @@ use ownerserve_shim::engines::KV_RECEIVED_BYTES_HEADER;
 use super::dispatch::Prepared;
 use super::identity::Identity;
 use super::view::StepView;
-use crate::directory_client::Lookup;
 use crate::metrics::proxy::Placement;
 use crate::ownership_sync::{Effects, Routed};
 use crate::registry::Worker;
 use crate::sessions::{self, Activity};
 use crate::state::AppState;
+use ownerserve_ownership::node::Lookup;
 
 /// Counts what the legs before the decode request did: a fallback, a migration's bytes,
 /// and a timed prefill leg for the policy's calibration.

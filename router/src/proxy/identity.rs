@@ -4,7 +4,7 @@
 //! dispatch legs, and the ownership records of the feedback stage).
 //!
 //! A session's prompt is kept for its next step, which then tokenizes and hashes only
-//! what it adds. Prompts over [`OFFLOAD_PROMPT_BYTES`] are tokenized on the blocking pool.
+//! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are tokenized on the blocking pool.
 
 use std::sync::Arc;
 

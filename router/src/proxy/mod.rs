@@ -38,10 +38,10 @@ use ownerserve_planner::policy::Decision;
 use ownerserve_shim::openai::{self, Endpoint};
 
 use crate::error::ApiError;
-use crate::metrics::http::Executed;
 use crate::registry::Worker;
 use crate::state::AppState;
 use crate::upstream::ForwardError;
+use ownerserve_edge::http_metrics::Executed;
 
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
@@ -50,7 +50,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
     let parsed = openai::parse(&bytes, endpoint)?;
     ingress::check_model(&st.registry, &parsed.model)?;
-    let request_id = crate::request_id::of(&parts.headers);
+    let request_id = ownerserve_edge::request_id::of(&parts.headers);
     let id = identity::identify(
         &st.prompts,
         &parts.headers,
@@ -166,7 +166,7 @@ impl Attempt<'_> {
         };
         let mut relayed =
             relay::relay(sent.response, worker, in_flight, activity, Some(first_byte));
-        relayed.extensions_mut().insert(Executed(action));
+        relayed.extensions_mut().insert(Executed(action.name()));
         Ok(relayed)
     }
 }

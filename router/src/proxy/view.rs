@@ -7,9 +7,9 @@ use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{RouteRequest, WorkerView};
 
 use super::identity::Identity;
-use crate::directory_client::{DirectoryClient, Lookup};
 use crate::kv::KvRouting;
 use crate::registry::Registry;
+use ownerserve_ownership::node::{DirectoryClient, Lookup};
 
 /// Which sources a policy reads (the others are not paid for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +103,7 @@ mod tests {
 
     use super::*;
     use crate::config::WorkerSpec;
-    use crate::directory_client::{BoxFuture, DirectoryError};
+    use ownerserve_ownership::node::{BoxFuture, DirectoryError};
 
     /// A directory that answers every lookup with `answer`.
     struct FixedDirectory(Lookup);

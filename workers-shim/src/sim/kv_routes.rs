@@ -34,7 +34,7 @@ use super::kv_transfer::{
     DropRequest, DropResponse, FetchRequest, FetchResponse, LoadFrom, PullRequest, PullResponse,
 };
 use super::respond::TransferReport;
-use super::server::AppState;
+use super::state::AppState;
 
 pub use crate::engines::sim::{DROP_PATH, FETCH_PATH};
 

@@ -1,26 +1,37 @@
 //! The simulated GPU engine (`ownerserve sim-worker`).
 //!
-//! A real HTTP server that behaves like a vLLM worker. The pure core is [`scheduler`]
-//! (continuous batching, chunked prefill, [`block_pool`] prefix cache, roofline timing);
-//! [`engine`] is the tokio actor that owns it and turns step durations into (scaled)
-//! sleeps; [`server`] speaks the OpenAI API and `/metrics` ([`metrics`]).
+//! A real HTTP server that behaves like a vLLM worker. The pure core, which the trace
+//! simulator (`eval`) drives too, is [`scheduler`] (continuous batching, chunked prefill,
+//! [`block_pool`] prefix cache, roofline timing) with its [`config`], the [`kv_transfer`]
+//! wire shapes and link model, [`lease`], [`filler`] text and the [`metrics`] exposition.
+//! With the `io` feature: `engine` is the tokio actor that owns the scheduler and turns
+//! step durations into (scaled) sleeps, and `server` speaks the OpenAI API and `/metrics`.
 //!
 //! Engines move KV between each other over HTTP, as vLLM's NIXL connector does over its
-//! side channel: [`kv_transfer`] holds the wire shapes and the link model, [`kv_client`]
-//! pulls, [`kv_routes`] serves pull, fetch and drop, [`lease`] keeps a prefill leg's blocks
-//! pinned for its decode leg, and [`fence`] refuses requests from a stale ownership epoch.
+//! side channel: `kv_client` pulls, `kv_routes` serves pull, fetch and drop, [`lease`]
+//! keeps a prefill leg's blocks pinned for its decode leg, and `fence` refuses requests
+//! from a stale ownership epoch (all `io`).
 
 pub mod block_pool;
 pub mod config;
+#[cfg(feature = "io")]
 pub mod engine;
+#[cfg(feature = "io")]
 pub mod fence;
 pub mod filler;
+#[cfg(feature = "io")]
 mod http_error;
+#[cfg(feature = "io")]
 pub mod kv_client;
+#[cfg(feature = "io")]
 pub mod kv_routes;
 pub mod kv_transfer;
 pub mod lease;
 pub mod metrics;
+#[cfg(feature = "io")]
 mod respond;
 pub mod scheduler;
+#[cfg(feature = "io")]
 pub mod server;
+#[cfg(feature = "io")]
+mod state;

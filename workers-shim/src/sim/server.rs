@@ -26,18 +26,17 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::{SimConfig, TimeMode};
+use super::config::SimConfig;
 use super::engine::{self, EngineHandle, SeqRequest};
 use super::fence::{EpochFence, FenceClaim};
 use super::filler;
 use super::http_error::{error_response, json_response, ApiError};
 use super::kv_client::{KvClient, PULL_PATH};
 use super::kv_routes::{self, DROP_PATH, FETCH_PATH};
-use super::kv_transfer::{
-    block_bytes, KvTransferParams, KvTransferParamsOut, TransferConfig, TransferLegs,
-};
+use super::kv_transfer::{block_bytes, KvTransferParams, KvTransferParamsOut, TransferLegs};
 use super::respond::{self, ResponseMeta, TransferReport};
 use super::scheduler::SchedulerConfig;
+use super::state::AppState;
 use crate::kv_events::publisher::{BindError, Publisher};
 use crate::openai::{self, Endpoint, ParsedRequest};
 
@@ -46,48 +45,6 @@ const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
 
 /// How long a pull from another engine may take before the request recomputes.
 const PULL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Everything the handlers share.
-pub(super) struct AppState {
-    pub(super) engine: EngineHandle,
-    pub(super) served_model: Arc<str>,
-    pub(super) scheduler: SchedulerConfig,
-    started_unix: u64,
-    /// Distinguishes this worker's response ids from other workers' (nanoseconds at start).
-    id_salt: u64,
-    next_id: AtomicU64,
-    /// This engine's identity in `kv_transfer_params` and pull answers.
-    pub(super) engine_id: Arc<str>,
-    /// Where other engines reach this one.
-    pub(super) host: String,
-    pub(super) port: u16,
-    pub(super) tp_size: u32,
-    pub(super) transfer: TransferConfig,
-    pub(super) time: TimeMode,
-    /// KV bytes of one block of this engine's model.
-    pub(super) block_bytes: u64,
-    pub(super) kv_client: KvClient,
-    fence: Mutex<EpochFence>,
-}
-
-impl AppState {
-    /// Admits every claim through the session fence (raising it), or refuses the request.
-    pub(super) fn check_fence(
-        &self,
-        claims: impl IntoIterator<Item = FenceClaim>,
-    ) -> Result<(), ApiError> {
-        let mut fence = self.fence.lock().unwrap_or_else(|e| e.into_inner());
-        for claim in claims {
-            if let Err(stale) = fence.admit(&claim) {
-                drop(fence);
-                self.engine.metrics().kv.stale_epoch_rejections += 1;
-                tracing::debug!(session = %stale.session, epoch = stale.epoch, seen = stale.seen, "stale epoch refused");
-                return Err(stale.into());
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Serves a simulated worker on `listener` until `shutdown` fires, then drains. KV events
 /// go out through `publisher` when given (bind it with [`bind_publisher`]).

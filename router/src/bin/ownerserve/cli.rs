@@ -10,12 +10,12 @@ use tokio_util::task::TaskTracker;
 
 use ownerserve_shim::sim::config::SimSettings;
 
+use ownerserve_edge::process::{bind, cancel_on_signal, say};
 use ownerserve_router::config::{
     parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
     RouterSettings,
 };
 use ownerserve_router::logging::{self, LogFormat};
-use ownerserve_router::process::{bind, cancel_on_signal, say};
 use ownerserve_router::{server, up};
 
 /// OwnerServe: an ownership-aware control plane for agentic LLM serving.
@@ -38,16 +38,16 @@ enum Command {
     /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
     SimWorker(SimWorkerArgs),
     /// Run one node of the replicated ownership directory.
-    Directory(ownerserve_router::directory::DirectoryArgs),
+    Directory(ownerserve_ownership::node::DirectoryArgs),
     /// Benchmarks (they print figures against a baseline measured in the same run).
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Run a workload through the trace simulator (virtual time) under one or more policies.
-    Simulate(crate::evaluate::SimulateArgs),
+    Simulate(ownerserve_eval::commands::SimulateArgs),
     /// Run every policy over a workload on several clusters; write a Markdown report and plots.
-    Report(crate::evaluate::ReportArgs),
+    Report(ownerserve_eval::commands::ReportArgs),
     /// Drive a running router with a workload over HTTP and measure TTFT/E2E at the client.
-    Replay(crate::evaluate::ReplayArgs),
+    Replay(ownerserve_eval::commands::ReplayArgs),
     /// The operator API from the command line: owners, leases, sessions, workers, drain,
     /// cluster, plan explain.
     Ctl(ownerserve_router::ctl::CtlArgs),
@@ -56,15 +56,15 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
     /// Router overhead as a proxy: a sim worker driven directly and through the router (wrk).
-    Proxy(crate::bench::proxy::BenchArgs),
+    Proxy(ownerserve_bench::proxy::BenchArgs),
     /// KV routing hot paths: prompt hashing, event ingest, prefix match + cost.
-    Kv(crate::bench::kv::KvBenchArgs),
+    Kv(ownerserve_bench::kv::KvBenchArgs),
     /// Ownership writes on a local 3-node directory cluster, and memory for 1M sessions.
-    Directory(crate::bench::directory::DirectoryBenchArgs),
+    Directory(ownerserve_bench::directory::DirectoryBenchArgs),
     /// Planner decision latency (hash + plan) over a fleet for a long prompt.
-    Planner(crate::bench::planner::PlannerBenchArgs),
+    Planner(ownerserve_bench::planner::PlannerBenchArgs),
     /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
-    Sim(crate::bench::sim::SimBenchArgs),
+    Sim(ownerserve_bench::sim::SimBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -125,28 +125,34 @@ impl Cli {
             Command::Router(args) => run_router(args, log).await,
             Command::Ctl(args) => ownerserve_router::ctl::run(args).await,
             Command::SimWorker(args) => run_sim_worker(args).await,
-            Command::Directory(args) => ownerserve_router::directory::run(args).await,
+            Command::Directory(args) => Ok(ownerserve_ownership::node::run(args).await?),
             Command::Bench(BenchCommand::Proxy(args)) => {
-                tokio::task::spawn_blocking(move || crate::bench::proxy::run(args)).await?
+                tokio::task::spawn_blocking(move || ownerserve_bench::proxy::run(args)).await?
             }
             Command::Bench(BenchCommand::Directory(args)) => {
-                crate::bench::directory::run(args).await
+                ownerserve_bench::directory::run(args).await
             }
             Command::Bench(BenchCommand::Kv(args)) => {
-                tokio::task::spawn_blocking(move || crate::bench::kv::run(args)).await?
+                tokio::task::spawn_blocking(move || ownerserve_bench::kv::run(args)).await?
             }
             Command::Bench(BenchCommand::Planner(args)) => {
-                tokio::task::spawn_blocking(move || crate::bench::planner::run(args)).await?
+                tokio::task::spawn_blocking(move || ownerserve_bench::planner::run(args)).await?
             }
             Command::Bench(BenchCommand::Sim(args)) => {
-                tokio::task::spawn_blocking(move || crate::bench::sim::run(args)).await?
+                tokio::task::spawn_blocking(move || ownerserve_bench::sim::run(args)).await?
             }
             Command::Simulate(args) => {
-                tokio::task::spawn_blocking(move || crate::evaluate::simulate(args)).await?
+                Ok(
+                    tokio::task::spawn_blocking(move || ownerserve_eval::commands::simulate(args))
+                        .await??,
+                )
             }
-            Command::Replay(args) => crate::evaluate::replay(args).await,
+            Command::Replay(args) => Ok(ownerserve_eval::commands::replay(args).await?),
             Command::Report(args) => {
-                tokio::task::spawn_blocking(move || crate::evaluate::report(args)).await?
+                Ok(
+                    tokio::task::spawn_blocking(move || ownerserve_eval::commands::report(args))
+                        .await??,
+                )
             }
         }
     }

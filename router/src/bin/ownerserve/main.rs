@@ -2,15 +2,13 @@
 //! crates that do the work; nothing else lives here.
 //!
 //! # Layout
-//! - [`cli`]: the subcommands and their flags, each handed to its crate: the router and
-//!   `up` (`ownerserve_router`), `directory` (the directory node), `sim-worker`
-//!   (`ownerserve_shim::sim`), `ctl`, and the benchmark and evaluation commands.
-//! - [`mod@bench`], [`evaluate`]: the benchmark and evaluation commands.
+//! - [`cli`]: the subcommands and their flags, each handed to its crate: the router, `up`
+//!   and `ctl` (`ownerserve_router`), `directory` (the directory node), `sim-worker`
+//!   (`ownerserve_shim::sim`), `bench` (`ownerserve_bench`), and `simulate`, `report`,
+//!   `replay` (`ownerserve_eval::commands`).
 #![forbid(unsafe_code)]
 
-mod bench;
 mod cli;
-mod evaluate;
 
 use std::process::ExitCode;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
-use ownerserve_router::process::say;
+use ownerserve_eval::console::say;
 
 /// Flags of `ownerserve bench proxy`.
 #[derive(Debug, clap::Args)]

@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-use crate::metrics::http::{Executed, HttpMetrics, TimedBody};
+use crate::http_metrics::{Executed, HttpMetrics, TimedBody};
 
 /// The header.
 pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -38,7 +38,9 @@ pub fn of(headers: &HeaderMap) -> HeaderValue {
 fn fresh() -> HeaderValue {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let salt = crate::directory::unix_ms();
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
     HeaderValue::from_str(&format!("ownerserve-{salt:x}-{n:x}"))
         .unwrap_or_else(|_| HeaderValue::from_static("ownerserve"))
 }

@@ -14,7 +14,7 @@ use ownerserve_ownership::{Command, Directory, Envelope};
 
 use super::percentile;
 use super::proxy::{start, Reaped};
-use ownerserve_router::process::say;
+use ownerserve_eval::console::say;
 
 /// Flags of `ownerserve bench directory`.
 #[derive(Debug, clap::Args)]

@@ -12,15 +12,16 @@ use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::Deserialize;
 use serde_json::json;
 
-use ownerserve_ownership::ids::ClientId;
-use ownerserve_ownership::raft::{NodeId, TypeConfig};
-use ownerserve_ownership::Command;
+use crate::ids::ClientId;
+use crate::raft::{NodeId, TypeConfig};
+use crate::Command;
 
+use super::answer::{error, forward};
 use super::Node;
 
 pub fn app(
     node: Arc<Node>,
-    tokens: Arc<crate::auth::Tokens>,
+    tokens: Arc<ownerserve_edge::auth::Tokens>,
     registry: Arc<prometheus::Registry>,
 ) -> Router {
     let admin = super::admin::routes(node.clone(), tokens);
@@ -45,9 +46,9 @@ async fn metrics(State((n, registry)): State<(Arc<Node>, Arc<prometheus::Registr
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
+            ownerserve_edge::exposition::CONTENT_TYPE,
         )],
-        crate::metrics::render(&registry),
+        ownerserve_edge::exposition::render(&registry),
     )
         .into_response()
 }
@@ -75,23 +76,6 @@ struct CommandRequest {
     #[serde(default)]
     client: Option<(ClientId, u64)>,
     command: Command,
-}
-
-pub fn error(status: StatusCode, message: String, extra: serde_json::Value) -> Response {
-    let mut body = json!({"error": {"message": message, "type": "directory_error"}});
-    if let (Some(obj), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
-        obj.extend(extra.clone());
-    }
-    (status, Json(body)).into_response()
-}
-
-pub fn forward(n: &Node, leader: Option<NodeId>) -> Response {
-    let addr = leader.and_then(|l| n.nodes.get(&l)).map(|b| b.addr.clone());
-    error(
-        StatusCode::MISDIRECTED_REQUEST,
-        "not the leader".into(),
-        json!({"leader_id": leader, "leader_addr": addr}),
-    )
 }
 
 /// Marks a write already forwarded once, so a stale leader view cannot bounce it around.
@@ -171,12 +155,12 @@ struct Partition {
 }
 
 /// Test-only: `POST /test/v1/partition {blocked: [ids]}` (admin token).
-pub fn fault_routes(node: Arc<Node>, tokens: Arc<crate::auth::Tokens>) -> Router {
+pub fn fault_routes(node: Arc<Node>, tokens: Arc<ownerserve_edge::auth::Tokens>) -> Router {
     Router::new()
         .route("/test/v1/partition", post(partition))
         .route_layer(axum::middleware::from_fn_with_state(
             tokens,
-            crate::auth::require,
+            ownerserve_edge::auth::require,
         ))
         .with_state(node)
 }

@@ -21,7 +21,7 @@ use ownerserve_shim::kv_events::wire::{
 };
 
 use super::{percentile, time_us};
-use ownerserve_router::process::say;
+use ownerserve_eval::console::say;
 
 const BLOCK: usize = 16;
 

@@ -1,19 +1,36 @@
-//! `ownerserve simulate` and `ownerserve report`: the trace simulator and the evaluation
-//! report from the command line. The work is in `ownerserve-eval`; this is its shell
-//! (arguments, files, stdout).
+//! `ownerserve simulate`, `report` and (feature `replay`) `replay`: the trace simulator,
+//! the evaluation report and the live replay from the command line: their arguments,
+//! files and printed lines. The `ownerserve` binary parses the arguments and calls these.
 
 use std::path::PathBuf;
 
-use anyhow::Context;
-
-use ownerserve_eval::agreement::Agreement;
-use ownerserve_eval::replay::{self, ReplayOptions};
-use ownerserve_eval::report::{self, all_policies, markdown_table, summary_line};
-use ownerserve_eval::scenario::WorkloadSpec;
-use ownerserve_eval::sim::{Cluster, SimOptions};
 use ownerserve_shim::sim::config::SimSettings;
 
-use ownerserve_router::process::say;
+use crate::console::say;
+use crate::report::{self, all_policies, markdown_table, summary_line, ReportError};
+use crate::scenario::WorkloadSpec;
+use crate::sim::{Cluster, ClusterError, SimOptions};
+use crate::workload::WorkloadError;
+
+/// Why an evaluation command stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("workload")]
+    Workload(#[from] WorkloadError),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("cannot write {}", path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[cfg(feature = "replay")]
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
+}
 
 /// Which fleet and policies to simulate.
 #[derive(Debug, clap::Args)]
@@ -66,6 +83,7 @@ pub struct ReportArgs {
 }
 
 /// Which router to drive, and what to compare with.
+#[cfg(feature = "replay")]
 #[derive(Debug, clap::Args)]
 pub struct ReplayArgs {
     /// The router's base URL.
@@ -100,8 +118,11 @@ pub struct ReplayArgs {
 }
 
 /// Replays the workload against a live router; optionally compares with the simulator.
-pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    let wl = args.workload.build().context("workload")?;
+#[cfg(feature = "replay")]
+pub async fn replay(args: ReplayArgs) -> Result<(), CommandError> {
+    use crate::agreement::Agreement;
+    use crate::replay::{self, ReplayOptions};
+    let wl = args.workload.build()?;
     say(&format!("workload: {}", wl.stats()));
     let opts = ReplayOptions {
         target: args.target.clone(),
@@ -110,7 +131,7 @@ pub async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         token: args.token.clone(),
         timeout: std::time::Duration::from_secs(args.timeout_s.max(1)),
     };
-    let bar = std::sync::Arc::new(ownerserve_eval::progress::Progress::new(
+    let bar = std::sync::Arc::new(crate::progress::Progress::new(
         "replay",
         wl.num_requests() as u64,
         args.quiet,
@@ -150,8 +171,8 @@ fn policies(list: &str) -> Vec<String> {
 }
 
 /// Runs the simulator and prints one summary line per policy, then a Markdown table.
-pub fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
-    let wl = args.workload.build().context("workload")?;
+pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
+    let wl = args.workload.build()?;
     let cluster = Cluster::parse(&args.cluster, &args.engine)?;
     say(&format!("workload: {}", wl.stats()));
     let runs = report::run_all(
@@ -170,8 +191,8 @@ pub fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
 }
 
 /// Runs every policy on every cluster and writes the Markdown report and plots.
-pub fn report(args: ReportArgs) -> anyhow::Result<()> {
-    let wl = args.workload.build().context("workload")?;
+pub fn report(args: ReportArgs) -> Result<(), CommandError> {
+    let wl = args.workload.build()?;
     let stem = args
         .name
         .clone()
@@ -204,13 +225,16 @@ pub fn report(args: ReportArgs) -> anyhow::Result<()> {
         }
     }
     let path = args.out.join(format!("{stem}.md"));
-    std::fs::write(&path, md).with_context(|| format!("cannot write {}", path.display()))?;
+    std::fs::write(&path, md).map_err(|source| CommandError::Write {
+        path: path.clone(),
+        source,
+    })?;
     say(&format!("wrote {}", path.display()));
     Ok(())
 }
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
-fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> anyhow::Result<String> {
+fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, CommandError> {
     let search = report::CapacitySearch {
         slo_s,
         max_sessions: args.capacity_max.max(1),
@@ -223,7 +247,7 @@ fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> anyhow::Result<
         .build()
     };
     let names = policies(&args.policy);
-    let bar = ownerserve_eval::progress::Progress::new(
+    let bar = crate::progress::Progress::new(
         &format!("capacity on {}", cluster.name),
         names.len() as u64,
         args.quiet,

@@ -9,12 +9,13 @@ use std::time::Duration;
 use openraft::ServerState;
 use prometheus::{GaugeVec, Histogram, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use ownerserve_ownership::{Command, Outcome};
+use crate::{Command, Outcome};
 
-use super::{
+use ownerserve_edge::exposition::{
     counter_vec, gauge_vec, histogram, int_gauge, int_gauge_vec, sync_counter, LATENCY_BUCKETS,
 };
-use crate::directory::Node;
+
+use super::Node;
 
 /// Every command kind, to start their counters at zero.
 const COMMANDS: [&str; 15] = [
@@ -300,8 +301,8 @@ mod tests {
 
     use openraft::{CommittedLeaderId, LogId};
 
-    use ownerserve_ownership::ids::{Epoch, LeaseId, SessionId};
-    use ownerserve_ownership::Rejection;
+    use crate::ids::{Epoch, LeaseId, SessionId};
+    use crate::Rejection;
 
     use super::*;
 
@@ -344,7 +345,7 @@ mod tests {
             ],
         };
         m.applied(&names, Some(&outcome), Duration::from_millis(3));
-        let text = super::super::render(&registry);
+        let text = ownerserve_edge::exposition::render(&registry);
         for line in [
             "ownerserve_directory_commands_total{command=\"keep_alive\",result=\"ok\"} 1",
             "ownerserve_directory_commands_total{command=\"end_session\",result=\"rejected\"} 1",

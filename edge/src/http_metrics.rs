@@ -10,13 +10,12 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use prometheus::{Histogram, HistogramVec, IntCounterVec, Registry};
 
-use ownerserve_planner::plan::Action;
+use crate::exposition::{counter_vec, histogram_vec, LATENCY_BUCKETS};
 
-use super::{counter_vec, histogram_vec, LATENCY_BUCKETS};
-
-/// Set by the proxy in a response's extensions: the action the step executed.
+/// Set by a handler in a response's extensions: what the request executed (the proxy's
+/// plan action), for the `action` label.
 #[derive(Debug, Clone, Copy)]
-pub struct Executed(pub Action);
+pub struct Executed(pub &'static str);
 
 /// Request counters and durations.
 #[derive(Debug, Clone)]
@@ -46,8 +45,8 @@ impl HttpMetrics {
     }
 
     /// Counts an answered request and returns the histogram its duration goes to.
-    pub fn answered(&self, route: &str, status: &str, action: Option<Action>) -> Histogram {
-        let action = action.map_or("none", Action::name);
+    pub fn answered(&self, route: &str, status: &str, action: Option<&str>) -> Histogram {
+        let action = action.unwrap_or("none");
         self.requests
             .with_label_values(&[route, status, action])
             .inc();

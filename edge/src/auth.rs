@@ -6,11 +6,47 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
+use crate::error_body::ErrorBody;
+
+/// A request to the operator API without the scope it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    #[error("this token may only read")]
+    Forbidden,
+}
+
+impl IntoResponse for AuthError {
+    fn into_response(self) -> Response {
+        let message = self.to_string();
+        let (status, kind, code) = match self {
+            AuthError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "invalid_token",
+            ),
+            AuthError::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                "insufficient_scope",
+            ),
+        };
+        ErrorBody {
+            status,
+            message: &message,
+            kind,
+            param: None,
+            code,
+            extra: Default::default(),
+        }
+        .response()
+    }
+}
 
 /// The accepted tokens.
 #[derive(Debug, Clone)]
@@ -28,7 +64,7 @@ pub enum Origin {
 
 impl Tokens {
     /// Tokens from config; generates the admin token if none is set.
-    pub fn resolve(admin: Option<String>, read: Option<String>) -> anyhow::Result<(Self, Origin)> {
+    pub fn resolve(admin: Option<String>, read: Option<String>) -> std::io::Result<(Self, Origin)> {
         let read = read.filter(|t| !t.is_empty());
         match admin.filter(|t| !t.is_empty()) {
             Some(admin) => Ok((Self { admin, read }, Origin::Configured)),
@@ -47,9 +83,9 @@ impl Tokens {
         &self.admin
     }
 
-    fn check(&self, presented: Option<&str>, write: bool) -> Result<(), ApiError> {
+    fn check(&self, presented: Option<&str>, write: bool) -> Result<(), AuthError> {
         let Some(token) = presented else {
-            return Err(ApiError::Unauthorized);
+            return Err(AuthError::Unauthorized);
         };
         if constant_time_eq(token, &self.admin) {
             return Ok(());
@@ -60,17 +96,17 @@ impl Tokens {
             .is_some_and(|r| constant_time_eq(token, r))
         {
             return if write {
-                Err(ApiError::Forbidden)
+                Err(AuthError::Forbidden)
             } else {
                 Ok(())
             };
         }
-        Err(ApiError::Unauthorized)
+        Err(AuthError::Unauthorized)
     }
 }
 
 /// 128 random bits from the OS, hex-encoded.
-fn random_token() -> anyhow::Result<String> {
+fn random_token() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
@@ -110,13 +146,13 @@ mod tests {
         assert!(t.check(Some("rd"), false).is_ok());
         assert!(matches!(
             t.check(Some("rd"), true),
-            Err(ApiError::Forbidden)
+            Err(AuthError::Forbidden)
         ));
         assert!(matches!(
             t.check(Some("nope"), false),
-            Err(ApiError::Unauthorized)
+            Err(AuthError::Unauthorized)
         ));
-        assert!(matches!(t.check(None, false), Err(ApiError::Unauthorized)));
+        assert!(matches!(t.check(None, false), Err(AuthError::Unauthorized)));
     }
 
     #[test]

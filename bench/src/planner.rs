@@ -16,7 +16,7 @@ use ownerserve_planner::spec::{GpuSpec, ModelSpec};
 use ownerserve_planner::tokenized::Tokenized;
 
 use super::{percentile, time_us};
-use ownerserve_router::process::say;
+use ownerserve_eval::console::say;
 
 const BLOCK: u32 = 16;
 

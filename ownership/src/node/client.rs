@@ -1,5 +1,6 @@
-//! How the router talks to the ownership directory: the [`DirectoryClient`] trait, with an
-//! embedded single node ([`Embedded`]) and a remote cluster ([`Remote`]) behind it.
+//! How a router talks to the ownership directory: the [`DirectoryClient`] trait, with an
+//! embedded single node ([`Embedded`]) and a remote cluster ([`Remote`]) behind it, and
+//! what it reads per step ([`Lookup`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,23 +10,48 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use ownerserve_ownership::ids::{Epoch, PrefixKey, SessionId};
-use ownerserve_ownership::{Command, Directory, Outcome};
+use crate::ids::{Epoch, PrefixKey, SessionId};
+use crate::{Command, Directory, Outcome};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::plan::ArtifactView;
 
-use crate::directory::Node;
+use super::Node;
 
 /// A boxed future, so the trait can be used as `dyn DirectoryClient`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// The directory did not take a command.
+/// The directory did not take a command. A state-machine refusal (a stale epoch, a lease
+/// that expired) is not an error here: it is the command's [`Outcome::Rejected`].
 #[derive(Debug, thiserror::Error)]
 pub enum DirectoryError {
+    /// The node asked is not the leader; `leader_addr` names the one it knows, if any.
+    #[error("not the leader (leader: {})", leader_addr.as_deref().unwrap_or("unknown"))]
+    NotLeader {
+        leader_id: Option<u64>,
+        leader_addr: Option<String>,
+    },
+    /// No node could be reached.
+    #[error("cannot reach the directory at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The cluster has no leader right now, or Raft refused the write.
     #[error("the directory has no leader right now: {0}")]
     Unavailable(String),
+    /// An answer that does not parse, or no outcome for a command.
     #[error("the directory answered something unexpected: {0}")]
     Protocol(String),
+}
+
+impl DirectoryError {
+    /// Whether the same command may succeed if sent again (to the named leader, another
+    /// node, or after an election); a protocol error will not go away by itself.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            DirectoryError::NotLeader { .. }
+            | DirectoryError::Unreachable { .. }
+            | DirectoryError::Unavailable(_) => true,
+            DirectoryError::Protocol(_) => false,
+        }
+    }
 }
 
 /// What the directory says about one step: the session's owner and epoch, and the
@@ -75,11 +101,8 @@ pub trait DirectoryClient: Send + Sync {
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>>;
 
     /// What the directory knows about a step, read locally without a Raft round trip (a
-    /// routing hint: writes are fenced by epochs). A remote cluster is not read per
-    /// request; it answers an empty, unconsulted lookup.
-    fn lookup(&self, _session: Option<&str>, _hashes: &[u64], _block: u64) -> Lookup {
-        Lookup::default()
-    }
+    /// routing hint: writes are fenced by epochs).
+    fn lookup(&self, session: Option<&str>, hashes: &[u64], block: u64) -> Lookup;
 }
 
 /// A directory node in this process.
@@ -131,7 +154,7 @@ impl DirectoryClient for Remote {
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
         Box::pin(async move {
             let body = json!({ "command": command });
-            let mut last = String::from("no directory urls");
+            let mut last = DirectoryError::Unavailable("no directory urls".into());
             for _ in 0..(3 * self.urls.len().max(1)) {
                 let i = self.leader.load(Ordering::Relaxed) % self.urls.len().max(1);
                 let Some(url) = self.urls.get(i) else { break };
@@ -144,7 +167,10 @@ impl DirectoryClient for Remote {
                 let resp = match sent {
                     Ok(r) => r,
                     Err(e) => {
-                        last = e.to_string();
+                        last = DirectoryError::Unreachable {
+                            url: url.clone(),
+                            reason: e.to_string(),
+                        };
                         self.leader.store(i + 1, Ordering::Relaxed);
                         continue;
                     }
@@ -158,16 +184,57 @@ impl DirectoryClient for Remote {
                     return serde_json::from_value(v["outcome"].clone())
                         .map_err(|e| DirectoryError::Protocol(e.to_string()));
                 }
-                last = v["error"]["message"].as_str().unwrap_or("error").to_owned();
+                let leader_addr = v["leader_addr"].as_str().map(str::to_owned);
+                last = if status == reqwest::StatusCode::MISDIRECTED_REQUEST {
+                    DirectoryError::NotLeader {
+                        leader_id: v["leader_id"].as_u64(),
+                        leader_addr: leader_addr.clone(),
+                    }
+                } else {
+                    let message = v["error"]["message"].as_str().unwrap_or("error");
+                    DirectoryError::Unavailable(message.to_owned())
+                };
                 // Follow the redirect to the leader, if it is one of ours.
-                let leader = v["leader_addr"]
-                    .as_str()
+                let leader = leader_addr
+                    .as_deref()
                     .and_then(|a| self.urls.iter().position(|u| u.ends_with(a)));
                 self.leader
                     .store(leader.unwrap_or(i + 1), Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(DirectoryError::Unavailable(last))
+            Err(last)
         })
+    }
+
+    /// Not read per request yet: answers an empty, unconsulted lookup, so the planner sees
+    /// no owner (the "Authoritative ownership in production" issue gives every router a
+    /// live replica to read).
+    fn lookup(&self, _session: Option<&str>, _hashes: &[u64], _block: u64) -> Lookup {
+        Lookup::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_protocol_error_is_final() {
+        let not_leader = DirectoryError::NotLeader {
+            leader_id: Some(2),
+            leader_addr: Some("127.0.0.1:7002".into()),
+        };
+        assert!(not_leader.is_retryable());
+        assert_eq!(
+            not_leader.to_string(),
+            "not the leader (leader: 127.0.0.1:7002)"
+        );
+        let unreachable = DirectoryError::Unreachable {
+            url: "http://127.0.0.1:1".into(),
+            reason: "connection refused".into(),
+        };
+        assert!(unreachable.is_retryable());
+        assert!(DirectoryError::Unavailable("election".into()).is_retryable());
+        assert!(!DirectoryError::Protocol("no outcome".into()).is_retryable());
     }
 }

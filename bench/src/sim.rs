@@ -9,7 +9,7 @@ use ownerserve_eval::scenario::WorkloadSpec;
 use ownerserve_eval::sim::{simulate, Cluster, SimOptions};
 use ownerserve_shim::sim::config::SimSettings;
 
-use ownerserve_router::process::say;
+use ownerserve_eval::console::say;
 
 /// Sizes of the simulator benchmark.
 #[derive(Debug, clap::Args)]

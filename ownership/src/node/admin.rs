@@ -16,14 +16,14 @@ use openraft::BasicNode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use ownerserve_ownership::ids::{LeaseId, PrefixKey, SessionId};
-use ownerserve_ownership::raft::NodeId;
-use ownerserve_ownership::state::{Artifact, Lease, Session};
-use ownerserve_ownership::{Command, Directory};
+use crate::ids::{LeaseId, PrefixKey, SessionId};
+use crate::raft::NodeId;
+use crate::state::{Artifact, Lease, Session};
+use crate::{Command, Directory};
 
-use super::http::{error, forward};
+use super::answer::{error, forward};
 use super::Node;
-use crate::auth::{self, Tokens};
+use ownerserve_edge::auth::{self, Tokens};
 
 pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
     Router::new()
@@ -179,14 +179,7 @@ async fn pin_session(
 async fn session_now(
     n: &Node,
     id: &SessionId,
-) -> Result<
-    (
-        ownerserve_ownership::ids::Epoch,
-        Option<ownerserve_ownership::ids::PrefixKey>,
-        u32,
-    ),
-    Response,
-> {
+) -> Result<(crate::ids::Epoch, Option<crate::ids::PrefixKey>, u32), Response> {
     if n.read_barrier().await.is_err() {
         return Err(forward(n, n.raft.current_leader().await));
     }

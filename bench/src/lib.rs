@@ -1,0 +1,44 @@
+//! `ownerserve bench ...`: the benchmark commands. Each prints its figures next to a
+//! baseline measured in the same run; none of them is a test (figures depend on the
+//! machine). Whole processes are benchmarked as processes: `proxy` and `directory` start
+//! the `ownerserve` binary (and `wrk`), so this crate does not depend on the router.
+//!
+//! # Layout
+//! - [`proxy`]: the router's added latency and throughput against a sim worker driven
+//!   directly (wrk).
+//! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
+//! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions.
+//! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
+//! - [`sim`]: trace simulator throughput.
+//!
+//! The commands are the binary's glue (they start processes, print figures, and their
+//! errors are only printed), so they use `anyhow`, as STYLE.md allows for main glue.
+#![forbid(unsafe_code)]
+
+pub mod directory;
+pub mod kv;
+pub mod planner;
+pub mod proxy;
+pub mod sim;
+
+/// Percentile (0..=100) of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Times `f` `n` times; returns sorted per-call microseconds.
+pub fn time_us(n: usize, mut f: impl FnMut()) -> Vec<f64> {
+    let mut out: Vec<f64> = (0..n)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    out.sort_by(f64::total_cmp);
+    out
+}

@@ -1,0 +1,20 @@
+//! What every OwnerServe HTTP server (the router, a directory node) does at its edge.
+//!
+//! # Layout
+//! - [`error_body`]: the one builder of error answers (OpenAI's shape, status headers,
+//!   the SSE form).
+//! - [`auth`]: bearer tokens with read and admin scopes for `/admin/v1`.
+//! - [`request_id`]: the `X-Request-Id` kept or made, and the middleware that gives each
+//!   request its id, span and [`http_metrics`].
+//! - [`exposition`]: the Prometheus text exposition and registration helpers.
+//! - [`process`]: printed lines, binding a listener, signals into a cancellation.
+//!
+//! It knows nothing of the proxy or the directory: both build on it.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod error_body;
+pub mod exposition;
+pub mod http_metrics;
+pub mod process;
+pub mod request_id;

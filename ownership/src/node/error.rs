@@ -1,0 +1,46 @@
+//! Why a directory node could not start or stopped.
+
+use std::path::PathBuf;
+
+use crate::raft::NodeId;
+
+/// openraft's refusal to initialise a cluster.
+pub type InitError = openraft::error::RaftError<
+    NodeId,
+    openraft::error::InitializeError<NodeId, openraft::BasicNode>,
+>;
+
+/// A node that cannot start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot create {}", path.display())]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the raft log")]
+    Log(#[source] redb::DatabaseError),
+    #[error("cannot load the snapshot")]
+    Snapshot(#[source] std::io::Error),
+    // openraft's errors are large and small functions return this type too: boxed.
+    #[error("invalid raft settings")]
+    RaftConfig(#[source] Box<openraft::ConfigError>),
+    #[error("cannot start raft")]
+    Raft(#[source] Box<openraft::error::Fatal<NodeId>>),
+    #[error("cannot initialise the cluster")]
+    Init(#[source] Box<InitError>),
+    #[error("the embedded directory did not elect itself")]
+    Election(#[source] openraft::metrics::WaitError),
+    /// A flag of `ownerserve directory` that cannot be used.
+    #[error("{flag}: {reason}")]
+    Flag { flag: String, reason: String },
+    #[error("cannot register the node's metrics")]
+    Metrics(#[from] prometheus::Error),
+    #[error("cannot make an admin token")]
+    Token(#[source] std::io::Error),
+    #[error(transparent)]
+    Process(#[from] ownerserve_edge::process::ProcessError),
+    #[error("the directory server failed")]
+    Serve(#[source] std::io::Error),
+}

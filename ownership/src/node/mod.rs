@@ -1,0 +1,220 @@
+//! One node of the replicated ownership directory (feature `node`). It runs openraft over
+//! the redb log and the pure state machine, serves the Raft RPCs and the directory API over
+//! HTTP, and, while leader, proposes a `Tick` every `tick_ms` so expired leases cascade.
+//!
+//! # Layout
+//! - this file: [`Node`], starting it, proposing commands, linearizable read barriers.
+//! - `api`: the Raft RPC routes and the directory API; [`admin`]: the operator API;
+//!   `answer`: the error answers both give.
+//! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
+//!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]).
+//! - [`metrics`]: the node's Prometheus metrics; `error`: [`NodeError`].
+//! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]).
+//!
+//! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
+//! log_index}` (a follower forwards it to the leader once; if it cannot, it answers 421
+//! with the leader's address); `GET /directory/v1/state`
+//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`; and the
+//! operator API under `/admin/v1` (bearer tokens; see `admin`).
+
+pub mod admin;
+mod answer;
+mod api;
+pub mod client;
+mod error;
+pub mod metrics;
+mod run;
+
+pub use client::{BoxFuture, DirectoryClient, DirectoryError, Embedded, Lookup, Remote};
+pub use error::NodeError;
+pub use run::{run, DirectoryArgs};
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{BasicNode, Config};
+use tokio_util::sync::CancellationToken;
+
+use crate::raft::log_store::LogStore;
+use crate::raft::network::HttpNetworkFactory;
+use crate::raft::state_machine::StateMachineStore;
+use crate::raft::{NodeId, Raft};
+use crate::{Command, Envelope};
+
+use metrics::{command_names, DirectoryMetrics};
+
+/// Wall-clock milliseconds, stamped by the leader into each entry: the one clock read of
+/// the directory, in its shell (the state machine only ever sees this stamp).
+#[expect(
+    clippy::disallowed_methods,
+    clippy::disallowed_types,
+    reason = "the node's shell stamps entries; the pure state machine reads no clock"
+)]
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A running node's handles.
+pub struct Node {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub machine: StateMachineStore,
+    pub nodes: BTreeMap<NodeId, BasicNode>,
+    /// The network's fault layer (only driven when fault injection is enabled).
+    pub faults: crate::raft::network::Faults,
+    /// Client for forwarding writes that reach a follower to the leader.
+    pub forwarder: reqwest::Client,
+    /// The node's metrics (registered in its process's registry).
+    pub metrics: DirectoryMetrics,
+}
+
+/// Why a read barrier failed.
+pub type BarrierError =
+    openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>;
+
+impl Node {
+    /// Returns once this node's state machine reflects every write acknowledged before the
+    /// call, so a read after it is linearizable. openraft's `ensure_linearizable` is not
+    /// enough here: a leader killed and restarted before the others elect a new one resumes
+    /// leadership in its old term without knowing the commit index (we do not persist it,
+    /// which saves an fsync per commit), and would serve its snapshot's stale state.
+    /// Committing an empty batch and reading once it is applied is linearizable regardless
+    /// (tests/e2e_linearizability.rs caught the stale read).
+    pub async fn read_barrier(&self) -> Result<(), BarrierError> {
+        self.propose(
+            Command::Batch {
+                commands: Vec::new(),
+            },
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Proposes `command` stamped with the leader's clock.
+    pub async fn propose(
+        &self,
+        command: Command,
+        client: Option<(crate::ids::ClientId, u64)>,
+    ) -> Result<
+        openraft::raft::ClientWriteResponse<crate::raft::TypeConfig>,
+        openraft::error::RaftError<NodeId, openraft::error::ClientWriteError<NodeId, BasicNode>>,
+    > {
+        let names = command_names(&command);
+        // The shell times commands on tokio's clock; the state machine reads none.
+        let started = tokio::time::Instant::now();
+        let written = self
+            .raft
+            .client_write(Envelope {
+                now_ms: unix_ms(),
+                client,
+                command,
+            })
+            .await;
+        if let Ok(resp) = &written {
+            self.metrics
+                .applied(&names, resp.data.as_ref(), started.elapsed());
+        }
+        written
+    }
+}
+
+/// Settings of one node.
+pub struct NodeSettings {
+    pub id: NodeId,
+    pub data_dir: PathBuf,
+    pub nodes: BTreeMap<NodeId, BasicNode>,
+    /// Initialise the cluster with `nodes` (ignored if already initialised).
+    pub init: bool,
+    pub grace_ms: u64,
+    pub tick_ms: u64,
+    /// Where the node counts its commands and reads its state at scrape time.
+    pub metrics: DirectoryMetrics,
+}
+
+impl Node {
+    /// Opens the log and snapshot under `data_dir`, starts Raft, initialises the cluster if
+    /// asked, and starts the leader's `Tick` loop (owned by `tracker`, ends with `cancel`).
+    pub async fn start(
+        s: NodeSettings,
+        tracker: &tokio_util::task::TaskTracker,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<Node>, NodeError> {
+        std::fs::create_dir_all(&s.data_dir).map_err(|source| NodeError::DataDir {
+            path: s.data_dir.clone(),
+            source,
+        })?;
+        let log = LogStore::open(&s.data_dir.join("log.redb")).map_err(NodeError::Log)?;
+        let machine =
+            StateMachineStore::open(Some(&s.data_dir), s.grace_ms).map_err(NodeError::Snapshot)?;
+        let config = Config {
+            cluster_name: "ownerserve-directory".into(),
+            // The heartbeat is also openraft's AppendEntries timeout: it must cover a
+            // follower's fsync on a busy machine, or batches are resent and tail latency grows.
+            heartbeat_interval: 250,
+            election_timeout_min: 1_000,
+            election_timeout_max: 2_000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| NodeError::RaftConfig(Box::new(e)))?;
+        let network = HttpNetworkFactory::default();
+        let faults = network.faults.clone();
+        let raft = Raft::new(s.id, Arc::new(config), network, log, machine.clone())
+            .await
+            .map_err(|e| NodeError::Raft(Box::new(e)))?;
+        let node = Arc::new(Node {
+            id: s.id,
+            raft,
+            machine,
+            nodes: s.nodes.clone(),
+            faults,
+            forwarder: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            metrics: s.metrics,
+        });
+        let single = s.nodes.len() == 1 && s.nodes.contains_key(&s.id);
+        if s.init {
+            match node.raft.initialize(s.nodes).await {
+                Ok(()) => {}
+                // Already initialised (a restart): fine.
+                Err(openraft::error::RaftError::APIError(
+                    openraft::error::InitializeError::NotAllowed(_),
+                )) => {}
+                Err(e) => return Err(NodeError::Init(Box::new(e))),
+            }
+        }
+        if single {
+            // A one-node cluster (embedded in the router) elects itself; wait for that so the
+            // first requests find a working directory.
+            node.raft
+                .wait(Some(Duration::from_secs(10)))
+                .current_leader(s.id, "single node elects itself")
+                .await
+                .map_err(NodeError::Election)?;
+        }
+        let (ticking, cancel) = (node.clone(), cancel.clone());
+        let every = Duration::from_millis(s.tick_ms.max(10));
+        tracker.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = cancel.cancelled() => return,
+                }
+                if ticking.raft.current_leader().await == Some(ticking.id) {
+                    if let Err(e) = ticking.propose(Command::Tick, None).await {
+                        tracing::debug!(error = %e, "tick not committed");
+                    }
+                }
+            }
+        });
+        Ok(node)
+    }
+}

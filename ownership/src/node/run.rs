@@ -1,0 +1,180 @@
+//! `ownerserve directory`: its flags, and running one node until Ctrl-C: the Raft RPCs,
+//! the directory API and the operator API on one listener.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use openraft::BasicNode;
+use tokio_util::sync::CancellationToken;
+
+use ownerserve_edge::auth::{Origin, Tokens};
+use ownerserve_edge::http_metrics::HttpMetrics;
+use ownerserve_edge::process::{bind, cancel_on_signal, say};
+
+use super::metrics::DirectoryMetrics;
+use super::{api, Node, NodeError, NodeSettings};
+use crate::raft::NodeId;
+
+/// Flags of `ownerserve directory`.
+#[derive(Debug, clap::Args)]
+pub struct DirectoryArgs {
+    /// This node's id (unique in the cluster, ≥ 1).
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_ID")]
+    id: NodeId,
+    /// Address to listen on for Raft RPCs and the directory API.
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_LISTEN")]
+    listen: SocketAddr,
+    /// Folder for the Raft log and snapshots (created if missing).
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_DATA_DIR")]
+    data_dir: PathBuf,
+    /// Cluster members `ID=HOST:PORT`, this node included: repeat `--peer`, or give a
+    /// comma-separated list to `--peers`.
+    #[arg(
+        long = "peer",
+        visible_alias = "peers",
+        value_delimiter = ',',
+        env = "OWNERSERVE_DIRECTORY_PEERS"
+    )]
+    peers: Vec<String>,
+    /// Initialise the cluster with the given peers (safe to repeat on restart).
+    #[arg(long)]
+    init: bool,
+    /// Slack added to every lease expiry, covering clock offset between leaders.
+    #[arg(long, default_value_t = 500)]
+    grace_ms: u64,
+    /// How often the leader proposes a `Tick`.
+    #[arg(long, default_value_t = 250)]
+    tick_ms: u64,
+    /// Admin bearer token for /admin/v1 (generated and printed when none is set).
+    #[arg(long, env = "OWNERSERVE_ADMIN_TOKEN", hide_env_values = true)]
+    admin_token: Option<String>,
+    /// Read-only bearer token for /admin/v1.
+    #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
+    read_token: Option<String>,
+    /// Serve `POST /test/v1/partition` (admin token) to cut this node off from peers.
+    /// For fault tests only.
+    #[arg(long)]
+    fault_injection: bool,
+}
+
+fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeError> {
+    peers
+        .iter()
+        .map(|p| {
+            let bad = |reason: String| NodeError::Flag {
+                flag: format!("--peer `{p}`"),
+                reason,
+            };
+            let (id, addr) = p
+                .split_once('=')
+                .ok_or_else(|| bad("expected ID=HOST:PORT".into()))?;
+            let id: NodeId = id.parse().map_err(|e| bad(format!("bad id: {e}")))?;
+            addr.parse::<SocketAddr>()
+                .map_err(|e| bad(format!("bad address: {e}")))?;
+            Ok((id, BasicNode::new(addr)))
+        })
+        .collect()
+}
+
+/// Runs a directory node until Ctrl-C.
+pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
+    if args.id == 0 {
+        return Err(NodeError::Flag {
+            flag: "--id".into(),
+            reason: "must be at least 1".into(),
+        });
+    }
+    let nodes = parse_peers(&args.peers)?;
+    let (tokens, origin) = Tokens::resolve(args.admin_token.clone(), args.read_token.clone())
+        .map_err(NodeError::Token)?;
+    if args.init && !nodes.contains_key(&args.id) {
+        return Err(NodeError::Flag {
+            flag: "--init".into(),
+            reason: format!("needs this node ({}) among the --peer list", args.id),
+        });
+    }
+    let listener = bind(args.listen).await?;
+    let shutdown = CancellationToken::new();
+    let tracker = tokio_util::task::TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &tracker)?;
+    let registry = prometheus::Registry::new();
+    let http_metrics = Arc::new(HttpMetrics::register(&registry)?);
+    let node = Node::start(
+        NodeSettings {
+            id: args.id,
+            data_dir: args.data_dir.clone(),
+            nodes,
+            init: args.init,
+            grace_ms: args.grace_ms,
+            tick_ms: args.tick_ms,
+            metrics: DirectoryMetrics::register(&registry)?,
+        },
+        &tracker,
+        &shutdown,
+    )
+    .await?;
+    if origin == Origin::Generated {
+        say(&format!(
+            "admin token (for /admin/v1, `Authorization: Bearer ...`): {}",
+            tokens.admin()
+        ));
+    }
+    say(&format!(
+        "ownerserve directory node {} listening on http://{}",
+        args.id,
+        listener.local_addr().map_err(NodeError::Serve)?
+    ));
+    let tokens = Arc::new(tokens);
+    let mut app = api::app(node.clone(), tokens.clone(), Arc::new(registry));
+    if args.fault_injection {
+        app = app.merge(api::fault_routes(node.clone(), tokens));
+    }
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        http_metrics,
+        ownerserve_edge::request_id::track,
+    ));
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+    node.raft.shutdown().await.ok();
+    served.map_err(NodeError::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: DirectoryArgs,
+    }
+
+    #[test]
+    fn peers_come_repeated_or_comma_separated_and_bad_ones_are_named() {
+        let flags = Flags::try_parse_from([
+            "directory",
+            "--id=1",
+            "--listen=127.0.0.1:7001",
+            "--data-dir=d",
+            "--peers=1=127.0.0.1:7001,2=127.0.0.1:7002",
+            "--peer=3=127.0.0.1:7003",
+        ])
+        .unwrap();
+        let nodes = parse_peers(&flags.args.peers).unwrap();
+        assert_eq!(nodes.keys().copied().collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(nodes[&2].addr, "127.0.0.1:7002");
+        let bad = parse_peers(&["2=nowhere".to_string()]).unwrap_err();
+        assert!(
+            format!("{bad:#}").contains("`2=nowhere`: bad address"),
+            "{bad:#}"
+        );
+    }
+}
