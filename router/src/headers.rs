@@ -1,6 +1,6 @@
 //! Every header name the router reads from a client or sets for one. Headers the engines
 //! read or set (`x-ownerserve-session`, `-epoch`, `-kv-received-bytes`) are in
-//! `ownerserve_shim::engines`; `x-request-id` is in [`crate::request_id`].
+//! `ownerserve_shim::engines`; `x-request-id` is in `ownerserve_edge::request_id`.
 
 use axum::http::HeaderName;
 
