@@ -8,7 +8,7 @@ use axum::extract::Request;
 use serde_json::{json, Value};
 
 use ownerserve_planner::policy::OwnerServe;
-use ownerserve_shim::openai::{self, Endpoint};
+use ownerserve_shim::openai::Endpoint;
 
 use crate::error::ApiError;
 use crate::proxy::identity::{self, Hashing};
@@ -19,16 +19,14 @@ use crate::state::AppState;
 /// Explains the plan for a chat request (with its session and fork headers), reading
 /// every source whatever the routing policy reads.
 pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
-    let (parts, body) = req.into_parts();
-    let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
-    let parsed = openai::parse(&bytes, Endpoint::ChatCompletions)?;
-    ingress::check_model(&st.registry, &parsed.model)?;
-    let request_id = ownerserve_edge::request_id::of(&parts.headers);
+    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes).await?;
+    let parsed = req.parse(Endpoint::ChatCompletions, &st.registry)?;
+    let headers = &req.parts.headers;
     let id = identity::identify(
         &st.prompts,
-        &parts.headers,
+        headers,
         &parsed,
-        &request_id,
+        &req.request_id,
         Hashing::Peek,
     )
     .await?;

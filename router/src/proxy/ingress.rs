@@ -4,19 +4,56 @@
 //! `Authorization` goes on to the engines, which run with their own `--api-key`.)
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap};
+use axum::extract::Request;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
+use ownerserve_shim::openai::{self, Endpoint, ParsedRequest};
+
 use crate::error::ApiError;
 use crate::registry::{ModelAvailability, Registry};
+
+/// A client request read within its limit, with its id.
+pub struct Admitted {
+    pub parts: Parts,
+    pub body: Bytes,
+    /// The client's `X-Request-Id`, or a fresh one; every leg to the workers carries it.
+    pub request_id: HeaderValue,
+}
+
+impl Admitted {
+    /// Reads `req`'s body up to `limit` bytes.
+    pub async fn read(req: Request, limit: usize) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let body = read_body(&parts.headers, body, limit).await?;
+        let request_id = ownerserve_edge::request_id::of(&parts.headers);
+        Ok(Self {
+            parts,
+            body,
+            request_id,
+        })
+    }
+
+    /// The body parsed and validated for `endpoint`, its model served by `registry`.
+    pub fn parse(
+        &self,
+        endpoint: Endpoint,
+        registry: &Registry,
+    ) -> Result<ParsedRequest<'_>, ApiError> {
+        let parsed = openai::parse(&self.body, endpoint)?;
+        check_model(registry, &parsed.model)?;
+        Ok(parsed)
+    }
+}
 
 /// Most bytes of an oversized body read and discarded before answering 413, so the client
 /// can finish sending and read the error instead of seeing a reset connection.
 const DRAIN_LIMIT_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Reads the body up to `limit` bytes. A bigger body is drained (up to a cap) and refused.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -47,7 +84,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 }
 
 /// Fails for a model no worker serves (404) or none serves right now (503).
-pub fn check_model(registry: &Registry, model: &str) -> Result<(), ApiError> {
+fn check_model(registry: &Registry, model: &str) -> Result<(), ApiError> {
     match registry.availability(model) {
         ModelAvailability::Available => Ok(()),
         ModelAvailability::Unavailable => Err(ApiError::NoHealthyWorker {

@@ -35,7 +35,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::Response;
 
 use ownerserve_planner::policy::Decision;
-use ownerserve_shim::openai::{self, Endpoint};
+use ownerserve_shim::openai::Endpoint;
 
 use crate::error::ApiError;
 use crate::registry::Worker;
@@ -46,32 +46,24 @@ use ownerserve_edge::http_metrics::Executed;
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let (parts, body) = req.into_parts();
-    let bytes = ingress::read_body(&parts.headers, body, st.cfg.max_body_bytes).await?;
-    let parsed = openai::parse(&bytes, endpoint)?;
-    ingress::check_model(&st.registry, &parsed.model)?;
-    let request_id = ownerserve_edge::request_id::of(&parts.headers);
-    let id = identity::identify(
-        &st.prompts,
-        &parts.headers,
-        &parsed,
-        &request_id,
-        st.hashing(),
-    )
-    .await?;
+    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes).await?;
+    let parsed = req.parse(endpoint, &st.registry)?;
+    let headers = &req.parts.headers;
+    let id =
+        identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;
     let needs = st.policy.needs();
     let view = st
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
     let step = dispatch::Step {
         path: endpoint.path(),
-        body: &bytes,
+        body: &req.body,
         session: id.session,
         lookup: &view.lookup,
         hashes: id.hashes(),
         block: u64::from(view.route.block_size),
-        request_id,
-        authorization: parts.headers.get(header::AUTHORIZATION).cloned(),
+        request_id: req.request_id.clone(),
+        authorization: headers.get(header::AUTHORIZATION).cloned(),
     };
     let mut failed = Vec::new();
     loop {
@@ -93,7 +85,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             step: &step,
             id: &id,
             view: &view,
-            client_headers: &parts.headers,
+            client_headers: headers,
             started,
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {

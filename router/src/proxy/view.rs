@@ -136,6 +136,15 @@ mod tests {
         }
     }
 
+    /// 16-token blocks, approximate entries kept a minute.
+    fn kv_routing(registry: &Registry) -> KvRouting {
+        let cfg = KvIndexConfig {
+            block_size: 16,
+            ..KvIndexConfig::default()
+        };
+        KvRouting::new(cfg, Duration::from_secs(60), registry)
+    }
+
     #[test]
     fn the_step_reads_the_directory_only_for_policies_that_use_it() {
         let registry = Registry::new(vec![WorkerSpec::new(
@@ -144,14 +153,7 @@ mod tests {
             Role::Decode,
             EngineKind::Sim,
         )]);
-        let kv = KvRouting::new(
-            KvIndexConfig {
-                block_size: 16,
-                ..KvIndexConfig::default()
-            },
-            Duration::from_secs(60),
-            &registry,
-        );
+        let kv = kv_routing(&registry);
         let owned = Lookup {
             owner: Some(WorkerId(0)),
             epoch: Some(Epoch(9)),
@@ -205,14 +207,7 @@ mod tests {
         for w in registry.all() {
             w.mark_healthy(vec!["m".into()]);
         }
-        let kv = KvRouting::new(
-            KvIndexConfig {
-                block_size: 16,
-                ..KvIndexConfig::default()
-            },
-            Duration::from_secs(60),
-            &registry,
-        );
+        let kv = kv_routing(&registry);
         let id = identity(64);
         let b = registry.get(WorkerId(1)).unwrap();
         kv.record_routed(b, &id.hashes()[..3]);
