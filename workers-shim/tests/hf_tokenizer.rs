@@ -4,6 +4,7 @@
 //! and text prompts equal the ids `apply_chat_template` / `encode` gave for the same
 //! conversations (fixtures written by `scripts/tokenizer_fixtures.py`); and tokenizing a
 //! session's next prompt from the previous one equals tokenizing it whole.
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use std::path::{Path, PathBuf};
 

@@ -68,6 +68,9 @@ fn token_text(v: Option<Value>) -> Option<String> {
     }
 }
 
+/// `(byte, tokens before it)`: where tokenizing can restart.
+type RestartPoint = (usize, usize);
+
 /// A model's tokenizer and chat template.
 pub struct HfTokenizer {
     tokenizer: tokenizers::Tokenizer,
@@ -206,7 +209,7 @@ impl HfTokenizer {
         from: usize,
         before: usize,
         add_special_tokens: bool,
-    ) -> Result<(Vec<u32>, Vec<(usize, usize)>), HfTokenizerError> {
+    ) -> Result<(Vec<u32>, Vec<RestartPoint>), HfTokenizerError> {
         let part = text.get(from..).unwrap_or_default();
         let encoding = self
             .tokenizer
