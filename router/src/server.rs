@@ -116,7 +116,11 @@ impl AppState {
             engines: Arc::new(upstream.clone()),
             upstream,
             sessions: Sessions::new(cfg.session_lease),
-            prompts: PromptHasher::new(kv.block_size(), cfg.prompt_cache_bytes),
+            prompts: PromptHasher::new(
+                kv.block_size(),
+                cfg.prompt_cache_bytes,
+                cfg.tokenizers.clone(),
+            ),
             kv,
             cfg,
             ownership,

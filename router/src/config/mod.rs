@@ -49,6 +49,11 @@ pub struct RouterSettings {
     /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
     /// in all, so its next step hashes only the blocks it adds (0: keep none).
     pub prompt_cache_mb: usize,
+    /// Per served model, the tokenizer whose tokens (and so block hashes) the router
+    /// computes: a model directory with `tokenizer.json` and `tokenizer_config.json` (the
+    /// engine's own), or `builtin` (the approximate tokenizer the simulated engine uses).
+    /// Models not listed use `builtin`.
+    pub tokenizers: std::collections::BTreeMap<String, String>,
     /// Tokens per KV block of the router's index (must match the engines').
     pub kv_block_size: usize,
     /// Most blocks the KV index keeps before pruning.
@@ -173,6 +178,7 @@ impl Default for RouterSettings {
             request_timeout_s: 600,
             max_body_bytes: 32 * 1024 * 1024,
             prompt_cache_mb: 256,
+            tokenizers: std::collections::BTreeMap::new(),
             kv_block_size: 16,
             kv_index_max_blocks: 1 << 20,
             kv_approx_ttl_s: 120,

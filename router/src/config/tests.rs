@@ -129,3 +129,38 @@ fn overrides_win_over_the_file() {
     assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
     assert_eq!(s.worker_threads, 4);
 }
+
+#[test]
+fn a_model_tokenizer_is_loaded_at_startup_and_a_missing_one_is_named() {
+    let one = || {
+        vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Sim,
+        )]
+    };
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../workers-shim/tests/fixtures/tokenizers/local"
+    );
+    let s = RouterSettings {
+        tokenizers: [
+            ("tiny".to_owned(), dir.to_owned()),
+            ("m".to_owned(), "builtin".to_owned()),
+        ]
+        .into(),
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&s, one()).unwrap();
+    assert_eq!(cfg.tokenizers.keys().collect::<Vec<_>>(), ["tiny"]);
+    let s = RouterSettings {
+        tokenizers: [("tiny".to_owned(), "/nonexistent/model".to_owned())].into(),
+        ..RouterSettings::default()
+    };
+    let err = RouterConfig::validate(&s, one()).unwrap_err().to_string();
+    assert!(
+        err.starts_with("router.tokenizers.tiny: cannot read /nonexistent/model/tokenizer.json: "),
+        "{err}"
+    );
+}

@@ -3,6 +3,7 @@
 //! directory choice), before any socket opens.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ownerserve_planner::ewma::GapLease;
@@ -14,6 +15,7 @@ use ownerserve_planner::policy::{
 };
 use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
+use ownerserve_shim::hf_tokenizer::HfTokenizer;
 use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 use ownerserve_shim::sim::config::load;
 
@@ -32,6 +34,8 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     pub max_body_bytes: usize,
     pub prompt_cache_bytes: usize,
+    /// Models served with their own tokenizer (the rest use the built-in one).
+    pub tokenizers: std::collections::BTreeMap<String, Arc<HfTokenizer>>,
     pub workers: Vec<WorkerSpec>,
     pub policy_settings: PolicySettings,
     pub kv_index: KvIndexConfig,
@@ -200,6 +204,7 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
+            tokenizers: load_tokenizers(s)?,
             workers,
             policy_settings,
             kv_index: KvIndexConfig {
@@ -312,6 +317,35 @@ fn policy_settings(s: &RouterSettings, planner: &OwnerServeConfig) -> PolicySett
         ownerserve: Some(planner.clone()),
         ..PolicySettings::default()
     }
+}
+
+/// Each `router.tokenizers` entry that names a model directory, loaded now so a missing or
+/// broken tokenizer stops the router before it starts.
+fn load_tokenizers(
+    s: &RouterSettings,
+) -> Result<std::collections::BTreeMap<String, Arc<HfTokenizer>>, ConfigError> {
+    s.tokenizers
+        .iter()
+        .filter(|(_, v)| v.as_str() != "builtin")
+        .map(|(model, dir)| {
+            let key = format!("tokenizers.{model}");
+            let tokenizer = HfTokenizer::from_dir(std::path::Path::new(dir))
+                .map_err(|e| ConfigError::invalid("router", key, with_causes(&e)))?;
+            Ok((model.clone(), Arc::new(tokenizer)))
+        })
+        .collect()
+}
+
+/// An error and its causes on one line (`cannot read X: No such file or directory`).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line.push_str(": ");
+        line.push_str(&c.to_string());
+        cause = c.source();
+    }
+    line
 }
 
 /// Where the directory lives: nowhere, in this process, or a remote cluster.

@@ -6,13 +6,15 @@
 //! A session's prompt is kept for its next step, which then tokenizes and hashes only
 //! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are tokenized on the blocking pool.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue};
 
 use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
 use ownerserve_planner::tokenized::Tokenized;
-use ownerserve_shim::openai::{ParsedRequest, RenderedPrompt};
+use ownerserve_shim::hf_tokenizer::{HfTokenizer, HfTokenizerError};
+use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput, RenderedPrompt, RequestError};
 
 use crate::error::ApiError;
 use crate::headers;
@@ -67,15 +69,78 @@ pub enum Hashing {
 pub struct PromptHasher {
     block_size: usize,
     cache: PromptCache,
+    /// Models with their own tokenizer.
+    tokenizers: BTreeMap<String, Arc<HfTokenizer>>,
+}
+
+/// What a model's own tokenizer is asked to tokenize.
+enum ModelInput {
+    /// A rendered chat template (its special tokens are in the text).
+    Chat(String),
+    /// A completions prompt (the tokenizer adds its special tokens).
+    Text(String),
+    Tokens(Vec<u32>),
 }
 
 impl PromptHasher {
-    /// Hashes in blocks of `block_size` tokens, keeping up to `cache_bytes` of prompts.
-    pub fn new(block_size: usize, cache_bytes: usize) -> Self {
+    /// Hashes in blocks of `block_size` tokens, keeping up to `cache_bytes` of prompts;
+    /// `tokenizers` names the models with their own tokenizer.
+    pub fn new(
+        block_size: usize,
+        cache_bytes: usize,
+        tokenizers: BTreeMap<String, Arc<HfTokenizer>>,
+    ) -> Self {
         Self {
             block_size,
             cache: PromptCache::new(cache_bytes),
+            tokenizers,
         }
+    }
+
+    /// The prompt's tokens and block hashes by the model's own tokenizer.
+    async fn hash_with(
+        &self,
+        tokenizer: &Arc<HfTokenizer>,
+        parsed: &ParsedRequest<'_>,
+        session: Option<&str>,
+        hashing: Hashing,
+    ) -> Result<Arc<HashedPrompt>, ApiError> {
+        let input = model_input(tokenizer, parsed)?;
+        // Kept per model too: a prompt tokenized by another tokenizer is no base to extend.
+        let key = session.map(|s| format!("{}\u{1f}{s}", parsed.model));
+        let prev = key.as_deref().and_then(|k| self.cache.get(k));
+        let keep = hashing == Hashing::Keep && key.is_some();
+        let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
+        let size = match &input {
+            ModelInput::Chat(t) | ModelInput::Text(t) => t.len(),
+            ModelInput::Tokens(t) => t.len() * 4,
+        };
+        let work = move || -> Result<HashedPrompt, HfTokenizerError> {
+            let mut tokenized = match (input, &prev) {
+                (ModelInput::Chat(text), Some(prev)) => {
+                    tokenizer.encode_after(&prev.tokenized, text)?
+                }
+                (ModelInput::Chat(text), None) => tokenizer.encode(text, false)?,
+                (ModelInput::Text(text), _) => tokenizer.encode(text, true)?,
+                (ModelInput::Tokens(tokens), _) => Tokenized::from_tokens(tokens),
+            };
+            if keep {
+                tokenized.shrink_to_fit();
+            }
+            let hashes = match &prev {
+                Some(prev) => prompt_hashes_after(prev, &tokenized.tokens, block_size, XXH3_SEED),
+                None => prompt_hashes(&tokenized.tokens, block_size, XXH3_SEED),
+            };
+            Ok(HashedPrompt { tokenized, hashes })
+        };
+        let hashed = offload(size, work)
+            .await?
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let hashed = Arc::new(hashed);
+        if let (true, Some(k)) = (keep, key) {
+            self.cache.put(&k, hashed.clone());
+        }
+        Ok(hashed)
     }
 
     /// The prompt's tokens and block hashes.
@@ -105,19 +170,51 @@ impl PromptHasher {
             };
             HashedPrompt { tokenized, hashes }
         };
-        let hashed = if prompt_len < OFFLOAD_PROMPT_BYTES {
-            work()
-        } else {
-            tokio::task::spawn_blocking(work)
-                .await
-                .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))?
-        };
-        let hashed = Arc::new(hashed);
+        let hashed = Arc::new(offload(prompt_len, work).await?);
         if let (true, Some(s)) = (keep, session) {
             self.cache.put(s, hashed.clone());
         }
         Ok(hashed)
     }
+}
+
+/// Runs `work` here for a small prompt, on the blocking pool for a large one.
+async fn offload<T: Send + 'static>(
+    size: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    if size < OFFLOAD_PROMPT_BYTES {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
+}
+
+/// What the model's own tokenizer tokenizes for `parsed`: its chat template rendered, or
+/// the first completions prompt.
+fn model_input(
+    tokenizer: &HfTokenizer,
+    parsed: &ParsedRequest<'_>,
+) -> Result<ModelInput, ApiError> {
+    Ok(match &parsed.prompt {
+        Prompt::Chat(_) => {
+            let t = parsed.template;
+            let text = tokenizer
+                .render_chat(
+                    t.messages_json.unwrap_or("[]"),
+                    t.tools_json,
+                    t.add_generation_prompt,
+                )
+                .map_err(|e| ApiError::BadRequest(RequestError::chat_template(e.to_string())))?;
+            ModelInput::Chat(text)
+        }
+        Prompt::Completion(prompts) => match prompts.first() {
+            Some(PromptInput::Text(t)) => ModelInput::Text(t.to_string()),
+            Some(PromptInput::Tokens(t)) => ModelInput::Tokens(t.clone()),
+            None => ModelInput::Tokens(Vec::new()),
+        },
+    })
 }
 
 /// The step's identity; `request_id` names an unnamed fork's child.
@@ -133,9 +230,17 @@ pub async fn identify<'a>(
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
         .flatten();
-    let prompt = match (hashing, parsed.rendered_prompts().into_iter().next()) {
-        (Hashing::Skip, _) | (_, None) => Arc::default(),
-        (hashing, Some(prompt)) => hasher.hash(prompt, session, hashing).await?,
+    let prompt = match (hashing, hasher.tokenizers.get(parsed.model.as_ref())) {
+        (Hashing::Skip, _) => Arc::default(),
+        (hashing, Some(tokenizer)) => {
+            hasher
+                .hash_with(tokenizer, parsed, session, hashing)
+                .await?
+        }
+        (hashing, None) => match parsed.rendered_prompts().into_iter().next() {
+            Some(prompt) => hasher.hash(prompt, session, hashing).await?,
+            None => Arc::default(),
+        },
     };
     Ok(Identity {
         session,
@@ -201,7 +306,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_step_hashes_like_a_fresh_prompt_and_is_kept_for_the_next() {
-        let hasher = PromptHasher::new(16, 1 << 20);
+        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new());
         let h = headers(&[(SESSION, "s1")]);
         let rid = HeaderValue::from_static("r1");
         let long = "tool output line\n".repeat(400);
@@ -227,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dry_run_keeps_nothing_and_skipping_hashes_nothing() {
-        let hasher = PromptHasher::new(16, 1 << 20);
+        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new());
         let h = headers(&[(SESSION, "s1")]);
         let rid = HeaderValue::from_static("r1");
         let body = chat("hello there", 1);
@@ -245,8 +350,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_model_with_its_own_tokenizer_gets_the_engines_ids_and_keeps_them_per_session() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../workers-shim/tests/fixtures/tokenizers"
+        );
+        let local = HfTokenizer::from_dir(&std::path::Path::new(dir).join("local")).unwrap();
+        let hasher = PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), Arc::new(local))].into());
+        let golden = std::fs::read_to_string(format!("{dir}/local.jsonl")).unwrap();
+        let h = headers(&[(SESSION, "s1")]);
+        let rid = HeaderValue::from_static("r1");
+        // Golden conversations as successive steps of one session: each step's ids are
+        // transformers' ids, whether tokenized whole or from the step before.
+        for line in golden.lines().take(20) {
+            let case: serde_json::Value = serde_json::from_str(line).unwrap();
+            let body = serde_json::to_vec(
+                &serde_json::json!({"model": "tiny", "messages": case["messages"]}),
+            )
+            .unwrap();
+            let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+            let id = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+                .await
+                .unwrap();
+            let want: Vec<u32> = serde_json::from_value(case["chat_ids"].clone()).unwrap();
+            assert_eq!(id.prompt.tokenized.tokens, want);
+            assert_eq!(id.hashes(), prompt_hashes(&want, 16, XXH3_SEED));
+        }
+        assert!(hasher.cache.get("tiny\u{1f}s1").is_some());
+        // A template that refuses its input is the client's error, as the engine's would be.
+        let bad = br#"{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": "yes"}"#;
+        assert!(parse(bad, Endpoint::ChatCompletions).is_err());
+    }
+
+    #[tokio::test]
     async fn forks_start_a_child_session_named_by_the_header_or_the_request_id() {
-        let hasher = PromptHasher::new(16, 0);
+        let hasher = PromptHasher::new(16, 0, BTreeMap::new());
         let rid = HeaderValue::from_static("r9");
         let one = chat("hi", 1);
         let three = chat("hi", 3);

@@ -45,6 +45,16 @@ impl RequestError {
         }
     }
 
+    /// The model's chat template refused the conversation (`raise_exception`), or it
+    /// cannot be rendered: the engine would refuse it too.
+    pub fn chat_template(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            param: Some("messages".to_owned()),
+            code: "chat_template_error",
+        }
+    }
+
     fn wrong_type(param: &str, err: &serde_json::Error) -> Self {
         Self {
             message: format!("invalid type for '{param}': {}", serde_message(err)),
@@ -123,6 +133,18 @@ pub struct ParsedRequest<'a> {
     /// vLLM's KV-connector extension (`kv_transfer_params`), as raw JSON text: only an
     /// engine interprets it, and a JSON `null` counts as absent.
     pub kv_transfer_params: Option<&'a str>,
+    /// What a model's own chat template renders: `messages` and `tools` as the client sent
+    /// them (raw JSON; `tools` absent when null), and vLLM's `add_generation_prompt`
+    /// (default true).
+    pub template: TemplateInput<'a>,
+}
+
+/// A chat request's raw input to a model's chat template.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TemplateInput<'a> {
+    pub messages_json: Option<&'a str>,
+    pub tools_json: Option<&'a str>,
+    pub add_generation_prompt: bool,
 }
 
 const ROLES: &[&str] = &[
@@ -172,6 +194,10 @@ struct RawBody<'a> {
     metadata: Option<&'a RawValue>,
     #[serde(borrow, default)]
     kv_transfer_params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    add_generation_prompt: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -271,6 +297,12 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
     }
     let user: Option<Text<'_>> = field(raw.user, "user")?;
     let metadata: Option<RawMetadata<'_>> = field(raw.metadata, "metadata")?;
+    let template = TemplateInput {
+        messages_json: raw.messages.map(RawValue::get),
+        tools_json: raw.tools.map(RawValue::get).filter(|v| *v != "null"),
+        add_generation_prompt: field(raw.add_generation_prompt, "add_generation_prompt")?
+            .unwrap_or(true),
+    };
     Ok(ParsedRequest {
         model,
         prompt,
@@ -283,6 +315,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
             .kv_transfer_params
             .map(RawValue::get)
             .filter(|v| *v != "null"),
+        template,
     })
 }
 
