@@ -2,6 +2,7 @@
 //! workers without events, by the router's own routing decisions with a TTL), plus the
 //! tasks that keep it current: subscribers, engine-load scrapers and expiry.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +92,36 @@ impl KvRouting {
             self.index
                 .lock()
                 .insert_routed(worker.id, hashes, now, self.approx_ttl_ms);
+        }
+    }
+
+    /// Drops the blocks of workers that went down (a dead engine's cache is gone; a
+    /// recommendation to send work there would be wrong twice), once per down period;
+    /// `forgotten` holds those dropped and not back yet. A worker's subscriber then
+    /// replays its engine's history when it is reachable again.
+    pub fn forget_down_workers(&self, workers: &[Arc<Worker>], forgotten: &mut HashSet<WorkerId>) {
+        for w in workers {
+            if w.is_healthy() {
+                forgotten.remove(&w.id);
+                continue;
+            }
+            if !forgotten.insert(w.id) {
+                continue;
+            }
+            let dropped = {
+                let mut ix = self.index.lock();
+                let n = ix.worker_blocks(w.id);
+                ix.clear_worker(w.id);
+                n
+            };
+            if let Some((_, stats)) = self.subscribers.iter().find(|(id, _)| *id == w.id) {
+                stats
+                    .forgotten
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if dropped > 0 {
+                tracing::info!(worker = %w.spec.name, blocks = dropped, "worker is down: its blocks left the KV index");
+            }
         }
     }
 
@@ -248,14 +279,16 @@ pub fn spawn(
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
         tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
-    let (kv, cancel) = (kv.clone(), cancel.clone());
+    let (kv, cancel, workers) = (kv.clone(), cancel.clone(), registry.all().to_vec());
     tracker.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut forgotten = HashSet::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {
                     let now = kv.now_ms();
                     kv.index.lock().expire(now);
+                    kv.forget_down_workers(&workers, &mut forgotten);
                 }
                 () = cancel.cancelled() => return,
             }
@@ -313,5 +346,45 @@ pub fn spawn_scrapers(
                 w.set_load(load);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ownerserve_planner::ids::{EngineKind, Role};
+
+    use super::*;
+    use crate::config::WorkerSpec;
+
+    #[test]
+    fn a_down_workers_blocks_leave_the_index_once_and_it_is_forgotten_until_back() {
+        let registry = Registry::new(vec![
+            WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
+            WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
+        ]);
+        let cfg = KvIndexConfig {
+            block_size: 16,
+            ..KvIndexConfig::default()
+        };
+        let kv = KvRouting::new(cfg, Duration::from_secs(60), &registry);
+        let (a, b) = (registry.all()[0].clone(), registry.all()[1].clone());
+        a.mark_healthy(vec!["m".into()]);
+        b.mark_healthy(vec!["m".into()]);
+        kv.record_routed(&a, &[1, 2, 3]);
+        kv.record_routed(&b, &[1, 2]);
+        let blocks = |w: &Worker| kv.index.lock().worker_blocks(w.id);
+        let mut forgotten = HashSet::new();
+        kv.forget_down_workers(registry.all(), &mut forgotten);
+        assert_eq!((blocks(&a), blocks(&b)), (3, 2));
+        a.mark_down("killed");
+        kv.forget_down_workers(registry.all(), &mut forgotten);
+        assert_eq!((blocks(&a), blocks(&b)), (0, 2));
+        assert!(forgotten.contains(&a.id));
+        a.mark_healthy(vec!["m".into()]);
+        kv.forget_down_workers(registry.all(), &mut forgotten);
+        assert!(forgotten.is_empty());
+        kv.record_routed(&a, &[1]);
+        kv.forget_down_workers(registry.all(), &mut forgotten);
+        assert_eq!(blocks(&a), 1);
     }
 }

@@ -11,7 +11,7 @@
 //! (re)connection resyncs this way at once, so a new router learns the engine's existing
 //! cache from the replay buffer. Malformed messages are counted and skipped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,7 +78,7 @@ impl SubscriberConfig {
     }
 }
 
-/// Counters a subscriber keeps (read by `/metrics`).
+/// Counters a subscriber keeps (read by `/metrics`), and the one signal it takes.
 #[derive(Debug, Default)]
 pub struct SubscriberStats {
     pub batches: AtomicU64,
@@ -88,6 +88,10 @@ pub struct SubscriberStats {
     pub replayed_batches: AtomicU64,
     pub missing_history: AtomicU64,
     pub restarts: AtomicU64,
+    /// Set when the index forgot this worker's blocks (the router saw it go down): the
+    /// subscriber then replays its engine's history from the start, so an engine that
+    /// comes back without restarting gets its blocks back.
+    pub forgotten: AtomicBool,
 }
 
 /// A subscriber; its position (`last_seq`) survives reconnections and restarts of
@@ -138,6 +142,7 @@ impl Subscriber {
                     backoff = Duration::from_millis(50);
                     // Catch up at once: history a new router has never seen, or what was
                     // published while this socket was down (or by a new engine).
+                    self.rewind_if_forgotten();
                     if self.cfg.replay_endpoint.is_some() {
                         self.resync(sink).await;
                     }
@@ -180,6 +185,9 @@ impl Subscriber {
             }
         };
         let payload = xxh3_64(frames[2].as_ref());
+        if self.rewind_if_forgotten() {
+            self.resync(sink).await;
+        }
         let in_order = match self.last_seq {
             None => msg.seq == 0,
             Some(last) if msg.seq == last && payload == self.last_payload => return,
@@ -195,6 +203,15 @@ impl Subscriber {
             }
         }
         self.apply(msg.seq, payload, msg.batch, sink);
+    }
+
+    /// Forgets the stream position if the index forgot this worker; true if it did.
+    fn rewind_if_forgotten(&mut self) -> bool {
+        let forgotten = self.stats.forgotten.swap(false, Ordering::Relaxed);
+        if forgotten {
+            self.last_seq = None;
+        }
+        forgotten
     }
 
     fn restart(&mut self, sink: &dyn EventSink) {
