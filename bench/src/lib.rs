@@ -10,6 +10,8 @@
 //! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
+//! - [`tokenize`]: a model's own tokenizer on an agent-sized chat prompt, from scratch and
+//!   as a session's next step, next to the built-in tokenizer.
 //!
 //! The commands are the binary's glue (they start processes, print figures, and their
 //! errors are only printed), so they use `anyhow`, as STYLE.md allows for main glue.
@@ -20,6 +22,7 @@ pub mod kv;
 pub mod planner;
 pub mod proxy;
 pub mod sim;
+pub mod tokenize;
 
 /// Percentile (0..=100) of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {

@@ -65,6 +65,9 @@ enum BenchCommand {
     Planner(ownerserve_bench::planner::PlannerBenchArgs),
     /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
     Sim(ownerserve_bench::sim::SimBenchArgs),
+    /// A model's own tokenizer on an agent-sized chat prompt, from scratch and as a
+    /// session's next step, next to the built-in tokenizer.
+    Tokenize(ownerserve_bench::tokenize::TokenizeBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -137,6 +140,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Planner(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::planner::run(args)).await?
+            }
+            Command::Bench(BenchCommand::Tokenize(args)) => {
+                tokio::task::spawn_blocking(move || ownerserve_bench::tokenize::run(args)).await?
             }
             Command::Bench(BenchCommand::Sim(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::sim::run(args)).await?
