@@ -20,7 +20,7 @@ use ownerserve_shim::kv_events::shared_index::SharedIndex;
 use ownerserve_shim::kv_events::subscriber::{
     EventSink, Subscriber, SubscriberConfig, SubscriberStats,
 };
-use ownerserve_shim::load_metrics::parse_load;
+use ownerserve_shim::load_metrics::{kv_block_size, parse_load};
 
 use crate::config::FanoutRole;
 use crate::registry::{Registry, Worker};
@@ -317,6 +317,44 @@ async fn supervise(
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
+}
+
+/// An engine whose KV blocks are not the router's size: none of its hashes would match.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "worker {worker} uses KV blocks of {engine} tokens but router.kv_block_size is {router}: set router.kv_block_size = {engine}"
+)]
+pub struct BlockSizeMismatch {
+    pub worker: String,
+    pub engine: u32,
+    pub router: usize,
+}
+
+/// Reads the KV block size each reachable engine reports (`vllm:cache_config_info`) and
+/// refuses a fleet whose engines disagree with the router's block size. Engines that are
+/// down or report none are not checked (their KV events are, one by one).
+pub async fn check_block_sizes(
+    registry: &Registry,
+    client: &HttpClient,
+    block_size: usize,
+    timeout: Duration,
+) -> Result<(), BlockSizeMismatch> {
+    for w in registry.all().iter().filter(|w| w.is_healthy()) {
+        let reported = match get_small(client, &w.spec.base_url, "/metrics", timeout).await {
+            Ok((status, body)) if status.is_success() => {
+                std::str::from_utf8(&body).ok().and_then(kv_block_size)
+            }
+            _ => None,
+        };
+        if let Some(engine) = reported.filter(|&b| b as usize != block_size) {
+            return Err(BlockSizeMismatch {
+                worker: w.spec.name.clone(),
+                engine,
+                router: block_size,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Starts one `/metrics` scraper per worker.

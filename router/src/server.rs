@@ -89,6 +89,7 @@ impl AppState {
             failure_threshold: cfg.health_failure_threshold,
         };
         health::check_all(client, &registry, health).await;
+        kv::check_block_sizes(&registry, client, kv.block_size(), cfg.health_timeout).await?;
         health::spawn(client, &registry, health, tracker, shutdown);
         kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;
         if let Some(every) = cfg.scrape_interval {

@@ -102,6 +102,19 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
     })
 }
 
+/// The KV block size (tokens) an engine reports in its `/metrics`: vLLM's (and our sim
+/// engine's) `vllm:cache_config_info{block_size="N",...}`. `None` when it reports none.
+pub fn kv_block_size(text: &str) -> Option<u32> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))?;
+    let labels = &line[line.find('{')? + 1..line.rfind('}')?];
+    labels.split(',').find_map(|pair| {
+        let value = pair.trim().strip_prefix("block_size=")?;
+        value.trim_matches('"').parse().ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,5 +180,12 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
     fn reads_our_simulated_engine() {
         let m = crate::sim::metrics::EngineMetrics::new(100, 16);
         assert_eq!(parse_load(&m.render("x")), Ok(EngineLoad::default()));
+    }
+
+    #[test]
+    fn the_block_size_is_read_from_vllms_cache_config() {
+        let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"32\",cache_dtype=\"auto\",hash_block_size=\"None\"} 1.0\n";
+        assert_eq!(kv_block_size(vllm), Some(32));
+        assert_eq!(kv_block_size("sglang:num_running_reqs 0\n"), None);
     }
 }

@@ -164,3 +164,12 @@ fn a_model_tokenizer_is_loaded_at_startup_and_a_missing_one_is_named() {
         "{err}"
     );
 }
+
+#[test]
+fn the_vllm_example_config_parses() {
+    let file: RouterFile =
+        toml::from_str(include_str!("../../../configs/vllm.example.toml")).unwrap();
+    assert_eq!(file.router.kv_block_size, 32);
+    assert_eq!(file.router.tokenizers["tiny"], "/tmp/vllm-tiny-llama");
+    assert_eq!(file.workers.len(), 2);
+}

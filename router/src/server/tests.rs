@@ -89,3 +89,31 @@ async fn a_session_step_runs_through_every_stage_and_its_owner_reaches_the_direc
     }
     std::fs::remove_dir_all(&data_dir).ok();
 }
+
+#[tokio::test]
+async fn an_engine_with_other_kv_blocks_stops_the_router_at_startup() {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let settings = RouterSettings {
+        kv_block_size: 32,
+        ..RouterSettings::default()
+    };
+    let spec = WorkerSpec::new(
+        "d0",
+        &format!("http://{worker}"),
+        Role::Hybrid,
+        EngineKind::Sim,
+    );
+    let cfg = RouterConfig::validate(&settings, vec![spec]).unwrap();
+    let err = AppState::start(cfg, &tracker, &shutdown)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "worker d0 uses KV blocks of 16 tokens but router.kv_block_size is 32: set router.kv_block_size = 16"
+    );
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
