@@ -90,6 +90,7 @@ impl AppState {
         };
         health::check_all(client, &registry, health).await;
         kv::check_block_sizes(&registry, client, kv.block_size(), cfg.health_timeout).await?;
+        warn_unpriced_models(&registry, &cfg.planner.model.name);
         health::spawn(client, &registry, health, tracker, shutdown);
         kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;
         if let Some(every) = cfg.scrape_interval {
@@ -134,6 +135,21 @@ impl AppState {
             tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
         }
         Ok(state)
+    }
+}
+
+/// Says so when the fleet serves models the planner does not price as themselves: its
+/// costs then use `router.planner_model` (named in the warning), never silently.
+fn warn_unpriced_models(registry: &Registry, priced_as: &str) {
+    let preset = priced_as.to_lowercase();
+    for served in registry.healthy_models() {
+        if !served.to_lowercase().contains(&preset) {
+            tracing::warn!(
+                model = %served,
+                priced_as = %priced_as,
+                "the planner prices this model as router.planner_model; set it to the model's preset or a .toml spec"
+            );
+        }
     }
 }
 
