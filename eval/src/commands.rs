@@ -91,8 +91,13 @@ pub struct ReplayArgs {
     target: String,
     #[command(flatten)]
     workload: WorkloadSpec,
-    /// The `model` requests name.
-    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    /// The `model` requests name. (Its own clap id: the flattened engine settings have a
+    /// `model` of their own, `--model-preset`, and two equal ids made the command unusable.)
+    #[arg(
+        long = "model",
+        id = "served_model",
+        default_value = "meta-llama/Llama-3.1-8B-Instruct"
+    )]
     model: String,
     /// The fleet's simulated seconds per wall second (its workers' `time_scale`).
     #[arg(long = "fleet-time-scale", default_value_t = 1.0)]
@@ -281,4 +286,33 @@ fn slug(s: &str) -> String {
     name.chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect()
+}
+
+#[cfg(all(test, feature = "replay"))]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+
+    #[test]
+    fn replay_takes_both_the_served_model_and_the_engine_preset() {
+        let flags = Flags::try_parse_from([
+            "replay",
+            "--target",
+            "http://127.0.0.1:8080",
+            "--model",
+            "tiny",
+            "--model-preset",
+            "llama-3.1-8b",
+        ])
+        .unwrap();
+        assert_eq!(flags.args.model, "tiny");
+        assert_eq!(flags.args.engine.model, "llama-3.1-8b");
+    }
 }
