@@ -88,53 +88,14 @@ def main():
         for _, port, _, _ in engines:
             wait_ok(f"http://127.0.0.1:{port}/health", 600)
         print(f"{args.engines} engines up in {time.time() - started:.0f} s (log {logs.name})")
-        workers = "\n".join(
-            f'[[workers]]\nname = "vllm-{i}"\nurl = "http://127.0.0.1:{port}"\nrole = "hybrid"\n'
-            f'engine = "vllm"\nkv_events = "tcp://127.0.0.1:{zmq}"\nkv_replay = "tcp://127.0.0.1:{replay}"\n'
-            for i, (_, port, zmq, replay) in enumerate(engines))
-        cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-        cfg.write(f'[router]\nport = 8190\npolicy = "kv_aware"\nkv_block_size = 32\n'
-                  f'admin_token = "{TOKEN}"\nhealth_timeout_ms = 3000\n\n'
-                  f'[router.tokenizers]\n"tiny" = "{args.model}"\n\n{workers}')
-        cfg.close()
-        router = subprocess.Popen([args.ownerserve, "router", "--config", cfg.name],
-                                  stdout=logs, stderr=subprocess.STDOUT)
-        procs.append(router)
-        url = "http://127.0.0.1:8190"
-        wait_ok(f"{url}/health", 60)
-        time.sleep(2)
-        rng = random.Random(3)
-        convs = [conversation(rng, 350) for _ in range(args.prompts)]
-        holders = []
-        for c in convs:
-            h, _ = post(f"{url}/v1/chat/completions", {"model": "tiny", "messages": c, "max_tokens": 4})
-            holders.append(h.get("x-ownerserve-worker") or h.get("X-Ownerserve-Worker"))
-        time.sleep(1.5)  # the engines' KV events reach the router
-        on_holder = cached = total = within_block = 0
-        for c, holder in zip(convs, holders):
-            for r in range(args.repeats):
-                step = [dict(m) for m in c]
-                step[-1]["content"] += f" and then step {r} {rng.random():.6f}"
-                body = {"model": "tiny", "messages": step, "max_tokens": 4}
-                _, plan = post(f"{url}/admin/v1/plan/explain", body,
-                               {"authorization": f"Bearer {TOKEN}"})
-                h, resp = post(f"{url}/v1/chat/completions", body)
-                worker = h.get("x-ownerserve-worker") or h.get("X-Ownerserve-Worker")
-                got = (resp.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                ids = {w["name"]: w["id"] for w in plan.get("workers", [])}
-                reused = max((c2.get("reused_tokens", 0) for c2 in plan.get("candidates", [])
-                              if c2.get("action") == "colocate" and c2.get("compute_on") == ids.get(holder)),
-                             default=None)
-                total += 1
-                on_holder += worker == holder
-                cached += got > 0
-                within_block += reused is not None and abs(reused - got) <= 32
-        print(f"repeats on the holder: {on_holder}/{total}; with cached_tokens > 0: {cached}/{total}; "
-              f"explain reused_tokens within one block of cached_tokens: {within_block}/{total}")
-        with urllib.request.urlopen(f"{url}/admin/v1/kv") as r:
-            kv = json.loads(r.read())
-        print("kv index:", json.dumps({w["id"]: {"blocks": w["blocks"], "malformed": (w.get("events") or {}).get("malformed")}
-                                       for w in kv["workers"]}))
+        results = {}
+        for label, port, tokenizers, seed in [
+            ("model tokenizer", 8190, f'[router.tokenizers]\n"tiny" = "{args.model}"\n', 3),
+            ("built-in tokenizer (baseline)", 8191, "", 4),
+        ]:
+            results[label] = measure(args, engines, logs, procs, port, tokenizers, seed)
+        for label, line in results.items():
+            print(f"{label}: {line}")
     finally:
         for p in procs:
             p.terminate()
@@ -143,6 +104,60 @@ def main():
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def measure(args, engines, logs, procs, router_port, tokenizers, seed):
+    """One router in front of the engines; returns the summary line."""
+    workers = "\n".join(
+        f'[[workers]]\nname = "vllm-{i}"\nurl = "http://127.0.0.1:{port}"\nrole = "hybrid"\n'
+        f'engine = "vllm"\nkv_events = "tcp://127.0.0.1:{zmq}"\nkv_replay = "tcp://127.0.0.1:{replay}"\n'
+        for i, (_, port, zmq, replay) in enumerate(engines))
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(f'[router]\nport = {router_port}\npolicy = "kv_aware"\nkv_block_size = 32\n'
+              f'admin_token = "{TOKEN}"\nhealth_timeout_ms = 3000\n\n{tokenizers}\n{workers}')
+    cfg.close()
+    router = subprocess.Popen([args.ownerserve, "router", "--config", cfg.name],
+                              stdout=logs, stderr=subprocess.STDOUT)
+    procs.append(router)
+    url = f"http://127.0.0.1:{router_port}"
+    wait_ok(f"{url}/health", 60)
+    time.sleep(2)
+    rng = random.Random(seed)
+    convs = [conversation(rng, 350) for _ in range(args.prompts)]
+    holders = []
+    for c in convs:
+        h, _ = post(f"{url}/v1/chat/completions", {"model": "tiny", "messages": c, "max_tokens": 4})
+        holders.append(h.get("x-ownerserve-worker") or h.get("X-Ownerserve-Worker"))
+    time.sleep(1.5)  # the engines' KV events reach the router
+    on_holder = cached = total = within_block = 0
+    for c, holder in zip(convs, holders):
+        for r in range(args.repeats):
+            step = [dict(m) for m in c]
+            step[-1]["content"] += f" and then step {r} {rng.random():.6f}"
+            body = {"model": "tiny", "messages": step, "max_tokens": 4}
+            _, plan = post(f"{url}/admin/v1/plan/explain", body,
+                           {"authorization": f"Bearer {TOKEN}"})
+            h, resp = post(f"{url}/v1/chat/completions", body)
+            worker = h.get("x-ownerserve-worker") or h.get("X-Ownerserve-Worker")
+            got = (resp.get("usage", {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            ids = {w["name"]: w["id"] for w in plan.get("workers", [])}
+            reused = max((c2.get("reused_tokens", 0) for c2 in plan.get("candidates", [])
+                          if c2.get("action") == "colocate" and c2.get("compute_on") == ids.get(holder)),
+                         default=None)
+            total += 1
+            on_holder += worker == holder
+            cached += got > 0
+            within_block += reused is not None and abs(reused - got) <= 32
+    req = urllib.request.Request(f"{url}/admin/v1/kv", headers={"authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req) as r:
+        kv = json.loads(r.read())
+    index = {w["id"]: {"blocks": w["blocks"], "malformed": (w.get("events") or {}).get("malformed")}
+             for w in kv["workers"]}
+    router.terminate()
+    router.wait(timeout=30)
+    return (f"repeats on the holder {on_holder}/{total}; cached_tokens > 0 {cached}/{total}; "
+            f"explain reused_tokens within one block of cached_tokens {within_block}/{total}; "
+            f"index {json.dumps(index)}")
 
 
 if __name__ == "__main__":
