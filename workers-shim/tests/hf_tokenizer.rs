@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use ownerserve_planner::policy::SplitMix64;
 use ownerserve_shim::hf_tokenizer::HfTokenizer;
 use serde_json::Value;
 
@@ -89,28 +90,16 @@ fn the_deepseek_v4_tokenizer_gives_transformers_ids_for_chat_and_text() {
     golden(&deepseek(), "deepseek");
 }
 
-/// A small deterministic generator (no RNG crate for a test).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
+/// A number below `n` from the planner's seeded generator.
+fn below(rng: &mut SplitMix64, n: usize) -> usize {
+    (rng.next_u64() % n.max(1) as u64) as usize
 }
 
 /// Every way a session's next prompt follows its last one: a new message, a longer last
 /// message, an edited one, a new system prompt, a shorter conversation.
 fn differential(tok: &HfTokenizer, name: &str) {
     let cases = cases(name);
-    let mut rng = SplitMix(7);
+    let mut rng = SplitMix64::new(7);
     let mut checked = 0;
     let snippets = [
         "\n",
@@ -131,21 +120,21 @@ fn differential(tok: &HfTokenizer, name: &str) {
                 .unwrap();
             let mut next: Vec<Value> = messages[..k].to_vec();
             for _ in 0..3 {
-                match rng.below(4) {
+                match below(&mut rng, 4) {
                     0 => {}
                     1 => {
                         let last = next.len() - 1;
-                        let extra = snippets[rng.below(snippets.len())];
+                        let extra = snippets[below(&mut rng, snippets.len())];
                         let content = format!("{}{extra}", next[last]["content"].as_str().unwrap());
                         next[last]["content"] = Value::from(content);
                     }
                     2 => {
-                        let at = rng.below(next.len());
+                        let at = below(&mut rng, next.len());
                         let content = next[at]["content"].as_str().unwrap().to_owned();
-                        let cut = content.char_indices().map(|(i, _)| i).nth(rng.below(content.chars().count() + 1)).unwrap_or(content.len());
-                        next[at]["content"] = Value::from(format!("{}{}{}", &content[..cut], snippets[rng.below(snippets.len())], &content[cut..]));
+                        let cut = content.char_indices().map(|(i, _)| i).nth(below(&mut rng, content.chars().count() + 1)).unwrap_or(content.len());
+                        next[at]["content"] = Value::from(format!("{}{}{}", &content[..cut], snippets[below(&mut rng, snippets.len())], &content[cut..]));
                     }
-                    _ => next.push(serde_json::json!({"role": "user", "content": snippets[rng.below(snippets.len())]})),
+                    _ => next.push(serde_json::json!({"role": "user", "content": snippets[below(&mut rng, snippets.len())]})),
                 }
                 let text = render(tok, &next);
                 let whole = tok.encode(text.clone(), false).unwrap();

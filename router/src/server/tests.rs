@@ -10,6 +10,17 @@ use ownerserve_shim::sim::config::SimSettings;
 use super::*;
 use crate::config::{DirectoryMode, RouterSettings, WorkerSpec};
 
+/// The router's config for `settings` in front of the one worker at `addr`.
+fn config(settings: &RouterSettings, addr: SocketAddr) -> RouterConfig {
+    let spec = WorkerSpec::new(
+        "d0",
+        &format!("http://{addr}"),
+        Role::Hybrid,
+        EngineKind::Sim,
+    );
+    RouterConfig::validate(settings, vec![spec]).unwrap()
+}
+
 /// A simulated engine on an ephemeral port, ending with `shutdown`.
 async fn sim_worker(tracker: &TaskTracker, shutdown: &CancellationToken) -> SocketAddr {
     let settings = SimSettings {
@@ -37,13 +48,7 @@ async fn a_session_step_runs_through_every_stage_and_its_owner_reaches_the_direc
         directory_data_dir: Some(data_dir.clone()),
         ..RouterSettings::default()
     };
-    let spec = WorkerSpec::new(
-        "d0",
-        &format!("http://{worker}"),
-        Role::Hybrid,
-        EngineKind::Sim,
-    );
-    let cfg = RouterConfig::validate(&settings, vec![spec]).unwrap();
+    let cfg = config(&settings, worker);
     let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -98,13 +103,7 @@ async fn an_engine_with_other_kv_blocks_stops_the_router_at_startup() {
         kv_block_size: 32,
         ..RouterSettings::default()
     };
-    let spec = WorkerSpec::new(
-        "d0",
-        &format!("http://{worker}"),
-        Role::Hybrid,
-        EngineKind::Sim,
-    );
-    let cfg = RouterConfig::validate(&settings, vec![spec]).unwrap();
+    let cfg = config(&settings, worker);
     let err = AppState::start(cfg, &tracker, &shutdown)
         .await
         .err()
