@@ -6,7 +6,9 @@ in ../shared/real-engines/setup.sh) and `ownerserve router --policy kv_aware` in
 them with the model's own tokenizer (`router.tokenizers`), block size 32 and the engines'
 KV events. Sends P long chat prompts once, then repeats each R times with a new short
 suffix, and prints how many repeats landed on the engine that held the prompt, with
-`cached_tokens > 0`, and the explain API's `reused_tokens` next to vLLM's `cached_tokens`.
+`cached_tokens > 0`, and the explain API's `reused_tokens` next to vLLM's `cached_tokens`:
+with the model's tokenizer, with the engine's `/tokenize`, and with the built-in tokenizer
+(the baseline), in one run.
 
 Usage: python3 scripts/real_vllm_check.py --ownerserve target/release/ownerserve \\
          [--venv /tmp/vllm-venv] [--model /tmp/vllm-tiny-llama] [--engines 2]
@@ -91,6 +93,7 @@ def main():
         results = {}
         for label, port, tokenizers, seed in [
             ("model tokenizer", 8190, f'[router.tokenizers]\n"tiny" = "{args.model}"\n', 3),
+            ("engine's /tokenize", 8192, '[router.tokenizers]\n"tiny" = "engine"\n', 5),
             ("built-in tokenizer (baseline)", 8191, "", 4),
         ]:
             results[label] = measure(args, engines, logs, procs, port, tokenizers, seed)

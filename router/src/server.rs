@@ -25,12 +25,12 @@ use crate::kv::{self, KvRouting};
 use crate::metrics::fleet::FleetMetrics;
 use crate::metrics::proxy::ProxyMetrics;
 use crate::ownership_sync::{OwnershipSync, SyncSettings};
-use crate::proxy::identity::PromptHasher;
+use crate::proxy::identity::{Engines, PromptHasher};
 use crate::proxy::plan::RoutingPolicy;
 use crate::registry::Registry;
 use crate::sessions::Sessions;
 use crate::state::{AppState, Telemetry};
-use crate::upstream::{self, Upstream};
+use crate::upstream::{self, EngineCalls, Upstream};
 use ownerserve_edge::auth;
 use ownerserve_edge::http_metrics::HttpMetrics;
 use ownerserve_ownership::node::metrics::DirectoryMetrics;
@@ -112,16 +112,20 @@ impl AppState {
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
+        let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let state = Arc::new(AppState {
-            registry,
             policy,
-            engines: Arc::new(upstream.clone()),
+            engines: engines.clone(),
             upstream,
             sessions: Sessions::new(cfg.session_lease),
             prompts: PromptHasher::new(
                 kv.block_size(),
                 cfg.prompt_cache_bytes,
                 cfg.tokenizers.clone(),
+                Some(Engines {
+                    calls: engines.clone(),
+                    registry: registry.clone(),
+                }),
             ),
             kv,
             cfg,
@@ -130,6 +134,7 @@ impl AppState {
             metrics: proxy_metrics,
             telemetry,
             tasks: tracker.clone(),
+            registry,
         });
         if state.ownership.is_some() {
             tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));

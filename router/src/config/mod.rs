@@ -25,7 +25,7 @@ mod validated;
 mod workers;
 
 pub use error::ConfigError;
-pub use validated::{DirectorySetup, RouterConfig};
+pub use validated::{DirectorySetup, ModelTokenizer, RouterConfig};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
 /// The `[router]` table.
@@ -51,8 +51,9 @@ pub struct RouterSettings {
     pub prompt_cache_mb: usize,
     /// Per served model, the tokenizer whose tokens (and so block hashes) the router
     /// computes: a model directory with `tokenizer.json` and `tokenizer_config.json` (the
-    /// engine's own), or `builtin` (the approximate tokenizer the simulated engine uses).
-    /// Models not listed use `builtin`.
+    /// engine's own), `engine` (ask the engine's `POST /tokenize` per request), or
+    /// `builtin` (the approximate tokenizer the simulated engine uses). Models not listed
+    /// use `builtin`.
     pub tokenizers: std::collections::BTreeMap<String, String>,
     /// Tokens per KV block of the router's index (must match the engines').
     pub kv_block_size: usize,

@@ -155,6 +155,12 @@ fn a_model_tokenizer_is_loaded_at_startup_and_a_missing_one_is_named() {
     let cfg = RouterConfig::validate(&s, one()).unwrap();
     assert_eq!(cfg.tokenizers.keys().collect::<Vec<_>>(), ["tiny"]);
     let s = RouterSettings {
+        tokenizers: [("e".to_owned(), "engine".to_owned())].into(),
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&s, one()).unwrap();
+    assert!(matches!(cfg.tokenizers["e"], ModelTokenizer::Engine));
+    let s = RouterSettings {
         tokenizers: [("tiny".to_owned(), "/nonexistent/model".to_owned())].into(),
         ..RouterSettings::default()
     };

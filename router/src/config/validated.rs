@@ -34,8 +34,8 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     pub max_body_bytes: usize,
     pub prompt_cache_bytes: usize,
-    /// Models served with their own tokenizer (the rest use the built-in one).
-    pub tokenizers: std::collections::BTreeMap<String, Arc<HfTokenizer>>,
+    /// Models not tokenized with the built-in tokenizer, and how they are.
+    pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
     pub workers: Vec<WorkerSpec>,
     pub policy_settings: PolicySettings,
     pub kv_index: KvIndexConfig,
@@ -319,19 +319,32 @@ fn policy_settings(s: &RouterSettings, planner: &OwnerServeConfig) -> PolicySett
     }
 }
 
-/// Each `router.tokenizers` entry that names a model directory, loaded now so a missing or
-/// broken tokenizer stops the router before it starts.
+/// How the router tokenizes one served model (other than with the built-in tokenizer).
+#[derive(Debug, Clone)]
+pub enum ModelTokenizer {
+    /// The model's own `tokenizer.json` and chat template, loaded at startup.
+    Own(Arc<HfTokenizer>),
+    /// The engine's `POST /tokenize`, asked per request (for a template the router cannot
+    /// render, or no local copy of the tokenizer).
+    Engine,
+}
+
+/// Each `router.tokenizers` entry but `builtin`; a model directory is loaded now, so a
+/// missing or broken tokenizer stops the router before it starts.
 fn load_tokenizers(
     s: &RouterSettings,
-) -> Result<std::collections::BTreeMap<String, Arc<HfTokenizer>>, ConfigError> {
+) -> Result<std::collections::BTreeMap<String, ModelTokenizer>, ConfigError> {
     s.tokenizers
         .iter()
         .filter(|(_, v)| v.as_str() != "builtin")
-        .map(|(model, dir)| {
+        .map(|(model, value)| {
+            if value == "engine" {
+                return Ok((model.clone(), ModelTokenizer::Engine));
+            }
             let key = format!("tokenizers.{model}");
-            let tokenizer = HfTokenizer::from_dir(std::path::Path::new(dir))
+            let tokenizer = HfTokenizer::from_dir(std::path::Path::new(value))
                 .map_err(|e| ConfigError::invalid("router", key, with_causes(&e)))?;
-            Ok((model.clone(), Arc::new(tokenizer)))
+            Ok((model.clone(), ModelTokenizer::Own(Arc::new(tokenizer))))
         })
         .collect()
 }

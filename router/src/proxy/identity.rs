@@ -11,14 +11,19 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, HeaderValue};
 
+use bytes::Bytes;
 use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
 use ownerserve_planner::tokenized::Tokenized;
+
 use ownerserve_shim::hf_tokenizer::{HfTokenizer, HfTokenizerError};
 use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput, RenderedPrompt, RequestError};
 
+use crate::config::ModelTokenizer;
 use crate::error::ApiError;
 use crate::headers;
 use crate::prompt_cache::PromptCache;
+use crate::registry::Registry;
+use crate::upstream::EngineCalls;
 
 /// Prompts with more text than this are tokenized and hashed on the blocking pool, so a
 /// 100K-token prompt (a millisecond or more of CPU) never stalls the runtime thread that
@@ -69,8 +74,25 @@ pub enum Hashing {
 pub struct PromptHasher {
     block_size: usize,
     cache: PromptCache,
-    /// Models with their own tokenizer.
-    tokenizers: BTreeMap<String, Arc<HfTokenizer>>,
+    /// Models not tokenized with the built-in tokenizer.
+    tokenizers: BTreeMap<String, ModelTokenizer>,
+    /// How `engine` models reach an engine's `/tokenize`.
+    engines: Option<Engines>,
+}
+
+/// The engines a `tokenizer = "engine"` model asks.
+pub struct Engines {
+    pub calls: Arc<dyn EngineCalls>,
+    pub registry: Arc<Registry>,
+}
+
+/// vLLM's (and SGLang's) tokenize endpoint.
+const TOKENIZE_PATH: &str = "/tokenize";
+
+/// An engine's `/tokenize` answer (its other fields are not needed).
+#[derive(serde::Deserialize)]
+struct TokenizeAnswer {
+    tokens: Vec<u32>,
 }
 
 /// What a model's own tokenizer is asked to tokenize.
@@ -88,13 +110,91 @@ impl PromptHasher {
     pub fn new(
         block_size: usize,
         cache_bytes: usize,
-        tokenizers: BTreeMap<String, Arc<HfTokenizer>>,
+        tokenizers: BTreeMap<String, ModelTokenizer>,
+        engines: Option<Engines>,
     ) -> Self {
         Self {
             block_size,
             cache: PromptCache::new(cache_bytes),
             tokenizers,
+            engines,
         }
+    }
+
+    /// The prompt's tokens as an engine serving the model tokenizes them (its
+    /// `POST /tokenize`); `None` when no engine answers, and the built-in tokenizer stands in.
+    async fn hash_by_engine(
+        &self,
+        parsed: &ParsedRequest<'_>,
+        session: Option<&str>,
+        hashing: Hashing,
+    ) -> Result<Option<Arc<HashedPrompt>>, ApiError> {
+        let Some(tokens) = self.engine_tokens(parsed).await else {
+            return Ok(None);
+        };
+        let key = session.map(|s| format!("{}\u{1f}{s}", parsed.model));
+        let prev = key.as_deref().and_then(|k| self.cache.get(k));
+        let hashes = match &prev {
+            Some(prev) => prompt_hashes_after(prev, &tokens, self.block_size, XXH3_SEED),
+            None => prompt_hashes(&tokens, self.block_size, XXH3_SEED),
+        };
+        let hashed = Arc::new(HashedPrompt {
+            tokenized: Tokenized::from_tokens(tokens),
+            hashes,
+        });
+        if let (Hashing::Keep, Some(k)) = (hashing, key) {
+            self.cache.put(&k, hashed.clone());
+        }
+        Ok(Some(hashed))
+    }
+
+    /// Asks the first healthy engine serving the model.
+    async fn engine_tokens(&self, parsed: &ParsedRequest<'_>) -> Option<Vec<u32>> {
+        let engines = self.engines.as_ref()?;
+        let worker = engines
+            .registry
+            .candidates(&parsed.model, &[])
+            .into_iter()
+            .find(|w| w.healthy)?;
+        let base = engines.registry.get(worker.id)?.spec.base_url.clone();
+        let model = serde_json::to_string(parsed.model.as_ref()).ok()?;
+        let body = match &parsed.prompt {
+            Prompt::Chat(_) => {
+                let t = parsed.template;
+                let tools = t
+                    .tools_json
+                    .map(|j| format!(r#","tools":{j}"#))
+                    .unwrap_or_default();
+                format!(
+                    r#"{{"model":{model},"messages":{},"add_generation_prompt":{}{tools}}}"#,
+                    t.messages_json.unwrap_or("[]"),
+                    t.add_generation_prompt
+                )
+            }
+            Prompt::Completion(prompts) => match prompts.first()? {
+                PromptInput::Text(t) => format!(
+                    r#"{{"model":{model},"prompt":{}}}"#,
+                    serde_json::to_string(t.as_ref()).ok()?
+                ),
+                PromptInput::Tokens(t) => return Some(t.clone()),
+            },
+        };
+        let answer = engines
+            .calls
+            .post(&base, TOKENIZE_PATH, &[], Bytes::from(body))
+            .await;
+        let tokens = match answer {
+            Ok((status, bytes)) if status.is_success() => {
+                serde_json::from_slice::<TokenizeAnswer>(&bytes)
+                    .map(|a| a.tokens)
+                    .ok()
+            }
+            _ => None,
+        };
+        if tokens.is_none() {
+            tracing::warn!(model = %parsed.model, engine = %base, "the engine did not tokenize the prompt; the built-in tokenizer stands in");
+        }
+        tokens
     }
 
     /// The prompt's tokens and block hashes by the model's own tokenizer.
@@ -230,14 +330,20 @@ pub async fn identify<'a>(
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
         .flatten();
-    let prompt = match (hashing, hasher.tokenizers.get(parsed.model.as_ref())) {
-        (Hashing::Skip, _) => Arc::default(),
-        (hashing, Some(tokenizer)) => {
-            hasher
-                .hash_with(tokenizer, parsed, session, hashing)
-                .await?
+    let by_model = match (hashing, hasher.tokenizers.get(parsed.model.as_ref())) {
+        (Hashing::Skip, _) => Some(Arc::default()),
+        (hashing, Some(ModelTokenizer::Own(t))) => {
+            Some(hasher.hash_with(t, parsed, session, hashing).await?)
         }
-        (hashing, None) => match parsed.rendered_prompts().into_iter().next() {
+        (hashing, Some(ModelTokenizer::Engine)) => {
+            hasher.hash_by_engine(parsed, session, hashing).await?
+        }
+        (_, None) => None,
+    };
+    // The built-in tokenizer: for models without their own, and when no engine answers.
+    let prompt = match by_model {
+        Some(prompt) => prompt,
+        None => match parsed.rendered_prompts().into_iter().next() {
             Some(prompt) => hasher.hash(prompt, session, hashing).await?,
             None => Arc::default(),
         },
@@ -283,6 +389,7 @@ mod tests {
     use ownerserve_shim::openai::{parse, Endpoint};
 
     use super::*;
+    use crate::upstream::EngineCalls;
 
     fn chat(text: &str, n: u32) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({
@@ -306,7 +413,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_session_step_hashes_like_a_fresh_prompt_and_is_kept_for_the_next() {
-        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new());
+        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new(), None);
         let h = headers(&[(SESSION, "s1")]);
         let rid = HeaderValue::from_static("r1");
         let long = "tool output line\n".repeat(400);
@@ -332,7 +439,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dry_run_keeps_nothing_and_skipping_hashes_nothing() {
-        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new());
+        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new(), None);
         let h = headers(&[(SESSION, "s1")]);
         let rid = HeaderValue::from_static("r1");
         let body = chat("hello there", 1);
@@ -356,7 +463,8 @@ mod tests {
             "/../workers-shim/tests/fixtures/tokenizers"
         );
         let local = HfTokenizer::from_dir(&std::path::Path::new(dir).join("local")).unwrap();
-        let hasher = PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), Arc::new(local))].into());
+        let own = ModelTokenizer::Own(Arc::new(local));
+        let hasher = PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), own)].into(), None);
         let golden = std::fs::read_to_string(format!("{dir}/local.jsonl")).unwrap();
         let h = headers(&[(SESSION, "s1")]);
         let rid = HeaderValue::from_static("r1");
@@ -382,9 +490,78 @@ mod tests {
         assert!(parse(bad, Endpoint::ChatCompletions).is_err());
     }
 
+    /// An engine whose `/tokenize` answers fixed tokens, recording each body.
+    struct TokenizingEngine(std::sync::Mutex<Vec<serde_json::Value>>);
+
+    impl EngineCalls for TokenizingEngine {
+        fn post<'a>(
+            &'a self,
+            _base_url: &'a str,
+            path: &'a str,
+            _headers: &'a [(axum::http::HeaderName, HeaderValue)],
+            body: Bytes,
+        ) -> crate::upstream::BoxFuture<
+            'a,
+            Result<crate::upstream::SmallAnswer, crate::upstream::ForwardError>,
+        > {
+            assert_eq!(path, TOKENIZE_PATH);
+            self.0
+                .lock()
+                .unwrap()
+                .push(serde_json::from_slice(&body).unwrap());
+            let answer = serde_json::json!({"count": 40, "max_model_len": 8192, "tokens": (0..40).collect::<Vec<u32>>()});
+            Box::pin(
+                async move { Ok((axum::http::StatusCode::OK, Bytes::from(answer.to_string()))) },
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn an_engine_model_is_tokenized_by_the_engine_and_without_one_by_the_builtin() {
+        use crate::config::WorkerSpec;
+        use ownerserve_planner::ids::{EngineKind, Role};
+        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
+            "e",
+            "http://127.0.0.1:1",
+            Role::Hybrid,
+            EngineKind::Vllm,
+        )]));
+        let engine = Arc::new(TokenizingEngine(std::sync::Mutex::default()));
+        let engines = Engines {
+            calls: engine.clone(),
+            registry: registry.clone(),
+        };
+        let hasher = PromptHasher::new(
+            16,
+            1 << 20,
+            [("m".to_owned(), ModelTokenizer::Engine)].into(),
+            Some(engines),
+        );
+        let body = br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}"#;
+        let parsed = parse(body, Endpoint::ChatCompletions).unwrap();
+        let (h, rid) = (headers(&[(SESSION, "s1")]), HeaderValue::from_static("r1"));
+        // No healthy engine: the built-in tokenizer stands in.
+        let id = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        assert_eq!(id.prompt.tokenized.tokens, parsed.prompt_tokens().remove(0));
+        assert!(engine.0.lock().unwrap().is_empty());
+        registry.all()[0].mark_healthy(vec!["m".into()]);
+        let id = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        assert_eq!(id.prompt.tokenized.tokens, (0..40).collect::<Vec<u32>>());
+        assert_eq!(id.hashes().len(), 2);
+        let sent = engine.0.lock().unwrap()[0].clone();
+        assert_eq!(sent["model"], "m");
+        assert_eq!(sent["messages"][0]["content"], "hi");
+        assert_eq!(sent["tools"][0]["type"], "function");
+        assert_eq!(sent["add_generation_prompt"], true);
+    }
+
     #[tokio::test]
     async fn forks_start_a_child_session_named_by_the_header_or_the_request_id() {
-        let hasher = PromptHasher::new(16, 0, BTreeMap::new());
+        let hasher = PromptHasher::new(16, 0, BTreeMap::new(), None);
         let rid = HeaderValue::from_static("r9");
         let one = chat("hi", 1);
         let three = chat("hi", 3);

@@ -116,3 +116,46 @@ async fn an_engine_with_other_kv_blocks_stops_the_router_at_startup() {
     tracker.close();
     tracker.wait().await;
 }
+
+#[tokio::test]
+async fn the_sim_engine_tokenizes_as_it_counts_prompt_tokens() {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let model = SimSettings::default().build().unwrap().served_model_name;
+    let messages =
+        serde_json::json!([{"role": "user", "content": "fix the failing test ".repeat(20)}]);
+    let http = reqwest::Client::new();
+    let tokenized: serde_json::Value = http
+        .post(format!("http://{worker}/tokenize"))
+        .json(&serde_json::json!({"model": model, "messages": messages}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let answer: serde_json::Value = http
+        .post(format!("http://{worker}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": model, "messages": messages, "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        tokenized["count"].as_u64().is_some_and(|n| n > 20),
+        "{tokenized}"
+    );
+    assert_eq!(
+        tokenized["count"], answer["usage"]["prompt_tokens"],
+        "{answer}"
+    );
+    assert_eq!(
+        tokenized["tokens"].as_array().unwrap().len() as u64,
+        tokenized["count"].as_u64().unwrap()
+    );
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}

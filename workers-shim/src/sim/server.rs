@@ -127,6 +127,7 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/tokenize", post(tokenize))
         .route(PULL_PATH, post(kv_routes::pull))
         .route(FETCH_PATH, post(kv_routes::fetch))
         .route(DROP_PATH, post(kv_routes::drop_blocks))
@@ -188,6 +189,60 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// `POST /tokenize` as vLLM serves it: `{model, messages | prompt}` → `{count,
+/// max_model_len, tokens}`, with the engine's own (built-in) tokenizer and chat template.
+async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return error_response(e.status(), &e.body_text(), "BadRequestError", None, None),
+    };
+    let chat = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .is_some_and(|v| v.get("messages").is_some());
+    let endpoint = if chat {
+        Endpoint::ChatCompletions
+    } else {
+        Endpoint::Completions
+    };
+    let req = match openai::parse(&body, endpoint) {
+        Ok(r) => r,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &e.message,
+                "BadRequestError",
+                e.param.as_deref(),
+                Some(e.code),
+            )
+        }
+    };
+    if *req.model != *st.served_model {
+        let msg = format!("The model `{}` does not exist.", req.model);
+        return error_response(
+            StatusCode::NOT_FOUND,
+            &msg,
+            "NotFoundError",
+            Some("model"),
+            Some("model_not_found"),
+        );
+    }
+    let tokens = req
+        .rendered_prompts()
+        .into_iter()
+        .next()
+        .map(|p| p.into_tokens())
+        .unwrap_or_default();
+    let body = serde_json::json!({
+        "count": tokens.len(),
+        "max_model_len": st.scheduler.max_model_len,
+        "tokens": tokens,
+    });
+    json_response(StatusCode::OK, &body)
 }
 
 async fn reset_prefix_cache(State(st): State<Arc<AppState>>) -> Response {
