@@ -10,7 +10,7 @@ use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::error_body::ErrorBody;
+use crate::error_body::{ErrorBody, ErrorCode};
 
 /// A request to the operator API without the scope it needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -40,8 +40,7 @@ impl IntoResponse for AuthError {
             status,
             message: &message,
             kind,
-            param: None,
-            code,
+            code: Some(ErrorCode { param: None, code }),
             extra: Default::default(),
         }
         .response()
@@ -153,6 +152,33 @@ mod tests {
             Err(AuthError::Unauthorized)
         ));
         assert!(matches!(t.check(None, false), Err(AuthError::Unauthorized)));
+    }
+
+    #[tokio::test]
+    async fn refusals_answer_in_openai_shape() {
+        for (refusal, status, body) in [
+            (
+                AuthError::Unauthorized,
+                StatusCode::UNAUTHORIZED,
+                r#"{"error":{"message":"a valid bearer token is required","type":"authentication_error","param":null,"code":"invalid_token"}}"#,
+            ),
+            (
+                AuthError::Forbidden,
+                StatusCode::FORBIDDEN,
+                r#"{"error":{"message":"this token may only read","type":"permission_error","param":null,"code":"insufficient_scope"}}"#,
+            ),
+        ] {
+            let r = refusal.into_response();
+            assert_eq!(r.status(), status);
+            assert_eq!(
+                r.headers().get(header::WWW_AUTHENTICATE).is_some(),
+                status == StatusCode::UNAUTHORIZED
+            );
+            let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert_eq!(std::str::from_utf8(&bytes).unwrap(), body);
+        }
     }
 
     #[test]

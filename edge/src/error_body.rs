@@ -3,6 +3,10 @@
 //! fields a caller needs to act on (a directory follower names its leader), with the
 //! status's standard headers: `WWW-Authenticate` on 401, `Retry-After` on 429 and 503.
 //! Each server keeps its own table from its errors to status, type, param and code.
+//!
+//! `param` and `code` come together or not at all ([`ErrorCode`]): the router's clients
+//! (OpenAI SDKs) expect both keys, while a directory node's errors have never carried
+//! them and its clients read `message` and the extra fields.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -16,12 +20,19 @@ pub struct ErrorBody<'a> {
     pub message: &'a str,
     /// OpenAI's error `type` (`invalid_request_error`, `server_error`, ...).
     pub kind: &'a str,
-    /// The offending request field, if one is.
+    /// The `param` and `code` keys; `None` leaves both out.
+    pub code: Option<ErrorCode<'a>>,
+    /// Top-level fields beside `error` (empty for most errors).
+    pub extra: Map<String, Value>,
+}
+
+/// OpenAI's `param` and `code` of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ErrorCode<'a> {
+    /// The offending request field, if one is (`null` otherwise).
     pub param: Option<&'a str>,
     /// A machine-readable code.
     pub code: &'a str,
-    /// Top-level fields beside `error` (empty for most errors).
-    pub extra: Map<String, Value>,
 }
 
 #[derive(Serialize)]
@@ -36,8 +47,8 @@ struct Detail<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'a str,
-    param: Option<&'a str>,
-    code: Option<&'a str>,
+    #[serde(flatten)]
+    code: Option<ErrorCode<'a>>,
 }
 
 impl ErrorBody<'_> {
@@ -47,8 +58,7 @@ impl ErrorBody<'_> {
             error: Detail {
                 message: self.message,
                 kind: self.kind,
-                param: self.param,
-                code: Some(self.code),
+                code: self.code,
             },
             extra: &self.extra,
         };
@@ -95,8 +105,10 @@ mod tests {
             status,
             message: "the model `x` does not exist",
             kind: "invalid_request_error",
-            param: Some("model"),
-            code: "model_not_found",
+            code: Some(ErrorCode {
+                param: Some("model"),
+                code: "model_not_found",
+            }),
             extra,
         }
     }
@@ -117,6 +129,34 @@ mod tests {
         let sse = body(StatusCode::BAD_GATEWAY, Map::new()).sse_event();
         assert!(sse.starts_with(b"data: {\"error\""));
         assert!(sse.ends_with(b"\n\ndata: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn without_a_code_neither_param_nor_code_is_sent() {
+        let mut extra = Map::new();
+        extra.insert("leader_id".into(), Value::from(2));
+        let b = ErrorBody {
+            status: StatusCode::MISDIRECTED_REQUEST,
+            message: "not the leader",
+            kind: "directory_error",
+            code: None,
+            extra,
+        };
+        assert_eq!(
+            String::from_utf8(b.json()).unwrap(),
+            r#"{"error":{"message":"not the leader","type":"directory_error"},"leader_id":2}"#
+        );
+        let openai = ErrorBody {
+            code: Some(ErrorCode {
+                param: None,
+                code: "unavailable",
+            }),
+            ..b
+        };
+        assert_eq!(
+            String::from_utf8(openai.json()).unwrap(),
+            r#"{"error":{"message":"not the leader","type":"directory_error","param":null,"code":"unavailable"},"leader_id":2}"#
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
-use ownerserve_edge::error_body::ErrorBody;
+use ownerserve_edge::error_body::{ErrorBody, ErrorCode};
 use ownerserve_shim::openai::RequestError;
 
 /// Everything that can go wrong serving a client request.
@@ -132,8 +132,7 @@ impl ApiError {
             status,
             message: &message,
             kind,
-            param,
-            code,
+            code: Some(ErrorCode { param, code }),
             extra: Default::default(),
         })
     }

@@ -1,4 +1,5 @@
-//! The directory node's HTTP surface: Raft RPCs and the directory API.
+//! The directory API (`/directory/v1`): commands (a follower forwards a write to the
+//! leader once), the linearizable state, and the cluster's Raft status.
 
 use std::sync::Arc;
 
@@ -8,67 +9,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::ids::ClientId;
-use crate::raft::{NodeId, TypeConfig};
 use crate::Command;
 
 use super::answer::{error, forward};
 use super::Node;
 
-pub fn app(
-    node: Arc<Node>,
-    tokens: Arc<ownerserve_edge::auth::Tokens>,
-    registry: Arc<prometheus::Registry>,
-) -> Router {
-    let admin = super::admin::routes(node.clone(), tokens);
-    let metrics = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state((node.clone(), registry));
+pub fn routes(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/raft/append", post(append))
-        .route("/raft/vote", post(vote))
-        .route("/raft/snapshot", post(snapshot))
         .route("/directory/v1/commands", post(command))
         .route("/directory/v1/state", get(state))
         .route("/directory/v1/cluster", get(cluster))
         .with_state(node)
-        .merge(admin)
-        .merge(metrics)
-}
-
-/// `GET /metrics`: the node's directory and Raft metrics, read now.
-async fn metrics(State((n, registry)): State<(Arc<Node>, Arc<prometheus::Registry>)>) -> Response {
-    n.metrics.refresh(&n);
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            ownerserve_edge::exposition::CONTENT_TYPE,
-        )],
-        ownerserve_edge::exposition::render(&registry),
-    )
-        .into_response()
-}
-
-async fn append(
-    State(n): State<Arc<Node>>,
-    Json(req): Json<AppendEntriesRequest<TypeConfig>>,
-) -> Response {
-    Json(n.raft.append_entries(req).await).into_response()
-}
-
-async fn vote(State(n): State<Arc<Node>>, Json(req): Json<VoteRequest<NodeId>>) -> Response {
-    Json(n.raft.vote(req).await).into_response()
-}
-
-async fn snapshot(
-    State(n): State<Arc<Node>>,
-    Json(req): Json<InstallSnapshotRequest<TypeConfig>>,
-) -> Response {
-    Json(n.raft.install_snapshot(req).await).into_response()
 }
 
 #[derive(Deserialize)]
@@ -146,26 +101,4 @@ async fn cluster(State(n): State<Arc<Node>>) -> Response {
         "state": format!("{:?}", m.state),
     }))
     .into_response()
-}
-
-#[derive(Deserialize)]
-struct Partition {
-    /// Peers this node stops talking to (empty: heal).
-    blocked: std::collections::BTreeSet<NodeId>,
-}
-
-/// Test-only: `POST /test/v1/partition {blocked: [ids]}` (admin token).
-pub fn fault_routes(node: Arc<Node>, tokens: Arc<ownerserve_edge::auth::Tokens>) -> Router {
-    Router::new()
-        .route("/test/v1/partition", post(partition))
-        .route_layer(axum::middleware::from_fn_with_state(
-            tokens,
-            ownerserve_edge::auth::require,
-        ))
-        .with_state(node)
-}
-
-async fn partition(State(n): State<Arc<Node>>, Json(p): Json<Partition>) -> Response {
-    n.faults.block(p.blocked);
-    StatusCode::NO_CONTENT.into_response()
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::error::{ClientWriteError, RaftError};
 use serde_json::{json, Value};
 
 use crate::ids::{Epoch, PrefixKey, SessionId};
@@ -111,11 +112,15 @@ pub struct Embedded(pub Arc<Node>);
 impl DirectoryClient for Embedded {
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
         Box::pin(async move {
-            let resp = self
-                .0
-                .propose(command, None)
-                .await
-                .map_err(|e| DirectoryError::Unavailable(e.to_string()))?;
+            let resp = self.0.propose(command, None).await.map_err(|e| match e {
+                RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                    DirectoryError::NotLeader {
+                        leader_id: f.leader_id,
+                        leader_addr: f.leader_node.map(|n| n.addr),
+                    }
+                }
+                e => DirectoryError::Unavailable(e.to_string()),
+            })?;
             resp.data
                 .ok_or_else(|| DirectoryError::Protocol("no outcome for a command".into()))
         })
@@ -206,9 +211,9 @@ impl DirectoryClient for Remote {
         })
     }
 
-    /// Not read per request yet: answers an empty, unconsulted lookup, so the planner sees
-    /// no owner (the "Authoritative ownership in production" issue gives every router a
-    /// live replica to read).
+    /// The remote cluster is not read per request yet: this answers an empty, unconsulted
+    /// lookup, so the planner sees no owner (issue 17 gives every router a live replica to
+    /// read).
     fn lookup(&self, _session: Option<&str>, _hashes: &[u64], _block: u64) -> Lookup {
         Lookup::default()
     }

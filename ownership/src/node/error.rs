@@ -32,15 +32,30 @@ pub enum NodeError {
     Init(#[source] Box<InitError>),
     #[error("the embedded directory did not elect itself")]
     Election(#[source] openraft::metrics::WaitError),
-    /// A flag of `ownerserve directory` that cannot be used.
-    #[error("{flag}: {reason}")]
-    Flag { flag: String, reason: String },
+    #[error("--id must be at least 1")]
+    ZeroId,
+    #[error("--init needs this node ({id}) among the --peer list")]
+    InitWithoutSelf { id: NodeId },
+    #[error("--peer `{peer}`: expected ID=HOST:PORT")]
+    PeerShape { peer: String },
+    #[error("--peer `{peer}`: bad id")]
+    PeerId {
+        peer: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("--peer `{peer}`: bad address")]
+    PeerAddr {
+        peer: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
     #[error("cannot register the node's metrics")]
     Metrics(#[from] prometheus::Error),
     #[error("cannot make an admin token")]
     Token(#[source] std::io::Error),
     #[error(transparent)]
     Process(#[from] ownerserve_edge::process::ProcessError),
-    #[error("the directory server failed")]
+    #[error("directory server failed")]
     Serve(#[source] std::io::Error),
 }

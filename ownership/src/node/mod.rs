@@ -4,12 +4,13 @@
 //!
 //! # Layout
 //! - this file: [`Node`], starting it, proposing commands, linearizable read barriers.
-//! - `api`: the Raft RPC routes and the directory API; [`admin`]: the operator API;
-//!   `answer`: the error answers both give.
+//! - `rpc`: the Raft RPC server (and the fault tests' partition route); `api`: the
+//!   directory API; [`admin`]: the operator API; `answer`: the error answers both give.
 //! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
 //!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]).
 //! - [`metrics`]: the node's Prometheus metrics; `error`: [`NodeError`].
-//! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]).
+//! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]), every route of a node on
+//!   one listener.
 //!
 //! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
 //! log_index}` (a follower forwards it to the leader once; if it cannot, it answers 421
@@ -23,6 +24,7 @@ mod api;
 pub mod client;
 mod error;
 pub mod metrics;
+mod rpc;
 mod run;
 
 pub use client::{BoxFuture, DirectoryClient, DirectoryError, Embedded, Lookup, Remote};

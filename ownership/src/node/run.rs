@@ -1,20 +1,26 @@
 //! `ownerserve directory`: its flags, and running one node until Ctrl-C: the Raft RPCs,
-//! the directory API and the operator API on one listener.
+//! the directory API, the operator API and `/metrics` on one listener.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use openraft::BasicNode;
 use tokio_util::sync::CancellationToken;
 
 use ownerserve_edge::auth::{Origin, Tokens};
+use ownerserve_edge::exposition;
 use ownerserve_edge::http_metrics::HttpMetrics;
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
 
 use super::metrics::DirectoryMetrics;
-use super::{api, Node, NodeError, NodeSettings};
+use super::{admin, api, rpc, Node, NodeError, NodeSettings};
 use crate::raft::NodeId;
 
 /// Flags of `ownerserve directory`.
@@ -63,16 +69,19 @@ fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeErro
     peers
         .iter()
         .map(|p| {
-            let bad = |reason: String| NodeError::Flag {
-                flag: format!("--peer `{p}`"),
-                reason,
-            };
+            let peer = || p.clone();
             let (id, addr) = p
                 .split_once('=')
-                .ok_or_else(|| bad("expected ID=HOST:PORT".into()))?;
-            let id: NodeId = id.parse().map_err(|e| bad(format!("bad id: {e}")))?;
+                .ok_or_else(|| NodeError::PeerShape { peer: peer() })?;
+            let id: NodeId = id.parse().map_err(|source| NodeError::PeerId {
+                peer: peer(),
+                source,
+            })?;
             addr.parse::<SocketAddr>()
-                .map_err(|e| bad(format!("bad address: {e}")))?;
+                .map_err(|source| NodeError::PeerAddr {
+                    peer: peer(),
+                    source,
+                })?;
             Ok((id, BasicNode::new(addr)))
         })
         .collect()
@@ -81,19 +90,13 @@ fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeErro
 /// Runs a directory node until Ctrl-C.
 pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
     if args.id == 0 {
-        return Err(NodeError::Flag {
-            flag: "--id".into(),
-            reason: "must be at least 1".into(),
-        });
+        return Err(NodeError::ZeroId);
     }
     let nodes = parse_peers(&args.peers)?;
     let (tokens, origin) = Tokens::resolve(args.admin_token.clone(), args.read_token.clone())
         .map_err(NodeError::Token)?;
     if args.init && !nodes.contains_key(&args.id) {
-        return Err(NodeError::Flag {
-            flag: "--init".into(),
-            reason: format!("needs this node ({}) among the --peer list", args.id),
-        });
+        return Err(NodeError::InitWithoutSelf { id: args.id });
     }
     let listener = bind(args.listen).await?;
     let shutdown = CancellationToken::new();
@@ -127,9 +130,9 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
         listener.local_addr().map_err(NodeError::Serve)?
     ));
     let tokens = Arc::new(tokens);
-    let mut app = api::app(node.clone(), tokens.clone(), Arc::new(registry));
+    let mut app = app(node.clone(), tokens.clone(), Arc::new(registry));
     if args.fault_injection {
-        app = app.merge(api::fault_routes(node.clone(), tokens));
+        app = app.merge(rpc::fault_routes(node.clone(), tokens));
     }
     let app = app.layer(axum::middleware::from_fn_with_state(
         http_metrics,
@@ -143,6 +146,28 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
     tracker.wait().await;
     node.raft.shutdown().await.ok();
     served.map_err(NodeError::Serve)
+}
+
+/// Every route of a node: Raft RPCs, the directory API, the operator API (bearer tokens)
+/// and `/metrics`.
+fn app(node: Arc<Node>, tokens: Arc<Tokens>, registry: Arc<prometheus::Registry>) -> Router {
+    let metrics = Router::new()
+        .route("/metrics", get(metrics))
+        .with_state((node.clone(), registry));
+    rpc::routes(node.clone())
+        .merge(api::routes(node.clone()))
+        .merge(admin::routes(node, tokens))
+        .merge(metrics)
+}
+
+/// `GET /metrics`: the node's directory and Raft metrics, read now.
+async fn metrics(State((n, registry)): State<(Arc<Node>, Arc<prometheus::Registry>)>) -> Response {
+    n.metrics.refresh(&n);
+    (
+        [(header::CONTENT_TYPE, exposition::CONTENT_TYPE)],
+        exposition::render(&registry),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
@@ -176,5 +201,12 @@ mod tests {
             format!("{bad:#}").contains("`2=nowhere`: bad address"),
             "{bad:#}"
         );
+        for (peer, message) in [
+            ("2", "--peer `2`: expected ID=HOST:PORT"),
+            ("x=127.0.0.1:7002", "--peer `x=127.0.0.1:7002`: bad id"),
+        ] {
+            let bad = parse_peers(&[peer.to_string()]).unwrap_err();
+            assert_eq!(bad.to_string(), message);
+        }
     }
 }

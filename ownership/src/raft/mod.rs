@@ -1,6 +1,7 @@
 //! The replicated shell around [`Directory`]: openraft 0.9 with a redb
 //! log ([`log_store`]), the state machine and its snapshots ([`state_machine`]), and an
-//! HTTP transport client ([`network`]). The HTTP server side is the `node` feature's.
+//! HTTP transport client ([`network`]). The HTTP server side is the `node` feature's
+//! (`node::rpc`, mounted by every directory node).
 //!
 //! Entries carry an [`Envelope`] whose `now_ms` the leader stamps just
 //! before proposing; applying folds it into the directory's monotonic clock, so replicas
