@@ -63,44 +63,6 @@ impl ForwardError {
 /// Headers copied from the client's request to the worker.
 const FORWARDED: &[HeaderName] = &[header::AUTHORIZATION, header::ACCEPT];
 
-/// Sends `body` to `path` on `worker` and waits for the response headers. `extra`
-/// headers (request id, session, epoch) are set on top of the client's forwarded ones.
-pub async fn forward(
-    client: &HttpClient,
-    worker: &Worker,
-    path: &str,
-    headers: &HeaderMap,
-    extra: &[(HeaderName, HeaderValue)],
-    body: Bytes,
-    timeout: Duration,
-) -> Result<Response<Incoming>, ForwardError> {
-    let mut req = Request::post(format!("{}{}", worker.spec.base_url, path))
-        .body(Full::new(body))
-        .map_err(|_| ForwardError::Failed)?;
-    let out = req.headers_mut();
-    out.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    for name in FORWARDED {
-        if let Some(v) = headers.get(name) {
-            out.insert(name, v.clone());
-        }
-    }
-    if let Some(v) = headers.get("x-request-id") {
-        out.insert("x-request-id", v.clone());
-    }
-    for (name, v) in extra {
-        out.insert(name, v.clone());
-    }
-    match tokio::time::timeout(timeout, client.request(req)).await {
-        Err(_) => Err(ForwardError::Timeout(timeout)),
-        Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect),
-        Ok(Err(_)) => Err(ForwardError::Failed),
-        Ok(Ok(resp)) => Ok(resp),
-    }
-}
-
 /// GETs `path` on a worker and reads a small body (health checks, model lists).
 pub async fn get_small(
     client: &HttpClient,
@@ -116,7 +78,7 @@ pub async fn get_small(
 
 /// POSTs a JSON body with `headers` to `path` on a worker and reads its (small) answer:
 /// prefill legs and the sim's KV endpoints.
-pub async fn post_small(
+async fn post_small(
     client: &HttpClient,
     base_url: &str,
     path: &str,
@@ -191,7 +153,8 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// [`forward`] with this client and timeout.
+    /// Sends `body` to `path` on `worker` and waits for the response headers. `extra`
+    /// headers (request id, session, epoch) are set on top of the client's forwarded ones.
     pub async fn forward(
         &self,
         worker: &Worker,
@@ -200,16 +163,31 @@ impl Upstream {
         extra: &[(HeaderName, HeaderValue)],
         body: Bytes,
     ) -> Result<Response<Incoming>, ForwardError> {
-        forward(
-            &self.client,
-            worker,
-            path,
-            headers,
-            extra,
-            body,
-            self.timeout,
-        )
-        .await
+        let mut req = Request::post(format!("{}{}", worker.spec.base_url, path))
+            .body(Full::new(body))
+            .map_err(|_| ForwardError::Failed)?;
+        let out = req.headers_mut();
+        out.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for name in FORWARDED {
+            if let Some(v) = headers.get(name) {
+                out.insert(name, v.clone());
+            }
+        }
+        if let Some(v) = headers.get("x-request-id") {
+            out.insert("x-request-id", v.clone());
+        }
+        for (name, v) in extra {
+            out.insert(name, v.clone());
+        }
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(ForwardError::Timeout(self.timeout)),
+            Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect),
+            Ok(Err(_)) => Err(ForwardError::Failed),
+            Ok(Ok(resp)) => Ok(resp),
+        }
     }
 }
 
