@@ -132,19 +132,13 @@ impl PromptHasher {
         let Some(tokens) = self.engine_tokens(parsed).await else {
             return Ok(None);
         };
-        let key = session.map(|s| format!("{}\u{1f}{s}", parsed.model));
-        let prev = key.as_deref().and_then(|k| self.cache.get(k));
-        let hashes = match &prev {
-            Some(prev) => prompt_hashes_after(prev, &tokens, self.block_size, XXH3_SEED),
-            None => prompt_hashes(&tokens, self.block_size, XXH3_SEED),
-        };
+        let kept = self.kept(&parsed.model, session, hashing);
+        let hashes = hashes_of(kept.prev.as_deref(), &tokens, self.block_size);
         let hashed = Arc::new(HashedPrompt {
             tokenized: Tokenized::from_tokens(tokens),
             hashes,
         });
-        if let (Hashing::Keep, Some(k)) = (hashing, key) {
-            self.cache.put(&k, hashed.clone());
-        }
+        self.remember(kept.key, &hashed);
         Ok(Some(hashed))
     }
 
@@ -206,10 +200,8 @@ impl PromptHasher {
         hashing: Hashing,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
         let input = model_input(tokenizer, parsed)?;
-        // Kept per model too: a prompt tokenized by another tokenizer is no base to extend.
-        let key = session.map(|s| format!("{}\u{1f}{s}", parsed.model));
-        let prev = key.as_deref().and_then(|k| self.cache.get(k));
-        let keep = hashing == Hashing::Keep && key.is_some();
+        let Kept { key, prev } = self.kept(&parsed.model, session, hashing);
+        let keep = key.is_some();
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
         let size = match &input {
             ModelInput::Chat(t) | ModelInput::Text(t) => t.len(),
@@ -227,31 +219,27 @@ impl PromptHasher {
             if keep {
                 tokenized.shrink_to_fit();
             }
-            let hashes = match &prev {
-                Some(prev) => prompt_hashes_after(prev, &tokenized.tokens, block_size, XXH3_SEED),
-                None => prompt_hashes(&tokenized.tokens, block_size, XXH3_SEED),
-            };
+            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size);
             Ok(HashedPrompt { tokenized, hashes })
         };
         let hashed = offload(size, work)
             .await?
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         let hashed = Arc::new(hashed);
-        if let (true, Some(k)) = (keep, key) {
-            self.cache.put(&k, hashed.clone());
-        }
+        self.remember(key, &hashed);
         Ok(hashed)
     }
 
-    /// The prompt's tokens and block hashes.
+    /// The prompt's tokens and block hashes by the built-in tokenizer.
     pub async fn hash(
         &self,
         prompt: RenderedPrompt,
+        model: &str,
         session: Option<&str>,
         hashing: Hashing,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
-        let prev = session.and_then(|s| self.cache.get(s));
-        let keep = hashing == Hashing::Keep && session.is_some();
+        let Kept { key, prev } = self.kept(model, session, hashing);
+        let keep = key.is_some();
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
         let work = move || {
@@ -264,17 +252,45 @@ impl PromptHasher {
             } else {
                 Tokenized::from_tokens(prompt.into_tokens())
             };
-            let hashes = match &prev {
-                Some(prev) => prompt_hashes_after(prev, &tokenized.tokens, block_size, XXH3_SEED),
-                None => prompt_hashes(&tokenized.tokens, block_size, XXH3_SEED),
-            };
+            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size);
             HashedPrompt { tokenized, hashes }
         };
         let hashed = Arc::new(offload(prompt_len, work).await?);
-        if let (true, Some(s)) = (keep, session) {
-            self.cache.put(s, hashed.clone());
-        }
+        self.remember(key, &hashed);
         Ok(hashed)
+    }
+
+    /// The session's last prompt of this model, and the key to keep this step's under
+    /// (`None`: nothing is kept). Kept per model: a prompt tokenized by another
+    /// tokenizer is no base to extend.
+    fn kept(&self, model: &str, session: Option<&str>, hashing: Hashing) -> Kept {
+        let key = session.map(|s| format!("{model}\u{1f}{s}"));
+        let prev = key.as_deref().and_then(|k| self.cache.get(k));
+        Kept {
+            key: key.filter(|_| hashing == Hashing::Keep),
+            prev,
+        }
+    }
+
+    /// Keeps `hashed` as the session's last prompt, under a key from [`Self::kept`].
+    fn remember(&self, key: Option<String>, hashed: &Arc<HashedPrompt>) {
+        if let Some(k) = key {
+            self.cache.put(&k, hashed.clone());
+        }
+    }
+}
+
+/// A session's last prompt and where to keep its next one.
+struct Kept {
+    key: Option<String>,
+    prev: Option<Arc<HashedPrompt>>,
+}
+
+/// Block hashes of `tokens`, reusing those of the previous prompt where they agree.
+fn hashes_of(prev: Option<&HashedPrompt>, tokens: &[u32], block_size: usize) -> Vec<u64> {
+    match prev {
+        Some(prev) => prompt_hashes_after(prev, tokens, block_size, XXH3_SEED),
+        None => prompt_hashes(tokens, block_size, XXH3_SEED),
     }
 }
 
@@ -344,7 +360,7 @@ pub async fn identify<'a>(
     let prompt = match by_model {
         Some(prompt) => prompt,
         None => match parsed.rendered_prompts().into_iter().next() {
-            Some(prompt) => hasher.hash(prompt, session, hashing).await?,
+            Some(prompt) => hasher.hash(prompt, &parsed.model, session, hashing).await?,
             None => Arc::default(),
         },
     };
@@ -433,7 +449,7 @@ mod tests {
             assert_eq!(id.session, Some("s1"));
             assert_eq!(id.prompt.tokenized.tokens, whole);
             assert_eq!(id.hashes(), prompt_hashes(&whole, 16, XXH3_SEED));
-            assert_eq!(hasher.cache.get("s1").as_deref(), Some(&*id.prompt));
+            assert_eq!(hasher.cache.get("m\u{1f}s1").as_deref(), Some(&*id.prompt));
         }
     }
 
@@ -448,7 +464,7 @@ mod tests {
             .await
             .unwrap();
         assert!(!peek.prompt.tokenized.tokens.is_empty());
-        assert!(hasher.cache.get("s1").is_none());
+        assert!(hasher.cache.get("m\u{1f}s1").is_none());
         let skip = identify(&hasher, &h, &parsed, &rid, Hashing::Skip)
             .await
             .unwrap();
