@@ -191,6 +191,39 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The request parsed for `endpoint`, for the model this engine serves; else vLLM's 400
+/// or 404 answer.
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the response itself, returned at once"
+)]
+fn admit<'b>(
+    st: &AppState,
+    body: &'b Bytes,
+    endpoint: Endpoint,
+) -> Result<ParsedRequest<'b>, Response> {
+    let req = openai::parse(body, endpoint).map_err(|e| {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            &e.message,
+            "BadRequestError",
+            e.param.as_deref(),
+            Some(e.code),
+        )
+    })?;
+    if *req.model != *st.served_model {
+        let msg = format!("The model `{}` does not exist.", req.model);
+        return Err(error_response(
+            StatusCode::NOT_FOUND,
+            &msg,
+            "NotFoundError",
+            Some("model"),
+            Some("model_not_found"),
+        ));
+    }
+    Ok(req)
+}
+
 /// `POST /tokenize` as vLLM serves it: `{model, messages | prompt}` → `{count,
 /// max_model_len, tokens}`, with the engine's own (built-in) tokenizer and chat template.
 async fn tokenize(
@@ -209,28 +242,10 @@ async fn tokenize(
     } else {
         Endpoint::Completions
     };
-    let req = match openai::parse(&body, endpoint) {
+    let req = match admit(&st, &body, endpoint) {
         Ok(r) => r,
-        Err(e) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                "BadRequestError",
-                e.param.as_deref(),
-                Some(e.code),
-            )
-        }
+        Err(refused) => return refused,
     };
-    if *req.model != *st.served_model {
-        let msg = format!("The model `{}` does not exist.", req.model);
-        return error_response(
-            StatusCode::NOT_FOUND,
-            &msg,
-            "NotFoundError",
-            Some("model"),
-            Some("model_not_found"),
-        );
-    }
     let tokens = req
         .rendered_prompts()
         .into_iter()
@@ -285,28 +300,10 @@ async fn generate(
         Ok(b) => b,
         Err(e) => return error_response(e.status(), &e.body_text(), "BadRequestError", None, None),
     };
-    let req = match openai::parse(&body, endpoint) {
+    let req = match admit(&st, &body, endpoint) {
         Ok(r) => r,
-        Err(e) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                "BadRequestError",
-                e.param.as_deref(),
-                Some(e.code),
-            )
-        }
+        Err(refused) => return refused,
     };
-    if *req.model != *st.served_model {
-        let msg = format!("The model `{}` does not exist.", req.model);
-        return error_response(
-            StatusCode::NOT_FOUND,
-            &msg,
-            "NotFoundError",
-            Some("model"),
-            Some("model_not_found"),
-        );
-    }
     let (seqs, prompt_lens) = match plan_sequences(&req, &st.scheduler) {
         Ok(v) => v,
         Err(msg) => {
