@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch};
 use ownerserve_planner::policy::WorkerView;
@@ -59,16 +58,6 @@ impl KvRouting {
 
     pub fn block_size(&self) -> usize {
         self.block_size
-    }
-
-    /// Our block hashes of a prompt.
-    pub fn hashes(&self, tokens: &[u32]) -> Vec<u64> {
-        prompt_hashes(tokens, self.block_size, XXH3_SEED)
-    }
-
-    /// [`Self::hashes`], reusing those of `prev` (hashed here) where the prompts agree.
-    pub fn hashes_after(&self, prev: &HashedPrompt, tokens: &[u32]) -> Vec<u64> {
-        prompt_hashes_after(prev, tokens, self.block_size, XXH3_SEED)
     }
 
     /// Fills each candidate's `cached_blocks` from the index.
