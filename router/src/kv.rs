@@ -139,6 +139,7 @@ impl KvRouting {
                     WorkerKv {
                         id: w.spec.name.clone(),
                         blocks: ix.worker_blocks(w.id),
+                        digest: format!("{:016x}", ix.worker_digest(w.id)),
                         mode: if events.is_some() {
                             "events"
                         } else {
@@ -188,6 +189,8 @@ impl From<IndexStats> for IndexCounters {
 struct WorkerKv {
     id: String,
     blocks: usize,
+    /// The fingerprint of this worker's blocks alone.
+    digest: String,
     mode: &'static str,
     events: Option<EventCounters>,
 }

@@ -570,8 +570,18 @@ impl KvIndex {
 
     /// A fingerprint of [`KvIndex::dump`]: equal for indexes holding the same blocks.
     pub fn digest(&self) -> u64 {
+        self.digest_of(|_| true)
+    }
+
+    /// A fingerprint of the blocks one worker holds: comparing it per worker tells which
+    /// worker two indexes disagree on.
+    pub fn worker_digest(&self, worker: WorkerId) -> u64 {
+        self.digest_of(|w| w == worker)
+    }
+
+    fn digest_of(&self, keep: impl Fn(WorkerId) -> bool) -> u64 {
         let mut bytes = Vec::with_capacity(self.nodes.len() * 13);
-        for (seq, worker, tier) in self.dump() {
+        for (seq, worker, tier) in self.dump().into_iter().filter(|h| keep(h.1)) {
             bytes.extend_from_slice(&seq.to_le_bytes());
             bytes.extend_from_slice(&worker.0.to_le_bytes());
             bytes.push(tier as u8);
