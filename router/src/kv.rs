@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::ids::{EngineKind, WorkerId};
 use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch};
 use ownerserve_planner::policy::WorkerView;
 use ownerserve_shim::kv_events::redis_fanout::{follow, FanoutConfig, RedisPublisher};
@@ -21,7 +21,7 @@ use ownerserve_shim::kv_events::subscriber::{
 };
 use ownerserve_shim::load_metrics::{kv_block_size, parse_load};
 
-use crate::config::FanoutRole;
+use crate::config::{FanoutRole, WorkerSpec, DEFAULT_KV_BLOCK_SIZE};
 use crate::registry::{Registry, Worker};
 use crate::upstream::{get_small, HttpClient};
 
@@ -311,42 +311,105 @@ async fn supervise(
     }
 }
 
-/// An engine whose KV blocks are not the router's size: none of its hashes would match.
+/// Why the router cannot pick one KV block size for its fleet.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "worker {worker} uses KV blocks of {engine} tokens but router.kv_block_size is {router}: set router.kv_block_size = {engine}"
-)]
-pub struct BlockSizeMismatch {
-    pub worker: String,
-    pub engine: u32,
-    pub router: usize,
+pub enum BlockSizeError {
+    /// An engine reports another block size than the one configured for it.
+    #[error(
+        "worker {worker} uses KV blocks of {engine} tokens but {key} is {configured}: set it to {engine}, or leave it unset to learn it from the engines"
+    )]
+    Disagrees {
+        worker: String,
+        engine: usize,
+        configured: usize,
+        key: String,
+    },
+    /// Workers use different block sizes: no one hash of a prompt matches them all.
+    #[error(
+        "workers use different KV block sizes ({sizes}); one router hashes prompts with one block size: run one router per block size"
+    )]
+    Mixed { sizes: String },
 }
 
-/// Reads the KV block size each reachable engine reports (`vllm:cache_config_info`) and
-/// refuses a fleet whose engines disagree with the router's block size. Engines that are
-/// down or report none are not checked (their KV events are, one by one).
-pub async fn check_block_sizes(
+/// The KV block size the router hashes with. Each worker's size is what its engine
+/// reports (vLLM's `cache_config_info`, SGLang's `page_size`) or, for an engine that is
+/// down or reports none, what is configured for it (its `kv_block_size`, else
+/// `router.kv_block_size`); a configured size the engine contradicts is an error, and so
+/// are workers of different sizes. With nothing reported or configured: 16.
+pub async fn resolve_block_size(
     registry: &Registry,
     client: &HttpClient,
-    block_size: usize,
+    configured: Option<usize>,
     timeout: Duration,
-) -> Result<(), BlockSizeMismatch> {
-    for w in registry.all().iter().filter(|w| w.is_healthy()) {
-        let reported = match get_small(client, &w.spec.base_url, "/metrics", timeout).await {
-            Ok((status, body)) if status.is_success() => {
-                std::str::from_utf8(&body).ok().and_then(kv_block_size)
-            }
-            _ => None,
+) -> Result<usize, BlockSizeError> {
+    let mut sizes: Vec<(String, usize)> = Vec::new();
+    for w in registry.all().iter() {
+        let reported = if w.is_healthy() {
+            reported_block_size(client, &w.spec, timeout).await
+        } else {
+            None
         };
-        if let Some(engine) = reported.filter(|&b| b as usize != block_size) {
-            return Err(BlockSizeMismatch {
-                worker: w.spec.name.clone(),
-                engine,
-                router: block_size,
-            });
+        let (set, key) = match w.spec.kv_block_size {
+            Some(b) => (Some(b), format!("workers.{}.kv_block_size", w.spec.name)),
+            None => (configured, "router.kv_block_size".to_owned()),
+        };
+        if let (Some(engine), Some(configured)) = (reported, set) {
+            if engine != configured {
+                return Err(BlockSizeError::Disagrees {
+                    worker: w.spec.name.clone(),
+                    engine,
+                    configured,
+                    key,
+                });
+            }
+        }
+        if let Some(b) = reported.or(set) {
+            sizes.push((w.spec.name.clone(), b));
         }
     }
-    Ok(())
+    match sizes.first() {
+        Some(&(_, first)) if sizes.iter().all(|(_, b)| *b == first) => Ok(first),
+        Some(_) => Err(BlockSizeError::Mixed {
+            sizes: sizes
+                .iter()
+                .map(|(name, b)| format!("{name}: {b}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+        None => {
+            tracing::info!(
+                block_size = DEFAULT_KV_BLOCK_SIZE,
+                "no engine reported its KV block size and none is configured: hashing 16-token blocks (set router.kv_block_size)"
+            );
+            Ok(DEFAULT_KV_BLOCK_SIZE)
+        }
+    }
+}
+
+/// The block size an engine reports, if it does.
+async fn reported_block_size(
+    client: &HttpClient,
+    spec: &WorkerSpec,
+    timeout: Duration,
+) -> Option<usize> {
+    let path = match spec.engine {
+        EngineKind::Sglang => "/server_info",
+        _ => "/metrics",
+    };
+    let (status, body) = get_small(client, &spec.base_url, path, timeout)
+        .await
+        .ok()?;
+    if !status.is_success() {
+        return None;
+    }
+    let b = match spec.engine {
+        EngineKind::Sglang => serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()?
+            .get("page_size")?
+            .as_u64()?,
+        _ => u64::from(kv_block_size(std::str::from_utf8(&body).ok()?)?),
+    };
+    usize::try_from(b).ok()
 }
 
 /// Starts one `/metrics` scraper per worker.

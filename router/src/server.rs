@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy;
 use ownerserve_shim::openai::Endpoint;
 
@@ -82,14 +83,20 @@ impl AppState {
         };
         let client = &upstream.client;
         let registry = Arc::new(Registry::new(cfg.workers.clone()));
-        let kv = Arc::new(KvRouting::new(cfg.kv_index, cfg.kv_approx_ttl, &registry));
         let health = HealthSettings {
             interval: cfg.health_interval,
             timeout: cfg.health_timeout,
             failure_threshold: cfg.health_failure_threshold,
         };
         health::check_all(client, &registry, health).await;
-        kv::check_block_sizes(&registry, client, kv.block_size(), cfg.health_timeout).await?;
+        let block_size =
+            kv::resolve_block_size(&registry, client, cfg.kv_block_size, cfg.health_timeout)
+                .await?;
+        let index = KvIndexConfig {
+            block_size,
+            ..cfg.kv_index
+        };
+        let kv = Arc::new(KvRouting::new(index, cfg.kv_approx_ttl, &registry));
         warn_unpriced_models(&registry, &cfg.planner.model.name);
         health::spawn(client, &registry, health, tracker, shutdown);
         kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;

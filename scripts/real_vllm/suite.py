@@ -164,8 +164,9 @@ class Router:
         tokenizers = f'[router.tokenizers]\n"{MODEL}" = "{tokenizer}"\n' if tokenizer else ""
         self.config = os.path.join(log_dir, f"router-{label}.toml")
         with open(self.config, "w") as f:
+            # No kv_block_size: the router learns the engines' (32) from their /metrics.
             f.write(f'[router]\nport = {self.port}\npolicy = "{policy}"\n'
-                    f'kv_block_size = {BLOCK}\nadmin_token = "{TOKEN}"\n'
+                    f'admin_token = "{TOKEN}"\n'
                     # vLLM's /health is instant; a short interval finds a dead engine fast.
                     f'health_interval_ms = 500\nhealth_timeout_ms = 3000\n'
                     f'health_failure_threshold = 2\nscrape_interval_ms = 500\n{extra}\n'
@@ -359,6 +360,8 @@ class Suite:
         kv = r.kv()
         malformed = {w["id"]: (w.get("events") or {}).get("malformed") for w in kv["workers"]}
         received = {w["id"]: (w.get("events") or {}).get("events") for w in kv["workers"]}
+        self.check("kv block size learned from the engines", kv["block_size"] == BLOCK,
+                   f"router hashes {kv['block_size']}-token blocks, engines use {BLOCK}")
         self.check("kv events: 0 malformed from real engines",
                    all(m == 0 for m in malformed.values()) and kv["blocks"] > 0,
                    f"malformed {malformed}, events {received}, {kv['blocks']} blocks, "

@@ -25,7 +25,7 @@ mod validated;
 mod workers;
 
 pub use error::ConfigError;
-pub use validated::{DirectorySetup, ModelTokenizer, RouterConfig};
+pub use validated::{DirectorySetup, ModelTokenizer, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
 /// The `[router]` table.
@@ -55,8 +55,10 @@ pub struct RouterSettings {
     /// `builtin` (the approximate tokenizer the simulated engine uses). Models not listed
     /// use `builtin`.
     pub tokenizers: std::collections::BTreeMap<String, String>,
-    /// Tokens per KV block of the router's index (must match the engines').
-    pub kv_block_size: usize,
+    /// Tokens per KV block of the router's index; it must be the engines'. Unset: learned
+    /// from the engines at startup (vLLM's `cache_config_info`, SGLang's `page_size`), and
+    /// 16 if none reports one. A worker's own `kv_block_size` overrides it for that worker.
+    pub kv_block_size: Option<usize>,
     /// Most blocks the KV index keeps before pruning.
     pub kv_index_max_blocks: usize,
     /// Lifetime of approximate entries for workers without KV events.
@@ -180,7 +182,7 @@ impl Default for RouterSettings {
             max_body_bytes: 32 * 1024 * 1024,
             prompt_cache_mb: 256,
             tokenizers: std::collections::BTreeMap::new(),
-            kv_block_size: 16,
+            kv_block_size: None,
             kv_index_max_blocks: 1 << 20,
             kv_approx_ttl_s: 120,
             kv_overlap_weight: 1.0,
@@ -246,6 +248,10 @@ pub struct WorkerSettings {
     /// SGLang prefill workers: the `disaggregation_bootstrap_port` (from `/server_info`).
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
+    /// Tokens per KV block of this worker's engine, when it differs from
+    /// `router.kv_block_size` (checked against what the engine reports at startup).
+    #[serde(default)]
+    pub kv_block_size: Option<usize>,
 }
 
 fn default_engine() -> EngineKind {

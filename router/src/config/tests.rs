@@ -55,7 +55,7 @@ fn errors_name_the_section_and_key() {
     let d = RouterSettings::default;
     assert_eq!(
         bad(RouterSettings {
-            kv_block_size: 0,
+            kv_block_size: Some(0),
             ..d()
         }),
         "router.kv_block_size: must be in 1..=1024"
@@ -175,7 +175,7 @@ fn a_model_tokenizer_is_loaded_at_startup_and_a_missing_one_is_named() {
 fn the_vllm_example_config_parses() {
     let file: RouterFile =
         toml::from_str(include_str!("../../../configs/vllm.example.toml")).unwrap();
-    assert_eq!(file.router.kv_block_size, 32);
+    assert_eq!(file.router.kv_block_size, Some(32));
     assert_eq!(file.router.tokenizers["tiny"], "/tmp/vllm-tiny-llama");
     assert_eq!(file.workers.len(), 2);
 }

@@ -38,7 +38,11 @@ pub struct RouterConfig {
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
     pub workers: Vec<WorkerSpec>,
     pub policy_settings: PolicySettings,
+    /// The index's settings; its block size is the default until the engines are asked
+    /// (`crate::kv::resolve_block_size`).
     pub kv_index: KvIndexConfig,
+    /// `router.kv_block_size` as configured (`None`: learn it from the engines).
+    pub kv_block_size: Option<usize>,
     pub kv_approx_ttl: Duration,
     pub scrape_interval: Option<Duration>,
     pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
@@ -149,6 +153,9 @@ pub enum DirectorySetup {
     Remote { urls: Vec<String> },
 }
 
+/// Tokens per KV block when neither the config nor any engine says: our sim engine's.
+pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
+
 fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
         return Err(ConfigError::router(field, "must be positive"));
@@ -186,6 +193,13 @@ impl RouterConfig {
                     format!("`{}` is used twice", w.name),
                 ));
             }
+            if w.kv_block_size.is_some_and(|b| !(1..=1024).contains(&b)) {
+                return Err(ConfigError::invalid(
+                    "workers",
+                    format!("{}.kv_block_size", w.name),
+                    "must be in 1..=1024",
+                ));
+            }
         }
         let planner = planner_setup(s, &workers)?;
         let policy_settings = policy_settings(s, &planner);
@@ -208,10 +222,11 @@ impl RouterConfig {
             workers,
             policy_settings,
             kv_index: KvIndexConfig {
-                block_size: s.kv_block_size,
+                block_size: s.kv_block_size.unwrap_or(DEFAULT_KV_BLOCK_SIZE),
                 max_blocks: s.kv_index_max_blocks.max(1024),
                 ..KvIndexConfig::default()
             },
+            kv_block_size: s.kv_block_size,
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
             scrape_interval: (s.scrape_interval_ms > 0)
                 .then(|| Duration::from_millis(s.scrape_interval_ms)),
@@ -247,7 +262,7 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
     if let Some(url) = &s.kv_redis_url {
         redis_url_ok(url)?;
     }
-    if !(1..=1024).contains(&s.kv_block_size) {
+    if s.kv_block_size.is_some_and(|b| !(1..=1024).contains(&b)) {
         return Err(ConfigError::router("kv_block_size", "must be in 1..=1024"));
     }
     if !(s.kv_overlap_weight >= 0.0 && s.kv_overlap_weight.is_finite()) {

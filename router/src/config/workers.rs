@@ -20,6 +20,8 @@ pub struct WorkerSpec {
     pub gpus: Option<u32>,
     /// SGLang bootstrap port of a prefill worker.
     pub bootstrap_port: Option<u16>,
+    /// Tokens per KV block of its engine, as configured (`None`: the router's setting).
+    pub kv_block_size: Option<usize>,
 }
 
 impl WorkerSpec {
@@ -35,6 +37,7 @@ impl WorkerSpec {
             gpu: None,
             gpus: None,
             bootstrap_port: None,
+            kv_block_size: None,
         }
     }
 
@@ -64,7 +67,8 @@ pub fn worker_url(url: &str) -> Result<String, String> {
     Ok(trimmed.to_owned())
 }
 
-/// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`.
+/// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`
+/// (also `kv_events`, `kv_replay`, `kv_block_size`).
 pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
     let bad = |reason: String| ConfigError::WorkerFlag {
         flag: flag.to_owned(),
@@ -82,6 +86,7 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
         gpu: None,
         gpus: None,
         bootstrap_port: None,
+        kv_block_size: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -98,8 +103,11 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
             "bootstrap_port" => {
                 w.bootstrap_port = Some(v.parse().map_err(|e| bad(format!("bootstrap_port: {e}")))?)
             }
+            "kv_block_size" => {
+                w.kv_block_size = Some(v.parse().map_err(|e| bad(format!("kv_block_size: {e}")))?)
+            }
             _ => return Err(bad(format!(
-                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port)"
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size)"
             ))),
         }
     }
@@ -129,6 +137,7 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, Confi
                 gpu: w.gpu.clone(),
                 gpus: w.gpus,
                 bootstrap_port: w.bootstrap_port,
+                kv_block_size: w.kv_block_size,
                 ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
             })
         })

@@ -23,8 +23,18 @@ fn config(settings: &RouterSettings, addr: SocketAddr) -> RouterConfig {
 
 /// A simulated engine on an ephemeral port, ending with `shutdown`.
 async fn sim_worker(tracker: &TaskTracker, shutdown: &CancellationToken) -> SocketAddr {
+    sim_worker_with(tracker, shutdown, SimSettings::default().block_size).await
+}
+
+/// A simulated engine with KV blocks of `block_size` tokens.
+async fn sim_worker_with(
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+    block_size: u32,
+) -> SocketAddr {
     let settings = SimSettings {
         instant: true,
+        block_size,
         ..SimSettings::default()
     };
     let cfg = settings.build().unwrap();
@@ -95,26 +105,72 @@ async fn a_session_step_runs_through_every_stage_and_its_owner_reaches_the_direc
     std::fs::remove_dir_all(&data_dir).ok();
 }
 
-#[tokio::test]
-async fn an_engine_with_other_kv_blocks_stops_the_router_at_startup() {
+/// Starts the router with `router_bs` as `router.kv_block_size` in front of one sim engine
+/// per `(engine block size, the worker's kv_block_size)`; its block size or its error.
+async fn start_with_block_sizes(
+    router_bs: Option<usize>,
+    workers: &[(u32, Option<usize>)],
+) -> Result<usize, String> {
     let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let worker = sim_worker(&tracker, &shutdown).await;
+    let mut specs = Vec::new();
+    for (i, &(engine_bs, configured)) in workers.iter().enumerate() {
+        let addr = sim_worker_with(&tracker, &shutdown, engine_bs).await;
+        let spec = WorkerSpec {
+            kv_block_size: configured,
+            ..WorkerSpec::new(
+                &format!("d{i}"),
+                &format!("http://{addr}"),
+                Role::Hybrid,
+                EngineKind::Sim,
+            )
+        };
+        specs.push(spec);
+    }
     let settings = RouterSettings {
-        kv_block_size: 32,
+        kv_block_size: router_bs,
         ..RouterSettings::default()
     };
-    let cfg = config(&settings, worker);
-    let err = AppState::start(cfg, &tracker, &shutdown)
-        .await
-        .err()
-        .unwrap();
-    assert_eq!(
-        err.to_string(),
-        "worker d0 uses KV blocks of 16 tokens but router.kv_block_size is 32: set router.kv_block_size = 16"
-    );
+    let cfg = RouterConfig::validate(&settings, specs).unwrap();
+    let started = AppState::start(cfg, &tracker, &shutdown).await;
+    let out = started
+        .map(|st| st.kv.block_size())
+        .map_err(|e| e.to_string());
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
+    out
+}
+
+#[tokio::test]
+async fn the_router_hashes_with_the_block_size_its_engines_report() {
+    // Unset: learned from the engine (vLLM's cache_config_info, which the sim serves).
+    assert_eq!(
+        start_with_block_sizes(None, &[(32, None), (32, None)]).await,
+        Ok(32)
+    );
+    // Configured and reported agree.
+    assert_eq!(
+        start_with_block_sizes(Some(32), &[(32, None)]).await,
+        Ok(32)
+    );
+    assert_eq!(
+        start_with_block_sizes(Some(16), &[(32, Some(32))]).await,
+        Ok(32)
+    );
+    // Configured and reported disagree: a clear startup error naming the key to fix.
+    assert_eq!(
+        start_with_block_sizes(Some(32), &[(16, None)]).await,
+        Err("worker d0 uses KV blocks of 16 tokens but router.kv_block_size is 32: set it to 16, or leave it unset to learn it from the engines".into())
+    );
+    assert_eq!(
+        start_with_block_sizes(None, &[(16, None), (16, Some(64))]).await,
+        Err("worker d1 uses KV blocks of 16 tokens but workers.d1.kv_block_size is 64: set it to 16, or leave it unset to learn it from the engines".into())
+    );
+    // Engines of different sizes: no one hash matches both.
+    assert_eq!(
+        start_with_block_sizes(None, &[(16, None), (32, None)]).await,
+        Err("workers use different KV block sizes (d0: 16, d1: 32); one router hashes prompts with one block size: run one router per block size".into())
+    );
 }
 
 #[tokio::test]
