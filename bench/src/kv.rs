@@ -62,6 +62,7 @@ fn store_chain(ix: &mut KvIndex, worker: WorkerId, tokens: &[u32], id_base: u64)
             tokens: chunk.to_vec(),
             tier: Tier::Gpu,
             lora_name: None,
+            extra_keys: None,
         };
         let _ = ix.apply(worker, &event);
         parent = last;
@@ -124,6 +125,7 @@ pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
                 token_ids: tokens,
                 block_size: BLOCK as u32,
                 lora_name: None,
+                extra_keys: None,
                 medium: Some("GPU".into()),
                 group_idx: None,
                 kv_cache_spec_kind: None,

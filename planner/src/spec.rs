@@ -159,6 +159,14 @@ impl ModelSpec {
         Self::from_toml(lookup(MODEL_PRESETS, "model", name)?)
     }
 
+    /// Every built-in model preset.
+    pub fn presets() -> Result<Vec<Self>, SpecError> {
+        MODEL_PRESETS
+            .iter()
+            .map(|(_, text)| Self::from_toml(text))
+            .collect()
+    }
+
     /// Parses and validates a model preset.
     pub fn from_toml(text: &str) -> Result<Self, SpecError> {
         let spec: Self = toml::from_str(text).map_err(|source| SpecError::Parse {

@@ -65,7 +65,7 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
         "chosen": p.chosen,
         "directory_changes": p.changes,
         "inputs": {
-            "model": st.cfg.planner.model.name,
+            "model": st.cfg.planner.model_for(&parsed.model).name,
             "prompt_tokens": req.prompt_tokens,
             "session": id.session,
             "decode_owner": lookup.owner,

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::registry::{Registry, Worker};
+use crate::registry::{Registry, ServedModel, Worker};
 use crate::upstream::{get_small, HttpClient};
 
 /// How often and how patiently workers are probed.
@@ -21,12 +21,7 @@ pub struct HealthSettings {
 
 #[derive(Deserialize)]
 struct ModelList {
-    data: Vec<ModelEntry>,
-}
-
-#[derive(Deserialize)]
-struct ModelEntry {
-    id: String,
+    data: Vec<ServedModel>,
 }
 
 /// Probes one worker once and records the result.
@@ -43,7 +38,7 @@ pub async fn check(client: &HttpClient, worker: &Worker, s: HealthSettings) {
     match get_small(client, base, "/v1/models", s.timeout).await {
         Ok((status, body)) if status.is_success() => {
             match serde_json::from_slice::<ModelList>(&body) {
-                Ok(list) => worker.mark_healthy(list.data.into_iter().map(|m| m.id).collect()),
+                Ok(list) => worker.mark_healthy(list.data),
                 Err(_) => worker.record_failure(s.failure_threshold, "unreadable /v1/models"),
             }
         }

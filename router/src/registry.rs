@@ -23,8 +23,31 @@ pub struct Worker {
     in_flight: AtomicU32,
     active_blocks: AtomicU64,
     active_prefill_tokens: AtomicU64,
-    models: RwLock<Arc<[String]>>,
+    models: RwLock<Arc<[ServedModel]>>,
     load: Mutex<Option<EngineLoad>>,
+}
+
+/// A model a worker serves, as its `/v1/models` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ServedModel {
+    /// The name clients put in `"model"`.
+    pub id: String,
+    /// The engine's context limit for it (vLLM and SGLang list it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u32>,
+    /// The base model of a LoRA adapter (vLLM lists adapters with their `parent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+impl From<&str> for ServedModel {
+    fn from(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            max_model_len: None,
+            parent: None,
+        }
+    }
 }
 
 impl Worker {
@@ -53,18 +76,18 @@ impl Worker {
     }
 
     /// Models the worker reported in `/v1/models`.
-    pub fn models(&self) -> Arc<[String]> {
+    pub fn models(&self) -> Arc<[ServedModel]> {
         self.models
             .read()
             .map_or_else(|e| e.into_inner().clone(), |m| m.clone())
     }
 
     fn serves(&self, model: &str) -> bool {
-        self.models().iter().any(|m| m == model)
+        self.models().iter().any(|m| m.id == model)
     }
 
     /// Records a passed health check and the models the worker serves.
-    pub fn mark_healthy(&self, models: Vec<String>) {
+    pub fn mark_healthy(&self, models: Vec<ServedModel>) {
         let mut guard = self.models.write().unwrap_or_else(|e| e.into_inner());
         *guard = models.into();
         drop(guard);
@@ -240,9 +263,26 @@ impl Registry {
         let mut out: Vec<String> = Vec::new();
         for w in self.workers.iter().filter(|w| w.is_healthy()) {
             for m in w.models().iter() {
-                if !out.contains(m) {
-                    out.push(m.clone());
+                if !out.contains(&m.id) {
+                    out.push(m.id.clone());
                 }
+            }
+        }
+        out
+    }
+
+    /// How healthy workers list `model`: the smallest context limit any of them states,
+    /// and the base model if it is a LoRA adapter.
+    pub fn served(&self, model: &str) -> Option<ServedModel> {
+        let mut out: Option<ServedModel> = None;
+        for w in self.workers.iter().filter(|w| w.is_healthy()) {
+            for m in w.models().iter().filter(|m| m.id == model) {
+                let o = out.get_or_insert_with(|| m.clone());
+                o.max_model_len = match (o.max_model_len, m.max_model_len) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                o.parent = o.parent.take().or_else(|| m.parent.clone());
             }
         }
         out
@@ -286,7 +326,7 @@ pub struct WorkerInfo {
     pub active_blocks: u64,
     pub load: Option<LoadInfo>,
     pub kv_events: Option<String>,
-    pub models: Vec<String>,
+    pub models: Vec<ServedModel>,
 }
 
 /// The scraped load of a worker.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::kv_index::KvIndexConfig;
-use ownerserve_planner::policy;
+use ownerserve_planner::policy::{self, OwnerServeConfig};
 use ownerserve_shim::openai::Endpoint;
 
 use crate::config::{DirectorySetup, RouterConfig};
@@ -97,7 +97,7 @@ impl AppState {
             ..cfg.kv_index
         };
         let kv = Arc::new(KvRouting::new(index, cfg.kv_approx_ttl, &registry));
-        warn_unpriced_models(&registry, &cfg.planner.model.name);
+        warn_unpriced_models(&registry, &cfg.planner);
         health::spawn(client, &registry, health, tracker, shutdown);
         kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;
         if let Some(every) = cfg.scrape_interval {
@@ -152,14 +152,13 @@ impl AppState {
 
 /// Says so when the fleet serves models the planner does not price as themselves: its
 /// costs then use `router.planner_model` (named in the warning), never silently.
-fn warn_unpriced_models(registry: &Registry, priced_as: &str) {
-    let preset = priced_as.to_lowercase();
+fn warn_unpriced_models(registry: &Registry, planner: &OwnerServeConfig) {
     for served in registry.healthy_models() {
-        if !served.to_lowercase().contains(&preset) {
+        if !planner.models.contains_key(&served) {
             tracing::warn!(
                 model = %served,
-                priced_as = %priced_as,
-                "the planner prices this model as router.planner_model; set it to the model's preset or a .toml spec"
+                priced_as = %planner.model.name,
+                "no model spec for this served model: the planner prices it as router.planner_model; set router.models.\"{served}\" to its preset or a .toml spec"
             );
         }
     }

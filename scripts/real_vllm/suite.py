@@ -46,6 +46,7 @@ import openai
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_FIXTURE = os.path.join(ROOT, "workers-shim/tests/fixtures/tokenizers/local")
+MODEL_SPEC = os.path.join(ROOT, "configs/models/tiny-llama-cpu.toml")
 TOKEN = "real-vllm-suite"
 MODEL = "tiny"
 BLOCK = 32
@@ -302,6 +303,18 @@ class Suite:
                 self.check(f"sdk: error for {label}", isinstance(e, want) and err.get("message"),
                            f"{e.status_code} {type(e).__name__}: {str(err.get('message'))[:90]}")
 
+    # --- pricing --------------------------------------------------------------------------
+
+    def pricing(self, r):
+        served = [m for w in admin(r.url, "/admin/v1/workers")["workers"] for m in w["models"]]
+        _, _, plan = r.post("/admin/v1/plan/explain", {
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            {"authorization": f"Bearer {TOKEN}"})
+        self.check("pricing: the served model's spec from router.models, its context from "
+                   "/v1/models", plan.get("inputs", {}).get("model") == "tiny-llama-cpu"
+                   and all(m.get("max_model_len") == 8192 for m in served) and served,
+                   f"priced as {plan.get('inputs', {}).get('model')}; served {served}")
+
     # --- chat prefix routing ------------------------------------------------------------
 
     def chat_routing(self, r, label, seed, prompts=10, repeats=2, baseline=False):
@@ -526,7 +539,9 @@ class Suite:
     def steps(self, engines):
         e0, e1, e2 = engines
         every = "".join(e.worker_toml() for e in engines)
-        own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE)
+        own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
+                          f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
+        self.pricing(own)
         self.openai_sdk(own)
         self.chat_routing(own, "model tokenizer", seed=3)
         self.kv_events(own, engines)

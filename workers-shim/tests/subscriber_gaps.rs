@@ -26,6 +26,7 @@ fn batch(i: u64) -> WireBatch {
             token_ids: (0..16).map(|t| (i * 16 + t) as u32).collect(),
             block_size: 16,
             lora_name: None,
+            extra_keys: None,
             medium: Some("GPU".into()),
             group_idx: None,
             kv_cache_spec_kind: None,

@@ -134,6 +134,7 @@ impl Cluster {
             .collect();
         Some(OwnerServeConfig {
             model: first.model.clone(),
+            models: BTreeMap::new(),
             roofline: first.roofline.clone(),
             rooflines,
             links: Links {

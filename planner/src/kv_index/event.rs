@@ -35,6 +35,11 @@ pub enum KvEvent {
         tokens: Vec<u32>,
         tier: Tier,
         lora_name: Option<String>,
+        /// Per block, a fingerprint of the engine's `extra_keys` (multimodal inputs' hashes,
+        /// cache salt), 0 for none: blocks with extra keys chain apart from plain text with
+        /// the same token ids (an image's placeholder tokens are the same for every image).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        extra_keys: Option<Vec<u64>>,
     },
     /// Blocks (engine ids) were evicted from `tier`.
     Removed { block_ids: Vec<u64>, tier: Tier },

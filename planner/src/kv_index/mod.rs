@@ -211,13 +211,17 @@ impl KvIndex {
                 tokens,
                 tier,
                 lora_name,
+                extra_keys,
             } => self.store(
                 worker,
                 *parent,
                 block_ids,
                 tokens,
                 *tier,
-                lora_name.as_deref(),
+                BlockKeys {
+                    lora_name: lora_name.as_deref(),
+                    extra: extra_keys.as_deref(),
+                },
             ),
             KvEvent::Removed { block_ids, tier } => {
                 self.remove(worker, block_ids, *tier);
@@ -242,7 +246,7 @@ impl KvIndex {
         block_ids: &[u64],
         tokens: &[u32],
         tier: Tier,
-        lora_name: Option<&str>,
+        keys: BlockKeys<'_>,
     ) -> Result<(), IndexError> {
         let bs = self.cfg.block_size;
         if tokens.len() != block_ids.len() * bs {
@@ -274,9 +278,13 @@ impl KvIndex {
                 });
             }
         }
-        let seed = block_seed(lora_name, None);
-        for (&id, block) in block_ids.iter().zip(tokens.chunks_exact(bs)) {
+        let seed = block_seed(keys.lora_name, None);
+        for (i, (&id, block)) in block_ids.iter().zip(tokens.chunks_exact(bs)).enumerate() {
             let local = local_block_hash(block, seed);
+            let local = match keys.extra.and_then(|e| e.get(i)).filter(|&&k| k != 0) {
+                Some(&k) => sequence_hash(local, k),
+                None => local,
+            };
             let seq = prev.map_or(local, |p| sequence_hash(p, local));
             self.add_holder(prev, seq, worker, tier, id, None);
             prev = Some(seq);
@@ -600,4 +608,12 @@ impl KvIndex {
         out.sort_unstable();
         out
     }
+}
+
+/// What besides its tokens keys a stored block: the LoRA adapter that computed it and the
+/// engine's extra keys (multimodal inputs, salt). Blocks that differ in either chain apart.
+#[derive(Debug, Clone, Copy)]
+struct BlockKeys<'a> {
+    lora_name: Option<&'a str>,
+    extra: Option<&'a [u64]>,
 }

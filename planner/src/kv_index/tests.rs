@@ -33,6 +33,7 @@ fn stored(parent: Option<u64>, blocks: Blocks, tier: Tier) -> KvEvent {
         tokens: blocks.tokens,
         tier,
         lora_name: None,
+        extra_keys: None,
     }
 }
 

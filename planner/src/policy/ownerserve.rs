@@ -17,7 +17,11 @@ use crate::spec::{GpuSpec, ModelSpec, SpecError};
 /// What the planner prices plans with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OwnerServeConfig {
+    /// The model every request is priced as unless `models` names its served model.
     pub model: ModelSpec,
+    /// Specs per served model name (the request's `model`), for fleets serving several
+    /// models or a model that is not the default.
+    pub models: BTreeMap<String, ModelSpec>,
     /// Every worker's roofline unless overridden in `rooflines`.
     pub roofline: Roofline,
     /// Workers whose GPUs differ from the default.
@@ -34,6 +38,7 @@ impl OwnerServeConfig {
         let gpu = GpuSpec::preset(gpu)?;
         Ok(Self {
             model,
+            models: BTreeMap::new(),
             roofline: Roofline::new(&gpu, gpus.max(1), Efficiency::default()),
             rooflines: BTreeMap::new(),
             links: Links {
@@ -46,6 +51,11 @@ impl OwnerServeConfig {
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
         })
+    }
+
+    /// The spec a request for served model `served` is priced with.
+    pub fn model_for(&self, served: &str) -> &ModelSpec {
+        self.models.get(served).unwrap_or(&self.model)
     }
 
     /// The roofline of `worker`.
@@ -75,7 +85,7 @@ impl OwnerServe {
     }
 
     /// The planner's view of `w`: its roofline, calibration, queue and decode batch.
-    fn plan_worker(&self, w: &WorkerView, block_size: u32) -> PlanWorker {
+    fn plan_worker(&self, w: &WorkerView, model: &ModelSpec, block_size: u32) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
         // Prompt tokens sent there and not prefilled yet are the queue ahead of this step.
         let waiting = w.active_prefill_tokens;
@@ -87,7 +97,7 @@ impl OwnerServe {
                 prefill_attention_pairs: prefill_pairs(waiting, 0),
                 ..StepWork::default()
             };
-            roofline.step_time(&self.cfg.model, &work).total_s
+            roofline.step_time(model, &work).total_s
         };
         PlanWorker {
             id: w.id,
@@ -129,12 +139,13 @@ impl OwnerServe {
         exhaustive: bool,
     ) -> Result<Plan, PolicyError> {
         let block_size = req.block_size.max(1);
+        let model = self.cfg.model_for(req.model);
         let plan_workers: Vec<PlanWorker> = workers
             .iter()
-            .map(|w| self.plan_worker(w, block_size))
+            .map(|w| self.plan_worker(w, model, block_size))
             .collect();
         let input = PlanInput {
-            model: &self.cfg.model,
+            model,
             block_size,
             prompt_tokens: u64::from(req.prompt_tokens),
             decode_owner: req.decode_owner,

@@ -55,6 +55,10 @@ pub struct RouterSettings {
     /// `builtin` (the approximate tokenizer the simulated engine uses). Models not listed
     /// use `builtin`.
     pub tokenizers: std::collections::BTreeMap<String, String>,
+    /// Per served model name, the model spec the planner prices its requests with: a
+    /// preset name or a `.toml` spec. A model served under a preset's `served_name` is
+    /// priced with that preset; any other with `planner_model`, and a warning at startup.
+    pub models: std::collections::BTreeMap<String, String>,
     /// Tokens per KV block of the router's index; it must be the engines'. Unset: learned
     /// from the engines at startup (vLLM's `cache_config_info`, SGLang's `page_size`), and
     /// 16 if none reports one. A worker's own `kv_block_size` overrides it for that worker.
@@ -182,6 +186,7 @@ impl Default for RouterSettings {
             max_body_bytes: 32 * 1024 * 1024,
             prompt_cache_mb: 256,
             tokenizers: std::collections::BTreeMap::new(),
+            models: std::collections::BTreeMap::new(),
             kv_block_size: None,
             kv_index_max_blocks: 1 << 20,
             kv_approx_ttl_s: 120,

@@ -179,3 +179,42 @@ fn the_vllm_example_config_parses() {
     assert_eq!(file.router.tokenizers["tiny"], "/tmp/vllm-tiny-llama");
     assert_eq!(file.workers.len(), 2);
 }
+
+#[test]
+fn each_served_model_is_priced_with_its_own_spec() {
+    let one = || {
+        vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Vllm,
+        )]
+    };
+    let tiny = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configs/models/tiny-llama-cpu.toml"
+    );
+    let settings = RouterSettings {
+        planner_model: "qwen3-30b-a3b".into(),
+        models: [
+            ("tiny".to_owned(), tiny.to_owned()),
+            ("my-llama".to_owned(), "llama-3.1-8b".to_owned()),
+        ]
+        .into(),
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&settings, one()).unwrap();
+    let priced = |served: &str| cfg.planner.model_for(served).name.clone();
+    assert_eq!(priced("tiny"), "tiny-llama-cpu");
+    assert_eq!(priced("my-llama"), "Llama-3.1-8B");
+    // A preset's own served name needs no entry.
+    assert_eq!(priced("deepseek-ai/DeepSeek-V3"), "DeepSeek-V3");
+    // Anything else: router.planner_model (and a warning at startup).
+    assert_eq!(priced("something-else"), "Qwen3-30B-A3B");
+    let bad = RouterSettings {
+        models: [("tiny".to_owned(), "no-such-preset".to_owned())].into(),
+        ..RouterSettings::default()
+    };
+    let err = RouterConfig::validate(&bad, one()).unwrap_err().to_string();
+    assert!(err.starts_with("router.models.tiny: "), "{err}");
+}

@@ -61,6 +61,24 @@ pub struct RouterConfig {
     pub session_lease: GapLease,
 }
 
+/// The spec of each served model: every preset under its `served_name`, then
+/// `router.models` (a preset name or a `.toml` file per served name) over them.
+fn served_model_specs(
+    s: &RouterSettings,
+) -> Result<std::collections::BTreeMap<String, ModelSpec>, ConfigError> {
+    let mut models: std::collections::BTreeMap<String, ModelSpec> = ModelSpec::presets()
+        .map_err(|e| ConfigError::router("planner_model", e))?
+        .into_iter()
+        .map(|m| (m.served_name.clone(), m))
+        .collect();
+    for (served, spec) in &s.models {
+        let m = load(spec, ModelSpec::preset, ModelSpec::from_toml)
+            .map_err(|e| ConfigError::invalid("router", format!("models.{served}"), e))?;
+        models.insert(served.clone(), m);
+    }
+    Ok(models)
+}
+
 /// Builds the cost planner's figures for `workers` (indexed as the registry numbers them).
 fn planner_setup(
     s: &RouterSettings,
@@ -68,6 +86,7 @@ fn planner_setup(
 ) -> Result<OwnerServeConfig, ConfigError> {
     let model = load(&s.planner_model, ModelSpec::preset, ModelSpec::from_toml)
         .map_err(|e| ConfigError::router("planner_model", e))?;
+    let models = served_model_specs(s)?;
     let gpu = load(&s.planner_gpu, GpuSpec::preset, GpuSpec::from_toml)
         .map_err(|e| ConfigError::router("planner_gpu", e))?;
     let link_gbs = s.planner_link_gbs.unwrap_or(gpu.link_gbs);
@@ -133,6 +152,7 @@ fn planner_setup(
         roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
         rooflines,
         model,
+        models,
         links: Links {
             default: Link {
                 bytes_per_s: link_gbs * 1e9,

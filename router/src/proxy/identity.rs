@@ -12,7 +12,9 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, HeaderValue};
 
 use bytes::Bytes;
-use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
+use ownerserve_planner::hash::{
+    block_seed, prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED,
+};
 use ownerserve_planner::tokenized::Tokenized;
 
 use ownerserve_shim::hf_tokenizer::{HfTokenizer, HfTokenizerError};
@@ -22,7 +24,7 @@ use crate::config::ModelTokenizer;
 use crate::error::ApiError;
 use crate::headers;
 use crate::prompt_cache::PromptCache;
-use crate::registry::Registry;
+use crate::registry::{Registry, ServedModel};
 use crate::upstream::EngineCalls;
 
 /// Prompts with more text than this are tokenized and hashed on the blocking pool, so a
@@ -133,7 +135,7 @@ impl PromptHasher {
             return Ok(None);
         };
         let kept = self.kept(&parsed.model, session, hashing);
-        let hashes = hashes_of(kept.prev.as_deref(), &tokens, self.block_size);
+        let hashes = hashes_of(kept.prev.as_deref(), &tokens, self.block_size, kept.seed);
         let hashed = Arc::new(HashedPrompt {
             tokenized: Tokenized::from_tokens(tokens),
             hashes,
@@ -200,7 +202,7 @@ impl PromptHasher {
         hashing: Hashing,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
         let input = model_input(tokenizer, parsed)?;
-        let Kept { key, prev } = self.kept(&parsed.model, session, hashing);
+        let Kept { key, prev, seed } = self.kept(&parsed.model, session, hashing);
         let keep = key.is_some();
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
         let size = match &input {
@@ -219,7 +221,7 @@ impl PromptHasher {
             if keep {
                 tokenized.shrink_to_fit();
             }
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size);
+            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
         let hashed = offload(size, work)
@@ -238,7 +240,7 @@ impl PromptHasher {
         session: Option<&str>,
         hashing: Hashing,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
-        let Kept { key, prev } = self.kept(model, session, hashing);
+        let Kept { key, prev, seed } = self.kept(model, session, hashing);
         let keep = key.is_some();
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
@@ -252,7 +254,7 @@ impl PromptHasher {
             } else {
                 Tokenized::from_tokens(prompt.into_tokens())
             };
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size);
+            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
             HashedPrompt { tokenized, hashes }
         };
         let hashed = Arc::new(offload(prompt_len, work).await?);
@@ -269,7 +271,34 @@ impl PromptHasher {
         Kept {
             key: key.filter(|_| hashing == Hashing::Keep),
             prev,
+            seed: self.seed_of(model),
         }
+    }
+
+    /// The hash seed of `model`'s blocks: a LoRA adapter's KV is its own (the engine keys
+    /// its blocks by the adapter's name, and the index chains them apart), so its blocks
+    /// never match the base model's.
+    fn seed_of(&self, model: &str) -> u64 {
+        let lora = self
+            .engines
+            .as_ref()
+            .and_then(|e| e.registry.served(model))
+            .is_some_and(|m| m.parent.is_some());
+        if lora {
+            block_seed(Some(model), None)
+        } else {
+            XXH3_SEED
+        }
+    }
+
+    /// The tokenizer of `model`: its own entry, else its base model's (a LoRA adapter
+    /// tokenizes as its base).
+    fn tokenizer_of(&self, model: &str, served: Option<&ServedModel>) -> Option<&ModelTokenizer> {
+        self.tokenizers.get(model).or_else(|| {
+            served
+                .and_then(|m| m.parent.as_deref())
+                .and_then(|p| self.tokenizers.get(p))
+        })
     }
 
     /// Keeps `hashed` as the session's last prompt, under a key from [`Self::kept`].
@@ -284,13 +313,20 @@ impl PromptHasher {
 struct Kept {
     key: Option<String>,
     prev: Option<Arc<HashedPrompt>>,
+    /// The model's hash seed ([`PromptHasher::seed_of`]).
+    seed: u64,
 }
 
 /// Block hashes of `tokens`, reusing those of the previous prompt where they agree.
-fn hashes_of(prev: Option<&HashedPrompt>, tokens: &[u32], block_size: usize) -> Vec<u64> {
+fn hashes_of(
+    prev: Option<&HashedPrompt>,
+    tokens: &[u32],
+    block_size: usize,
+    seed: u64,
+) -> Vec<u64> {
     match prev {
-        Some(prev) => prompt_hashes_after(prev, tokens, block_size, XXH3_SEED),
-        None => prompt_hashes(tokens, block_size, XXH3_SEED),
+        Some(prev) => prompt_hashes_after(prev, tokens, block_size, seed),
+        None => prompt_hashes(tokens, block_size, seed),
     }
 }
 
@@ -346,7 +382,11 @@ pub async fn identify<'a>(
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
         .flatten();
-    let by_model = match (hashing, hasher.tokenizers.get(parsed.model.as_ref())) {
+    let served = hasher
+        .engines
+        .as_ref()
+        .and_then(|e| e.registry.served(&parsed.model));
+    let by_model = match (hashing, hasher.tokenizer_of(&parsed.model, served.as_ref())) {
         (Hashing::Skip, _) => Some(Arc::default()),
         (hashing, Some(ModelTokenizer::Own(t))) => {
             Some(hasher.hash_with(t, parsed, session, hashing).await?)
@@ -357,6 +397,9 @@ pub async fn identify<'a>(
         (_, None) => None,
     };
     // The built-in tokenizer: for models without their own, and when no engine answers.
+    // Token ids are exact whichever tokenizer there is.
+    let exact = by_model.is_some()
+        || matches!(&parsed.prompt, Prompt::Completion(p) if matches!(p.first(), Some(PromptInput::Tokens(_))));
     let prompt = match by_model {
         Some(prompt) => prompt,
         None => match parsed.rendered_prompts().into_iter().next() {
@@ -364,6 +407,15 @@ pub async fn identify<'a>(
             None => Arc::default(),
         },
     };
+    if let Some(limit) = served.and_then(|m| m.max_model_len).filter(|_| exact) {
+        let (tokens, completion) = (
+            prompt.tokenized.tokens.len(),
+            parsed.sampling.max_tokens.unwrap_or(1),
+        );
+        if tokens + completion as usize > limit as usize {
+            return Err(RequestError::context_length(limit, tokens, completion).into());
+        }
+    }
     Ok(Identity {
         session,
         fork: fork.is_some(),
@@ -573,6 +625,117 @@ mod tests {
         assert_eq!(sent["messages"][0]["content"], "hi");
         assert_eq!(sent["tools"][0]["type"], "function");
         assert_eq!(sent["add_generation_prompt"], true);
+    }
+
+    /// A hasher with the tiny model's own tokenizer for `tiny`, in front of one healthy
+    /// worker serving `tiny` (context 64) and its LoRA adapter `tiny-lora`.
+    fn hasher_for_lora_and_limits() -> PromptHasher {
+        use crate::config::WorkerSpec;
+        use crate::registry::ServedModel;
+        use ownerserve_planner::ids::{EngineKind, Role};
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../workers-shim/tests/fixtures/tokenizers/local"
+        );
+        let own = ModelTokenizer::Own(Arc::new(
+            HfTokenizer::from_dir(std::path::Path::new(dir)).unwrap(),
+        ));
+        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
+            "e",
+            "http://127.0.0.1:1",
+            Role::Hybrid,
+            EngineKind::Vllm,
+        )]));
+        registry.all()[0].mark_healthy(vec![
+            ServedModel {
+                max_model_len: Some(64),
+                ..ServedModel::from("tiny")
+            },
+            ServedModel {
+                parent: Some("tiny".into()),
+                ..ServedModel::from("tiny-lora")
+            },
+        ]);
+        let engines = Engines {
+            calls: Arc::new(TokenizingEngine(std::sync::Mutex::default())),
+            registry,
+        };
+        PromptHasher::new(
+            16,
+            1 << 20,
+            [("tiny".to_owned(), own)].into(),
+            Some(engines),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_lora_adapter_tokenizes_as_its_base_and_hashes_its_own_chain() {
+        let hasher = hasher_for_lora_and_limits();
+        let text = "def route(request): return the worker that holds the prefix ".repeat(3);
+        let (h, rid) = (headers(&[]), HeaderValue::from_static("r1"));
+        let mut ids = Vec::new();
+        for model in ["tiny", "tiny-lora"] {
+            let body = serde_json::to_vec(&serde_json::json!({
+                "model": model, "max_tokens": 1, "messages": [{"role": "user", "content": text}]
+            }))
+            .unwrap();
+            let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+            ids.push(
+                identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+                    .await
+                    .unwrap()
+                    .prompt,
+            );
+        }
+        let (base, lora) = (&ids[0], &ids[1]);
+        assert_eq!(
+            base.tokenized.tokens, lora.tokenized.tokens,
+            "the base's tokenizer"
+        );
+        assert!(!base.hashes.is_empty());
+        assert_eq!(
+            base.hashes,
+            prompt_hashes(&base.tokenized.tokens, 16, XXH3_SEED)
+        );
+        // The index chains an engine's blocks computed with the adapter under this seed.
+        let seed = block_seed(Some("tiny-lora"), None);
+        assert_eq!(lora.hashes, prompt_hashes(&lora.tokenized.tokens, 16, seed));
+        assert!(base.hashes.iter().all(|h| !lora.hashes.contains(h)));
+    }
+
+    #[tokio::test]
+    async fn a_prompt_over_the_engines_context_is_refused_before_any_engine_sees_it() {
+        let hasher = hasher_for_lora_and_limits();
+        let (h, rid) = (headers(&[]), HeaderValue::from_static("r1"));
+        let run = |body: serde_json::Value, endpoint| {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let hasher = &hasher;
+            let (h, rid) = (&h, &rid);
+            async move {
+                let parsed = parse(&bytes, endpoint).unwrap();
+                identify(hasher, h, &parsed, rid, Hashing::Keep)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        };
+        // Token ids are exact with any tokenizer: 60 + 4 fits in 64, 60 + 5 does not.
+        let ids = |n: u32| (0..n).collect::<Vec<u32>>();
+        let fits = serde_json::json!({"model": "tiny", "prompt": ids(60), "max_tokens": 4});
+        assert_eq!(run(fits, Endpoint::Completions).await, Ok(()));
+        let over = serde_json::json!({"model": "tiny", "prompt": ids(60), "max_tokens": 5});
+        assert_eq!(
+            run(over, Endpoint::Completions).await,
+            Err("This model's maximum context length is 64 tokens. However, you requested 65 tokens (60 in the messages, 5 in the completion). Please reduce the length of the messages or completion.".into())
+        );
+        // Chat with the model's own tokenizer: exact too.
+        let long = "word ".repeat(200);
+        let chat =
+            serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": long}]});
+        assert!(run(chat, Endpoint::ChatCompletions)
+            .await
+            .unwrap_err()
+            .contains("maximum context length is 64"));
     }
 
     #[tokio::test]

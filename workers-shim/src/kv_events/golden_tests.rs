@@ -34,6 +34,7 @@ fn stored(
         token_ids: tokens,
         block_size: 4,
         lora_name: None,
+        extra_keys: None,
         medium: medium.map(str::to_owned),
         group_idx: None,
         kv_cache_spec_kind: None,
@@ -82,6 +83,7 @@ fn vllm_trailing_fields_lora_and_groups_are_read() {
             token_ids: (9..=12).collect(),
             block_size: 4,
             lora_name: Some("my-lora".into()),
+            extra_keys: None,
             medium: Some("GPU".into()),
             group_idx: Some(0),
             kv_cache_spec_kind: Some("full_attention".into()),
@@ -240,4 +242,50 @@ fn normalize_cuts_tokens_into_blocks_and_checks_sizes() {
     assert_eq!(block_ids, vec![H0, H1]);
     assert_eq!(tokens, (1..=8).collect::<Vec<u32>>());
     assert!(normalize(b.events[0].clone(), 16).is_err());
+}
+
+#[test]
+fn blocks_with_multimodal_extra_keys_chain_apart_from_text_and_from_each_other() {
+    use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+    use ownerserve_planner::ids::WorkerId;
+    use ownerserve_planner::kv_index::{KvIndex, KvIndexConfig};
+    let event = |payload: &[u8]| {
+        let ev = decode_batch(payload).unwrap().events.remove(0);
+        normalize(ev, 4).unwrap().unwrap()
+    };
+    let (a, b) = (
+        event(fixture!("vllm_map_stored_image_a")),
+        event(fixture!("vllm_map_stored_image_b")),
+    );
+    let KvEvent::Stored { extra_keys, .. } = &a else {
+        panic!("{a:?}")
+    };
+    let keys = extra_keys.as_ref().unwrap();
+    assert_eq!(keys[0], 0, "the first block has none");
+    assert_ne!(keys[1], 0);
+    let text = normalize(
+        decode_batch(fixture!("vllm_map_stored"))
+            .unwrap()
+            .events
+            .remove(0),
+        4,
+    )
+    .unwrap()
+    .unwrap();
+    let mut index = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        ..KvIndexConfig::default()
+    });
+    for (w, ev) in [(0, &a), (1, &b), (2, &text)] {
+        index.apply(WorkerId(w), ev).unwrap();
+    }
+    // A text prompt of the same token ids: all of it on the text worker, only the block
+    // before the image on the others.
+    let tokens: Vec<u32> = (1..=8).collect();
+    let mut got = index.find_matches_linear(&prompt_hashes(&tokens, 4, XXH3_SEED));
+    got.sort_by_key(|m| m.worker);
+    let gpu: Vec<(u32, u32)> = got.iter().map(|m| (m.worker.0, m.gpu_blocks)).collect();
+    assert_eq!(gpu, [(0, 1), (1, 1), (2, 2)]);
+    // Three distinct second blocks: image a, image b, text.
+    assert_eq!(index.len(), 4);
 }

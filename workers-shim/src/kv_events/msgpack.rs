@@ -156,6 +156,18 @@ impl<'a> Reader<'a> {
 
     /// Skips one whole value, containers included (iteratively: deep nesting cannot
     /// overflow the stack, and lengths are bounded by the input).
+    /// Whether the next value is nil (without reading it).
+    pub fn peek_nil(&self) -> bool {
+        self.buf.first() == Some(&0xc0)
+    }
+
+    /// The bytes of the next value, skipped.
+    pub fn raw(&mut self) -> Result<&'a [u8], MsgpackError> {
+        let before = self.buf;
+        self.skip()?;
+        Ok(&before[..before.len() - self.buf.len()])
+    }
+
     pub fn skip(&mut self) -> Result<(), MsgpackError> {
         let mut pending: usize = 1;
         while pending > 0 {

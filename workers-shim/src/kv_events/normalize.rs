@@ -14,6 +14,8 @@ pub enum NormalizeError {
         blocks: usize,
         block_size: u32,
     },
+    #[error("BlockStored has extra_keys for {keys} blocks but {blocks} blocks")]
+    ExtraKeys { keys: usize, blocks: usize },
     #[error("engine block size {engine} differs from the router's {router}")]
     BlockSize { engine: u32, router: usize },
 }
@@ -28,6 +30,7 @@ pub fn normalize(ev: WireEvent, block_size: usize) -> Result<Option<KvEvent>, No
             token_ids,
             block_size: engine_bs,
             lora_name,
+            extra_keys,
             medium,
             kv_cache_spec_kind,
             ..
@@ -48,12 +51,22 @@ pub fn normalize(ev: WireEvent, block_size: usize) -> Result<Option<KvEvent>, No
                     block_size: engine_bs,
                 });
             }
+            if let Some(keys) = extra_keys
+                .as_ref()
+                .filter(|k| k.len() != block_hashes.len())
+            {
+                return Err(NormalizeError::ExtraKeys {
+                    keys: keys.len(),
+                    blocks: block_hashes.len(),
+                });
+            }
             KvEvent::Stored {
                 parent: parent_block_hash,
                 block_ids: block_hashes,
                 tokens: token_ids,
                 tier: Tier::from_medium(medium.as_deref()),
                 lora_name,
+                extra_keys,
             }
         }
         WireEvent::BlockRemoved {

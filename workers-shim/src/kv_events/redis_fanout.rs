@@ -210,6 +210,7 @@ mod tests {
                     tokens: vec![1, 2],
                     tier: Tier::Cpu,
                     lora_name: None,
+                    extra_keys: None,
                 },
                 KvEvent::Removed {
                     block_ids: vec![9],

@@ -22,6 +22,9 @@ pub enum WireEvent {
         token_ids: Vec<u32>,
         block_size: u32,
         lora_name: Option<String>,
+        /// Per block, a fingerprint of its `extra_keys` entry (0: none); `None` when the
+        /// event has none at all.
+        extra_keys: Option<Vec<u64>>,
         medium: Option<String>,
         group_idx: Option<i64>,
         kv_cache_spec_kind: Option<String>,
@@ -239,7 +242,7 @@ fn positional_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeErr
             field!(r.skip()?, ()); // lora_id (deprecated)
             let medium = field!(opt_str(r)?, None);
             let lora_name = field!(opt_str(r)?, None);
-            field!(r.skip()?, ()); // extra_keys
+            let extra_keys = field!(extra_keys(r)?, None);
             let group_idx = field!(opt_i64(r)?, None);
             let kv_cache_spec_kind = field!(opt_str(r)?, None);
             WireEvent::BlockStored {
@@ -248,6 +251,7 @@ fn positional_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeErr
                 token_ids,
                 block_size,
                 lora_name,
+                extra_keys,
                 medium,
                 group_idx,
                 kv_cache_spec_kind,
@@ -279,6 +283,7 @@ fn map_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
     let mut token_ids = Vec::new();
     let mut block_size = 0;
     let mut lora_name = None;
+    let mut extra = None;
     let mut medium = None;
     let mut group_idx = None;
     let mut kind = None;
@@ -292,6 +297,7 @@ fn map_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
                 block_size = r.opt_int()?.map_or(0, |i| i.as_u64_bits() as u32)
             }
             Value::Str("lora_name") => lora_name = opt_str(r)?,
+            Value::Str("extra_keys") => extra = extra_keys(r)?,
             Value::Str("medium") => medium = opt_str(r)?,
             Value::Str("group_idx") => group_idx = opt_i64(r)?,
             Value::Str("kv_cache_spec_kind") => kind = opt_str(r)?,
@@ -305,6 +311,7 @@ fn map_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
             token_ids,
             block_size,
             lora_name,
+            extra_keys: extra,
             medium,
             group_idx,
             kv_cache_spec_kind: kind,
@@ -318,6 +325,27 @@ fn map_event(r: &mut Reader<'_>, n: usize) -> Result<WireEvent, DecodeError> {
         Some(other) => WireEvent::Unknown(other.to_owned()),
         None => return Err(DecodeError::Shape("event: no \"type\"")),
     })
+}
+
+/// `extra_keys`: nil, or per block nil or the keys (a tuple of multimodal hashes, a cache
+/// salt, ...), each fingerprinted by its msgpack bytes. All-nil is none.
+fn extra_keys(r: &mut Reader<'_>) -> Result<Option<Vec<u64>>, DecodeError> {
+    if r.peek_nil() {
+        r.skip()?;
+        return Ok(None);
+    }
+    let n = r.array()?;
+    let mut out = Vec::with_capacity(n.min(4096));
+    for _ in 0..n {
+        out.push(if r.peek_nil() {
+            r.skip()?;
+            0
+        } else {
+            // Never 0, which means "none".
+            xxhash_rust::xxh3::xxh3_64(r.raw()?).max(1)
+        });
+    }
+    Ok(out.iter().any(|&k| k != 0).then_some(out))
 }
 
 /// How events are laid out on the wire (the outer batch is always positional).

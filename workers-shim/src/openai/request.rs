@@ -45,6 +45,19 @@ impl RequestError {
         }
     }
 
+    /// The prompt and the tokens asked for exceed the model's context (vLLM's own message
+    /// and OpenAI's code), found before any engine spends work on it.
+    pub fn context_length(limit: u32, prompt: usize, completion: u32) -> Self {
+        Self {
+            message: format!(
+                "This model's maximum context length is {limit} tokens. However, you requested {} tokens ({prompt} in the messages, {completion} in the completion). Please reduce the length of the messages or completion.",
+                prompt + completion as usize
+            ),
+            param: Some("messages".into()),
+            code: "context_length_exceeded",
+        }
+    }
+
     /// The model's chat template refused the conversation (`raise_exception`), or it
     /// cannot be rendered: the engine would refuse it too.
     pub fn chat_template(message: impl Into<String>) -> Self {

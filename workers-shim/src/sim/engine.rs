@@ -421,6 +421,7 @@ impl Actor {
                     token_ids: tokens,
                     block_size: self.block_size,
                     lora_name: None,
+                    extra_keys: None,
                     medium: Some("GPU".to_owned()),
                     group_idx: None,
                     kv_cache_spec_kind: None,
