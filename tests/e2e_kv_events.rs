@@ -206,3 +206,71 @@ fn matched_blocks(index: &SharedIndex, text: &str) -> u32 {
         .find_matches(&hashes, &mut Default::default(), &mut out);
     out.first().map_or(0, |m| m.gpu_blocks)
 }
+
+/// The router's count of `worker`'s blocks in its KV index.
+async fn router_blocks(router: &str) -> u64 {
+    let kv = common::get_json(&format!("{router}/admin/v1/kv")).await;
+    kv["workers"][0]["blocks"].as_u64().unwrap()
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a process.
+fn signal(p: &Proc, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &p.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[tokio::test]
+async fn a_worker_marked_down_leaves_the_index_and_its_blocks_return_by_replay() {
+    let (w, events, replay) = Proc::sim_worker_with_events(&["--instant"]);
+    let cfg = common::temp_config(
+        "down-and-back.toml",
+        "[router]\nhealth_interval_ms = 200\nhealth_timeout_ms = 300\nhealth_failure_threshold = 1\n",
+    );
+    let worker = format!("{},kv_events={events},kv_replay={replay}", w.url);
+    let router = Proc::router(&[worker], &["--config", &cfg]);
+    for i in 0..3 {
+        send(&router.url, &prompt(i)).await;
+    }
+    let url = router.url.clone();
+    eventually(
+        Duration::from_secs(10),
+        "the prompts' blocks indexed",
+        || {
+            let url = url.clone();
+            async move { router_blocks(&url).await > 60 }
+        },
+    )
+    .await;
+    let held = router_blocks(&router.url).await;
+
+    // The engine stops answering (SIGSTOP: a hung host, cache intact): marked down, its
+    // blocks leave the index, so nothing is routed to KV no one can reach.
+    signal(&w, "-STOP");
+    eventually(
+        Duration::from_secs(10),
+        "the down worker's blocks dropped",
+        || {
+            let url = url.clone();
+            async move { router_blocks(&url).await == 0 }
+        },
+    )
+    .await;
+    // Back: the subscriber replays the engine's history and the same blocks return.
+    signal(&w, "-CONT");
+    eventually(Duration::from_secs(15), "the blocks back by replay", || {
+        let url = url.clone();
+        async move { router_blocks(&url).await == held }
+    })
+    .await;
+    let kv = common::get_json(&format!("{}/admin/v1/kv", router.url)).await;
+    assert!(
+        kv["workers"][0]["events"]["replayed_batches"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{kv}"
+    );
+}
