@@ -395,6 +395,31 @@ async fn the_admin_api_needs_a_token_and_a_generated_one_is_printed() {
             .status(),
         200
     );
+    // The scheme is case-insensitive (it was a 401).
+    let lower = c
+        .get(&url)
+        .header("authorization", format!("bearer {}", common::READ_TOKEN))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lower.status(), 200);
+    // The explain API is a dry run: the read token may call it (it was a 403); a drain
+    // still needs the admin token.
+    let explain = c
+        .post(format!("{}/admin/v1/plan/explain", stack.url))
+        .bearer_auth(common::READ_TOKEN)
+        .json(&common::chat_body("hi", 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(explain.status(), 200);
+    let drain = c
+        .post(format!("{}/admin/v1/workers/decode-0/drain", stack.url))
+        .bearer_auth(common::READ_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drain.status(), 403);
     drop(stack);
 
     // Without any configured token, `up` generates one, prints it, and it works.

@@ -118,15 +118,23 @@ fn constant_time_eq(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Middleware: GET and HEAD need the read scope, everything else the admin scope.
+/// The token of an `Authorization: Bearer <token>` header; the scheme is
+/// case-insensitive (RFC 9110 §11.1), so `bearer` and `BEARER` work too.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Paths that only read though they are POSTed (a dry run): the read scope may call them.
+const READ_ONLY_POSTS: &[&str] = &["/admin/v1/plan/explain"];
+
+/// Middleware: GET and HEAD (and the read-only POSTs) need the read scope, everything
+/// else the admin scope.
 pub async fn require(State(tokens): State<Arc<Tokens>>, req: Request, next: Next) -> Response {
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let write = !matches!(*req.method(), Method::GET | Method::HEAD);
+    let presented = bearer_token(req.headers());
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD)
+        && !READ_ONLY_POSTS.contains(&req.uri().path());
     match tokens.check(presented, write) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),
@@ -136,6 +144,20 @@ pub async fn require(State(tokens): State<Arc<Tokens>>, req: Request, next: Next
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let with = |v: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().unwrap());
+            bearer_token(&h).map(str::to_owned)
+        };
+        assert_eq!(with("Bearer abc").as_deref(), Some("abc"));
+        assert_eq!(with("bearer abc").as_deref(), Some("abc"));
+        assert_eq!(with("BEARER  abc ").as_deref(), Some("abc"));
+        assert_eq!(with("Basic abc"), None);
+        assert_eq!(with("Bearerabc"), None);
+    }
 
     #[test]
     fn scopes_are_enforced() {

@@ -60,12 +60,18 @@ impl KvRouting {
         self.block_size
     }
 
-    /// Fills each candidate's `cached_blocks` from the index.
+    /// Fills each candidate's `cached_blocks` from the index, and marks the deepest block
+    /// matched as used (its chain is evicted last).
     pub fn fill_cached(&self, hashes: &[u64], candidates: &mut [WorkerView]) {
         let mut matches = Vec::new();
-        self.index
-            .lock()
-            .find_matches(hashes, &mut MatchScratch::default(), &mut matches);
+        {
+            let mut ix = self.index.lock();
+            ix.find_matches(hashes, &mut MatchScratch::default(), &mut matches);
+            let depth = matches.iter().map(|m| m.any_blocks).max().unwrap_or(0) as usize;
+            if let Some(&deepest) = depth.checked_sub(1).and_then(|d| hashes.get(d)) {
+                ix.touch(deepest);
+            }
+        }
         for c in candidates {
             c.cached_blocks = matches
                 .iter()

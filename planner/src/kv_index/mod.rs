@@ -16,7 +16,7 @@ mod matching;
 #[cfg(test)]
 mod tests;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 
 use fast_hash::FastMap;
 
@@ -35,19 +35,17 @@ pub const EXPIRY_GRAIN_MS: u64 = 1000;
 pub struct KvIndexConfig {
     /// Tokens per block; events with another block size are refused.
     pub block_size: usize,
-    /// Most blocks kept; beyond it the least recently used leaves are pruned.
+    /// Most blocks kept; each insert beyond it evicts the least recently used leaves,
+    /// as many as it added, so no operation prunes more than it touched.
     pub max_blocks: usize,
-    /// Pruning stops at `max_blocks × prune_target_ratio`.
-    pub prune_target_ratio: f64,
 }
 
 impl Default for KvIndexConfig {
     fn default() -> Self {
-        // Dynamo's defaults: 2^20 blocks, prune to 80 %.
+        // Dynamo's default size, 2^20 blocks.
         Self {
             block_size: 16,
             max_blocks: 1 << 20,
-            prune_target_ratio: 0.8,
         }
     }
 }
@@ -162,6 +160,10 @@ pub struct KvIndex {
     engine_ids: FastMap<WorkerId, FastMap<u64, u64>>,
     /// Approximate-mode expiries in insertion order (non-decreasing with a fixed TTL).
     expiries: VecDeque<(u64, WorkerId, u64)>,
+    /// `(last_used, seq)` of every node without children: the eviction order. Only a leaf
+    /// can go without breaking a chain, and a chain is as recent as its leaf (a match
+    /// touches the deepest block it reached), so popping the first is LRU by chain.
+    leaves: BTreeSet<(u64, u64)>,
     tick: u64,
     stats: IndexStats,
 }
@@ -177,6 +179,7 @@ impl KvIndex {
             nodes: FastMap::default(),
             engine_ids: FastMap::default(),
             expiries: VecDeque::new(),
+            leaves: BTreeSet::new(),
             tick: 0,
             stats: IndexStats::default(),
         }
@@ -311,6 +314,10 @@ impl KvIndex {
             parent,
             ..Node::default()
         });
+        if node.children.is_empty() {
+            self.leaves.remove(&(node.last_used, seq));
+            self.leaves.insert((tick, seq));
+        }
         node.last_used = tick;
         let previous = match node
             .holders
@@ -333,8 +340,11 @@ impl KvIndex {
             }
         };
         if fresh {
-            if let Some(p) = parent.and_then(|p| self.nodes.get_mut(&p)) {
-                p.children.push(seq);
+            if let Some((p, pn)) = parent.and_then(|p| Some(p).zip(self.nodes.get_mut(&p))) {
+                if pn.children.is_empty() {
+                    self.leaves.remove(&(pn.last_used, p));
+                }
+                pn.children.push(seq);
             }
         }
         self.engine_ids
@@ -420,11 +430,15 @@ impl KvIndex {
             if !node.holders.is_empty() || !node.children.is_empty() {
                 return;
             }
-            let parent = node.parent;
+            let (parent, last_used) = (node.parent, node.last_used);
             self.nodes.remove(&seq);
+            self.leaves.remove(&(last_used, seq));
             let Some(p) = parent else { return };
             if let Some(pn) = self.nodes.get_mut(&p) {
                 pn.children.retain(|&c| c != seq);
+                if pn.children.is_empty() {
+                    self.leaves.insert((pn.last_used, p));
+                }
             }
             seq = p;
         }
@@ -473,6 +487,10 @@ impl KvIndex {
                 h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires)
             });
             if held {
+                if node.children.is_empty() {
+                    self.leaves.remove(&(node.last_used, last));
+                    self.leaves.insert((tick, last));
+                }
                 node.last_used = tick;
                 return;
             }
@@ -506,43 +524,43 @@ impl KvIndex {
         }
     }
 
+    /// Evicts least recently used chains, a leaf at a time, until the index is within
+    /// `max_blocks`: O(log n) per block evicted, so an insert evicts at most about as many
+    /// blocks as it added and never scans the index.
     fn prune_if_full(&mut self) {
-        if self.nodes.len() <= self.cfg.max_blocks {
-            return;
-        }
-        let target = (self.cfg.max_blocks as f64 * self.cfg.prune_target_ratio) as usize;
-        while self.nodes.len() > target {
-            let mut leaves: Vec<(u64, u64)> = self
-                .nodes
-                .iter()
-                .filter(|(_, n)| n.children.is_empty())
-                .map(|(&s, n)| (n.last_used, s))
-                .collect();
-            if leaves.is_empty() {
+        while self.nodes.len() > self.cfg.max_blocks {
+            let Some((_, seq)) = self.leaves.pop_first() else {
                 return;
-            }
-            leaves.sort_unstable();
-            let excess = self.nodes.len() - target;
-            for &(_, seq) in leaves.iter().take(excess) {
-                let holders: Vec<(WorkerId, u64)> = self.nodes[&seq]
-                    .holders
-                    .iter()
-                    .map(|h| (h.worker, h.engine_hash))
-                    .collect();
-                for (w, id) in holders {
-                    if let Some(ids) = self.engine_ids.get_mut(&w) {
-                        if ids.get(&id) == Some(&seq) {
-                            ids.remove(&id);
-                        }
+            };
+            let Some(node) = self.nodes.get_mut(&seq) else {
+                continue;
+            };
+            for h in std::mem::take(&mut node.holders) {
+                if let Some(ids) = self.engine_ids.get_mut(&h.worker) {
+                    if ids.get(&h.engine_hash) == Some(&seq) {
+                        ids.remove(&h.engine_hash);
                     }
                 }
-                if let Some(n) = self.nodes.get_mut(&seq) {
-                    n.holders.clear();
-                    n.recompute_prints();
-                }
-                self.gc(seq);
-                self.stats.blocks_pruned += 1;
             }
+            node.recompute_prints();
+            // Back in the set so `gc` finds and removes it with the node.
+            self.leaves.insert((node.last_used, seq));
+            self.gc(seq);
+            self.stats.blocks_pruned += 1;
+        }
+    }
+
+    /// Marks `seq` (the deepest block a request matched) as just used, so its chain is
+    /// the last to be evicted.
+    pub fn touch(&mut self, seq: u64) {
+        self.tick += 1;
+        let tick = self.tick;
+        if let Some(node) = self.nodes.get_mut(&seq) {
+            if node.children.is_empty() {
+                self.leaves.remove(&(node.last_used, seq));
+                self.leaves.insert((tick, seq));
+            }
+            node.last_used = tick;
         }
     }
 

@@ -1,3 +1,5 @@
+use std::collections::BTreeSet;
+
 use super::*;
 
 const W0: WorkerId = WorkerId(0);
@@ -216,7 +218,6 @@ fn size_is_bounded_by_pruning_least_recently_used_leaves() {
     let mut ix = KvIndex::new(KvIndexConfig {
         block_size: 4,
         max_blocks: 100,
-        prune_target_ratio: 0.8,
     });
     for chain in 0..30 {
         ix.apply(W0, &stored(None, blocks(chain, 0..5), Tier::Gpu))
@@ -324,4 +325,128 @@ fn gpu_replication_counts_one_copy_per_worker_and_ignores_other_tiers() {
         }
     );
     assert_eq!(ix.gpu_replication().duplicate_factor(), 1.5);
+}
+
+/// The eviction it replaces, written plainly: while over capacity, scan for the leaf with
+/// the oldest use and drop it.
+fn prune_by_scanning(ix: &mut KvIndex, max_blocks: usize) {
+    while ix.nodes.len() > max_blocks {
+        let Some((_, seq)) = ix
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.children.is_empty())
+            .map(|(&s, n)| (n.last_used, s))
+            .min()
+        else {
+            return;
+        };
+        let holders: Vec<_> = ix.nodes[&seq].holders.clone();
+        for h in holders {
+            if let Some(ids) = ix.engine_ids.get_mut(&h.worker) {
+                if ids.get(&h.engine_hash) == Some(&seq) {
+                    ids.remove(&h.engine_hash);
+                }
+            }
+        }
+        if let Some(n) = ix.nodes.get_mut(&seq) {
+            n.holders.clear();
+        }
+        ix.gc(seq);
+    }
+}
+
+/// The index's own bookkeeping holds: size within bounds, every child linked to its
+/// parent, and the eviction order holding exactly the leaves.
+fn assert_consistent(ix: &KvIndex, max_blocks: usize) {
+    assert!(ix.len() <= max_blocks);
+    let leaves: BTreeSet<(u64, u64)> = ix
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.children.is_empty())
+        .map(|(&s, n)| (n.last_used, s))
+        .collect();
+    assert_eq!(ix.leaves, leaves);
+    for (s, n) in &ix.nodes {
+        if let Some(p) = n.parent {
+            assert!(ix.nodes.get(&p).is_none_or(|pn| pn.children.contains(s)));
+        }
+    }
+}
+
+#[test]
+fn bounded_eviction_drops_what_scanning_for_the_oldest_leaf_drops() {
+    let seed: u64 = std::env::var("OWNERSERVE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261122);
+    const MAX: usize = 40;
+    for round in 0..60 {
+        let mut rng = Rng(seed + round);
+        let mut ix = KvIndex::new(KvIndexConfig {
+            block_size: 4,
+            max_blocks: MAX,
+        });
+        for step in 0..300 {
+            let w = WorkerId(rng.below(3) as u32);
+            let chain = rng.below(8) as u32;
+            // The model: the same history without a bound, then pruned by scanning.
+            let mut model = ix.clone();
+            model.cfg.max_blocks = usize::MAX;
+            let op = rng.below(10);
+            for x in [&mut ix, &mut model] {
+                match op {
+                    0..=6 => {
+                        let len = 1 + (chain + step) % 12;
+                        let _ = x.apply(w, &stored(None, blocks(chain, 0..len), Tier::Gpu));
+                    }
+                    7 | 8 => {
+                        let q = query(chain, 12);
+                        let mut out = Vec::new();
+                        x.find_matches(&q, &mut MatchScratch::default(), &mut out);
+                        let depth = out.iter().map(|m| m.any_blocks).max().unwrap_or(0);
+                        if depth > 0 {
+                            x.touch(q[depth as usize - 1]);
+                        }
+                    }
+                    _ => {
+                        let id = u64::from(chain * 1000) + u64::from(step % 12);
+                        x.apply(
+                            w,
+                            &KvEvent::Removed {
+                                block_ids: vec![id],
+                                tier: Tier::Gpu,
+                            },
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+            prune_by_scanning(&mut model, MAX);
+            assert_eq!(
+                ix.dump(),
+                model.dump(),
+                "OWNERSERVE_SEED={seed} round {round} step {step}"
+            );
+            assert_consistent(&ix, MAX);
+        }
+        assert!(ix.stats().blocks_pruned > 0);
+    }
+}
+
+#[test]
+fn pruning_a_full_index_of_long_chains_touches_only_what_it_evicts() {
+    // The reported stall: 100K-token prompts (6,250 blocks of 16) fill the index; every
+    // later prompt must evict about its own size, not rescan the index per chain level.
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        max_blocks: 50_000,
+    });
+    for chain in 0..40 {
+        ix.apply(W0, &stored(None, blocks(chain, 0..6_250), Tier::Gpu))
+            .unwrap();
+        assert!(ix.len() <= 50_000);
+    }
+    assert_eq!(ix.stats().blocks_pruned, 40 * 6_250 - 50_000);
+    // The newest chains survive whole. (The cost is measured by `ownerserve bench kv`.)
+    assert_eq!(matches(&ix, &query(39, 6_250)), vec![m(W0, 6_250, 6_250)]);
 }

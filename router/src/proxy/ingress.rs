@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
-use ownerserve_shim::openai::{self, Endpoint, ParsedRequest};
+use ownerserve_shim::openai::{self, Endpoint, ParsedRequest, RequestError};
 
 use crate::error::ApiError;
 use crate::registry::{ModelAvailability, Registry};
@@ -43,6 +43,11 @@ impl Admitted {
         registry: &Registry,
     ) -> Result<ParsedRequest<'_>, ApiError> {
         let parsed = openai::parse(&self.body, endpoint)?;
+        // Where an engine pulls KV from, or which bootstrap server it joins, is the
+        // router's decision: a client's value would steer the engine to any address.
+        if let Some(field) = parsed.engine_control {
+            return Err(RequestError::engine_control(field).into());
+        }
         check_model(registry, &parsed.model)?;
         Ok(parsed)
     }

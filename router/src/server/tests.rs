@@ -215,3 +215,47 @@ async fn the_sim_engine_tokenizes_as_it_counts_prompt_tokens() {
     tracker.close();
     tracker.wait().await;
 }
+
+#[tokio::test]
+async fn a_client_cannot_steer_an_engine_with_disaggregation_fields() {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let cfg = config(&RouterSettings::default(), worker);
+    let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    tracker.spawn(async move { served.await });
+    let http = reqwest::Client::new();
+    let model = SimSettings::default().build().unwrap().served_model_name;
+    // Before: the engine was told to pull KV from (or join a bootstrap server at) any
+    // address the client named.
+    let steering = [
+        (
+            "kv_transfer_params",
+            serde_json::json!({"do_remote_prefill": true, "remote_host": "10.9.9.9", "remote_port": 7777}),
+        ),
+        ("bootstrap_host", serde_json::json!("10.9.9.9")),
+        ("bootstrap_port", serde_json::json!(7777)),
+        ("bootstrap_room", serde_json::json!(1)),
+    ];
+    for (field, value) in steering {
+        let mut body = serde_json::json!({
+            "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2
+        });
+        body[field] = value;
+        let resp = http
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{field}");
+        let err: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["param"], field);
+    }
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}

@@ -58,6 +58,17 @@ impl RequestError {
         }
     }
 
+    /// A field only the router may set (see [`ParsedRequest::engine_control`]).
+    pub fn engine_control(field: &'static str) -> Self {
+        Self {
+            message: format!(
+                "'{field}' steers an engine's disaggregated serving and is set by the router alone; remove it"
+            ),
+            param: Some(field.into()),
+            code: "invalid_value",
+        }
+    }
+
     /// The model's chat template refused the conversation (`raise_exception`), or it
     /// cannot be rendered: the engine would refuse it too.
     pub fn chat_template(message: impl Into<String>) -> Self {
@@ -146,6 +157,10 @@ pub struct ParsedRequest<'a> {
     /// vLLM's KV-connector extension (`kv_transfer_params`), as raw JSON text: only an
     /// engine interprets it, and a JSON `null` counts as absent.
     pub kv_transfer_params: Option<&'a str>,
+    /// The first field present that steers an engine's disaggregated serving
+    /// (`kv_transfer_params`, SGLang's `bootstrap_host`/`_port`/`_room`): a router sets
+    /// these on its own legs and refuses them from clients.
+    pub engine_control: Option<&'static str>,
     /// What a model's own chat template renders: `messages` and `tools` as the client sent
     /// them (raw JSON; `tools` absent when null), and vLLM's `add_generation_prompt`
     /// (default true).
@@ -207,6 +222,12 @@ struct RawBody<'a> {
     metadata: Option<&'a RawValue>,
     #[serde(borrow, default)]
     kv_transfer_params: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    bootstrap_host: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    bootstrap_port: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    bootstrap_room: Option<&'a RawValue>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -328,6 +349,15 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
             .kv_transfer_params
             .map(RawValue::get)
             .filter(|v| *v != "null"),
+        engine_control: [
+            ("kv_transfer_params", raw.kv_transfer_params),
+            ("bootstrap_host", raw.bootstrap_host),
+            ("bootstrap_port", raw.bootstrap_port),
+            ("bootstrap_room", raw.bootstrap_room),
+        ]
+        .into_iter()
+        .find(|(_, v)| v.is_some())
+        .map(|(k, _)| k),
         template,
     })
 }
