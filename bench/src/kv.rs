@@ -163,7 +163,6 @@ pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
     let mut ix = KvIndex::new(KvIndexConfig {
         block_size: BLOCK,
         max_blocks: made * 2,
-        ..KvIndexConfig::default()
     });
     let full = {
         let t = Instant::now();

@@ -244,7 +244,6 @@ impl RouterConfig {
             kv_index: KvIndexConfig {
                 block_size: s.kv_block_size.unwrap_or(DEFAULT_KV_BLOCK_SIZE),
                 max_blocks: s.kv_index_max_blocks.max(1024),
-                ..KvIndexConfig::default()
             },
             kv_block_size: s.kv_block_size,
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
