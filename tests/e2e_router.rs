@@ -318,6 +318,54 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
 }
 
 #[tokio::test]
+async fn a_worker_going_silent_mid_stream_ends_the_stream_and_is_suspected() {
+    let w = Proc::sim_worker(&[]);
+    let cfg = temp_config(
+        "silent-worker.toml",
+        "[router]\nstream_idle_timeout_s = 1\nhealth_interval_ms = 60000\nhealth_failure_threshold = 1\n",
+    );
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
+    let mut body = chat_body("a long answer please", 2000);
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    // A hung host: the process stops without closing its sockets. Before, the client's
+    // stream hung forever (the timeout covered response headers only).
+    let stop = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &w.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok);
+    };
+    stop("-STOP");
+    let stopped = Instant::now();
+    let mut rest = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            rest.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await;
+    stop("-CONT");
+    assert!(read.is_ok(), "the stream hung after the worker went silent");
+    assert!(stopped.elapsed() < Duration::from_secs(5));
+    assert!(rest.contains("upstream_timeout"), "{rest}");
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    // The silence counted as a failed health check (threshold 1: marked down).
+    let workers = get_json(&format!("{}/admin/v1/workers", router.url)).await;
+    assert_eq!(workers["workers"][0]["healthy"], false, "{workers}");
+}
+
+#[tokio::test]
 async fn policy_is_chosen_by_flag_or_env_and_bad_names_fail_fast() {
     let stack = Proc::up(&["--instant", "true", "--policy", "least_loaded"]);
     assert_eq!(workers(&stack.url).await["policy"], "least_loaded");

@@ -45,6 +45,9 @@ pub struct RouterSettings {
     pub health_failure_threshold: u32,
     pub connect_timeout_ms: u64,
     pub request_timeout_s: u64,
+    /// Longest silence between two frames of a worker's streamed body; a silent worker's
+    /// stream ends with an error event and counts as a failed health check.
+    pub stream_idle_timeout_s: u64,
     pub max_body_bytes: usize,
     /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
     /// in all, so its next step hashes only the blocks it adds (0: keep none).
@@ -183,6 +186,7 @@ impl Default for RouterSettings {
             health_failure_threshold: 2,
             connect_timeout_ms: 1000,
             request_timeout_s: 600,
+            stream_idle_timeout_s: 60,
             max_body_bytes: 32 * 1024 * 1024,
             prompt_cache_mb: 256,
             tokenizers: std::collections::BTreeMap::new(),

@@ -32,6 +32,7 @@ pub struct RouterConfig {
     pub health_failure_threshold: u32,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    pub stream_idle_timeout: Duration,
     pub max_body_bytes: usize,
     pub prompt_cache_bytes: usize,
     /// Models not tokenized with the built-in tokenizer, and how they are.
@@ -236,6 +237,7 @@ impl RouterConfig {
             health_failure_threshold: s.health_failure_threshold,
             connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
+            stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
             tokenizers: load_tokenizers(s)?,

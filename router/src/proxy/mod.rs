@@ -156,8 +156,19 @@ impl Attempt<'_> {
             histogram: st.metrics.ttft(action),
             started: self.started,
         };
-        let mut relayed =
-            relay::relay(sent.response, worker, in_flight, activity, Some(first_byte));
+        let patience = relay::Patience {
+            first: st.cfg.request_timeout,
+            idle: st.cfg.stream_idle_timeout,
+            failure_threshold: st.cfg.health_failure_threshold,
+        };
+        let mut relayed = relay::relay(
+            sent.response,
+            worker,
+            in_flight,
+            activity,
+            Some(first_byte),
+            patience,
+        );
         relayed.extensions_mut().insert(Executed(action.name()));
         Ok(relayed)
     }

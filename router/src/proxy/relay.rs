@@ -3,8 +3,11 @@
 //! frame by frame; the relay holds the worker's in-flight count and the session's
 //! activity until the body is done, and times the first frame.
 
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, Response};
@@ -33,15 +36,31 @@ pub struct FirstByte {
     pub started: std::time::Instant,
 }
 
+/// How long a body may stay silent, and what a silent worker costs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Patience {
+    /// Longest wait for a body's first frame (a stream's first token comes after the
+    /// engine queued and prefilled the prompt).
+    pub first: Duration,
+    /// Longest gap between two frames after that.
+    pub idle: Duration,
+    /// Failed health checks that mark a worker down; a silent stream counts as one.
+    pub failure_threshold: u32,
+}
+
 /// Turns a worker's response into the client's: same status and headers (minus hop-by-hop
 /// ones), plus `x-ownerserve-worker`, with the body relayed frame by frame. `activity`
-/// keeps the session busy until the body is done; `first_byte` times its first frame.
+/// keeps the session busy until the body is done; `first_byte` times its first frame. A
+/// worker silent for `patience.first` before its first frame or `patience.idle` between
+/// two ends the body (an SSE client gets an error event and `[DONE]`) and counts as a
+/// failed health check.
 pub fn relay(
     resp: Response<Incoming>,
-    worker: &Worker,
+    worker: &Arc<Worker>,
     in_flight: InFlight,
     activity: Option<Activity>,
     first_byte: Option<FirstByte>,
+    patience: Patience,
 ) -> Response<Body> {
     let (mut parts, incoming) = resp.into_parts();
     for h in HOP_BY_HOP {
@@ -59,11 +78,13 @@ pub fn relay(
     let body = RelayBody {
         inner: incoming,
         sse,
-        worker: worker.spec.name.clone(),
+        worker: worker.clone(),
         failed: false,
         in_flight,
         _activity: activity,
         first_byte,
+        patience,
+        idle: Box::pin(tokio::time::sleep(patience.first)),
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -74,16 +95,44 @@ pub fn relay(
 struct RelayBody {
     inner: Incoming,
     sse: bool,
-    worker: String,
+    worker: Arc<Worker>,
     failed: bool,
     in_flight: InFlight,
     _activity: Option<Activity>,
     first_byte: Option<FirstByte>,
+    patience: Patience,
+    /// Fires when the worker has been silent for `patience.idle`; reset by every frame.
+    idle: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// Why a relayed body ended early (a non-SSE client sees its connection fail).
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error(transparent)]
+    Worker(#[from] hyper::Error),
+    #[error("worker {0} sent nothing for {1:?} mid-body")]
+    Silent(String, Duration),
+}
+
+impl RelayBody {
+    /// Ends the body: an SSE client gets `err` as an event and `[DONE]`.
+    fn fail(
+        &mut self,
+        err: ApiError,
+        cause: RelayError,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        self.failed = true;
+        if self.sse {
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(err.sse_event())))))
+        } else {
+            Poll::Ready(Some(Err(cause)))
+        }
+    }
 }
 
 impl http_body::Body for RelayBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = RelayError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -98,17 +147,36 @@ impl http_body::Body for RelayBody {
             if let Some(f) = self.first_byte.take() {
                 f.histogram.observe(f.started.elapsed().as_secs_f64());
             }
+            let deadline = tokio::time::Instant::now() + self.patience.idle;
+            self.idle.as_mut().reset(deadline);
         }
         match polled {
-            Poll::Ready(Some(Err(e))) if self.sse => {
-                tracing::warn!(worker = %self.worker, error = %e, "worker failed mid-stream");
-                self.failed = true;
+            Poll::Ready(Some(Err(e))) => {
+                tracing::warn!(worker = %self.worker.spec.name, error = %e, "worker failed mid-stream");
                 let err = ApiError::UpstreamUnreachable {
-                    worker: self.worker.clone(),
+                    worker: self.worker.spec.name.clone(),
                 };
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(err.sse_event())))))
+                self.fail(err, RelayError::Worker(e))
             }
-            other => other,
+            Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => {
+                let after = if self.first_byte.is_some() {
+                    self.patience.first
+                } else {
+                    self.patience.idle
+                };
+                let name = self.worker.spec.name.clone();
+                tracing::warn!(worker = %name, ?after, "worker went silent mid-stream; ending it");
+                self.worker
+                    .record_failure(self.patience.failure_threshold, "silent mid-stream");
+                let err = ApiError::UpstreamTimeout {
+                    worker: name.clone(),
+                    after,
+                };
+                self.fail(err, RelayError::Silent(name, after))
+            }
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(None) => Poll::Ready(None),
         }
     }
 
