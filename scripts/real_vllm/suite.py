@@ -219,6 +219,19 @@ class Decoding:
             t.join()
 
 
+def settle(r, quiet_s=1.0, deadline_s=20.0):
+    """Waits until router `r`'s KV index has not changed for `quiet_s`."""
+    end = time.time() + deadline_s
+    last, since = None, time.time()
+    while time.time() < end:
+        digest = r.kv()["digest"]
+        if digest != last:
+            last, since = digest, time.time()
+        elif time.time() - since >= quiet_s:
+            return
+        time.sleep(0.1)
+
+
 def fallback_count(r):
     """Dispatch legs that failed and fell back to the decode worker, per the router."""
     _, _, text = http("GET", r.url + "/metrics")
@@ -328,8 +341,9 @@ class Suite:
                                   {"model": MODEL, "messages": c, "max_tokens": 2})
             assert status == 200, f"first send: {status}"
             holders.append(h.get("x-ownerserve-worker"))
-        # The engines' BlockStored events reach the router.
-        time.sleep(1.5)
+        # The engines' BlockStored events reach the router (asynchronously, and slowly on a
+        # loaded machine): wait until the index stops growing.
+        settle(r)
         on_holder = cached = within = total = 0
         gaps = []
         for c, holder in zip(convs, holders):
