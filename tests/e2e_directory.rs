@@ -178,7 +178,9 @@ fn holder(c: &Cluster, leader: usize, lease: u64) -> Child {
     let body = json!({"command": {"KeepAlive": {"lease": lease}}}).to_string();
     let script = format!(
         "while true; do curl -s -o /dev/null -XPOST -H 'content-type: application/json' \
-         -d '{body}' {}/directory/v1/commands; sleep 0.2; done",
+         -H '{}: {}' -d '{body}' {}/directory/v1/commands; sleep 0.2; done",
+        ownerserve_ownership::node::secret::HEADER,
+        common::CLUSTER_SECRET,
         c.url(leader)
     );
     Command::new("bash")
@@ -409,6 +411,8 @@ async fn the_operator_api_checks_scopes_and_manages_leases_sessions_and_members(
             &listen,
             "--data-dir",
             data.to_str().unwrap(),
+            "--cluster-secret",
+            common::CLUSTER_SECRET,
         ],
         &[],
         "listening on",
@@ -458,9 +462,10 @@ async fn a_router_records_ownership_in_a_remote_cluster() {
     let cfg = common::temp_config(
         "remote.toml",
         &format!(
-            "[router]\ndirectory = \"remote\"\ndirectory_urls = [{}]\n\n\
+            "[router]\ndirectory = \"remote\"\ndirectory_urls = [{}]\ndirectory_secret = \"{}\"\n\n\
              [[workers]]\nname = \"w\"\nurl = \"{}\"\nrole = \"decode\"\n",
             urls.join(", "),
+            common::CLUSTER_SECRET,
             worker.url
         ),
     );
@@ -507,4 +512,104 @@ async fn a_follower_forwards_writes_to_the_leader() {
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
     assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
+}
+
+/// The Raft term node `i` reports (through the cluster secret).
+async fn term(c: &Cluster, i: usize) -> u64 {
+    let v: Value = c
+        .http
+        .get(format!("{}/directory/v1/cluster", c.url(i)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["term"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn forged_votes_appends_and_commands_without_the_cluster_secret_are_refused() {
+    let mut c = Cluster::start(3, "forged");
+    let leader = c.leader().await;
+    let lease = grant(&mut c, 1, 60_000).await;
+    let before_state = c.state().await;
+    let terms: Vec<u64> = all_terms(&c).await;
+    let follower = (1..=3).find(|&i| i != leader).unwrap();
+    // The attacks of the report: a vote with a huge term (it stopped all writes for 15 s),
+    // an append of a forged entry (a follower applied it), a command and a state read.
+    let forged_vote = json!({"vote": {"leader_id": {"term": 1_000_000u64, "node_id": 9}, "committed": false}, "last_log_id": null});
+    let forged_append = json!({
+        "vote": {"leader_id": {"term": terms[0] + 1, "node_id": 9}, "committed": true},
+        "prev_log_id": null,
+        "leader_commit": {"leader_id": {"term": terms[0] + 1, "node_id": 9}, "index": 1_000u64},
+        "entries": [{"log_id": {"leader_id": {"term": terms[0] + 1, "node_id": 9}, "index": 1u64},
+                     "payload": {"Normal": {"at_ms": 0, "client": null,
+                                            "command": {"PinSession": {"session": "forged"}}}}}]
+    });
+    let anonymous = reqwest::Client::new();
+    let wrong = reqwest::Client::builder()
+        .default_headers({
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(
+                ownerserve_ownership::node::secret::HEADER,
+                reqwest::header::HeaderValue::from_static("not-the-cluster-secret"),
+            );
+            h
+        })
+        .build()
+        .unwrap();
+    for http in [&anonymous, &wrong] {
+        for i in [leader, follower] {
+            let url = c.url(i);
+            let answers = [
+                http.post(format!("{url}/raft/vote"))
+                    .json(&forged_vote)
+                    .send()
+                    .await,
+                http.post(format!("{url}/raft/append"))
+                    .json(&forged_append)
+                    .send()
+                    .await,
+                http.post(format!("{url}/raft/snapshot"))
+                    .json(&json!({}))
+                    .send()
+                    .await,
+                http.post(format!("{url}/directory/v1/commands"))
+                    .json(&json!({"command": {"RevokeLease": {"lease": lease}}}))
+                    .send()
+                    .await,
+                http.get(format!("{url}/directory/v1/state")).send().await,
+                http.get(format!("{url}/directory/v1/cluster")).send().await,
+            ];
+            for a in answers {
+                let a = a.unwrap();
+                let path = a.url().path().to_owned();
+                assert_eq!(a.status(), 401, "{path} on node {i}");
+                let body: Value = a.json().await.unwrap();
+                assert!(body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("cluster secret"));
+            }
+        }
+    }
+    // Nothing was applied: same leader, same terms, the lease still there, and writes go on.
+    assert_eq!(c.leader().await, leader);
+    assert_eq!(all_terms(&c).await, terms);
+    let after = c.state().await;
+    assert!(after["leases"][lease.to_string()].is_object(), "{after}");
+    assert_eq!(after["leases"], before_state["leases"]);
+    assert!(!after.to_string().contains("forged"), "{after}");
+    let started = Instant::now();
+    grant(&mut c, 2, 60_000).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+async fn all_terms(c: &Cluster) -> Vec<u64> {
+    let mut out = Vec::new();
+    for i in 1..=3 {
+        out.push(term(c, i).await);
+    }
+    out
 }

@@ -263,6 +263,7 @@ const KEYS: u64 = 16;
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_millis(1500))
+        .default_headers(common::cluster_secret_headers())
         .build()
         .unwrap()
 }

@@ -54,6 +54,10 @@ impl Drop for Cluster {
     }
 }
 
+/// The secret of the benchmark's own cluster (its nodes live as long as the run), sent in
+/// `ownerserve_ownership::node::secret::HEADER`.
+const CLUSTER_SECRET: &str = "ownerserve-bench-directory";
+
 fn start_cluster() -> anyhow::Result<Cluster> {
     let ports = [free_port()?, free_port()?, free_port()?];
     let dir = std::env::temp_dir().join(format!("ownerserve-bench-dir-{}", std::process::id()));
@@ -78,6 +82,8 @@ fn start_cluster() -> anyhow::Result<Cluster> {
             &listen,
             "--data-dir",
             &data,
+            "--cluster-secret",
+            CLUSTER_SECRET,
         ];
         for p in &peers {
             args.push("--peer");
@@ -233,8 +239,14 @@ fn sessions_memory(n: usize) -> anyhow::Result<(u64, u64)> {
 /// Runs the benchmark and prints a Markdown table.
 pub async fn run(args: DirectoryBenchArgs) -> anyhow::Result<()> {
     let cluster = start_cluster()?;
+    let mut secret = reqwest::header::HeaderMap::new();
+    secret.insert(
+        "x-ownerserve-cluster-secret",
+        reqwest::header::HeaderValue::from_static(CLUSTER_SECRET),
+    );
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
+        .default_headers(secret)
         .build()?;
     let leader = leader(&http, &cluster).await?;
     let granted = write(

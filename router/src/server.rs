@@ -182,11 +182,16 @@ async fn start_directory(
                 grace_ms: 500,
                 tick_ms: 250,
                 metrics: DirectoryMetrics::register(&telemetry.registry)?,
+                // In process: no Raft or directory endpoint is served.
+                cluster_secret: None,
             };
             let node = Node::start(settings, tracker, shutdown).await?;
             (Some(node.clone()), Some(Arc::new(Embedded(node))))
         }
-        DirectorySetup::Remote { urls } => (None, Some(Arc::new(Remote::new(urls.clone())))),
+        DirectorySetup::Remote { urls, secret } => (
+            None,
+            Some(Arc::new(Remote::new(urls.clone(), secret.as_ref()))),
+        ),
     })
 }
 

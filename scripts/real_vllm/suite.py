@@ -232,6 +232,27 @@ def settle(r, quiet_s=1.0, deadline_s=20.0):
         time.sleep(0.1)
 
 
+def nixl_warm_up(prefill, decode, attempts=3):
+    """One direct P/D transfer between the pair before the router's turn. vLLM 0.32's first
+    NIXL handshake between two engines waits a fixed 5 s (a ZMQ receive timeout, not
+    configurable), which a loaded 2-core machine can miss; the engine then fails that
+    request. What the suite checks is the router's part, so the pair is connected first."""
+    params = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+              "remote_block_ids": None, "remote_host": None, "remote_port": None}
+    for k in range(attempts):
+        body = {"model": MODEL, "prompt": list(range(100, 164)), "max_tokens": 1,
+                "kv_transfer_params": params}
+        status, _, resp = http("POST", prefill.url + "/v1/completions", body)
+        if status != 200:
+            continue
+        body.update(max_tokens=2, kv_transfer_params=resp.get("kv_transfer_params"))
+        status, _, _ = http("POST", decode.url + "/v1/completions", body)
+        if status == 200:
+            return
+        print(f"NIXL warm-up {k + 1}: decode answered {status}; retrying", flush=True)
+    raise AssertionError(f"no NIXL transfer {prefill.name} -> {decode.name} in {attempts} tries")
+
+
 def fallback_count(r):
     """Dispatch legs that failed and fell back to the decode worker, per the router."""
     _, _, text = http("GET", r.url + "/metrics")
@@ -439,6 +460,7 @@ class Suite:
 
     def pd(self, e0, e1):
         """P/D with a real NixlConnector pair, then the prefill engine killed."""
+        nixl_warm_up(e0, e1)
         rng = random.Random(11)
         static = self.pd_router("static_pd", "static_pd", e0, e1)
         # (The explain API shows what `ownerserve` would do; static_pd always splits.)

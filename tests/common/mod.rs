@@ -13,6 +13,18 @@ pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 /// The read-only token every process started by the harness gets.
 pub const READ_TOKEN: &str = "test-read-token";
+/// The cluster secret of the tests' directory clusters.
+pub const CLUSTER_SECRET: &str = "test-cluster-secret-0123";
+
+/// Default headers presenting [`CLUSTER_SECRET`] (to directory nodes; routers ignore it).
+pub fn cluster_secret_headers() -> reqwest::header::HeaderMap {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        ownerserve_ownership::node::secret::HEADER,
+        reqwest::header::HeaderValue::from_static(CLUSTER_SECRET),
+    );
+    h
+}
 
 /// A running `ownerserve` child process.
 pub struct Proc {
@@ -153,6 +165,7 @@ impl Drop for Proc {
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
+        .default_headers(cluster_secret_headers())
         .build()
         .expect("client")
 }
@@ -286,6 +299,8 @@ impl DirectoryNodes {
             &listen,
             "--data-dir",
             data.to_str().unwrap(),
+            "--cluster-secret",
+            CLUSTER_SECRET,
         ];
         args.extend(self.extra.iter().map(String::as_str));
         for p in &peers {

@@ -142,13 +142,11 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// A client for the nodes at `urls` (`http://host:port`).
-    pub fn new(urls: Vec<String>) -> Self {
+    /// A client for the nodes at `urls` (`http://host:port`), presenting the cluster's
+    /// `secret` (when it has one).
+    pub fn new(urls: Vec<String>, secret: Option<&super::secret::ClusterSecret>) -> Self {
         Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
+            http: super::secret::client(secret, Duration::from_secs(5)),
             urls,
             leader: AtomicUsize::new(0),
         }

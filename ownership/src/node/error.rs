@@ -34,6 +34,12 @@ pub enum NodeError {
     Election(#[source] openraft::metrics::WaitError),
     #[error("--id must be at least 1")]
     ZeroId,
+    #[error(
+        "set --cluster-secret (or OWNERSERVE_CLUSTER_SECRET), the same on every node and router of the cluster; --no-cluster-secret runs the Raft and directory endpoints open to anyone who reaches the port"
+    )]
+    NoClusterSecret,
+    #[error("--cluster-secret")]
+    ClusterSecret(#[source] super::secret::SecretError),
     #[error("--init needs this node ({id}) among the --peer list")]
     InitWithoutSelf { id: NodeId },
     #[error("--peer `{peer}`: expected ID=HOST:PORT")]

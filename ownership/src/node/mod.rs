@@ -10,7 +10,8 @@
 //!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]).
 //! - [`metrics`]: the node's Prometheus metrics; `error`: [`NodeError`].
 //! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]), every route of a node on
-//!   one listener.
+//!   one listener; [`secret`]: the cluster secret that guards the Raft RPCs and the
+//!   directory API.
 //!
 //! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
 //! log_index}` (a follower forwards it to the leader once; if it cannot, it answers 421
@@ -26,6 +27,7 @@ mod error;
 pub mod metrics;
 mod rpc;
 mod run;
+pub mod secret;
 
 pub use client::{BoxFuture, DirectoryClient, DirectoryError, Embedded, Lookup, Remote};
 pub use error::NodeError;
@@ -70,6 +72,9 @@ pub struct Node {
     pub faults: crate::raft::network::Faults,
     /// Client for forwarding writes that reach a follower to the leader.
     pub forwarder: reqwest::Client,
+    /// What peers and routers must present to reach the Raft RPCs and the directory API
+    /// (`None`: they are open, for a trusted network only).
+    pub secret: Option<secret::ClusterSecret>,
     /// The node's metrics (registered in its process's registry).
     pub metrics: DirectoryMetrics,
 }
@@ -136,6 +141,8 @@ pub struct NodeSettings {
     pub tick_ms: u64,
     /// Where the node counts its commands and reads its state at scrape time.
     pub metrics: DirectoryMetrics,
+    /// The cluster secret this node demands and presents to its peers.
+    pub cluster_secret: Option<secret::ClusterSecret>,
 }
 
 impl Node {
@@ -164,7 +171,12 @@ impl Node {
         }
         .validate()
         .map_err(|e| NodeError::RaftConfig(Box::new(e)))?;
-        let network = HttpNetworkFactory::default();
+        let network = HttpNetworkFactory::with_headers(
+            s.cluster_secret
+                .as_ref()
+                .map(secret::ClusterSecret::headers)
+                .unwrap_or_default(),
+        );
         let faults = network.faults.clone();
         let raft = Raft::new(s.id, Arc::new(config), network, log, machine.clone())
             .await
@@ -175,10 +187,8 @@ impl Node {
             machine,
             nodes: s.nodes.clone(),
             faults,
-            forwarder: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
+            forwarder: secret::client(s.cluster_secret.as_ref(), Duration::from_secs(10)),
+            secret: s.cluster_secret,
             metrics: s.metrics,
         });
         let single = s.nodes.len() == 1 && s.nodes.contains_key(&s.id);

@@ -20,6 +20,7 @@ use ownerserve_edge::http_metrics::HttpMetrics;
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
 
 use super::metrics::DirectoryMetrics;
+use super::secret::{self, ClusterSecret};
 use super::{admin, api, rpc, Node, NodeError, NodeSettings};
 use crate::raft::NodeId;
 
@@ -59,6 +60,14 @@ pub struct DirectoryArgs {
     /// Read-only bearer token for /admin/v1.
     #[arg(long, env = "OWNERSERVE_READ_TOKEN", hide_env_values = true)]
     read_token: Option<String>,
+    /// The secret every node and router of the cluster shares (at least 16 characters):
+    /// the Raft RPCs and the directory API refuse requests without it.
+    #[arg(long, env = "OWNERSERVE_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// Run without a cluster secret: anyone who reaches the port can vote, append to the
+    /// log and write the directory. Only for a network you trust completely.
+    #[arg(long, conflicts_with = "cluster_secret")]
+    no_cluster_secret: bool,
     /// Serve `POST /test/v1/partition` (admin token) to cut this node off from peers.
     /// For fault tests only.
     #[arg(long)]
@@ -93,6 +102,14 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
         return Err(NodeError::ZeroId);
     }
     let nodes = parse_peers(&args.peers)?;
+    let cluster_secret = match (&args.cluster_secret, args.no_cluster_secret) {
+        (Some(s), _) => Some(ClusterSecret::new(s).map_err(NodeError::ClusterSecret)?),
+        (None, true) => {
+            tracing::warn!("no cluster secret: anyone who reaches this node can vote, append to its log and write the directory");
+            None
+        }
+        (None, false) => return Err(NodeError::NoClusterSecret),
+    };
     let (tokens, origin) = Tokens::resolve(args.admin_token.clone(), args.read_token.clone())
         .map_err(NodeError::Token)?;
     if args.init && !nodes.contains_key(&args.id) {
@@ -113,6 +130,7 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
             grace_ms: args.grace_ms,
             tick_ms: args.tick_ms,
             metrics: DirectoryMetrics::register(&registry)?,
+            cluster_secret,
         },
         &tracker,
         &shutdown,
@@ -154,10 +172,14 @@ fn app(node: Arc<Node>, tokens: Arc<Tokens>, registry: Arc<prometheus::Registry>
     let metrics = Router::new()
         .route("/metrics", get(metrics))
         .with_state((node.clone(), registry));
-    rpc::routes(node.clone())
-        .merge(api::routes(node.clone()))
-        .merge(admin::routes(node, tokens))
-        .merge(metrics)
+    let mut cluster = rpc::routes(node.clone()).merge(api::routes(node.clone()));
+    if let Some(s) = &node.secret {
+        cluster = cluster.route_layer(axum::middleware::from_fn_with_state(
+            s.clone(),
+            secret::require,
+        ));
+    }
+    cluster.merge(admin::routes(node, tokens)).merge(metrics)
 }
 
 /// `GET /metrics`: the node's directory and Raft metrics, read now.

@@ -47,6 +47,19 @@ pub struct HttpNetworkFactory {
     pub faults: Faults,
 }
 
+impl HttpNetworkFactory {
+    /// A factory whose clients send `headers` with every RPC (the cluster secret).
+    pub fn with_headers(headers: reqwest::header::HeaderMap) -> Self {
+        Self {
+            client: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap_or_default(),
+            faults: Faults::default(),
+        }
+    }
+}
+
 impl RaftNetworkFactory<TypeConfig> for HttpNetworkFactory {
     type Network = HttpNetwork;
 

@@ -106,6 +106,9 @@ pub struct RouterSettings {
     pub directory_data_dir: Option<std::path::PathBuf>,
     /// `http://host:port` of each directory node, for `remote`.
     pub directory_urls: Vec<String>,
+    /// The cluster secret of the `remote` directory (its nodes' `--cluster-secret`), sent
+    /// with every request to it. Prefer `OWNERSERVE_DIRECTORY_SECRET` to the file.
+    pub directory_secret: Option<String>,
     /// TTL of each worker's directory lease; renewed every third of it while healthy.
     pub worker_lease_ttl_ms: u64,
     /// How often routed requests' ownership records are committed (one batch each time).
@@ -210,6 +213,7 @@ impl Default for RouterSettings {
             directory: DirectoryMode::Off,
             directory_data_dir: None,
             directory_urls: Vec::new(),
+            directory_secret: None,
             worker_lease_ttl_ms: 10_000,
             ownership_flush_ms: 50,
             planner_model: "llama-3.1-8b".to_owned(),

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ownerserve_ownership::node::secret::ClusterSecret;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::KvIndexConfig;
@@ -170,8 +171,13 @@ fn planner_setup(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DirectorySetup {
     Off,
-    Embedded { data_dir: std::path::PathBuf },
-    Remote { urls: Vec<String> },
+    Embedded {
+        data_dir: std::path::PathBuf,
+    },
+    Remote {
+        urls: Vec<String>,
+        secret: Option<ClusterSecret>,
+    },
 }
 
 /// Tokens per KV block when neither the config nor any engine says: our sim engine's.
@@ -418,7 +424,17 @@ fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, ConfigError> {
                 .iter()
                 .map(|u| worker_url(u).map_err(|e| ConfigError::router("directory_urls", e)))
                 .collect::<Result<Vec<_>, _>>()?;
-            DirectorySetup::Remote { urls }
+            let secret = match &s.directory_secret {
+                Some(v) => Some(
+                    ClusterSecret::new(v)
+                        .map_err(|e| ConfigError::router("directory_secret", e))?,
+                ),
+                None => {
+                    tracing::warn!("router.directory_secret is not set: the directory's nodes must run with --no-cluster-secret");
+                    None
+                }
+            };
+            DirectorySetup::Remote { urls, secret }
         }
     })
 }
