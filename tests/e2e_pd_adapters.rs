@@ -291,6 +291,17 @@ fn prefill_params() -> Value {
 
 /// A router with `static_pd` over one prefill and one decode worker of `engine`.
 async fn pd_router(tag: &str, engine: &str, prefill: &Fake, decode: &Fake) -> Proc {
+    pd_router_with(tag, engine, prefill, decode, "").await
+}
+
+/// [`pd_router`] with `extra` lines in its `[router]` table.
+async fn pd_router_with(
+    tag: &str,
+    engine: &str,
+    prefill: &Fake,
+    decode: &Fake,
+    extra: &str,
+) -> Proc {
     let bootstrap = if engine == "sglang" {
         format!("bootstrap_port = {BOOTSTRAP_PORT}\n")
     } else {
@@ -299,7 +310,7 @@ async fn pd_router(tag: &str, engine: &str, prefill: &Fake, decode: &Fake) -> Pr
     let cfg = temp_config(
         &format!("pd-{tag}.toml"),
         &format!(
-            "[router]\npolicy = \"static_pd\"\nhealth_interval_ms = 60000\nscrape_interval_ms = 0\n\n\
+            "[router]\npolicy = \"static_pd\"\nhealth_interval_ms = 60000\nscrape_interval_ms = 0\n{extra}\n\
              [[workers]]\nname = \"p0\"\nurl = \"{}\"\nrole = \"prefill\"\nengine = \"{engine}\"\n{bootstrap}\n\
              [[workers]]\nname = \"d0\"\nurl = \"{}\"\nrole = \"decode\"\nengine = \"{engine}\"\n",
             prefill.url, decode.url
@@ -689,4 +700,61 @@ async fn sglang_prefill_error_retries_the_whole_request_on_decode() {
     assert_eq!(whole[0].body, body, "the retry is the client's body");
     assert!(paired_legs.len() <= 1 && paired_legs.iter().all(|s| s.body == paired));
     assert_eq!(remote_prefill_counts(&router).await, (1.0, 1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_keys_stay_at_the_router_and_the_engines_get_the_engine_key() {
+    let p = Fake::start(Behaviour::new("p0", Reply::NixlPrefill)).await;
+    let d = Fake::start(Behaviour::new("d0", Reply::Completion)).await;
+    let router = pd_router_with(
+        "keys",
+        "vllm",
+        &p,
+        &d,
+        "api_keys = [\"client-key-123\", \"client-key-456\"]\nengine_api_key = \"engine-key-789\"\n",
+    )
+    .await;
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4});
+    let url = format!("{}/v1/completions", router.url);
+    // No key, or a wrong one: OpenAI's 401, and no engine sees anything.
+    for req in [
+        client().post(&url),
+        client().post(&url).bearer_auth("client-key-999"),
+    ] {
+        let resp = req.json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 401);
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["code"], "invalid_api_key");
+    }
+    assert!(p.requests().is_empty() && d.requests().is_empty());
+    // A key as a bearer token (OpenAI clients) or in x-api-key (Anthropic clients).
+    let bearer = client()
+        .post(&url)
+        .bearer_auth("client-key-123")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bearer.status(), 200);
+    let x_api_key = client()
+        .post(&url)
+        .header("x-api-key", "client-key-456")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(x_api_key.status(), 200);
+    // Before, the client's Authorization went on to the engines; now both legs carry the
+    // engine's key and nothing of the client's.
+    for seen in p.requests().iter().chain(d.requests().iter()) {
+        assert_eq!(
+            seen.header("authorization"),
+            "Bearer engine-key-789",
+            "{}",
+            seen.path
+        );
+        assert_eq!(seen.header("x-api-key"), "");
+    }
+    assert_eq!(p.requests().len(), 2);
+    assert_eq!(d.requests().len(), 2);
 }

@@ -4,6 +4,7 @@
 //! - [`error_body`]: the one builder of error answers (OpenAI's shape, status headers,
 //!   the SSE form).
 //! - [`auth`]: bearer tokens with read and admin scopes for `/admin/v1`.
+//! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine.
 //! - [`request_id`]: the `X-Request-Id` kept or made, and the middleware that gives each
 //!   request its id, span and [`http_metrics`].
 //! - [`exposition`]: the Prometheus text exposition and registration helpers.
@@ -12,6 +13,7 @@
 //! It knows nothing of the proxy or the directory: both build on it.
 #![forbid(unsafe_code)]
 
+pub mod api_keys;
 pub mod auth;
 pub mod error_body;
 pub mod exposition;

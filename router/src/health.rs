@@ -9,14 +9,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::registry::{Registry, ServedModel, Worker};
-use crate::upstream::{get_small, HttpClient};
+use axum::http::HeaderValue;
+
+use crate::upstream::{get_small, get_small_as, HttpClient};
 
 /// How often and how patiently workers are probed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct HealthSettings {
     pub interval: Duration,
     pub timeout: Duration,
     pub failure_threshold: u32,
+    /// The engine API key (`/v1/models` is behind vLLM's `--api-key`).
+    pub authorization: Option<HeaderValue>,
 }
 
 #[derive(Deserialize)]
@@ -24,8 +28,20 @@ struct ModelList {
     data: Vec<ServedModel>,
 }
 
+impl HealthSettings {
+    /// The router's health settings.
+    pub fn of(cfg: &crate::config::RouterConfig) -> Self {
+        Self {
+            interval: cfg.health_interval,
+            timeout: cfg.health_timeout,
+            failure_threshold: cfg.health_failure_threshold,
+            authorization: cfg.engine_authorization.clone(),
+        }
+    }
+}
+
 /// Probes one worker once and records the result.
-pub async fn check(client: &HttpClient, worker: &Worker, s: HealthSettings) {
+pub async fn check(client: &HttpClient, worker: &Worker, s: &HealthSettings) {
     let base = &worker.spec.base_url;
     match get_small(client, base, "/health", s.timeout).await {
         Ok((status, _)) if status.is_success() => {}
@@ -35,7 +51,8 @@ pub async fn check(client: &HttpClient, worker: &Worker, s: HealthSettings) {
     if worker.is_healthy() && !worker.models().is_empty() {
         return worker.mark_healthy(worker.models().to_vec());
     }
-    match get_small(client, base, "/v1/models", s.timeout).await {
+    let auth = s.authorization.as_ref();
+    match get_small_as(client, base, "/v1/models", auth, s.timeout).await {
         Ok((status, body)) if status.is_success() => {
             match serde_json::from_slice::<ModelList>(&body) {
                 Ok(list) => worker.mark_healthy(list.data),
@@ -48,11 +65,11 @@ pub async fn check(client: &HttpClient, worker: &Worker, s: HealthSettings) {
 }
 
 /// Probes every worker once, concurrently, so the router starts with a current view.
-pub async fn check_all(client: &HttpClient, registry: &Registry, s: HealthSettings) {
+pub async fn check_all(client: &HttpClient, registry: &Registry, s: &HealthSettings) {
     let tracker = TaskTracker::new();
     for w in registry.all() {
-        let (client, w) = (client.clone(), w.clone());
-        tracker.spawn(async move { check(&client, &w, s).await });
+        let (client, w, s) = (client.clone(), w.clone(), s.clone());
+        tracker.spawn(async move { check(&client, &w, &s).await });
     }
     tracker.close();
     tracker.wait().await;
@@ -67,11 +84,11 @@ pub fn spawn(
     cancel: &CancellationToken,
 ) {
     for w in registry.all() {
-        let (client, w, cancel) = (client.clone(), w.clone(), cancel.clone());
+        let (client, w, cancel, s) = (client.clone(), w.clone(), cancel.clone(), s.clone());
         tracker.spawn(async move {
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(s.interval) => check(&client, &w, s).await,
+                    () = tokio::time::sleep(s.interval) => check(&client, &w, &s).await,
                     () = cancel.cancelled() => return,
                 }
             }

@@ -83,12 +83,8 @@ impl AppState {
         };
         let client = &upstream.client;
         let registry = Arc::new(Registry::new(cfg.workers.clone()));
-        let health = HealthSettings {
-            interval: cfg.health_interval,
-            timeout: cfg.health_timeout,
-            failure_threshold: cfg.health_failure_threshold,
-        };
-        health::check_all(client, &registry, health).await;
+        let health = HealthSettings::of(&cfg);
+        health::check_all(client, &registry, &health).await;
         let block_size =
             kv::resolve_block_size(&registry, client, cfg.kv_block_size, cfg.health_timeout)
                 .await?;
@@ -215,10 +211,17 @@ pub fn app(state: Arc<AppState>) -> Router {
         .directory
         .clone()
         .map(|node| ownerserve_ownership::node::admin::routes(node, tokens));
-    let router = Router::new()
+    let mut client_api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
-        .route("/v1/models", get(models))
+        .route("/v1/models", get(models));
+    if let Some(keys) = state.cfg.api_keys.clone() {
+        client_api = client_api.route_layer(axum::middleware::from_fn_with_state(
+            keys,
+            ownerserve_edge::api_keys::require,
+        ));
+    }
+    let router = client_api
         .route("/health", get(health))
         .route("/metrics", get(crate::metrics::scrape::metrics))
         .route("/metrics/targets", get(crate::metrics::scrape::targets))

@@ -60,8 +60,9 @@ impl ForwardError {
     }
 }
 
-/// Headers copied from the client's request to the worker.
-const FORWARDED: &[HeaderName] = &[header::AUTHORIZATION, header::ACCEPT];
+/// Headers copied from the client's request to the worker. Not `Authorization`: a client's
+/// key is for the router (the engines get `router.engine_api_key`).
+const FORWARDED: &[HeaderName] = &[header::ACCEPT];
 
 /// GETs `path` on a worker and reads a small body (health checks, model lists).
 pub async fn get_small(
@@ -70,9 +71,23 @@ pub async fn get_small(
     path: &str,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
-    let req = Request::get(format!("{base_url}{path}"))
+    get_small_as(client, base_url, path, None, timeout).await
+}
+
+/// [`get_small`] with `authorization` (the engine API key, for its `/v1` routes).
+pub async fn get_small_as(
+    client: &HttpClient,
+    base_url: &str,
+    path: &str,
+    authorization: Option<&HeaderValue>,
+    timeout: Duration,
+) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
+    let mut req = Request::get(format!("{base_url}{path}"))
         .body(Full::new(Bytes::new()))
         .map_err(|_| ForwardError::Failed)?;
+    if let Some(a) = authorization {
+        req.headers_mut().insert(header::AUTHORIZATION, a.clone());
+    }
     send_small(client, req, timeout).await
 }
 

@@ -98,6 +98,12 @@ pub struct RouterSettings {
     pub admin_token: Option<String>,
     /// Bearer token that may only read `/admin/v1`.
     pub read_token: Option<String>,
+    /// Keys a client must present on `/v1` (`Authorization: Bearer KEY` or `x-api-key`);
+    /// empty: `/v1` is open. Never forwarded to the engines.
+    pub api_keys: Vec<String>,
+    /// The key the engines expect (vLLM's `--api-key`), sent by the router as
+    /// `Authorization: Bearer` on every request to them (a client's own never is).
+    pub engine_api_key: Option<String>,
     /// The ownership directory: `off`, `embedded` (a single node in this process) or
     /// `remote` (a cluster of `ownerserve directory` nodes at `directory_urls`).
     pub directory: DirectoryMode,
@@ -210,6 +216,8 @@ impl Default for RouterSettings {
             kv_redis_maxlen: 100_000,
             admin_token: None,
             read_token: None,
+            api_keys: Vec::new(),
+            engine_api_key: None,
             directory: DirectoryMode::Off,
             directory_data_dir: None,
             directory_urls: Vec::new(),
@@ -342,6 +350,20 @@ pub struct RouterOverrides {
     /// Runtime threads: 1 = one thread (lowest latency), N = a pool of N, 0 = one per core.
     #[arg(long, env = "OWNERSERVE_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// The remote directory's cluster secret.
+    #[arg(long, env = "OWNERSERVE_DIRECTORY_SECRET", hide_env_values = true)]
+    pub directory_secret: Option<String>,
+    /// API keys clients must present on /v1 (comma-separated; unset: /v1 is open).
+    #[arg(
+        long,
+        env = "OWNERSERVE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Option<Vec<String>>,
+    /// The key the engines expect (vLLM's `--api-key`), sent as a bearer token to them.
+    #[arg(long, env = "OWNERSERVE_ENGINE_API_KEY", hide_env_values = true)]
+    pub engine_api_key: Option<String>,
 }
 
 impl RouterOverrides {
@@ -364,6 +386,15 @@ impl RouterOverrides {
         }
         if let Some(n) = self.worker_threads {
             s.worker_threads = n;
+        }
+        if self.directory_secret.is_some() {
+            s.directory_secret.clone_from(&self.directory_secret);
+        }
+        if let Some(keys) = &self.api_keys {
+            s.api_keys.clone_from(keys);
+        }
+        if self.engine_api_key.is_some() {
+            s.engine_api_key.clone_from(&self.engine_api_key);
         }
     }
 }

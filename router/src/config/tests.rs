@@ -123,9 +123,14 @@ fn overrides_win_over_the_file() {
         admin_token: Some("t".into()),
         read_token: None,
         worker_threads: Some(4),
+        directory_secret: Some("0123456789abcdef".into()),
+        api_keys: Some(vec!["key-one-1".into(), "key-two-2".into()]),
+        engine_api_key: None,
     }
     .apply(&mut s);
     assert_eq!(s.admin_token.as_deref(), Some("t"));
+    assert_eq!(s.directory_secret.as_deref(), Some("0123456789abcdef"));
+    assert_eq!(s.api_keys, ["key-one-1", "key-two-2"]);
     assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
     assert_eq!(s.worker_threads, 4);
 }

@@ -43,6 +43,10 @@ pub struct RouterConfig {
     /// The index's settings; its block size is the default until the engines are asked
     /// (`crate::kv::resolve_block_size`).
     pub kv_index: KvIndexConfig,
+    /// Keys clients must present on `/v1` (`None`: open).
+    pub api_keys: Option<ownerserve_edge::api_keys::ApiKeys>,
+    /// `Authorization: Bearer <engine_api_key>`, sent to the engines on every request.
+    pub engine_authorization: Option<axum::http::HeaderValue>,
     /// `router.kv_block_size` as configured (`None`: learn it from the engines).
     pub kv_block_size: Option<usize>,
     pub kv_approx_ttl: Duration,
@@ -211,23 +215,7 @@ impl RouterConfig {
                 "no workers configured",
             ));
         }
-        let mut names = std::collections::HashSet::new();
-        for w in &workers {
-            if !names.insert(&w.name) {
-                return Err(ConfigError::invalid(
-                    "workers",
-                    "name",
-                    format!("`{}` is used twice", w.name),
-                ));
-            }
-            if w.kv_block_size.is_some_and(|b| !(1..=1024).contains(&b)) {
-                return Err(ConfigError::invalid(
-                    "workers",
-                    format!("{}.kv_block_size", w.name),
-                    "must be in 1..=1024",
-                ));
-            }
-        }
+        check_workers(&workers)?;
         let planner = planner_setup(s, &workers)?;
         let policy_settings = policy_settings(s, &planner);
         policy::by_name(&s.policy, &policy_settings)
@@ -254,6 +242,8 @@ impl RouterConfig {
                 max_blocks: s.kv_index_max_blocks.max(1024),
             },
             kv_block_size: s.kv_block_size,
+            api_keys: api_keys(s)?,
+            engine_authorization: engine_authorization(s)?,
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
             scrape_interval: (s.scrape_interval_ms > 0)
                 .then(|| Duration::from_millis(s.scrape_interval_ms)),
@@ -401,6 +391,57 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     line
+}
+
+/// Worker names are unique and block sizes in range.
+fn check_workers(workers: &[WorkerSpec]) -> Result<(), ConfigError> {
+    let mut names = std::collections::HashSet::new();
+    for w in workers {
+        if !names.insert(&w.name) {
+            return Err(ConfigError::invalid(
+                "workers",
+                "name",
+                format!("`{}` is used twice", w.name),
+            ));
+        }
+        if w.kv_block_size.is_some_and(|b| !(1..=1024).contains(&b)) {
+            return Err(ConfigError::invalid(
+                "workers",
+                format!("{}.kv_block_size", w.name),
+                "must be in 1..=1024",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `Authorization: Bearer <engine_api_key>`, if there is a key.
+fn engine_authorization(
+    s: &RouterSettings,
+) -> Result<Option<axum::http::HeaderValue>, ConfigError> {
+    let Some(key) = &s.engine_api_key else {
+        return Ok(None);
+    };
+    let mut v = axum::http::HeaderValue::from_str(&format!("Bearer {key}"))
+        .map_err(|_| ConfigError::router("engine_api_key", "must be printable ASCII"))?;
+    v.set_sensitive(true);
+    Ok(Some(v))
+}
+
+/// The client API's keys, checked: each printable and at least 8 characters.
+fn api_keys(s: &RouterSettings) -> Result<Option<ownerserve_edge::api_keys::ApiKeys>, ConfigError> {
+    if let Some(bad) = s
+        .api_keys
+        .iter()
+        .find(|k| k.len() < 8 || !k.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        let shown: String = bad.chars().take(3).collect();
+        return Err(ConfigError::router(
+            "api_keys",
+            format!("the key starting `{shown}` must be at least 8 printable characters, without spaces"),
+        ));
+    }
+    Ok(ownerserve_edge::api_keys::ApiKeys::new(&s.api_keys))
 }
 
 /// Where the directory lives: nowhere, in this process, or a remote cluster.

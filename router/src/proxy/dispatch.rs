@@ -49,7 +49,8 @@ pub struct Step<'a> {
     pub hashes: &'a [u64],
     pub block: u64,
     pub request_id: HeaderValue,
-    /// The client's `Authorization`, which every leg carries (engines run with `--api-key`).
+    /// `Authorization: Bearer <engine_api_key>` for engines run with `--api-key`, which
+    /// every leg carries; a client's own `Authorization` never reaches an engine.
     pub authorization: Option<HeaderValue>,
 }
 

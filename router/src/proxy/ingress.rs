@@ -1,7 +1,7 @@
 //! Ingress: the client's body read within its limit, parsed and validated by the shared
 //! OpenAI parser, and its model checked against the fleet. Nothing past this stage sees an
-//! unvalidated request. (The proxy does not authenticate clients itself: their
-//! `Authorization` goes on to the engines, which run with their own `--api-key`.)
+//! unvalidated request. (Client keys are checked before, by `ownerserve_edge::api_keys`,
+//! and never passed on: the engines get `router.engine_api_key`.)
 
 use axum::body::Body;
 use axum::extract::Request;

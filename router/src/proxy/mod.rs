@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::Request;
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use axum::response::Response;
 
 use ownerserve_planner::policy::Decision;
@@ -63,7 +63,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         hashes: id.hashes(),
         block: u64::from(view.route.block_size),
         request_id: req.request_id.clone(),
-        authorization: headers.get(header::AUTHORIZATION).cloned(),
+        authorization: st.cfg.engine_authorization.clone(),
     };
     let mut failed = Vec::new();
     loop {

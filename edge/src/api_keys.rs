@@ -1,0 +1,93 @@
+//! API keys for the client API (`/v1/...`): when any are configured, a request must present
+//! one as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY` (Anthropic
+//! clients). The key is the client's business with the router alone: it is never passed on
+//! to an engine.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::auth::{bearer_token, constant_time_eq};
+use crate::error_body::{ErrorBody, ErrorCode};
+
+/// The header Anthropic clients send their key in.
+pub const X_API_KEY: &str = "x-api-key";
+
+/// The accepted client keys.
+#[derive(Clone)]
+pub struct ApiKeys(Arc<[String]>);
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ApiKeys({} keys)", self.0.len())
+    }
+}
+
+impl ApiKeys {
+    /// The keys, or `None` when there are none (the client API is open).
+    pub fn new(keys: &[String]) -> Option<Self> {
+        (!keys.is_empty()).then(|| Self(keys.into()))
+    }
+
+    /// Whether `headers` present one of the keys.
+    pub fn admits(&self, headers: &axum::http::HeaderMap) -> bool {
+        let presented = bearer_token(headers).or_else(|| {
+            headers
+                .get(X_API_KEY)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        });
+        presented.is_some_and(|p| {
+            // Every key is compared, so timing does not tell which one nearly matched.
+            self.0
+                .iter()
+                .fold(false, |hit, k| hit | constant_time_eq(p, k))
+        })
+    }
+}
+
+/// Middleware: refuses a request without a configured key (OpenAI's 401 shape).
+pub async fn require(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
+    if keys.admits(req.headers()) {
+        return next.run(req).await;
+    }
+    ErrorBody {
+        status: StatusCode::UNAUTHORIZED,
+        message: "a valid API key is required: `Authorization: Bearer KEY` or `x-api-key: KEY`",
+        kind: "authentication_error",
+        code: Some(ErrorCode {
+            param: None,
+            code: "invalid_api_key",
+        }),
+        extra: Default::default(),
+    }
+    .response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_taken_from_the_bearer_or_the_x_api_key_header() {
+        assert!(ApiKeys::new(&[]).is_none());
+        let keys = ApiKeys::new(&["k-one".into(), "k-two".into()]).unwrap();
+        let with = |name: &str, v: &str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+            keys.admits(&h)
+        };
+        assert!(with("authorization", "Bearer k-one"));
+        assert!(with("authorization", "bearer k-two"));
+        assert!(with("x-api-key", "k-two"));
+        assert!(!with("authorization", "Bearer k-three"));
+        assert!(!with("x-api-key", "k-on"));
+        assert!(!keys.admits(&axum::http::HeaderMap::new()));
+    }
+}
