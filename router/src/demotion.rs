@@ -20,18 +20,21 @@ use crate::state::AppState;
 /// How often the sweep runs.
 const SWEEP_EVERY: Duration = Duration::from_millis(200);
 
-/// Sweeps until `cancel` fires.
+/// Sweeps until `cancel` fires, wherever the sweep waits (a hung directory must not hold
+/// up shutdown).
 pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
-    let mut every = tokio::time::interval(SWEEP_EVERY);
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = every.tick() => {
-                for lapsed in st.sessions.lapsed(now_ms()) {
-                    demote(&st, lapsed).await;
-                }
+    let sweep = async {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            every.tick().await;
+            for lapsed in st.sessions.lapsed(now_ms()) {
+                demote(&st, lapsed).await;
             }
         }
+    };
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = sweep => {}
     }
 }
 

@@ -25,6 +25,10 @@ use ownerserve_ownership::node::DirectoryClient;
 
 /// Most records kept while their worker waits for a lease.
 const MAX_WAITING: usize = 10_000;
+/// Most records queued for the sync task. While the directory is down the task waits on
+/// it and the queue fills; past this, records are dropped and counted, so an outage costs
+/// ownership records, never the router's memory (each record holds a prompt's tokens).
+pub const MAX_QUEUED: usize = 4096;
 
 /// One routed request to record.
 pub struct Routed {
@@ -48,12 +52,14 @@ pub struct Effects {
     pub predicted_gap_ms: Option<u64>,
 }
 
-/// Timings of the sync.
-#[derive(Debug, Clone, Copy)]
+/// Timings of the sync, and where it counts what it drops.
+#[derive(Debug, Clone)]
 pub struct SyncSettings {
     pub lease_ttl: Duration,
     pub flush_every: Duration,
     pub block_size: usize,
+    /// Records dropped for lack of room (`ownerserve_ownership_records_dropped_total`).
+    pub dropped: prometheus::IntCounter,
 }
 
 /// Each worker's current directory lease.
@@ -62,14 +68,20 @@ type Leases = Arc<Mutex<HashMap<WorkerId, LeaseId>>>;
 /// Handle the proxy records routed requests through (never blocks).
 #[derive(Clone)]
 pub struct OwnershipSync {
-    tx: mpsc::UnboundedSender<Routed>,
+    tx: mpsc::Sender<Routed>,
     leases: Leases,
     client: Arc<dyn DirectoryClient>,
+    /// Records dropped because the queue was full (`ownerserve_ownership_records_dropped_total`).
+    dropped: prometheus::IntCounter,
 }
 
 impl OwnershipSync {
+    /// Queues a record for the directory, or drops and counts it when the sync is
+    /// [`MAX_QUEUED`] records behind.
     pub fn record(&self, routed: Routed) {
-        let _ = self.tx.send(routed);
+        if self.tx.try_send(routed).is_err() {
+            self.dropped.inc();
+        }
     }
 
     /// The worker's directory lease, once granted.
@@ -95,10 +107,23 @@ impl OwnershipSync {
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(MAX_QUEUED);
         let leases = Leases::default();
-        tracker.spawn(run(client.clone(), registry, s, rx, leases.clone(), cancel));
-        Self { tx, leases, client }
+        let dropped = s.dropped.clone();
+        let sync = run(client.clone(), registry, s, rx, leases.clone());
+        // Cancelled wherever it waits: a hung directory must not hold up shutdown.
+        tracker.spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = sync => {}
+            }
+        });
+        Self {
+            tx,
+            leases,
+            client,
+            dropped,
+        }
     }
 }
 
@@ -155,9 +180,8 @@ async fn run(
     client: Arc<dyn DirectoryClient>,
     registry: Arc<Registry>,
     s: SyncSettings,
-    mut rx: mpsc::UnboundedReceiver<Routed>,
+    mut rx: mpsc::Receiver<Routed>,
     shared: Leases,
-    cancel: CancellationToken,
 ) {
     let ttl_ms = s.lease_ttl.as_millis() as u64;
     let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
@@ -166,7 +190,6 @@ async fn run(
     let mut pending: Vec<Routed> = Vec::new();
     loop {
         tokio::select! {
-            () = cancel.cancelled() => return,
             r = rx.recv() => match r {
                 Some(r) => pending.push(r),
                 None => return,
@@ -250,6 +273,68 @@ mod tests {
             }),
             effects,
         }
+    }
+
+    /// A directory that never answers (an outage: every write hangs).
+    struct Unreachable;
+
+    impl DirectoryClient for Unreachable {
+        fn write(
+            &self,
+            _: Command,
+        ) -> ownerserve_ownership::node::BoxFuture<
+            '_,
+            Result<Outcome, ownerserve_ownership::node::DirectoryError>,
+        > {
+            Box::pin(std::future::pending())
+        }
+
+        fn lookup(&self, _: Option<&str>, _: &[u64], _: u64) -> ownerserve_ownership::node::Lookup {
+            ownerserve_ownership::node::Lookup::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_directory_outage_drops_and_counts_records_instead_of_growing_memory() {
+        use crate::config::WorkerSpec;
+        use ownerserve_planner::ids::{EngineKind, Role};
+        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
+            "w",
+            "http://127.0.0.1:1",
+            Role::Hybrid,
+            EngineKind::Sim,
+        )]));
+        registry.all()[0].mark_healthy(vec!["m".into()]);
+        let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let settings = SyncSettings {
+            lease_ttl: Duration::from_secs(3),
+            flush_every: Duration::from_millis(5),
+            block_size: 16,
+            dropped: dropped.clone(),
+        };
+        let sync = OwnershipSync::spawn(
+            Arc::new(Unreachable),
+            registry,
+            settings,
+            &tracker,
+            cancel.clone(),
+        );
+        // The task takes its first lease round and hangs on the directory.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sent = MAX_QUEUED + 1000;
+        for _ in 0..sent {
+            sync.record(routed(64, Some("s"), Effects::default()));
+        }
+        // Before, all of them stayed queued, each with its prompt, for as long as the outage.
+        let kept = sent as u64 - dropped.get();
+        assert!(
+            (MAX_QUEUED as u64..=MAX_QUEUED as u64 + 1).contains(&kept),
+            "kept {kept}"
+        );
+        cancel.cancel();
+        tracker.close();
+        tracker.wait().await;
     }
 
     #[test]

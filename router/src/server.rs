@@ -112,6 +112,7 @@ impl AppState {
                 lease_ttl: cfg.worker_lease_ttl,
                 flush_every: cfg.ownership_flush,
                 block_size: kv.block_size(),
+                dropped: proxy_metrics.ownership_records_dropped.clone(),
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });

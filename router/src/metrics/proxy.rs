@@ -62,6 +62,9 @@ pub struct ProxyMetrics {
     kv_moved: IntCounterVec,
     migrations: IntCounter,
     demotions: IntCounter,
+    /// Routed requests whose ownership records were dropped: the directory sync was
+    /// [`crate::ownership_sync::MAX_QUEUED`] records behind (a directory outage).
+    pub ownership_records_dropped: IntCounter,
     queue_time: HistogramVec,
     ttft: HistogramVec,
 }
@@ -120,6 +123,11 @@ impl ProxyMetrics {
                 registry,
                 "ownerserve_session_demotions_total",
                 "Idle sessions demoted when their lease lapsed.",
+            )?,
+            ownership_records_dropped: counter(
+                registry,
+                "ownerserve_ownership_records_dropped_total",
+                "Routed requests whose ownership records were dropped because the directory sync was too far behind (a directory outage).",
             )?,
             queue_time: histogram_vec(
                 registry,
