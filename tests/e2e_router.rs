@@ -503,3 +503,88 @@ async fn the_admin_api_needs_a_token_and_a_generated_one_is_printed() {
         200
     );
 }
+
+/// Reads what the server sends until it closes the connection (or `within` passes).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(within, stream.read_to_end(&mut got)).await;
+    read.ok()
+        .map(|_| String::from_utf8_lossy(&got).into_owned())
+}
+
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut_off_and_connections_are_capped() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    let w = Proc::sim_worker(&["--instant"]);
+    let cfg = temp_config(
+        "limits.toml",
+        "[router]\nmax_connections = 8\nheader_read_timeout_s = 1\nbody_read_timeout_s = 1\n",
+    );
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
+    let addr = router.url.trim_start_matches("http://").to_owned();
+    // Before: idle, header-dripping and body-dripping connections stayed open 90 s+.
+    let started = Instant::now();
+    let mut idle = TcpStream::connect(&addr).await.unwrap();
+    assert!(
+        read_until_closed(&mut idle, Duration::from_secs(5))
+            .await
+            .is_some(),
+        "idle connection kept"
+    );
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    let mut drip = TcpStream::connect(&addr).await.unwrap();
+    drip.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut cut = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if drip.write_all(b"x-drip: 1\r\n").await.is_err() {
+            cut = true;
+            break;
+        }
+    }
+    let closed = cut
+        || read_until_closed(&mut drip, Duration::from_secs(3))
+            .await
+            .is_some();
+    assert!(closed, "a header-dripping client kept its connection");
+    assert!(started.elapsed() < Duration::from_secs(6));
+
+    let mut body_drip = TcpStream::connect(&addr).await.unwrap();
+    body_drip
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"model\":")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut body_drip, Duration::from_secs(5))
+        .await
+        .unwrap_or_default();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+
+    // Eight connections fill the router; a ninth gets a 503 at once and is closed.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut ninth = TcpStream::connect(&addr).await.unwrap();
+    let refused = read_until_closed(&mut ninth, Duration::from_secs(2))
+        .await
+        .unwrap_or_default();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("overloaded"), "{refused}");
+    // The idle eight are cut after the header timeout; the router serves again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let health = client()
+        .get(format!("{}/health", router.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    drop(held);
+}

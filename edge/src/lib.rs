@@ -9,6 +9,7 @@
 //!   request its id, span and [`http_metrics`].
 //! - [`exposition`]: the Prometheus text exposition and registration helpers.
 //! - [`process`]: printed lines, binding a listener, signals into a cancellation.
+//! - [`serve`]: serving an app over HTTP/1 with connection limits and timeouts.
 //!
 //! It knows nothing of the proxy or the directory: both build on it.
 #![forbid(unsafe_code)]
@@ -20,3 +21,4 @@ pub mod exposition;
 pub mod http_metrics;
 pub mod process;
 pub mod request_id;
+pub mod serve;

@@ -19,6 +19,8 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("failed to read the request body: {0}")]
     BodyRead(String),
+    #[error("the request body did not arrive within {after:?}")]
+    BodyTimeout { after: Duration },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("no healthy worker serves model `{model}` right now")]
@@ -42,6 +44,7 @@ pub enum ApiError {
 
 impl ApiError {
     /// HTTP status, OpenAI error type, offending parameter and code.
+    #[expect(clippy::too_many_lines, reason = "one arm per error, in declaration order")]
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>, &'static str) {
         use ApiError::*;
         match self {
@@ -62,6 +65,12 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 "invalid_body",
+            ),
+            BodyTimeout { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                None,
+                "body_timeout",
             ),
             ModelNotFound(_) => (
                 StatusCode::NOT_FOUND,

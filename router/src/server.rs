@@ -47,8 +47,8 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let state = AppState::start(cfg, &tracker, &shutdown).await?;
     let directory = state.directory.clone();
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+    let limits = state.cfg.conn_limits;
+    let served = ownerserve_edge::serve::serve(listener, app(state), limits, shutdown.clone())
         .await
         .context("router server failed");
     shutdown.cancel();

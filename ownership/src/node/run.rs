@@ -156,9 +156,8 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
         http_metrics,
         ownerserve_edge::request_id::track,
     ));
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    let limits = ownerserve_edge::serve::ConnLimits::default();
+    let served = ownerserve_edge::serve::serve(listener, app, limits, shutdown.clone()).await;
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;

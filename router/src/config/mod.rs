@@ -49,6 +49,13 @@ pub struct RouterSettings {
     /// stream ends with an error event and counts as a failed health check.
     pub stream_idle_timeout_s: u64,
     pub max_body_bytes: usize,
+    /// Most client connections open at once; one more gets a 503 and is closed.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers, counted from when the router
+    /// starts waiting for them (so also how long a keep-alive connection may idle).
+    pub header_read_timeout_s: u64,
+    /// Longest a client may take to send a request's body (a 408 after it).
+    pub body_read_timeout_s: u64,
     /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
     /// in all, so its next step hashes only the blocks it adds (0: keep none).
     pub prompt_cache_mb: usize,
@@ -197,6 +204,9 @@ impl Default for RouterSettings {
             request_timeout_s: 600,
             stream_idle_timeout_s: 60,
             max_body_bytes: 32 * 1024 * 1024,
+            max_connections: 4096,
+            header_read_timeout_s: 30,
+            body_read_timeout_s: 60,
             prompt_cache_mb: 256,
             tokenizers: std::collections::BTreeMap::new(),
             models: std::collections::BTreeMap::new(),

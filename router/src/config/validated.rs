@@ -35,6 +35,9 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     pub stream_idle_timeout: Duration,
     pub max_body_bytes: usize,
+    /// Connection limits of the client-facing server.
+    pub conn_limits: ownerserve_edge::serve::ConnLimits,
+    pub body_read_timeout: Duration,
     pub prompt_cache_bytes: usize,
     /// Models not tokenized with the built-in tokenizer, and how they are.
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
@@ -233,6 +236,12 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
+            conn_limits: ownerserve_edge::serve::ConnLimits {
+                max_connections: s.max_connections.max(1),
+                header_read: Duration::from_secs(s.header_read_timeout_s.max(1)),
+                ..Default::default()
+            },
+            body_read_timeout: Duration::from_secs(s.body_read_timeout_s.max(1)),
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
             tokenizers: load_tokenizers(s)?,
             workers,

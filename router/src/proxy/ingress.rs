@@ -3,6 +3,8 @@
 //! unvalidated request. (Client keys are checked before, by `ownerserve_edge::api_keys`,
 //! and never passed on: the engines get `router.engine_api_key`.)
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::request::Parts;
@@ -24,10 +26,13 @@ pub struct Admitted {
 }
 
 impl Admitted {
-    /// Reads `req`'s body up to `limit` bytes.
-    pub async fn read(req: Request, limit: usize) -> Result<Self, ApiError> {
+    /// Reads `req`'s body up to `limit` bytes, within `within` (a client dripping its body
+    /// holds a connection and a buffer no longer than that).
+    pub async fn read(req: Request, limit: usize, within: Duration) -> Result<Self, ApiError> {
         let (parts, body) = req.into_parts();
-        let body = read_body(&parts.headers, body, limit).await?;
+        let body = tokio::time::timeout(within, read_body(&parts.headers, body, limit))
+            .await
+            .map_err(|_| ApiError::BodyTimeout { after: within })??;
         let request_id = ownerserve_edge::request_id::of(&parts.headers);
         Ok(Self {
             parts,

@@ -46,7 +46,7 @@ use ownerserve_edge::http_metrics::Executed;
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes).await?;
+    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
     let parsed = req.parse(endpoint, &st.registry)?;
     let headers = &req.parts.headers;
     let id =
