@@ -44,7 +44,10 @@ pub enum ApiError {
 
 impl ApiError {
     /// HTTP status, OpenAI error type, offending parameter and code.
-    #[expect(clippy::too_many_lines, reason = "one arm per error, in declaration order")]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one arm per error, in declaration order"
+    )]
     fn parts(&self) -> (StatusCode, &'static str, Option<&str>, &'static str) {
         use ApiError::*;
         match self {

@@ -20,7 +20,11 @@ use crate::state::AppState;
 /// every source whatever the routing policy reads.
 pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
     let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
-    let parsed = req.parse(Endpoint::ChatCompletions, &st.registry)?;
+    let parsed = req.parse(
+        Endpoint::ChatCompletions,
+        &st.registry,
+        st.cfg.request_limits,
+    )?;
     let headers = &req.parts.headers;
     let id = identity::identify(
         &st.prompts,

@@ -49,6 +49,10 @@ pub struct RouterSettings {
     /// stream ends with an error event and counts as a failed health check.
     pub stream_idle_timeout_s: u64,
     pub max_body_bytes: usize,
+    /// Most choices one request may ask for (`n` × prompts of a completions batch).
+    pub max_choices: u64,
+    /// Most completion tokens one request may ask for in all (`max_tokens` × choices).
+    pub max_completion_tokens: u64,
     /// Most client connections open at once; one more gets a 503 and is closed.
     pub max_connections: usize,
     /// Longest a client may take to send a request's headers, counted from when the router
@@ -204,6 +208,8 @@ impl Default for RouterSettings {
             request_timeout_s: 600,
             stream_idle_timeout_s: 60,
             max_body_bytes: 32 * 1024 * 1024,
+            max_choices: 256,
+            max_completion_tokens: 1 << 20,
             max_connections: 4096,
             header_read_timeout_s: 30,
             body_read_timeout_s: 60,

@@ -35,6 +35,8 @@ pub struct RouterConfig {
     pub request_timeout: Duration,
     pub stream_idle_timeout: Duration,
     pub max_body_bytes: usize,
+    /// How much work one request may ask of the engines.
+    pub request_limits: crate::proxy::ingress::RequestLimits,
     /// Connection limits of the client-facing server.
     pub conn_limits: ownerserve_edge::serve::ConnLimits,
     pub body_read_timeout: Duration,
@@ -236,6 +238,10 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
+            request_limits: crate::proxy::ingress::RequestLimits {
+                max_choices: s.max_choices.max(1),
+                max_completion_tokens: s.max_completion_tokens.max(1),
+            },
             conn_limits: ownerserve_edge::serve::ConnLimits {
                 max_connections: s.max_connections.max(1),
                 header_read: Duration::from_secs(s.header_read_timeout_s.max(1)),

@@ -361,11 +361,23 @@ fn model_input(
                 .map_err(|e| ApiError::BadRequest(RequestError::chat_template(e.to_string())))?;
             ModelInput::Chat(text)
         }
-        Prompt::Completion(prompts) => match prompts.first() {
-            Some(PromptInput::Text(t)) => ModelInput::Text(t.to_string()),
-            Some(PromptInput::Tokens(t)) => ModelInput::Tokens(t.clone()),
-            None => ModelInput::Tokens(Vec::new()),
-        },
+        Prompt::Completion(prompts) => {
+            // Every token-id prompt of the batch must be in the vocabulary (the engine
+            // would refuse the request, after queueing it).
+            let vocab = tokenizer.vocab_size();
+            for p in prompts {
+                if let PromptInput::Tokens(t) = p {
+                    if let Some(&id) = t.iter().find(|&&id| id as usize >= vocab) {
+                        return Err(RequestError::token_out_of_vocabulary(id, vocab).into());
+                    }
+                }
+            }
+            match prompts.first() {
+                Some(PromptInput::Text(t)) => ModelInput::Text(t.to_string()),
+                Some(PromptInput::Tokens(t)) => ModelInput::Tokens(t.clone()),
+                None => ModelInput::Tokens(Vec::new()),
+            }
+        }
     })
 }
 
@@ -727,6 +739,13 @@ mod tests {
         assert_eq!(
             run(over, Endpoint::Completions).await,
             Err("This model's maximum context length is 64 tokens. However, you requested 65 tokens (60 in the messages, 5 in the completion). Please reduce the length of the messages or completion.".into())
+        );
+        // A token id past the model's vocabulary (4,096 here) never reaches an engine.
+        let oov =
+            serde_json::json!({"model": "tiny", "prompt": [[1, 2], [3, 4096]], "max_tokens": 1});
+        assert_eq!(
+            run(oov, Endpoint::Completions).await,
+            Err("token id 4096 is outside the model's vocabulary of 4096 tokens".into())
         );
         // Chat with the model's own tokenizer: exact too.
         let long = "word ".repeat(200);

@@ -41,13 +41,16 @@ impl Admitted {
         })
     }
 
-    /// The body parsed and validated for `endpoint`, its model served by `registry`.
+    /// The body parsed and validated for `endpoint`, within `limits`, its model served by
+    /// `registry`.
     pub fn parse(
         &self,
         endpoint: Endpoint,
         registry: &Registry,
+        limits: RequestLimits,
     ) -> Result<ParsedRequest<'_>, ApiError> {
         let parsed = openai::parse(&self.body, endpoint)?;
+        limits.check(&parsed)?;
         // Where an engine pulls KV from, or which bootstrap server it joins, is the
         // router's decision: a client's value would steer the engine to any address.
         if let Some(field) = parsed.engine_control {
@@ -55,6 +58,32 @@ impl Admitted {
         }
         check_model(registry, &parsed.model)?;
         Ok(parsed)
+    }
+}
+
+/// How much work one request may ask of the engines.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Most choices (`n` × prompts).
+    pub max_choices: u64,
+    /// Most completion tokens in all (`max_tokens` × choices), when `max_tokens` is given.
+    pub max_completion_tokens: u64,
+}
+
+impl RequestLimits {
+    fn check(self, parsed: &ParsedRequest<'_>) -> Result<(), RequestError> {
+        let choices = parsed.choices();
+        if choices > self.max_choices {
+            return Err(RequestError::too_many_choices(choices, self.max_choices));
+        }
+        let total = choices.saturating_mul(u64::from(parsed.sampling.max_tokens.unwrap_or(0)));
+        if total > self.max_completion_tokens {
+            return Err(RequestError::too_many_tokens(
+                total,
+                self.max_completion_tokens,
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -47,7 +47,7 @@ use ownerserve_edge::http_metrics::Executed;
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
     let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
-    let parsed = req.parse(endpoint, &st.registry)?;
+    let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
     let headers = &req.parts.headers;
     let id =
         identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;

@@ -259,3 +259,57 @@ async fn a_client_cannot_steer_an_engine_with_disaggregation_fields() {
     tracker.close();
     tracker.wait().await;
 }
+
+#[tokio::test]
+async fn one_request_cannot_ask_for_unbounded_work() {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let cfg = config(&RouterSettings::default(), worker);
+    let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    tracker.spawn(async move { served.await });
+    let http = reqwest::Client::new();
+    let model = SimSettings::default().build().unwrap().served_model_name;
+    // Before: 1,000 prompts × n = 128 took 36 s of worker time.
+    let prompts: Vec<String> = (0..1000).map(|i| format!("prompt {i}")).collect();
+    let cases = [
+        (
+            serde_json::json!({"model": model, "prompt": prompts, "n": 128, "max_tokens": 1}),
+            "n",
+        ),
+        (
+            serde_json::json!({"model": model, "prompt": ["a", "b", "c"], "n": 128, "max_tokens": 1}),
+            "n",
+        ),
+        (
+            serde_json::json!({"model": model, "prompt": "a", "n": 128, "max_tokens": 9000}),
+            "max_tokens",
+        ),
+    ];
+    for (body, param) in cases {
+        let resp = http
+            .post(format!("{url}/v1/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{param}");
+        let err: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+    // Within the limits (256 choices, 1,048,576 completion tokens in all): served.
+    let ok = serde_json::json!({"model": model, "prompt": ["a", "b"], "n": 2, "max_tokens": 2});
+    let resp = http
+        .post(format!("{url}/v1/completions"))
+        .json(&ok)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}

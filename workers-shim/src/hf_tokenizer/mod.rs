@@ -92,6 +92,11 @@ impl std::fmt::Debug for HfTokenizer {
 }
 
 impl HfTokenizer {
+    /// Token ids the model knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
     /// Loads `DIR/tokenizer.json` and `DIR/tokenizer_config.json` (a model directory).
     pub fn from_dir(dir: &Path) -> Result<Self, HfTokenizerError> {
         Self::from_files(

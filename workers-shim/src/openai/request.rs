@@ -58,6 +58,30 @@ impl RequestError {
         }
     }
 
+    /// More choices (`n` × prompts) than one request may ask for.
+    pub fn too_many_choices(choices: u64, limit: u64) -> Self {
+        Self::invalid(
+            "n",
+            format!("this request asks for {choices} choices (n × prompts); at most {limit} are allowed"),
+        )
+    }
+
+    /// More completion tokens in all (`max_tokens` × choices) than one request may ask for.
+    pub fn too_many_tokens(total: u64, limit: u64) -> Self {
+        Self::invalid(
+            "max_tokens",
+            format!("this request asks for up to {total} completion tokens in all (max_tokens × n × prompts); at most {limit} are allowed"),
+        )
+    }
+
+    /// A token id the model's vocabulary does not have.
+    pub fn token_out_of_vocabulary(id: u32, vocab: usize) -> Self {
+        Self::invalid(
+            "prompt",
+            format!("token id {id} is outside the model's vocabulary of {vocab} tokens"),
+        )
+    }
+
     /// A field only the router may set (see [`ParsedRequest::engine_control`]).
     pub fn engine_control(field: &'static str) -> Self {
         Self {
@@ -591,6 +615,19 @@ impl RenderedPrompt {
 }
 
 impl ParsedRequest<'_> {
+    /// Prompts in the request (a completions batch has several; chat has one).
+    pub fn prompt_count(&self) -> usize {
+        match &self.prompt {
+            Prompt::Chat(_) => 1,
+            Prompt::Completion(p) => p.len(),
+        }
+    }
+
+    /// Choices the engines will generate: `n` for every prompt.
+    pub fn choices(&self) -> u64 {
+        self.prompt_count() as u64 * u64::from(self.sampling.n.max(1))
+    }
+
     /// Each prompt rendered for tokenizing (chat messages through the chat template).
     pub fn rendered_prompts(&self) -> Vec<RenderedPrompt> {
         match &self.prompt {
