@@ -63,7 +63,7 @@ pub struct ProxyMetrics {
     migrations: IntCounter,
     demotions: IntCounter,
     /// Routed requests whose ownership records were dropped: the directory sync was
-    /// [`crate::ownership_sync::MAX_QUEUED`] records behind (a directory outage).
+    /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage).
     pub ownership_records_dropped: IntCounter,
     queue_time: HistogramVec,
     ttft: HistogramVec,
