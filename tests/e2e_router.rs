@@ -588,3 +588,31 @@ async fn slow_and_idle_clients_are_cut_off_and_connections_are_capped() {
     assert_eq!(health.status(), 200);
     drop(held);
 }
+
+#[tokio::test]
+async fn metrics_and_worker_urls_need_the_read_token_unless_made_public() {
+    let w = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &[]);
+    let c = reqwest::Client::new();
+    for path in ["/metrics", "/metrics/targets"] {
+        let url = format!("{}{path}", router.url);
+        // Before: open to anyone (worker URLs included).
+        assert_eq!(c.get(&url).send().await.unwrap().status(), 401, "{path}");
+        let read = c
+            .get(&url)
+            .bearer_auth(common::READ_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(read.status(), 200, "{path}");
+    }
+    drop(router);
+    let cfg = temp_config("metrics-public.toml", "[router]\nmetrics_public = true\n");
+    let public = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
+    let open = c
+        .get(format!("{}/metrics", public.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status(), 200);
+}

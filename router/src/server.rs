@@ -211,7 +211,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let directory_admin = state
         .directory
         .clone()
-        .map(|node| ownerserve_ownership::node::admin::routes(node, tokens));
+        .map(|node| ownerserve_ownership::node::admin::routes(node, tokens.clone()));
     let mut client_api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -222,10 +222,19 @@ pub fn app(state: Arc<AppState>) -> Router {
             ownerserve_edge::api_keys::require,
         ));
     }
+    // The fleet's figures and its workers' URLs: the read token's, unless made public.
+    let mut metrics = Router::new()
+        .route("/metrics", get(crate::metrics::scrape::metrics))
+        .route("/metrics/targets", get(crate::metrics::scrape::targets));
+    if !state.cfg.metrics_public {
+        metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
+            tokens.clone(),
+            auth::require,
+        ));
+    }
     let router = client_api
         .route("/health", get(health))
-        .route("/metrics", get(crate::metrics::scrape::metrics))
-        .route("/metrics/targets", get(crate::metrics::scrape::targets))
+        .merge(metrics)
         .merge(admin)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -255,7 +255,7 @@ def nixl_warm_up(prefill, decode, attempts=3):
 
 def fallback_count(r):
     """Dispatch legs that failed and fell back to the decode worker, per the router."""
-    _, _, text = http("GET", r.url + "/metrics")
+    _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"})
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("ownerserve_plan_fallbacks_total"))
 

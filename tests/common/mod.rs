@@ -224,10 +224,11 @@ pub async fn get_json(url: &str) -> serde_json::Value {
         .unwrap()
 }
 
-/// GETs `url` and returns the body as text.
+/// GETs `url` (with the admin token: routers keep `/metrics` behind it) as text.
 pub async fn get_text(url: &str) -> String {
     client()
         .get(url)
+        .bearer_auth(ADMIN_TOKEN)
         .send()
         .await
         .unwrap()

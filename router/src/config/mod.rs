@@ -109,6 +109,9 @@ pub struct RouterSettings {
     pub admin_token: Option<String>,
     /// Bearer token that may only read `/admin/v1`.
     pub read_token: Option<String>,
+    /// Serve `/metrics` and `/metrics/targets` (worker URLs) to anyone; otherwise they need
+    /// the read or admin token, as Prometheus's `authorization` sends it.
+    pub metrics_public: bool,
     /// Keys a client must present on `/v1` (`Authorization: Bearer KEY` or `x-api-key`);
     /// empty: `/v1` is open. Never forwarded to the engines.
     pub api_keys: Vec<String>,
@@ -233,6 +236,7 @@ impl Default for RouterSettings {
             admin_token: None,
             read_token: None,
             api_keys: Vec::new(),
+            metrics_public: false,
             engine_api_key: None,
             directory: DirectoryMode::Off,
             directory_data_dir: None,

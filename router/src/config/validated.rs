@@ -48,6 +48,8 @@ pub struct RouterConfig {
     /// The index's settings; its block size is the default until the engines are asked
     /// (`crate::kv::resolve_block_size`).
     pub kv_index: KvIndexConfig,
+    /// `/metrics` and `/metrics/targets` need no token.
+    pub metrics_public: bool,
     /// Keys clients must present on `/v1` (`None`: open).
     pub api_keys: Option<ownerserve_edge::api_keys::ApiKeys>,
     /// `Authorization: Bearer <engine_api_key>`, sent to the engines on every request.
@@ -258,6 +260,7 @@ impl RouterConfig {
             },
             kv_block_size: s.kv_block_size,
             api_keys: api_keys(s)?,
+            metrics_public: s.metrics_public,
             engine_authorization: engine_authorization(s)?,
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
             scrape_interval: (s.scrape_interval_ms > 0)
