@@ -25,7 +25,9 @@ mod validated;
 mod workers;
 
 pub use error::ConfigError;
-pub use validated::{DirectorySetup, ModelTokenizer, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
+pub use validated::{
+    DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE,
+};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
 /// The `[router]` table.

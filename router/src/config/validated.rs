@@ -36,7 +36,7 @@ pub struct RouterConfig {
     pub stream_idle_timeout: Duration,
     pub max_body_bytes: usize,
     /// How much work one request may ask of the engines.
-    pub request_limits: crate::proxy::ingress::RequestLimits,
+    pub request_limits: RequestLimits,
     /// Connection limits of the client-facing server.
     pub conn_limits: ownerserve_edge::serve::ConnLimits,
     pub body_read_timeout: Duration,
@@ -178,6 +178,15 @@ fn planner_setup(
     })
 }
 
+/// How much work one request may ask of the engines (checked at ingress).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLimits {
+    /// Most choices (`n` × prompts).
+    pub max_choices: u64,
+    /// Most completion tokens in all (`max_tokens` × choices), when `max_tokens` is given.
+    pub max_completion_tokens: u64,
+}
+
 /// The validated directory choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DirectorySetup {
@@ -240,7 +249,7 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
-            request_limits: crate::proxy::ingress::RequestLimits {
+            request_limits: RequestLimits {
                 max_choices: s.max_choices.max(1),
                 max_completion_tokens: s.max_completion_tokens.max(1),
             },

@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 
 use ownerserve_shim::openai::{self, Endpoint, ParsedRequest, RequestError};
 
+use crate::config::RequestLimits;
 use crate::error::ApiError;
 use crate::registry::{ModelAvailability, Registry};
 
@@ -50,7 +51,7 @@ impl Admitted {
         limits: RequestLimits,
     ) -> Result<ParsedRequest<'_>, ApiError> {
         let parsed = openai::parse(&self.body, endpoint)?;
-        limits.check(&parsed)?;
+        check_limits(limits, &parsed)?;
         // Where an engine pulls KV from, or which bootstrap server it joins, is the
         // router's decision: a client's value would steer the engine to any address.
         if let Some(field) = parsed.engine_control {
@@ -61,30 +62,20 @@ impl Admitted {
     }
 }
 
-/// How much work one request may ask of the engines.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestLimits {
-    /// Most choices (`n` × prompts).
-    pub max_choices: u64,
-    /// Most completion tokens in all (`max_tokens` × choices), when `max_tokens` is given.
-    pub max_completion_tokens: u64,
-}
-
-impl RequestLimits {
-    fn check(self, parsed: &ParsedRequest<'_>) -> Result<(), RequestError> {
-        let choices = parsed.choices();
-        if choices > self.max_choices {
-            return Err(RequestError::too_many_choices(choices, self.max_choices));
-        }
-        let total = choices.saturating_mul(u64::from(parsed.sampling.max_tokens.unwrap_or(0)));
-        if total > self.max_completion_tokens {
-            return Err(RequestError::too_many_tokens(
-                total,
-                self.max_completion_tokens,
-            ));
-        }
-        Ok(())
+/// Refuses a request asking for more work than `limits` allow.
+fn check_limits(limits: RequestLimits, parsed: &ParsedRequest<'_>) -> Result<(), RequestError> {
+    let choices = parsed.choices();
+    if choices > limits.max_choices {
+        return Err(RequestError::too_many_choices(choices, limits.max_choices));
     }
+    let total = choices.saturating_mul(u64::from(parsed.sampling.max_tokens.unwrap_or(0)));
+    if total > limits.max_completion_tokens {
+        return Err(RequestError::too_many_tokens(
+            total,
+            limits.max_completion_tokens,
+        ));
+    }
+    Ok(())
 }
 
 /// Most bytes of an oversized body read and discarded before answering 413, so the client
