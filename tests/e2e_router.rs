@@ -616,3 +616,90 @@ async fn metrics_and_worker_urls_need_the_read_token_unless_made_public() {
         .unwrap();
     assert_eq!(open.status(), 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_shed_with_429_and_retry_after_while_health_answers() {
+    let w = Proc::sim_worker(&[]);
+    let cfg = temp_config(
+        "admission.toml",
+        "[router]\nmax_inflight_per_worker = 2\nmax_queued_per_model = 2\nqueue_timeout_ms = 500\n",
+    );
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
+    let mut body = chat_body("a long answer please", 2000);
+    body["stream"] = json!(true);
+    // Before: every client was let in and waited, with no 429 or 503 at all.
+    let tasks = tokio_util::task::TaskTracker::new();
+    let started = Instant::now();
+    let sends: Vec<_> = (0..10)
+        .map(|_| {
+            let (url, body) = (router.url.clone(), body.clone());
+            tasks.spawn(async move {
+                client()
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for s in sends {
+        answers.push(s.await.unwrap());
+    }
+    // Two slots for one worker: two streams run; the rest are refused within the queue
+    // timeout (two waited 500 ms for a slot, six found the queue full).
+    let ok = answers.iter().filter(|r| r.status() == 200).count();
+    let shed: Vec<_> = answers.iter().filter(|r| r.status() == 429).collect();
+    assert_eq!((ok, shed.len()), (2, 8));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for r in &shed {
+        let after: u64 = r.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=60).contains(&after));
+    }
+    let health = client()
+        .get(format!("{}/health", router.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let text = common::get_text(&format!("{}/metrics", router.url)).await;
+    assert_eq!(
+        common::metric(
+            &text,
+            "ownerserve_admission_shed_total{reason=\"queue_full\"}"
+        ),
+        6.0
+    );
+    assert_eq!(
+        common::metric(
+            &text,
+            "ownerserve_admission_shed_total{reason=\"queue_timeout\"}"
+        ),
+        2.0
+    );
+    // The running streams end (the clients leave): their slots free for the next request.
+    drop(answers);
+    let mut short = chat_body("hi", 2);
+    short["stream"] = json!(false);
+    let mut next = 0;
+    for _ in 0..40 {
+        next = client()
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&short)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if next == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(next, 200);
+}

@@ -27,6 +27,12 @@ pub enum ApiError {
     NoHealthyWorker { model: String },
     #[error("every worker serving model `{model}` is busy; retry shortly")]
     AllBusy { model: String },
+    #[error("model `{model}` is overloaded: {why}; retry in {retry_after_s} s")]
+    Overloaded {
+        model: String,
+        why: &'static str,
+        retry_after_s: u64,
+    },
     #[error("worker {worker} is unreachable")]
     UpstreamUnreachable { worker: String },
     #[error("worker {worker} did not answer within {after:?}")]
@@ -93,6 +99,12 @@ impl ApiError {
                 None,
                 "all_workers_busy",
             ),
+            Overloaded { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                "overloaded",
+            ),
             UpstreamUnreachable { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "server_error",
@@ -152,7 +164,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        self.with_body(|b| b.response())
+        let mut r = self.with_body(|b| b.response());
+        if let ApiError::Overloaded { retry_after_s, .. } = self {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, retry_after_s.into());
+        }
+        r
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
 //!   dispatch → relay → feedback); [`explain`] answers `/admin/v1/plan/explain` through
 //!   the same stages without dispatching.
+//! - [`admission`]: per-model slots and a bounded queue in front of the request path.
 //! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -24,6 +25,7 @@
 // clippy.toml.
 #![warn(clippy::too_many_lines)]
 
+pub mod admission;
 pub mod config;
 pub mod ctl;
 mod demotion;

@@ -258,6 +258,14 @@ impl Registry {
             .collect()
     }
 
+    /// Healthy workers serving `model`.
+    pub fn healthy_serving(&self, model: &str) -> usize {
+        self.workers
+            .iter()
+            .filter(|w| w.is_healthy() && w.serves(model))
+            .count()
+    }
+
     /// Distinct models served by healthy workers, in first-seen order.
     pub fn healthy_models(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

@@ -117,6 +117,7 @@ impl AppState {
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
+        let admission = crate::admission::Admission::new(cfg.admission);
         let state = Arc::new(AppState {
             policy,
             engines: engines.clone(),
@@ -138,6 +139,7 @@ impl AppState {
             metrics: proxy_metrics,
             telemetry,
             tasks: tracker.clone(),
+            admission,
             registry,
         });
         if state.ownership.is_some() {

@@ -51,6 +51,8 @@ pub struct AppState {
     pub(crate) prompts: PromptHasher,
     /// Owns every task the router starts, request hand-offs included.
     pub(crate) tasks: TaskTracker,
+    /// Per-model slots and queue in front of the request path.
+    pub(crate) admission: crate::admission::Admission,
 }
 
 impl AppState {

@@ -55,6 +55,12 @@ pub struct RouterSettings {
     pub max_choices: u64,
     /// Most completion tokens one request may ask for in all (`max_tokens` × choices).
     pub max_completion_tokens: u64,
+    /// Requests one healthy worker may have in flight from this router; more wait.
+    pub max_inflight_per_worker: u32,
+    /// Requests of one model that may wait for a slot; more get a 429 at once.
+    pub max_queued_per_model: usize,
+    /// Longest a request waits for a slot before its 429.
+    pub queue_timeout_ms: u64,
     /// Most client connections open at once; one more gets a 503 and is closed.
     pub max_connections: usize,
     /// Longest a client may take to send a request's headers, counted from when the router
@@ -215,6 +221,9 @@ impl Default for RouterSettings {
             max_body_bytes: 32 * 1024 * 1024,
             max_choices: 256,
             max_completion_tokens: 1 << 20,
+            max_inflight_per_worker: 256,
+            max_queued_per_model: 1024,
+            queue_timeout_ms: 10_000,
             max_connections: 4096,
             header_read_timeout_s: 30,
             body_read_timeout_s: 60,

@@ -37,6 +37,8 @@ pub struct RouterConfig {
     pub max_body_bytes: usize,
     /// How much work one request may ask of the engines.
     pub request_limits: RequestLimits,
+    /// Per-model slots and queue.
+    pub admission: crate::admission::AdmissionSettings,
     /// Connection limits of the client-facing server.
     pub conn_limits: ownerserve_edge::serve::ConnLimits,
     pub body_read_timeout: Duration,
@@ -249,6 +251,11 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             max_body_bytes: s.max_body_bytes,
+            admission: crate::admission::AdmissionSettings {
+                max_inflight_per_worker: s.max_inflight_per_worker.max(1),
+                max_queued_per_model: s.max_queued_per_model,
+                queue_timeout: Duration::from_millis(s.queue_timeout_ms),
+            },
             request_limits: RequestLimits {
                 max_choices: s.max_choices.max(1),
                 max_completion_tokens: s.max_completion_tokens.max(1),

@@ -65,6 +65,8 @@ pub struct ProxyMetrics {
     /// Routed requests whose ownership records were dropped: the directory sync was
     /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage).
     pub ownership_records_dropped: IntCounter,
+    /// Requests shed by admission control, by reason.
+    shed: IntCounterVec,
     queue_time: HistogramVec,
     ttft: HistogramVec,
 }
@@ -124,6 +126,12 @@ impl ProxyMetrics {
                 "ownerserve_session_demotions_total",
                 "Idle sessions demoted when their lease lapsed.",
             )?,
+            shed: counter_vec(
+                registry,
+                "ownerserve_admission_shed_total",
+                "Requests refused with a 429 by admission control: the model's queue was full, or no slot freed within queue_timeout_ms.",
+                &["reason"],
+            )?,
             ownership_records_dropped: counter(
                 registry,
                 "ownerserve_ownership_records_dropped_total",
@@ -167,6 +175,11 @@ impl ProxyMetrics {
     }
 
     /// A plan was executed.
+    /// Counts a request shed by admission control.
+    pub fn shed(&self, reason: &str) {
+        self.shed.with_label_values(&[reason]).inc();
+    }
+
     pub fn plan(&self, a: Action) {
         self.plans
             .with_label_values(&[&self.policy, a.name()])

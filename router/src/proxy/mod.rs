@@ -30,6 +30,7 @@ pub mod view;
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::body::Body;
 use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -37,6 +38,7 @@ use axum::response::Response;
 use ownerserve_planner::policy::Decision;
 use ownerserve_shim::openai::Endpoint;
 
+use crate::admission::{Refusal, Ticket};
 use crate::error::ApiError;
 use crate::registry::Worker;
 use crate::state::AppState;
@@ -48,6 +50,8 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let started = Instant::now();
     let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
     let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
+    // Admitted before any tokenizing: an overloaded router sheds at the cost of a parse.
+    let ticket = admit(st, &parsed.model).await?;
     let headers = &req.parts.headers;
     let id =
         identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;
@@ -89,7 +93,8 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             started,
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {
-            Ok(response) => return Ok(response),
+            // The slot is held until the response body ends.
+            Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
@@ -101,6 +106,30 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             }
         }
     }
+}
+
+/// A slot for a request of `model`, or the 429 that sheds it (counted by reason).
+async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError> {
+    let healthy = st.registry.healthy_serving(model);
+    st.admission.admit(model, healthy).await.map_err(|r| {
+        st.metrics.shed(r.reason());
+        ApiError::Overloaded {
+            model: model.to_owned(),
+            why: match r {
+                Refusal::QueueFull { .. } => "its queue is full",
+                Refusal::TimedOut { .. } => "no slot freed in time",
+            },
+            retry_after_s: r.retry_after_s(),
+        }
+    })
+}
+
+/// `body`, holding `ticket` until it is dropped (the body ended or the client left).
+fn holding(body: Body, ticket: Ticket) -> Body {
+    Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
+        let _held = &ticket;
+        frame
+    }))
 }
 
 /// One try of a step on the decision's worker: dispatch, then relay and feedback.
