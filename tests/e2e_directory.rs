@@ -613,3 +613,40 @@ async fn all_terms(c: &Cluster) -> Vec<u64> {
     }
     out
 }
+
+#[tokio::test]
+async fn a_follower_forwards_admin_reads_to_the_leader() {
+    let mut c = Cluster::start(3, "follower-reads");
+    let leader = c.leader().await;
+    let lease = grant(&mut c, 1, 60_000).await;
+    let follower = (1..=3).find(|&i| i != leader).unwrap();
+    let http = reqwest::Client::new();
+    let get = |i: usize, path: &str| {
+        http.get(format!("{}{path}", c.url(i)))
+            .bearer_auth(common::READ_TOKEN)
+            .send()
+    };
+    // Before: a 421 naming the leader, for the client to retry there.
+    let from_follower = get(follower, "/admin/v1/leases").await.unwrap();
+    assert_eq!(from_follower.status(), 200);
+    let body: Value = from_follower.json().await.unwrap();
+    assert!(
+        body["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["id"] == lease),
+        "{body}"
+    );
+    let one = get(follower, &format!("/admin/v1/leases/{lease}"))
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    // The caller's token goes along: no token, still a 401 (at the follower).
+    let anonymous = http
+        .get(format!("{}/admin/v1/leases", c.url(follower)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+}

@@ -1,7 +1,8 @@
 //! The directory's operator API (`/admin/v1`, bearer-token auth): owners, leases with their
 //! remaining TTL and attached keys, sessions and their fork trees; revoking a lease,
 //! transferring or releasing a session (CAS on its current epoch); cluster status,
-//! learners and membership; and the OpenAPI document. Reads are linearizable.
+//! learners and membership; and the OpenAPI document. Reads are linearizable: a follower
+//! forwards a read to the leader (once) and relays its answer.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -40,8 +41,72 @@ pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
         .route("/admin/v1/cluster/learners", post(add_learner))
         .route("/admin/v1/cluster/membership", post(change_membership))
         .route("/admin/v1/openapi.json", get(openapi))
+        .route_layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            forward_reads,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(tokens, auth::require))
         .with_state(node)
+}
+
+/// Biggest 421 body read for the leader's address.
+const MISDIRECTED_BODY_LIMIT: usize = 64 * 1024;
+
+/// Middleware: a read that this node, a follower, answers 421 goes once to the leader
+/// the 421 names, with the caller's token, and the leader's answer is relayed. Writes
+/// keep their 421 (the client retries them at the leader itself).
+async fn forward_reads(
+    State(n): State<Arc<Node>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let is_read = req.method() == axum::http::Method::GET;
+    let forwarded = req.headers().contains_key(super::api::FORWARDED);
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let authorization = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .cloned();
+    let resp = next.run(req).await;
+    if !is_read || forwarded || resp.status() != StatusCode::MISDIRECTED_REQUEST {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MISDIRECTED_BODY_LIMIT).await else {
+        return error(StatusCode::BAD_GATEWAY, "unreadable 421".into(), json!({}));
+    };
+    let leader = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v["leader_addr"].as_str().map(str::to_owned));
+    let Some(addr) = leader else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    let mut get = n
+        .forwarder
+        .get(format!("http://{addr}{path}"))
+        .header(super::api::FORWARDED, "1");
+    if let Some(a) = authorization.as_ref().and_then(|a| a.to_str().ok()) {
+        get = get.header(reqwest::header::AUTHORIZATION, a);
+    }
+    match get.send().await {
+        Ok(r) => {
+            let status =
+                StatusCode::from_u16(r.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+            match r.bytes().await {
+                Ok(body) => (
+                    status,
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+                    .into_response(),
+                Err(_) => Response::from_parts(parts, axum::body::Body::from(bytes)),
+            }
+        }
+        Err(_) => Response::from_parts(parts, axum::body::Body::from(bytes)),
+    }
 }
 
 /// Runs `f` on the state after a linearizable read barrier; `None` is a 404 for `what`.

@@ -34,7 +34,7 @@ struct CommandRequest {
 }
 
 /// Marks a write already forwarded once, so a stale leader view cannot bounce it around.
-const FORWARDED: &str = "x-ownerserve-forwarded";
+pub(super) const FORWARDED: &str = "x-ownerserve-forwarded";
 
 async fn command(
     State(n): State<Arc<Node>>,
