@@ -468,6 +468,26 @@ async fn the_admin_api_needs_a_token_and_a_generated_one_is_printed() {
         .await
         .unwrap();
     assert_eq!(drain.status(), 403);
+    // axum's own rejections (a bad path parameter, a body that is not the JSON expected)
+    // were plain text; every error is JSON now.
+    for req in [
+        c.get(format!("{}/admin/v1/leases/not-a-number", stack.url)),
+        c.post(format!("{}/admin/v1/cluster/learners", stack.url))
+            .header("content-type", "application/json")
+            .body("{not json"),
+    ] {
+        let resp = req.bearer_auth(common::ADMIN_TOKEN).send().await.unwrap();
+        assert!(resp.status().is_client_error(), "{}", resp.status());
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json"));
+        let err: Value = resp.json().await.unwrap();
+        assert!(
+            !err["error"]["message"].as_str().unwrap().is_empty(),
+            "{err}"
+        );
+    }
     drop(stack);
 
     // Without any configured token, `up` generates one, prints it, and it works.

@@ -96,6 +96,46 @@ impl ErrorBody<'_> {
     }
 }
 
+/// Largest plain-text error body rewritten by [`json_errors`].
+const PLAIN_ERROR_LIMIT: usize = 16 * 1024;
+
+/// Middleware: an error answer that is not JSON (axum's own rejections of a bad path
+/// parameter or body, a 405 from a router) is rewritten in the JSON shape above, with the
+/// text as its message, so every error a client sees parses the same way.
+pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json") || v.starts_with("text/event-stream"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), PLAIN_ERROR_LIMIT).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_owned()
+    } else {
+        text
+    };
+    ErrorBody {
+        status,
+        message: &message,
+        kind: if status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        },
+        code: None,
+        extra: Map::new(),
+    }
+    .response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -245,10 +245,14 @@ pub fn app(state: Arc<AppState>) -> Router {
         Some(d) => router.merge(d),
         None => router,
     };
-    router.layer(axum::middleware::from_fn_with_state(
-        http_metrics,
-        ownerserve_edge::request_id::track,
-    ))
+    router
+        .layer(axum::middleware::from_fn(
+            ownerserve_edge::error_body::json_errors,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            http_metrics,
+            ownerserve_edge::request_id::track,
+        ))
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
