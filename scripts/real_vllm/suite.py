@@ -131,8 +131,15 @@ class Engine:
                 f'kv_replay = "tcp://127.0.0.1:{self.replay}"\n')
 
     def prompt_tokens(self, source):
-        """`vllm:prompt_tokens_by_source_total{source=...}` now."""
-        _, _, text = http("GET", self.url + "/metrics", timeout=10)
+        """`vllm:prompt_tokens_by_source_total{source=...}` now. An engine busy decoding on a
+        shared 2-core machine can be slow to answer: patient, and asked again."""
+        for attempt in range(3):
+            try:
+                _, _, text = http("GET", self.url + "/metrics", timeout=60)
+                break
+            except (TimeoutError, OSError):
+                if attempt == 2:
+                    raise
         for line in text.splitlines():
             if line.startswith("vllm:prompt_tokens_by_source_total") and f'source="{source}"' in line:
                 return float(line.split()[-1])
