@@ -213,15 +213,6 @@ async fn router_blocks(router: &str) -> u64 {
     kv["workers"][0]["blocks"].as_u64().unwrap()
 }
 
-/// Sends `signal` (`-STOP`, `-CONT`) to a process.
-fn signal(p: &Proc, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &p.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 #[tokio::test]
 async fn a_worker_marked_down_leaves_the_index_and_its_blocks_return_by_replay() {
     let (w, events, replay) = Proc::sim_worker_with_events(&["--instant"]);
@@ -248,7 +239,7 @@ async fn a_worker_marked_down_leaves_the_index_and_its_blocks_return_by_replay()
 
     // The engine stops answering (SIGSTOP: a hung host, cache intact): marked down, its
     // blocks leave the index, so nothing is routed to KV no one can reach.
-    signal(&w, "-STOP");
+    w.signal("-STOP");
     eventually(
         Duration::from_secs(10),
         "the down worker's blocks dropped",
@@ -259,7 +250,7 @@ async fn a_worker_marked_down_leaves_the_index_and_its_blocks_return_by_replay()
     )
     .await;
     // Back: the subscriber replays the engine's history and the same blocks return.
-    signal(&w, "-CONT");
+    w.signal("-CONT");
     eventually(Duration::from_secs(15), "the blocks back by replay", || {
         let url = url.clone();
         async move { router_blocks(&url).await == held }

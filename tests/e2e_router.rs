@@ -289,14 +289,12 @@ impl SilentAfterHealth {
     }
 }
 
-#[tokio::test]
-async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
-    let mut w = Proc::sim_worker(&[]);
-    let router = Proc::router(&[format!("{},role=decode", w.url)], &[]);
+/// A long streamed chat through `router`, its first chunk read.
+async fn open_long_stream(router: &str) -> reqwest::Response {
     let mut body = chat_body("a long answer please", 2000);
     body["stream"] = json!(true);
     let mut resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
+        .post(format!("{router}/v1/chat/completions"))
         .json(&body)
         .send()
         .await
@@ -304,7 +302,11 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
     assert_eq!(resp.status(), 200);
     let first = resp.chunk().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
-    w.kill();
+    resp
+}
+
+/// The rest of a stream, which must end within 10 s after `what`.
+async fn rest_of_stream(mut resp: reqwest::Response, what: &str) -> String {
     let mut rest = String::new();
     let read = tokio::time::timeout(Duration::from_secs(10), async {
         while let Ok(Some(chunk)) = resp.chunk().await {
@@ -312,7 +314,17 @@ async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
         }
     })
     .await;
-    assert!(read.is_ok(), "the stream hung after the worker died");
+    assert!(read.is_ok(), "the stream hung after {what}");
+    rest
+}
+
+#[tokio::test]
+async fn a_worker_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let mut w = Proc::sim_worker(&[]);
+    let router = Proc::router(&[format!("{},role=decode", w.url)], &[]);
+    let resp = open_long_stream(&router.url).await;
+    w.kill();
+    let rest = rest_of_stream(resp, "the worker died").await;
     assert!(rest.contains("upstream_unreachable"), "{rest}");
     assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
 }
@@ -325,38 +337,13 @@ async fn a_worker_going_silent_mid_stream_ends_the_stream_and_is_suspected() {
         "[router]\nstream_idle_timeout_s = 1\nhealth_interval_ms = 60000\nhealth_failure_threshold = 1\n",
     );
     let router = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
-    let mut body = chat_body("a long answer please", 2000);
-    body["stream"] = json!(true);
-    let mut resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let first = resp.chunk().await.unwrap().unwrap();
-    assert!(first.starts_with(b"data: "));
+    let resp = open_long_stream(&router.url).await;
     // A hung host: the process stops without closing its sockets. Before, the client's
     // stream hung forever (the timeout covered response headers only).
-    let stop = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &w.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok);
-    };
-    stop("-STOP");
+    w.signal("-STOP");
     let stopped = Instant::now();
-    let mut rest = String::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), async {
-        while let Ok(Some(chunk)) = resp.chunk().await {
-            rest.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    })
-    .await;
-    stop("-CONT");
-    assert!(read.is_ok(), "the stream hung after the worker went silent");
+    let rest = rest_of_stream(resp, "the worker went silent").await;
+    w.signal("-CONT");
     assert!(stopped.elapsed() < Duration::from_secs(5));
     assert!(rest.contains("upstream_timeout"), "{rest}");
     assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");

@@ -142,8 +142,13 @@ impl Proc {
 
     /// Sends SIGINT, as Ctrl-C would.
     pub fn interrupt(&self) {
+        self.signal("-INT");
+    }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, `-INT`, ...) to the process.
+    pub fn signal(&self, signal: &str) {
         let status = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status()
             .expect("kill");
         assert!(status.success());

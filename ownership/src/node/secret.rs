@@ -11,6 +11,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::json;
 
+use ownerserve_edge::auth::constant_time_eq;
+
 use super::answer::error;
 
 /// The header that carries the cluster secret.
@@ -61,10 +63,6 @@ impl ClusterSecret {
             .get(HEADER)
             .is_some_and(|v| constant_time_eq(v.as_bytes(), self.0.as_bytes()))
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A `reqwest` client presenting `secret` (when there is one) on every request.

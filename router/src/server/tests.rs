@@ -21,6 +21,21 @@ fn config(settings: &RouterSettings, addr: SocketAddr) -> RouterConfig {
     RouterConfig::validate(settings, vec![spec]).unwrap()
 }
 
+/// Serves the router `state` as `run` does, on an ephemeral port until `shutdown`; its URL.
+async fn serve_router(
+    state: &Arc<AppState>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (app, limits) = (app(state.clone()), state.cfg.conn_limits);
+    let shutdown = shutdown.clone();
+    tracker
+        .spawn(async move { ownerserve_edge::serve::serve(listener, app, limits, shutdown).await });
+    url
+}
+
 /// A simulated engine on an ephemeral port, ending with `shutdown`.
 async fn sim_worker(tracker: &TaskTracker, shutdown: &CancellationToken) -> SocketAddr {
     sim_worker_with(tracker, shutdown, SimSettings::default().block_size).await
@@ -60,11 +75,7 @@ async fn a_session_step_runs_through_every_stage_and_its_owner_reaches_the_direc
     };
     let cfg = config(&settings, worker);
     let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let served = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tracker.spawn(async move { served.await });
+    let url = serve_router(&state, &tracker, &shutdown).await;
 
     let directory = state.sources().directory.unwrap();
     assert_eq!(directory.lookup(Some("s-inproc"), &[], 16).owner, None);
@@ -222,11 +233,7 @@ async fn a_client_cannot_steer_an_engine_with_disaggregation_fields() {
     let worker = sim_worker(&tracker, &shutdown).await;
     let cfg = config(&RouterSettings::default(), worker);
     let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tracker.spawn(async move { served.await });
+    let url = serve_router(&state, &tracker, &shutdown).await;
     let http = reqwest::Client::new();
     let model = SimSettings::default().build().unwrap().served_model_name;
     // Before: the engine was told to pull KV from (or join a bootstrap server at) any
@@ -266,11 +273,7 @@ async fn one_request_cannot_ask_for_unbounded_work() {
     let worker = sim_worker(&tracker, &shutdown).await;
     let cfg = config(&RouterSettings::default(), worker);
     let state = AppState::start(cfg, &tracker, &shutdown).await.unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let served = axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    tracker.spawn(async move { served.await });
+    let url = serve_router(&state, &tracker, &shutdown).await;
     let http = reqwest::Client::new();
     let model = SimSettings::default().build().unwrap().served_model_name;
     // Before: 1,000 prompts × n = 128 took 36 s of worker time.
