@@ -175,8 +175,10 @@ class Router:
             # No kv_block_size: the router learns the engines' (32) from their /metrics.
             f.write(f'[router]\nport = {self.port}\npolicy = "{policy}"\n'
                     f'admin_token = "{TOKEN}"\n'
-                    # vLLM's /health is instant; a short interval finds a dead engine fast.
-                    f'health_interval_ms = 500\nhealth_timeout_ms = 3000\n'
+                    # A short interval finds a dead engine fast (a refused connection
+                    # marks it down at once); a patient timeout keeps an engine that is
+                    # busy decoding on the shared 2 cores, and slow to answer /health, up.
+                    f'health_interval_ms = 500\nhealth_timeout_ms = 15000\n'
                     f'health_failure_threshold = 2\nscrape_interval_ms = 500\n{extra}\n'
                     f'{tokenizers}\n{workers}')
         self.log_path = os.path.join(log_dir, f"router-{label}.log")
