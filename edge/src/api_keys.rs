@@ -5,9 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
 use axum::response::Response;
 
 use crate::auth::{bearer_token, constant_time_eq};
@@ -32,28 +30,37 @@ impl ApiKeys {
         (!keys.is_empty()).then(|| Self(keys.into()))
     }
 
-    /// Whether `headers` present one of the keys.
-    pub fn admits(&self, headers: &axum::http::HeaderMap) -> bool {
+    /// How many keys there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: an empty key list is `None` (see [`ApiKeys::new`]).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The index of the key `headers` present, if it is one of them.
+    pub fn which(&self, headers: &axum::http::HeaderMap) -> Option<usize> {
         let presented = bearer_token(headers).or_else(|| {
             headers
                 .get(X_API_KEY)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
-        });
-        presented.is_some_and(|p| {
-            // Every key is compared, so timing does not tell which one nearly matched.
-            self.0
-                .iter()
-                .fold(false, |hit, k| hit | constant_time_eq(p, k))
+        })?;
+        // Every key is compared, so timing does not tell which one nearly matched.
+        self.0.iter().enumerate().fold(None, |hit, (i, k)| {
+            if constant_time_eq(presented.as_bytes(), k.as_bytes()) {
+                Some(i)
+            } else {
+                hit
+            }
         })
     }
 }
 
-/// Middleware: refuses a request without a configured key (OpenAI's 401 shape).
-pub async fn require(State(keys): State<ApiKeys>, req: Request, next: Next) -> Response {
-    if keys.admits(req.headers()) {
-        return next.run(req).await;
-    }
+/// The answer to a request without a configured key (OpenAI's 401 shape).
+pub fn unauthorized() -> Response {
     ErrorBody {
         status: StatusCode::UNAUTHORIZED,
         message: "a valid API key is required: `Authorization: Bearer KEY` or `x-api-key: KEY`",
@@ -81,13 +88,13 @@ mod tests {
                 axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
                 v.parse().unwrap(),
             );
-            keys.admits(&h)
+            keys.which(&h)
         };
-        assert!(with("authorization", "Bearer k-one"));
-        assert!(with("authorization", "bearer k-two"));
-        assert!(with("x-api-key", "k-two"));
-        assert!(!with("authorization", "Bearer k-three"));
-        assert!(!with("x-api-key", "k-on"));
-        assert!(!keys.admits(&axum::http::HeaderMap::new()));
+        assert_eq!(with("authorization", "Bearer k-one"), Some(0));
+        assert_eq!(with("authorization", "bearer k-two"), Some(1));
+        assert_eq!(with("x-api-key", "k-two"), Some(1));
+        assert_eq!(with("authorization", "Bearer k-three"), None);
+        assert_eq!(with("x-api-key", "k-on"), None);
+        assert_eq!(keys.which(&axum::http::HeaderMap::new()), None);
     }
 }

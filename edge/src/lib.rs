@@ -4,7 +4,8 @@
 //! - [`error_body`]: the one builder of error answers (OpenAI's shape, status headers,
 //!   the SSE form).
 //! - [`auth`]: bearer tokens with read and admin scopes for `/admin/v1`.
-//! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine.
+//! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine;
+//!   [`rate_limit`]: token buckets, one per key.
 //! - [`request_id`]: the `X-Request-Id` kept or made, and the middleware that gives each
 //!   request its id, span and [`http_metrics`].
 //! - [`exposition`]: the Prometheus text exposition and registration helpers.
@@ -20,5 +21,6 @@ pub mod error_body;
 pub mod exposition;
 pub mod http_metrics;
 pub mod process;
+pub mod rate_limit;
 pub mod request_id;
 pub mod serve;

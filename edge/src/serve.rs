@@ -1,9 +1,10 @@
 //! Serving an axum app over HTTP/1 with the limits a server facing the open internet needs
 //! (axum's own `serve` has none): at most `max_connections` at once (one over gets a 503
-//! and is closed, so the fd limit is never reached and `/health` stays reachable through
-//! a keep-alive connection), and a header-read timeout that also bounds an idle keep-alive
-//! connection and a client dripping its headers (slowloris). A body that drips is the
-//! handler's to bound (the router reads bodies with a deadline).
+//! and is closed, so the fd limit is never reached), `reserved_probes` more that answer
+//! only `GET /health` and `GET /metrics` (so load cannot starve a probe or a scrape), and
+//! a header-read timeout that also bounds an idle keep-alive connection and a client
+//! dripping its headers (slowloris). A body that drips is the handler's to bound (the
+//! router reads bodies with a deadline and a minimum rate).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,9 @@ pub struct ConnLimits {
     /// Longest a connection may take to send a request's headers, counted from when the
     /// server starts waiting for them (so also the longest a keep-alive connection idles).
     pub header_read: Duration,
+    /// Connections beyond `max_connections` served for `GET /health` and `GET /metrics`
+    /// alone.
+    pub reserved_probes: usize,
     /// Longest in-flight requests get to finish once shutdown starts.
     pub drain: Duration,
 }
@@ -36,6 +40,7 @@ impl Default for ConnLimits {
         Self {
             max_connections: 4096,
             header_read: Duration::from_secs(30),
+            reserved_probes: 64,
             drain: Duration::from_secs(30),
         }
     }
@@ -55,8 +60,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let probe_slots = Arc::new(Semaphore::new(limits.reserved_probes));
     let graceful = GracefulShutdown::new();
     let tasks = TaskTracker::new();
+    let probe_service =
+        TowerToHyperService::new(app.clone().layer(axum::middleware::from_fn(only_probes)));
     let service = TowerToHyperService::new(app);
     loop {
         let stream = tokio::select! {
@@ -71,15 +79,21 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tasks.spawn(refuse(stream));
-            continue;
-        };
         let _ = stream.set_nodelay(true);
+        let (slot, service) = match slots.clone().try_acquire_owned() {
+            Ok(slot) => (slot, service.clone()),
+            Err(_) => match probe_slots.clone().try_acquire_owned() {
+                Ok(slot) => (slot, probe_service.clone()),
+                Err(_) => {
+                    tasks.spawn(refuse(stream));
+                    continue;
+                }
+            },
+        };
         let conn = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read)
-            .serve_connection(TokioIo::new(stream), service.clone());
+            .serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tasks.spawn(async move {
             let _ = conn.await;
@@ -95,6 +109,30 @@ pub async fn serve(
     }
     tasks.close();
     Ok(())
+}
+
+/// On a reserved connection: lets `GET /health` and `GET /metrics` through and answers
+/// anything else as an over-limit connection is answered.
+async fn only_probes(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let probe = req.method() == axum::http::Method::GET
+        && matches!(req.uri().path(), "/health" | "/metrics");
+    if probe {
+        return next.run(req).await;
+    }
+    crate::error_body::ErrorBody {
+        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        message: "too many open connections",
+        kind: "server_error",
+        code: Some(crate::error_body::ErrorCode {
+            param: None,
+            code: "overloaded",
+        }),
+        extra: Default::default(),
+    }
+    .response()
 }
 
 /// Answers a connection over the limit with a 503 and closes it.

@@ -21,6 +21,12 @@ pub enum ApiError {
     BodyRead(String),
     #[error("the request body did not arrive within {after:?}")]
     BodyTimeout { after: Duration },
+    #[error("the request body arrived slower than {min_bytes_per_s} bytes/s")]
+    BodySlow { min_bytes_per_s: u64 },
+    #[error("the router is overloaded: {why}; retry shortly")]
+    RouterBusy { why: &'static str },
+    #[error("rate limit exceeded for this API key; retry in {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("no healthy worker serves model `{model}` right now")]
@@ -80,6 +86,24 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 "body_timeout",
+            ),
+            BodySlow { .. } => (
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                None,
+                "body_timeout",
+            ),
+            RouterBusy { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                "overloaded",
+            ),
+            RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                "rate_limit_exceeded",
             ),
             ModelNotFound(_) => (
                 StatusCode::NOT_FOUND,
@@ -165,7 +189,10 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = self.with_body(|b| b.response());
-        if let ApiError::Overloaded { retry_after_s, .. } = self {
+        // Every 429 and 503 says `Retry-After: 1`; these know better.
+        if let ApiError::Overloaded { retry_after_s, .. }
+        | ApiError::RateLimited { retry_after_s } = self
+        {
             r.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, retry_after_s.into());
         }

@@ -19,7 +19,7 @@ use crate::state::AppState;
 /// Explains the plan for a chat request (with its session and fork headers), reading
 /// every source whatever the routing policy reads.
 pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
-    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
+    let req = ingress::Admitted::read(req, &st.body_limits).await?;
     let parsed = req.parse(
         Endpoint::ChatCompletions,
         &st.registry,

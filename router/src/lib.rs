@@ -11,7 +11,8 @@
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
 //!   dispatch → relay → feedback); [`explain`] answers `/admin/v1/plan/explain` through
 //!   the same stages without dispatching.
-//! - [`admission`]: per-model slots and a bounded queue in front of the request path.
+//! - [`admission`]: per-model slots and a bounded queue in front of the request path;
+//!   `client_gate`: `/v1`'s API keys and per-key rate limits, before a body is read.
 //! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -26,6 +27,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod admission;
+mod client_gate;
 pub mod config;
 pub mod ctl;
 mod demotion;

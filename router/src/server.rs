@@ -18,6 +18,8 @@ use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy::{self, OwnerServeConfig};
 use ownerserve_shim::openai::Endpoint;
 
+use crate::admission::Admission;
+use crate::client_gate::ClientGate;
 use crate::config::{DirectorySetup, RouterConfig};
 use crate::error::ApiError;
 use crate::explain;
@@ -27,6 +29,7 @@ use crate::metrics::fleet::FleetMetrics;
 use crate::metrics::proxy::ProxyMetrics;
 use crate::ownership_sync::{OwnershipSync, SyncSettings};
 use crate::proxy::identity::{Engines, PromptHasher};
+use crate::proxy::ingress::BodyLimits;
 use crate::proxy::plan::RoutingPolicy;
 use crate::registry::Registry;
 use crate::sessions::Sessions;
@@ -70,13 +73,7 @@ impl AppState {
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Arc<AppState>> {
         let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings)?);
-        let registry = prometheus::Registry::new();
-        let proxy_metrics = ProxyMetrics::register(&registry, &cfg.policy)?;
-        let telemetry = Telemetry {
-            fleet: FleetMetrics::register(&registry)?,
-            http: Arc::new(HttpMetrics::register(&registry)?),
-            registry,
-        };
+        let (proxy_metrics, telemetry) = telemetry(&cfg.policy)?;
         let upstream = Upstream {
             client: upstream::client(cfg.connect_timeout),
             timeout: cfg.request_timeout,
@@ -117,7 +114,7 @@ impl AppState {
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
-        let admission = crate::admission::Admission::new(cfg.admission);
+        let (admission, client_gate, body_limits) = gates(&cfg);
         let state = Arc::new(AppState {
             policy,
             engines: engines.clone(),
@@ -140,6 +137,8 @@ impl AppState {
             telemetry,
             tasks: tracker.clone(),
             admission,
+            client_gate,
+            body_limits,
             registry,
         });
         if state.ownership.is_some() {
@@ -218,10 +217,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models));
-    if let Some(keys) = state.cfg.api_keys.clone() {
+    if !state.client_gate.is_open() {
         client_api = client_api.route_layer(axum::middleware::from_fn_with_state(
-            keys,
-            ownerserve_edge::api_keys::require,
+            state.clone(),
+            crate::client_gate::guard,
         ));
     }
     // The fleet's figures and its workers' URLs: the read token's, unless made public.
@@ -253,6 +252,28 @@ pub fn app(state: Arc<AppState>) -> Router {
             http_metrics,
             ownerserve_edge::request_id::track,
         ))
+}
+
+/// The process's metrics registry, with the proxy's, the fleet's and the HTTP metrics.
+fn telemetry(policy: &str) -> prometheus::Result<(ProxyMetrics, Telemetry)> {
+    let registry = prometheus::Registry::new();
+    let proxy = ProxyMetrics::register(&registry, policy)?;
+    let telemetry = Telemetry {
+        fleet: FleetMetrics::register(&registry)?,
+        http: Arc::new(HttpMetrics::register(&registry)?),
+        registry,
+    };
+    Ok((proxy, telemetry))
+}
+
+/// What stands in front of the request path: per-model admission, `/v1`'s keys and rate
+/// limits, and the body budget.
+fn gates(cfg: &RouterConfig) -> (Admission, ClientGate, BodyLimits) {
+    (
+        Admission::new(cfg.admission),
+        ClientGate::new(cfg.api_keys.clone(), cfg.rate_limit),
+        BodyLimits::new(cfg.body),
+    )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

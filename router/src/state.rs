@@ -53,6 +53,10 @@ pub struct AppState {
     pub(crate) tasks: TaskTracker,
     /// Per-model slots and queue in front of the request path.
     pub(crate) admission: crate::admission::Admission,
+    /// API keys and per-key rate limits of `/v1`.
+    pub(crate) client_gate: crate::client_gate::ClientGate,
+    /// How client bodies may arrive, and the bytes all of them may hold at once.
+    pub(crate) body_limits: crate::proxy::ingress::BodyLimits,
 }
 
 impl AppState {

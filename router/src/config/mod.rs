@@ -26,7 +26,8 @@ mod workers;
 
 pub use error::ConfigError;
 pub use validated::{
-    DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE,
+    BodySettings, DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig,
+    DEFAULT_KV_BLOCK_SIZE,
 };
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
@@ -68,6 +69,21 @@ pub struct RouterSettings {
     pub header_read_timeout_s: u64,
     /// Longest a client may take to send a request's body (a 408 after it).
     pub body_read_timeout_s: u64,
+    /// Slowest a body may arrive, in bytes per second on average once its first 5 s are
+    /// over (a 408 after; 0: no floor). Catches a dripping body long before the timeout.
+    pub body_min_bytes_per_s: u64,
+    /// Most MiB of request bodies the router holds at once, read or being read, across all
+    /// requests; a body that would exceed it gets a 503 `overloaded` with `Retry-After`.
+    pub max_inflight_body_mb: usize,
+    /// Connections kept beyond `max_connections` for `/health` and `/metrics` alone, so a
+    /// probe or a scrape gets through a router whose connections are all taken.
+    pub reserved_probe_connections: usize,
+    /// Requests per second each API key may send, sustained (0: no limit). With no
+    /// `api_keys`, the limit holds for the whole client API. Beyond it: 429
+    /// `rate_limit_exceeded` with `Retry-After`.
+    pub rate_limit_per_s: f64,
+    /// Requests a key may send at once after being idle (the token bucket's size).
+    pub rate_limit_burst: f64,
     /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
     /// in all, so its next step hashes only the blocks it adds (0: keep none).
     pub prompt_cache_mb: usize,
@@ -227,6 +243,11 @@ impl Default for RouterSettings {
             max_connections: 4096,
             header_read_timeout_s: 30,
             body_read_timeout_s: 60,
+            body_min_bytes_per_s: 4096,
+            max_inflight_body_mb: 1024,
+            reserved_probe_connections: 64,
+            rate_limit_per_s: 0.0,
+            rate_limit_burst: 20.0,
             prompt_cache_mb: 256,
             tokenizers: std::collections::BTreeMap::new(),
             models: std::collections::BTreeMap::new(),

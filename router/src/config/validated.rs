@@ -22,6 +22,8 @@ use ownerserve_shim::sim::config::load;
 
 use super::{worker_url, ConfigError, DirectoryMode, FanoutRole, RouterSettings, WorkerSpec};
 use ownerserve_edge::auth::{Origin, Tokens};
+use ownerserve_edge::rate_limit::RateLimit;
+use ownerserve_edge::serve::ConnLimits;
 
 /// Validated router configuration.
 #[derive(Debug, Clone)]
@@ -34,14 +36,16 @@ pub struct RouterConfig {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub stream_idle_timeout: Duration,
-    pub max_body_bytes: usize,
     /// How much work one request may ask of the engines.
     pub request_limits: RequestLimits,
     /// Per-model slots and queue.
     pub admission: crate::admission::AdmissionSettings,
     /// Connection limits of the client-facing server.
-    pub conn_limits: ownerserve_edge::serve::ConnLimits,
-    pub body_read_timeout: Duration,
+    pub conn_limits: ConnLimits,
+    /// How client bodies may arrive and how many bytes of them the router holds at once.
+    pub body: BodySettings,
+    /// Per-API-key token buckets (`None`: no rate limit).
+    pub rate_limit: Option<RateLimit>,
     pub prompt_cache_bytes: usize,
     /// Models not tokenized with the built-in tokenizer, and how they are.
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
@@ -189,6 +193,19 @@ pub struct RequestLimits {
     pub max_completion_tokens: u64,
 }
 
+/// How a client's body may arrive (checked at ingress).
+#[derive(Debug, Clone, Copy)]
+pub struct BodySettings {
+    /// Largest body (a 413 beyond).
+    pub max_bytes: usize,
+    /// Longest a body may take in all (a 408 after).
+    pub timeout: Duration,
+    /// Slowest average rate once the first 5 s are over (0: none).
+    pub min_bytes_per_s: u64,
+    /// Bytes of bodies the router holds at once, all requests together.
+    pub budget_bytes: usize,
+}
+
 /// The validated directory choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DirectorySetup {
@@ -204,6 +221,24 @@ pub enum DirectorySetup {
 
 /// Tokens per KV block when neither the config nor any engine says: our sim engine's.
 pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
+
+fn conn_limits(s: &RouterSettings) -> ConnLimits {
+    ConnLimits {
+        max_connections: s.max_connections.max(1),
+        header_read: Duration::from_secs(s.header_read_timeout_s.max(1)),
+        reserved_probes: s.reserved_probe_connections,
+        ..ConnLimits::default()
+    }
+}
+
+fn body_settings(s: &RouterSettings) -> BodySettings {
+    BodySettings {
+        max_bytes: s.max_body_bytes,
+        timeout: Duration::from_secs(s.body_read_timeout_s.max(1)),
+        min_bytes_per_s: s.body_min_bytes_per_s,
+        budget_bytes: s.max_inflight_body_mb.saturating_mul(1 << 20),
+    }
+}
 
 fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
@@ -250,7 +285,6 @@ impl RouterConfig {
             connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
-            max_body_bytes: s.max_body_bytes,
             admission: crate::admission::AdmissionSettings {
                 max_inflight_per_worker: s.max_inflight_per_worker.max(1),
                 max_queued_per_model: s.max_queued_per_model,
@@ -260,12 +294,12 @@ impl RouterConfig {
                 max_choices: s.max_choices.max(1),
                 max_completion_tokens: s.max_completion_tokens.max(1),
             },
-            conn_limits: ownerserve_edge::serve::ConnLimits {
-                max_connections: s.max_connections.max(1),
-                header_read: Duration::from_secs(s.header_read_timeout_s.max(1)),
-                ..Default::default()
-            },
-            body_read_timeout: Duration::from_secs(s.body_read_timeout_s.max(1)),
+            conn_limits: conn_limits(s),
+            body: body_settings(s),
+            rate_limit: (s.rate_limit_per_s > 0.0).then_some(RateLimit {
+                per_s: s.rate_limit_per_s,
+                burst: s.rate_limit_burst,
+            }),
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
             tokenizers: load_tokenizers(s)?,
             workers,
@@ -356,6 +390,24 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
         return Err(ConfigError::router(
             "max_body_bytes",
             "must be at least 1024",
+        ));
+    }
+    if s.max_inflight_body_mb.saturating_mul(1 << 20) < s.max_body_bytes {
+        return Err(ConfigError::router(
+            "max_inflight_body_mb",
+            "must hold at least one body of max_body_bytes",
+        ));
+    }
+    if !(s.rate_limit_per_s.is_finite() && s.rate_limit_per_s >= 0.0) {
+        return Err(ConfigError::router(
+            "rate_limit_per_s",
+            "must be a finite number, 0 or more",
+        ));
+    }
+    if !(s.rate_limit_burst.is_finite() && s.rate_limit_burst >= 1.0) {
+        return Err(ConfigError::router(
+            "rate_limit_burst",
+            "must be a finite number, 1 or more",
         ));
     }
     if s.health_failure_threshold == 0 {

@@ -129,7 +129,7 @@ impl ProxyMetrics {
             shed: counter_vec(
                 registry,
                 "ownerserve_admission_shed_total",
-                "Requests refused with a 429 by admission control: the model's queue was full, or no slot freed within queue_timeout_ms.",
+                "Requests refused with a 429: the model's queue was full, no slot freed within queue_timeout_ms, or the API key was over its rate limit.",
                 &["reason"],
             )?,
             ownership_records_dropped: counter(
@@ -174,12 +174,12 @@ impl ProxyMetrics {
         Ok(m)
     }
 
-    /// A plan was executed.
-    /// Counts a request shed by admission control.
+    /// Counts a request shed by admission control or its key's rate limit.
     pub fn shed(&self, reason: &str) {
         self.shed.with_label_values(&[reason]).inc();
     }
 
+    /// A plan was executed.
     pub fn plan(&self, a: Action) {
         self.plans
             .with_label_values(&[&self.policy, a.name()])

@@ -48,7 +48,7 @@ use ownerserve_edge::http_metrics::Executed;
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
-    let req = ingress::Admitted::read(req, st.cfg.max_body_bytes, st.cfg.body_read_timeout).await?;
+    let req = ingress::Admitted::read(req, &st.body_limits).await?;
     let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
     // Admitted before any tokenizing: an overloaded router sheds at the cost of a parse.
     let ticket = admit(st, &parsed.model).await?;

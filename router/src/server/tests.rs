@@ -316,3 +316,173 @@ async fn one_request_cannot_ask_for_unbounded_work() {
     tracker.close();
     tracker.wait().await;
 }
+
+/// Starts the router with `settings` in front of one simulated engine; its URL, the
+/// engine's model, and what stops it.
+async fn start_router(
+    settings: &RouterSettings,
+) -> (String, String, TaskTracker, CancellationToken) {
+    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
+    let worker = sim_worker(&tracker, &shutdown).await;
+    let state = AppState::start(config(settings, worker), &tracker, &shutdown)
+        .await
+        .unwrap();
+    let url = serve_router(&state, &tracker, &shutdown).await;
+    let model = SimSettings::default().build().unwrap().served_model_name;
+    (url, model, tracker, shutdown)
+}
+
+async fn stop(tracker: TaskTracker, shutdown: CancellationToken) {
+    shutdown.cancel();
+    tracker.close();
+    tracker.wait().await;
+}
+
+#[tokio::test]
+async fn each_api_key_has_its_own_token_bucket() {
+    let settings = RouterSettings {
+        api_keys: vec!["key-aaaaaaaa".into(), "key-bbbbbbbb".into()],
+        rate_limit_per_s: 0.5,
+        rate_limit_burst: 2.0,
+        metrics_public: true,
+        ..RouterSettings::default()
+    };
+    let (url, model, tracker, shutdown) = start_router(&settings).await;
+    let http = reqwest::Client::new();
+    let body = serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 1});
+    let send = |key: &'static str| {
+        http.post(format!("{url}/v1/completions"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+    };
+    // Key a: its burst of two, then refused with the seconds until its next token (2 s at
+    // 0.5/s), in OpenAI's 429 shape.
+    assert_eq!(send("key-aaaaaaaa").await.unwrap().status(), 200);
+    assert_eq!(send("key-aaaaaaaa").await.unwrap().status(), 200);
+    let refused = send("key-aaaaaaaa").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let wait: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    let err: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(err["error"]["type"], "rate_limit_error");
+    // Key b is not held back by key a; no key is still a 401, not a 429.
+    assert_eq!(send("key-bbbbbbbb").await.unwrap().status(), 200);
+    let anonymous = http
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send();
+    assert_eq!(anonymous.await.unwrap().status(), 401);
+    let metrics = http.get(format!("{url}/metrics")).send().await.unwrap();
+    let text = metrics.text().await.unwrap();
+    assert!(
+        text.contains("ownerserve_admission_shed_total{reason=\"rate_limited\"} 1"),
+        "{text}"
+    );
+    stop(tracker, shutdown).await;
+}
+
+/// Opens a connection to `url` and sends `head` (a request's head, maybe a partial body).
+async fn raw(url: &str, head: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s
+}
+
+/// Reads an answer's status line (the first line) from `s`.
+async fn status_line(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("an answer")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn partial_bodies_cannot_hold_more_than_the_body_budget() {
+    // Before: 30 clients each holding a 30 MB partial body grew the router to 1.08 GB.
+    let settings = RouterSettings {
+        max_body_bytes: 30 << 20,
+        max_inflight_body_mb: 64,
+        ..RouterSettings::default()
+    };
+    let (url, model, tracker, shutdown) = start_router(&settings).await;
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{{\"model\":\"{model}\",\"prompt\":\"",
+        30 << 20
+    );
+    let holding_one = raw(&url, &head).await;
+    let holding_two = raw(&url, &head).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The third would take the budget past 64 MiB: refused at once, not buffered.
+    let mut third = raw(&url, &head).await;
+    let line = status_line(&mut third).await;
+    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    // A client that gives up returns its share: the next body fits again.
+    drop(holding_one);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let http = reqwest::Client::new();
+    // (6 MiB, more than the 4 MiB the two held bodies leave: JSON padded with spaces.)
+    let padded = format!(
+        "{{\"model\":\"{model}\",\"prompt\":\"hi\",\"max_tokens\":1}}{}",
+        " ".repeat(6 << 20)
+    );
+    let ok = http
+        .post(format!("{url}/v1/completions"))
+        .header("content-type", "application/json")
+        .body(padded)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    drop(holding_two);
+    stop(tracker, shutdown).await;
+}
+
+#[tokio::test]
+async fn health_and_metrics_get_through_when_every_connection_is_taken() {
+    let settings = RouterSettings {
+        max_connections: 2,
+        reserved_probe_connections: 1,
+        metrics_public: true,
+        ..RouterSettings::default()
+    };
+    let (url, _model, tracker, shutdown) = start_router(&settings).await;
+    // Two clients hold every ordinary connection.
+    let _one = raw(&url, "").await;
+    let _two = raw(&url, "").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A probe still gets its answer, on the reserved connection...
+    let mut probe = raw(&url, "GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(status_line(&mut probe).await.starts_with("HTTP/1.1 200"));
+    // ...which, while the probe keeps it, leaves none: the next is refused at once.
+    let mut over = raw(&url, "GET /health HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(status_line(&mut over).await.starts_with("HTTP/1.1 503"));
+    drop((probe, over));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The reserved connection serves nothing but probes and scrapes.
+    let mut not_a_probe = raw(&url, "GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(status_line(&mut not_a_probe)
+        .await
+        .starts_with("HTTP/1.1 503"));
+    drop(not_a_probe);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut scrape = raw(&url, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    assert!(status_line(&mut scrape).await.starts_with("HTTP/1.1 200"));
+    stop(tracker, shutdown).await;
+}

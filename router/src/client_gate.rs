@@ -1,0 +1,61 @@
+//! The client API's gate (`/v1`), before a body is read: the request's API key (when keys
+//! are configured), then that key's token-bucket rate limit (when one is configured; with
+//! no keys, one bucket for the whole API). A refusal costs the router a header lookup.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+use ownerserve_edge::api_keys::{self, ApiKeys};
+use ownerserve_edge::rate_limit::{RateLimit, RateLimiter};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// The keys and the rate limiter of the client API.
+pub struct ClientGate {
+    keys: Option<ApiKeys>,
+    rate: Option<RateLimiter>,
+}
+
+impl ClientGate {
+    /// A gate with `keys` (`None`: open) and `limit` per key (`None`: unlimited).
+    pub fn new(keys: Option<ApiKeys>, limit: Option<RateLimit>) -> Self {
+        let clients = keys.as_ref().map_or(1, ApiKeys::len);
+        Self {
+            rate: limit.and_then(|l| RateLimiter::new(l, clients)),
+            keys,
+        }
+    }
+
+    /// Whether requests pass through unchecked.
+    pub fn is_open(&self) -> bool {
+        self.keys.is_none() && self.rate.is_none()
+    }
+}
+
+/// Middleware: refuses a request without a configured key (401) or over its key's rate
+/// (429 with the seconds until its next token).
+pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let gate = &st.client_gate;
+    let client = match &gate.keys {
+        Some(keys) => match keys.which(req.headers()) {
+            Some(i) => i,
+            None => return api_keys::unauthorized(),
+        },
+        None => 0,
+    };
+    if let Some(rate) = &gate.rate {
+        if let Err(wait) = rate.take(client, Instant::now().into_std()) {
+            st.metrics.shed("rate_limited");
+            return ApiError::RateLimited {
+                retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
