@@ -6,6 +6,8 @@
 //! # Layout
 //! - [`proxy`]: the router's added latency and throughput against a sim worker driven
 //!   directly (wrk).
+//! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
+//!   or left without an answer, `/health` latency and the router's memory meanwhile.
 //! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
 //! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
@@ -19,6 +21,7 @@
 
 pub mod directory;
 pub mod kv;
+pub mod overload;
 pub mod planner;
 pub mod proxy;
 pub mod sim;

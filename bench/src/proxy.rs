@@ -35,6 +35,13 @@ pub struct BenchArgs {
 /// A child process killed on drop.
 pub struct Reaped(Child);
 
+impl Reaped {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();

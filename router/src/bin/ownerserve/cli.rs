@@ -63,6 +63,9 @@ enum BenchCommand {
     Directory(ownerserve_bench::directory::DirectoryBenchArgs),
     /// Planner decision latency (hash + plan) over a fleet for a long prompt.
     Planner(ownerserve_bench::planner::PlannerBenchArgs),
+    /// A flood of concurrent long streams against `up`: served, shed, unanswered, /health
+    /// latency and router memory, per policy.
+    Overload(ownerserve_bench::overload::OverloadArgs),
     /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
     Sim(ownerserve_bench::sim::SimBenchArgs),
     /// A model's own tokenizer on an agent-sized chat prompt, from scratch and as a
@@ -134,6 +137,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Directory(args)) => {
                 ownerserve_bench::directory::run(args).await
+            }
+            Command::Bench(BenchCommand::Overload(args)) => {
+                ownerserve_bench::overload::run(args).await
             }
             Command::Bench(BenchCommand::Kv(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::kv::run(args)).await?
