@@ -8,6 +8,7 @@
 //!   directly (wrk).
 //! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
+//! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
 //! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
 //! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
@@ -20,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 pub mod directory;
+pub mod fuzz;
 pub mod kv;
 pub mod overload;
 pub mod planner;

@@ -13,7 +13,6 @@ use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, Response};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
 
 use crate::error::ApiError;
 use crate::headers;
@@ -54,14 +53,21 @@ pub struct Patience {
 /// worker silent for `patience.first` before its first frame or `patience.idle` between
 /// two ends the body (an SSE client gets an error event and `[DONE]`) and counts as a
 /// failed health check.
-pub fn relay(
-    resp: Response<Incoming>,
+///
+/// The body is hyper's in the router, any body of bytes in the fuzz target (scripted
+/// frames in memory).
+pub fn relay<B>(
+    resp: Response<B>,
     worker: &Arc<Worker>,
     in_flight: InFlight,
     activity: Option<Activity>,
     first_byte: Option<FirstByte>,
     patience: Patience,
-) -> Response<Body> {
+) -> Response<Body>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
+{
     let (mut parts, incoming) = resp.into_parts();
     for h in HOP_BY_HOP {
         parts.headers.remove(h);
@@ -92,8 +98,8 @@ pub fn relay(
 /// A worker's response body on its way to the client. If the worker dies mid-stream, an SSE
 /// client gets a final error event and `[DONE]` instead of a silently cut stream; other
 /// clients see the connection fail. Holds the worker's in-flight count until done.
-struct RelayBody {
-    inner: Incoming,
+struct RelayBody<B> {
+    inner: B,
     sse: bool,
     worker: Arc<Worker>,
     failed: bool,
@@ -108,13 +114,13 @@ struct RelayBody {
 /// Why a relayed body ended early (a non-SSE client sees its connection fail).
 #[derive(Debug, thiserror::Error)]
 enum RelayError {
-    #[error(transparent)]
-    Worker(#[from] hyper::Error),
+    #[error("{0}")]
+    Worker(String),
     #[error("worker {0} sent nothing for {1:?} mid-body")]
     Silent(String, Duration),
 }
 
-impl RelayBody {
+impl<B> RelayBody<B> {
     /// Ends the body: an SSE client gets `err` as an event and `[DONE]`.
     fn fail(
         &mut self,
@@ -130,7 +136,11 @@ impl RelayBody {
     }
 }
 
-impl http_body::Body for RelayBody {
+impl<B> http_body::Body for RelayBody<B>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
+{
     type Data = Bytes;
     type Error = RelayError;
 
@@ -156,7 +166,7 @@ impl http_body::Body for RelayBody {
                 let err = ApiError::UpstreamUnreachable {
                     worker: self.worker.spec.name.clone(),
                 };
-                self.fail(err, RelayError::Worker(e))
+                self.fail(err, RelayError::Worker(e.to_string()))
             }
             Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => {
                 let after = if self.first_byte.is_some() {

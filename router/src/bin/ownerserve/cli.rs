@@ -51,6 +51,9 @@ enum Command {
     /// The operator API from the command line: owners, leases, sessions, workers, drain,
     /// cluster, plan explain.
     Ctl(ownerserve_router::ctl::CtlArgs),
+    /// Fuzz every parser that takes outside bytes (OpenAI bodies, KV events, the SSE relay,
+    /// directory entries, config) with a mutation engine; fails on any panic.
+    Fuzz(crate::fuzz::FuzzArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +133,9 @@ impl Cli {
             Command::Up(args) => up::run(args, log).await,
             Command::Router(args) => run_router(args, log).await,
             Command::Ctl(args) => ownerserve_router::ctl::run(args).await,
+            Command::Fuzz(args) => {
+                tokio::task::spawn_blocking(move || crate::fuzz::fuzz(&args)).await?
+            }
             Command::SimWorker(args) => run_sim_worker(args).await,
             Command::Directory(args) => Ok(ownerserve_ownership::node::run(args).await?),
             Command::Bench(BenchCommand::Proxy(args)) => {

@@ -6,9 +6,12 @@
 //!   and `ctl` (`ownerserve_router`), `directory` (the directory node), `sim-worker`
 //!   (`ownerserve_shim::sim`), `bench` (`ownerserve_bench`), and `simulate`, `report`,
 //!   `replay` (`ownerserve_eval::commands`).
+//! - [`fuzz`]: `ownerserve fuzz`, the fuzz targets of every parser that takes outside
+//!   bytes, on `ownerserve_bench::fuzz`'s mutation engine.
 #![forbid(unsafe_code)]
 
 mod cli;
+mod fuzz;
 
 use std::process::ExitCode;
 
