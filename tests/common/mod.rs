@@ -3,6 +3,8 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 #![allow(clippy::unwrap_used, reason = "test harness: a failure should panic")]
 
+pub mod linearizable;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -38,7 +40,11 @@ pub struct Proc {
 impl Proc {
     /// Runs `ownerserve <args>` and waits for the line `<marker> http://ADDR`.
     pub fn spawn(args: &[&str], envs: &[(&str, &str)], marker: &str) -> Proc {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ownerserve"));
+        // A long campaign (tests/chaos.rs) runs a copy of the binary, so a rebuild meanwhile
+        // cannot swap it under the runs.
+        let exe = std::env::var("OWNERSERVE_TEST_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ownerserve").to_owned());
+        let mut cmd = Command::new(exe);
         cmd.args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -342,6 +348,11 @@ impl DirectoryNodes {
     pub fn restart(&mut self, i: usize) {
         let p = self.spawn(i);
         self.procs[i - 1] = Some(p);
+    }
+
+    /// Node `i`'s process, if it runs.
+    pub fn proc(&self, i: usize) -> Option<&Proc> {
+        self.procs.get(i - 1).and_then(Option::as_ref)
     }
 
     /// Whether node `i` (1-based) exists and runs.

@@ -126,7 +126,12 @@ impl Cli {
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         let log = self.log_format;
-        if !matches!(self.command, Command::Up(_) | Command::Router(_)) {
+        // `up` and `router` set up their own logs; `fuzz` makes millions of failures on
+        // purpose, whose warnings would drown its report.
+        if !matches!(
+            self.command,
+            Command::Up(_) | Command::Router(_) | Command::Fuzz(_)
+        ) {
             logging::init(log.unwrap_or_default());
         }
         match self.command {
