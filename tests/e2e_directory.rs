@@ -650,3 +650,74 @@ async fn a_follower_forwards_admin_reads_to_the_leader() {
         .unwrap();
     assert_eq!(anonymous.status(), 401);
 }
+
+#[tokio::test]
+async fn up_ha_runs_the_directory_as_a_secret_guarded_three_node_cluster() {
+    let up = Proc::up(&["--ha", "--instant", "true"]);
+    // The directory lines come after the router's.
+    let mut printed = Vec::new();
+    while !printed
+        .iter()
+        .any(|l: &String| l.contains("x-ownerserve-cluster-secret"))
+    {
+        printed.push(up.stdout.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    let curl = printed
+        .iter()
+        .find(|l| l.contains("x-ownerserve-cluster-secret"))
+        .unwrap();
+    let secret = curl
+        .split("x-ownerserve-cluster-secret: ")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap()
+        .to_owned();
+    let node = curl.split_whitespace().last().unwrap().to_owned();
+    assert!(node.ends_with("/directory/v1/cluster"), "{curl}");
+    // Without the secret a node refuses; with it, it shows a 3-member cluster with a leader.
+    let anonymous = reqwest::Client::new().get(&node).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let http = reqwest::Client::new();
+    let cluster: Value = http
+        .get(&node)
+        .header(ownerserve_ownership::node::secret::HEADER, &secret)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cluster["members"], json!([1, 2, 3]), "{cluster}");
+    assert!(cluster["leader"].is_u64(), "{cluster}");
+    // A session step through the router is recorded in the cluster.
+    let resp = http
+        .post(format!("{}/v1/chat/completions", up.url))
+        .header("x-session-id", "ha-session")
+        .json(&common::chat_body("hello", 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let state_url = node.replace("/cluster", "/state");
+    common::eventually(
+        Duration::from_secs(10),
+        "the session in the cluster",
+        || {
+            let (http, url, secret) = (http.clone(), state_url.clone(), secret.clone());
+            async move {
+                let r = http
+                    .get(url)
+                    .header(ownerserve_ownership::node::secret::HEADER, secret)
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) => r.json::<Value>().await.is_ok_and(|v| {
+                        v["directory"]["sessions"]["ha-session"]["owner"].is_object()
+                    }),
+                    Err(_) => false,
+                }
+            }
+        },
+    )
+    .await;
+}

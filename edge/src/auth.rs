@@ -104,8 +104,8 @@ impl Tokens {
     }
 }
 
-/// 128 random bits from the OS, hex-encoded.
-fn random_token() -> std::io::Result<String> {
+/// 128 random bits from the OS, hex-encoded (tokens and secrets).
+pub fn random_token() -> std::io::Result<String> {
     use std::io::Read;
     let mut bytes = [0u8; 16];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;

@@ -13,21 +13,24 @@ use ownerserve_edge::api_keys::{self, ApiKeys};
 use ownerserve_edge::rate_limit::{RateLimit, RateLimiter};
 
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::metrics::proxy::ProxyMetrics;
 
 /// The keys and the rate limiter of the client API.
 pub struct ClientGate {
     keys: Option<ApiKeys>,
     rate: Option<RateLimiter>,
+    /// Where a refusal for rate is counted (`ownerserve_admission_shed_total`).
+    metrics: ProxyMetrics,
 }
 
 impl ClientGate {
     /// A gate with `keys` (`None`: open) and `limit` per key (`None`: unlimited).
-    pub fn new(keys: Option<ApiKeys>, limit: Option<RateLimit>) -> Self {
+    pub fn new(keys: Option<ApiKeys>, limit: Option<RateLimit>, metrics: ProxyMetrics) -> Self {
         let clients = keys.as_ref().map_or(1, ApiKeys::len);
         Self {
             rate: limit.and_then(|l| RateLimiter::new(l, clients)),
             keys,
+            metrics,
         }
     }
 
@@ -39,8 +42,7 @@ impl ClientGate {
 
 /// Middleware: refuses a request without a configured key (401) or over its key's rate
 /// (429 with the seconds until its next token).
-pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let gate = &st.client_gate;
+pub async fn guard(State(gate): State<Arc<ClientGate>>, req: Request, next: Next) -> Response {
     let client = match &gate.keys {
         Some(keys) => match keys.which(req.headers()) {
             Some(i) => i,
@@ -50,7 +52,7 @@ pub async fn guard(State(st): State<Arc<AppState>>, req: Request, next: Next) ->
     };
     if let Some(rate) = &gate.rate {
         if let Err(wait) = rate.take(client, Instant::now().into_std()) {
-            st.metrics.shed("rate_limited");
+            gate.metrics.shed("rate_limited");
             return ApiError::RateLimited {
                 retry_after_s: wait.as_secs_f64().ceil().max(1.0) as u64,
             }

@@ -16,7 +16,8 @@
 //! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
-//! - [`up`]: the whole stack in one process.
+//! - [`up`]: the whole stack in one process; [`ha_directory`]: `up --ha`'s directory, a
+//!   3-node Raft cluster of child processes.
 //! - `ownership_sync`: what the router records in the ownership directory (the node and
 //!   its clients are `ownerserve_ownership::node`'s) and the workers' leases there.
 //! - [`metrics`]: the router's Prometheus metrics; [`logging`] text or JSON logs.
@@ -33,6 +34,7 @@ pub mod ctl;
 mod demotion;
 pub mod error;
 pub mod explain;
+pub mod ha_directory;
 pub mod headers;
 mod health;
 pub mod kv;

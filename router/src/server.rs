@@ -114,7 +114,7 @@ impl AppState {
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
-        let (admission, client_gate, body_limits) = gates(&cfg);
+        let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
         let state = Arc::new(AppState {
             policy,
             engines: engines.clone(),
@@ -219,7 +219,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models));
     if !state.client_gate.is_open() {
         client_api = client_api.route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.client_gate.clone(),
             crate::client_gate::guard,
         ));
     }
@@ -268,10 +268,14 @@ fn telemetry(policy: &str) -> prometheus::Result<(ProxyMetrics, Telemetry)> {
 
 /// What stands in front of the request path: per-model admission, `/v1`'s keys and rate
 /// limits, and the body budget.
-fn gates(cfg: &RouterConfig) -> (Admission, ClientGate, BodyLimits) {
+fn gates(cfg: &RouterConfig, metrics: &ProxyMetrics) -> (Admission, Arc<ClientGate>, BodyLimits) {
     (
         Admission::new(cfg.admission),
-        ClientGate::new(cfg.api_keys.clone(), cfg.rate_limit),
+        Arc::new(ClientGate::new(
+            cfg.api_keys.clone(),
+            cfg.rate_limit,
+            metrics.clone(),
+        )),
         BodyLimits::new(cfg.body),
     )
 }

@@ -54,7 +54,7 @@ pub struct AppState {
     /// Per-model slots and queue in front of the request path.
     pub(crate) admission: crate::admission::Admission,
     /// API keys and per-key rate limits of `/v1`.
-    pub(crate) client_gate: crate::client_gate::ClientGate,
+    pub(crate) client_gate: Arc<crate::client_gate::ClientGate>,
     /// How client bodies may arrive, and the bytes all of them may hold at once.
     pub(crate) body_limits: crate::proxy::ingress::BodyLimits,
 }

@@ -11,8 +11,9 @@ use tokio_util::task::TaskTracker;
 use ownerserve_planner::ids::EngineKind;
 
 use crate::config::{
-    read_toml, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
+    read_toml, DirectoryMode, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
 };
+use crate::ha_directory::HaDirectory;
 use crate::logging::LogFormat;
 use crate::server;
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
@@ -31,6 +32,10 @@ pub struct UpArgs {
     /// Workers finish steps instantly (no simulated delay).
     #[arg(long, env = "OWNERSERVE_INSTANT")]
     instant: Option<bool>,
+    /// Run the ownership directory as a 3-node Raft cluster of `ownerserve directory`
+    /// processes sharing a fresh cluster secret (the production topology), not embedded.
+    #[arg(long)]
+    ha: bool,
 }
 
 impl UpArgs {
@@ -91,6 +96,10 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     cancel_on_signal(shutdown.clone(), &tracker)?;
+    let ha = match args.ha {
+        true => Some(start_ha_directory(&mut file.router, &tracker).await?),
+        false => None,
+    };
     let mut workers = Vec::new();
     for group in &file.fleet {
         let sim = match &group.gpu {
@@ -135,9 +144,16 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     let cfg = RouterConfig::validate(&file.router, workers)?;
     let router_addr = router_listener.local_addr()?;
     cfg.announce_token();
-    print_summary(&cfg, router_addr, &sim.served_model_name, &file.sim);
+    print_summary(
+        &cfg,
+        router_addr,
+        &sim.served_model_name,
+        &file.sim,
+        ha.as_ref(),
+    );
 
     let result = server::run(router_listener, cfg, shutdown.clone()).await;
+    drop(ha);
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
@@ -145,11 +161,42 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     result
 }
 
+/// Starts the 3-node directory and points the router at it (with the nodes' secret and,
+/// for their operator API, the router's admin token, generated now if unset).
+async fn start_ha_directory(
+    router: &mut crate::config::RouterSettings,
+    tracker: &TaskTracker,
+) -> anyhow::Result<HaDirectory> {
+    let token = match &router.admin_token {
+        Some(t) => t.clone(),
+        None => ownerserve_edge::auth::random_token()?,
+    };
+    router.admin_token = Some(token.clone());
+    let ha = HaDirectory::start(&token, tracker).await?;
+    router.directory = DirectoryMode::Remote;
+    router.directory_urls.clone_from(&ha.urls);
+    router.directory_secret = Some(ha.secret.clone());
+    Ok(ha)
+}
+
+/// The directory cluster's lines of the summary: its nodes and commands that work pasted.
+fn print_ha(ha: &HaDirectory) {
+    say(&format!(
+        "ownership directory: 3 Raft nodes (separate processes sharing a cluster secret) at {}",
+        ha.urls.join(" ")
+    ));
+    say(&format!(
+        "  curl -s -H \"x-ownerserve-cluster-secret: {}\" {}/directory/v1/cluster",
+        ha.secret, ha.urls[0]
+    ));
+}
+
 fn print_summary(
     cfg: &RouterConfig,
     addr: SocketAddr,
     model: &str,
     sim: &ownerserve_shim::sim::config::SimSettings,
+    ha: Option<&HaDirectory>,
 ) {
     let timing = if sim.instant {
         "instant".to_owned()
@@ -188,5 +235,8 @@ fn print_summary(
     say(&format!(
         "  OWNERSERVE_ADMIN_TOKEN={token} ownerserve ctl --url http://{addr} workers"
     ));
+    if let Some(ha) = ha {
+        print_ha(ha);
+    }
     say("press Ctrl-C to stop");
 }
