@@ -720,4 +720,45 @@ async fn up_ha_runs_the_directory_as_a_secret_guarded_three_node_cluster() {
         },
     )
     .await;
+    // The second router serves too, and shows the same session from its own replica.
+    let second = printed
+        .iter()
+        .find_map(|l| l.strip_prefix("second router listening on "))
+        .and_then(|r| r.split_whitespace().next())
+        .expect("the second router's line")
+        .to_owned();
+    assert_ne!(second, up.url);
+    let resp = http
+        .post(format!("{second}/v1/chat/completions"))
+        .header("x-session-id", "ha-session")
+        .json(&common::chat_body("hello again", 4))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen: Value = http
+        .get(format!(
+            "{second}/admin/v1/sessions/ha-session?linearizable=true"
+        ))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(seen["owner"].is_object(), "{seen}");
+    assert!(seen["read_at_index"].as_u64().unwrap() > 0, "{seen}");
+    // `ctl cluster`, as printed: the nodes, and both routers' replicas.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ownerserve"))
+        .args(["ctl", "--url", &up.url, "cluster", "--router", &second])
+        .env("OWNERSERVE_ADMIN_TOKEN", common::ADMIN_TOKEN)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains("Leader") && table.contains(&second) && table.contains(&up.url),
+        "{table}"
+    );
 }

@@ -527,7 +527,7 @@ async fn slow_and_idle_clients_are_cut_off_and_connections_are_capped() {
     let w = Proc::sim_worker(&["--instant"]);
     let cfg = temp_config(
         "limits.toml",
-        "[router]\nmax_connections = 8\nheader_read_timeout_s = 1\nbody_read_timeout_s = 1\n",
+        "[router]\nmax_connections = 8\nreserved_probe_connections = 1\nheader_read_timeout_s = 1\nbody_read_timeout_s = 1\n",
     );
     let router = Proc::router(&[format!("{},role=decode", w.url)], &["--config", &cfg]);
     let addr = router.url.trim_start_matches("http://").to_owned();
@@ -573,18 +573,37 @@ async fn slow_and_idle_clients_are_cut_off_and_connections_are_capped() {
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("body_timeout"), "{answer}");
 
-    // Eight connections fill the router; a ninth gets a 503 at once and is closed.
+    // Eight connections fill the router; the ninth is the one reserved for probes (it
+    // answers anything else 503), and a tenth gets a 503 at once and is closed.
     let mut held = Vec::new();
     for _ in 0..8 {
         held.push(TcpStream::connect(&addr).await.unwrap());
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut ninth = TcpStream::connect(&addr).await.unwrap();
-    let refused = read_until_closed(&mut ninth, Duration::from_secs(2))
+    ninth
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let not_a_probe = read_until_closed(&mut ninth, Duration::from_secs(2))
+        .await
+        .unwrap_or_default();
+    assert!(not_a_probe.starts_with("HTTP/1.1 503"), "{not_a_probe}");
+    let mut probe = TcpStream::connect(&addr).await.unwrap();
+    let mut tenth = TcpStream::connect(&addr).await.unwrap();
+    let refused = read_until_closed(&mut tenth, Duration::from_secs(2))
         .await
         .unwrap_or_default();
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(refused.contains("overloaded"), "{refused}");
+    probe
+        .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let healthy = read_until_closed(&mut probe, Duration::from_secs(2))
+        .await
+        .unwrap_or_default();
+    assert!(healthy.starts_with("HTTP/1.1 200"), "{healthy}");
     // The idle eight are cut after the header timeout; the router serves again.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let health = client()

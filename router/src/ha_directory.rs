@@ -2,7 +2,8 @@
 //! `ownerserve directory` child processes on loopback, instead of one node embedded in
 //! `up`. The nodes share a fresh random cluster secret (handed over in the environment, so
 //! it shows in no process list), every Raft and directory request must present it, and
-//! the router reaches them as a `remote` directory. The children die with `up`.
+//! the routers reach them as a `remote` directory. The children die with `up`, however it
+//! ends: each watches the pipe on its stdin.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -47,6 +48,10 @@ impl HaDirectory {
                 .arg("--data-dir")
                 .arg(data_dir.join(format!("node{}", i + 1)))
                 .args(["--peers", &peers.join(",")])
+                // Its stdin is a pipe from this process: when `up` dies, even by SIGKILL,
+                // the node sees it close and stops (no orphaned cluster).
+                .arg("--exit-with-stdin")
+                .stdin(Stdio::piped())
                 .env("OWNERSERVE_CLUSTER_SECRET", &secret)
                 .env("OWNERSERVE_ADMIN_TOKEN", admin_token)
                 // Peers down during start-up are not news; errors still show.

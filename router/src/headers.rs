@@ -10,3 +10,5 @@ pub const SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 pub const FORK: HeaderName = HeaderName::from_static("x-ownerserve-fork");
 /// Response: the worker that served the request.
 pub const WORKER: HeaderName = HeaderName::from_static("x-ownerserve-worker");
+/// Response: the session's ownership epoch the step ran under (sessions with an owner).
+pub const EPOCH: HeaderName = HeaderName::from_static("x-ownerserve-epoch");

@@ -19,7 +19,9 @@
 //! - [`up`]: the whole stack in one process; [`ha_directory`]: `up --ha`'s directory, a
 //!   3-node Raft cluster of child processes.
 //! - `ownership_sync`: what the router records in the ownership directory (the node and
-//!   its clients are `ownerserve_ownership::node`'s) and the workers' leases there.
+//!   its clients are `ownerserve_ownership::node`'s) and the workers' leases there (one per
+//!   worker, shared by every router); `replica_admin`: the operator view of a remote
+//!   cluster from this router's live replica.
 //! - [`metrics`]: the router's Prometheus metrics; [`logging`] text or JSON logs.
 //! - [`ctl`]: `ownerserve ctl`, the operator API from the command line.
 #![forbid(unsafe_code)]
@@ -44,6 +46,7 @@ mod ownership_sync;
 mod prompt_cache;
 pub mod proxy;
 pub mod registry;
+mod replica_admin;
 pub mod server;
 mod sessions;
 pub mod state;

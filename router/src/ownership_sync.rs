@@ -176,6 +176,50 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
     out
 }
 
+/// The live lease of `worker` with the lowest id in the local copy of the directory: every
+/// router of a cluster converges on it, so a worker has one lease however many routers
+/// renew it (a lease one router granted in a race with another simply expires).
+fn shared_lease(client: &dyn DirectoryClient, worker: DirWorkerId) -> Option<LeaseId> {
+    let mut found = None;
+    client.read_local(&mut |d| {
+        found = d
+            .leases
+            .iter()
+            .find(|(id, l)| l.worker == worker && d.lease_live(**id))
+            .map(|(id, _)| *id);
+    });
+    found
+}
+
+/// Renews the worker's shared lease (or the one this router knows), or grants one.
+async fn keep_or_grant(
+    client: &dyn DirectoryClient,
+    known: Option<LeaseId>,
+    worker: WorkerId,
+    ttl_ms: u64,
+) -> Option<LeaseId> {
+    let shared = shared_lease(client, dir_worker(worker));
+    for lease in shared
+        .into_iter()
+        .chain(known.filter(|k| Some(*k) != shared))
+    {
+        let kept = client.write(Command::KeepAlive { lease }).await;
+        if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
+            return Some(lease);
+        }
+    }
+    let granted = client
+        .write(Command::GrantLease {
+            worker: dir_worker(worker),
+            ttl_ms,
+        })
+        .await;
+    match granted {
+        Ok(Outcome::LeaseGranted { lease, .. }) => Some(lease),
+        _ => None,
+    }
+}
+
 async fn run(
     client: Arc<dyn DirectoryClient>,
     registry: Arc<Registry>,
@@ -185,7 +229,8 @@ async fn run(
 ) {
     let ttl_ms = s.lease_ttl.as_millis() as u64;
     let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
-    let mut renew = tokio::time::interval((s.lease_ttl / 3).max(Duration::from_millis(50)));
+    let every = (s.lease_ttl / 3).max(Duration::from_millis(50));
+    let mut renew = tokio::time::interval(every);
     let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
     let mut pending: Vec<Routed> = Vec::new();
     loop {
@@ -195,32 +240,25 @@ async fn run(
                 None => return,
             },
             _ = renew.tick() => {
-                // Renew healthy workers' leases; grant one to a healthy worker without.
-                for w in registry.all() {
-                    if !w.is_healthy() {
-                        continue;
-                    }
-                    let renewed = match leases.get(&w.id) {
-                        Some(&lease) => matches!(
-                            client.write(Command::KeepAlive { lease }).await,
-                            Ok(Outcome::LeaseRenewed { .. })
-                        ),
-                        None => false,
-                    };
-                    if !renewed {
-                        let granted = client
-                            .write(Command::GrantLease { worker: dir_worker(w.id), ttl_ms })
-                            .await;
-                        match granted {
-                            Ok(Outcome::LeaseGranted { lease, .. }) => {
-                                leases.insert(w.id, lease);
-                                shared
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .insert(w.id, lease);
-                            }
-                            other => tracing::warn!(worker = %w.spec.name, ?other, "no directory lease"),
+                // Renew healthy workers' leases (grant one to a healthy worker without), all
+                // at once and each within a renewal period, so one slow answer (an election)
+                // cannot let the others lapse.
+                let mut renewals = tokio::task::JoinSet::new();
+                for w in registry.all().iter().filter(|w| w.is_healthy()) {
+                    let (client, known, id) = (client.clone(), leases.get(&w.id).copied(), w.id);
+                    let name = w.spec.name.clone();
+                    renewals.spawn(async move {
+                        let kept = keep_or_grant(&*client, known, id, ttl_ms);
+                        (id, name, tokio::time::timeout(every, kept).await.ok().flatten())
+                    });
+                }
+                while let Some(Ok((id, name, lease))) = renewals.join_next().await {
+                    match lease {
+                        Some(lease) => {
+                            leases.insert(id, lease);
+                            shared.lock().unwrap_or_else(|e| e.into_inner()).insert(id, lease);
                         }
+                        None => tracing::warn!(worker = %name, "no directory lease"),
                     }
                 }
             }
@@ -279,6 +317,18 @@ mod tests {
     struct Unreachable;
 
     impl DirectoryClient for Unreachable {
+        fn fresh(&self) -> bool {
+            true
+        }
+
+        fn catch_up(&self) -> ownerserve_ownership::node::BoxFuture<'_, bool> {
+            Box::pin(async { true })
+        }
+
+        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) -> u64 {
+            0
+        }
+
         fn write(
             &self,
             _: Command,

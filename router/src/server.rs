@@ -103,8 +103,8 @@ impl AppState {
                 shutdown,
             );
         }
-        let (directory, dir_client) = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
-        let ownership = dir_client.map(|c| {
+        let directories = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
+        let ownership = directories.client.map(|c| {
             let settings = SyncSettings {
                 lease_ttl: cfg.worker_lease_ttl,
                 flush_every: cfg.ownership_flush,
@@ -132,7 +132,8 @@ impl AppState {
             kv,
             cfg,
             ownership,
-            directory,
+            directory: directories.node,
+            remote_directory: directories.remote,
             metrics: proxy_metrics,
             telemetry,
             tasks: tracker.clone(),
@@ -168,9 +169,9 @@ async fn start_directory(
     telemetry: &Telemetry,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
-) -> anyhow::Result<(Option<Arc<Node>>, Option<Arc<dyn DirectoryClient>>)> {
+) -> anyhow::Result<Directories> {
     Ok(match &cfg.directory {
-        DirectorySetup::Off => (None, None),
+        DirectorySetup::Off => Directories::default(),
         DirectorySetup::Embedded { data_dir } => {
             let settings = NodeSettings {
                 id: 1,
@@ -184,13 +185,35 @@ async fn start_directory(
                 cluster_secret: None,
             };
             let node = Node::start(settings, tracker, shutdown).await?;
-            (Some(node.clone()), Some(Arc::new(Embedded(node))))
+            Directories {
+                node: Some(node.clone()),
+                remote: None,
+                client: Some(Arc::new(Embedded(node))),
+            }
         }
-        DirectorySetup::Remote { urls, secret } => (
-            None,
-            Some(Arc::new(Remote::new(urls.clone(), secret.as_ref()))),
-        ),
+        DirectorySetup::Remote { urls, secret } => {
+            let remote = Arc::new(Remote::connect(
+                urls.clone(),
+                secret.as_ref(),
+                tracker,
+                shutdown.clone(),
+            ));
+            Directories {
+                node: None,
+                remote: Some(remote.clone()),
+                client: Some(remote),
+            }
+        }
     })
+}
+
+/// The directory as the router holds it: an embedded node, or a remote cluster with this
+/// router's replica of it; and the client the request path writes and reads through.
+#[derive(Default)]
+struct Directories {
+    node: Option<Arc<Node>>,
+    remote: Option<Arc<Remote>>,
+    client: Option<Arc<dyn DirectoryClient>>,
 }
 
 /// The router's routes; `/admin/v1` needs a bearer token.
@@ -213,6 +236,10 @@ pub fn app(state: Arc<AppState>) -> Router {
         .directory
         .clone()
         .map(|node| ownerserve_ownership::node::admin::routes(node, tokens.clone()));
+    let remote_admin = state
+        .remote_directory
+        .clone()
+        .map(|remote| crate::replica_admin::routes(remote, tokens.clone()));
     let mut client_api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -242,6 +269,11 @@ pub fn app(state: Arc<AppState>) -> Router {
         .with_state(state);
     let router = match directory_admin {
         Some(d) => router.merge(d),
+        None => router,
+    };
+    // A remote cluster's view from this router's replica (the embedded node serves its own).
+    let router = match remote_admin {
+        Some(r) => router.merge(r),
         None => router,
     };
     router

@@ -43,6 +43,8 @@ pub struct AppState {
     pub(crate) ownership: Option<OwnershipSync>,
     /// The embedded directory node, whose operator API the router also serves.
     pub(crate) directory: Option<Arc<Node>>,
+    /// A remote directory cluster and this router's live replica of it.
+    pub(crate) remote_directory: Option<Arc<ownerserve_ownership::node::Remote>>,
     pub(crate) metrics: ProxyMetrics,
     /// The process's metrics registry and what is read into it at scrape time.
     pub(crate) telemetry: Telemetry,

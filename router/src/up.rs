@@ -32,8 +32,9 @@ pub struct UpArgs {
     /// Workers finish steps instantly (no simulated delay).
     #[arg(long, env = "OWNERSERVE_INSTANT")]
     instant: Option<bool>,
-    /// Run the ownership directory as a 3-node Raft cluster of `ownerserve directory`
-    /// processes sharing a fresh cluster secret (the production topology), not embedded.
+    /// The production topology on one machine: the ownership directory as a 3-node Raft
+    /// cluster of `ownerserve directory` processes sharing a fresh cluster secret, and two
+    /// routers (on the port and the port + 1), each with its own live replica of it.
     #[arg(long)]
     ha: bool,
 }
@@ -92,6 +93,17 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     )];
     RouterConfig::validate(&file.router, placeholder)?;
     let router_listener = bind(SocketAddr::new(file.router.host, file.router.port)).await?;
+    // The second router of `--ha` on the next port (any free one when the first is too).
+    let second_port = match file.router.port {
+        0 => 0,
+        p => p
+            .checked_add(1)
+            .context("no port after 65535 for the second router")?,
+    };
+    let second_listener = match args.ha {
+        true => Some(bind(SocketAddr::new(file.router.host, second_port)).await?),
+        false => None,
+    };
 
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -143,16 +155,29 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     }
     let cfg = RouterConfig::validate(&file.router, workers)?;
     let router_addr = router_listener.local_addr()?;
+    let second_addr = second_listener
+        .as_ref()
+        .map(tokio::net::TcpListener::local_addr)
+        .transpose()?;
     cfg.announce_token();
     print_summary(
         &cfg,
         router_addr,
         &sim.served_model_name,
         &file.sim,
-        ha.as_ref(),
+        ha.as_ref().zip(second_addr),
     );
 
-    let result = server::run(router_listener, cfg, shutdown.clone()).await;
+    let result = match second_listener {
+        Some(second) => {
+            let (a, b) = tokio::join!(
+                server::run(router_listener, cfg.clone(), shutdown.clone()),
+                server::run(second, cfg, shutdown.clone()),
+            );
+            a.and(b)
+        }
+        None => server::run(router_listener, cfg, shutdown.clone()).await,
+    };
     drop(ha);
     shutdown.cancel();
     tracker.close();
@@ -179,11 +204,18 @@ async fn start_ha_directory(
     Ok(ha)
 }
 
-/// The directory cluster's lines of the summary: its nodes and commands that work pasted.
-fn print_ha(ha: &HaDirectory) {
+/// The HA topology's lines of the summary: the second router, the directory's nodes, and
+/// commands that work pasted.
+fn print_ha(ha: &HaDirectory, first: SocketAddr, second: SocketAddr, token: &str) {
+    say(&format!(
+        "second router listening on http://{second} (same fleet, its own replica of the directory)"
+    ));
     say(&format!(
         "ownership directory: 3 Raft nodes (separate processes sharing a cluster secret) at {}",
         ha.urls.join(" ")
+    ));
+    say(&format!(
+        "  OWNERSERVE_ADMIN_TOKEN={token} ownerserve ctl --url http://{first} cluster --router http://{second}"
     ));
     say(&format!(
         "  curl -s -H \"x-ownerserve-cluster-secret: {}\" {}/directory/v1/cluster",
@@ -196,7 +228,7 @@ fn print_summary(
     addr: SocketAddr,
     model: &str,
     sim: &ownerserve_shim::sim::config::SimSettings,
-    ha: Option<&HaDirectory>,
+    ha: Option<(&HaDirectory, SocketAddr)>,
 ) {
     let timing = if sim.instant {
         "instant".to_owned()
@@ -235,8 +267,8 @@ fn print_summary(
     say(&format!(
         "  OWNERSERVE_ADMIN_TOKEN={token} ownerserve ctl --url http://{addr} workers"
     ));
-    if let Some(ha) = ha {
-        print_ha(ha);
+    if let Some((ha, second)) = ha {
+        print_ha(ha, addr, second, token);
     }
     say("press Ctrl-C to stop");
 }

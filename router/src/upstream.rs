@@ -45,6 +45,10 @@ pub enum ForwardError {
     /// The worker answered with this error status (a leg whose body is not relayed).
     #[error("the worker answered {0}")]
     Refused(u16),
+    /// The session's owner changed since this router read it (a migration's flip was
+    /// refused for a stale epoch): nothing was sent; plan the step again on a fresh view.
+    #[error("the session's owner changed while the step was planned")]
+    StaleView,
 }
 
 impl ForwardError {
@@ -56,6 +60,9 @@ impl ForwardError {
             ForwardError::Connect | ForwardError::Failed | ForwardError::Refused(_) => {
                 ApiError::UpstreamUnreachable { worker }
             }
+            ForwardError::StaleView => ApiError::RouterBusy {
+                why: "the session's owner kept changing while the step was planned",
+            },
         }
     }
 }

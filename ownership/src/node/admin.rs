@@ -147,6 +147,13 @@ fn lease_row(d: &Directory, id: &LeaseId, l: &Lease) -> Value {
            "remaining_ms": remaining, "keys": l.keys})
 }
 
+/// One session as the operator API shows it (owner, epoch, prefix, forks, ...), or `None`
+/// when `d` has no such session: what a router answers from its replica too.
+pub fn session_view(d: &Directory, id: &str) -> Option<Value> {
+    let id = SessionId(id.to_owned());
+    d.sessions.get(&id).map(|s| session_row(d, &id, s))
+}
+
 fn session_row(d: &Directory, id: &SessionId, s: &Session) -> Value {
     let forks: Vec<&str> = d
         .sessions

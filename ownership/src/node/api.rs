@@ -23,6 +23,7 @@ pub fn routes(node: Arc<Node>) -> Router {
         .route("/directory/v1/commands", post(command))
         .route("/directory/v1/state", get(state))
         .route("/directory/v1/cluster", get(cluster))
+        .route("/directory/v1/watch", get(super::watch::watch))
         .with_state(node)
 }
 

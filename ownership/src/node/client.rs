@@ -10,12 +10,15 @@ use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::ids::{Epoch, PrefixKey, SessionId};
 use crate::{Command, Directory, Outcome};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::plan::ArtifactView;
 
+use super::replica::Replica;
 use super::Node;
 
 /// A boxed future, so the trait can be used as `dyn DirectoryClient`.
@@ -69,6 +72,8 @@ pub struct Lookup {
     pub artifact_key: Option<(PrefixKey, Epoch)>,
     /// Whether an answer came from a directory at all.
     pub consulted: bool,
+    /// The log index of the state it was read from.
+    pub index: u64,
 }
 
 impl Lookup {
@@ -92,6 +97,7 @@ impl Lookup {
             artifact: artifact.map(|a| a.0),
             artifact_key: artifact.map(|a| a.1),
             consulted: true,
+            index: d.applied,
         }
     }
 }
@@ -104,6 +110,18 @@ pub trait DirectoryClient: Send + Sync {
     /// What the directory knows about a step, read locally without a Raft round trip (a
     /// routing hint: writes are fenced by epochs).
     fn lookup(&self, session: Option<&str>, hashes: &[u64], block: u64) -> Lookup;
+
+    /// Reads the local copy of the directory (the embedded node's state, or a remote
+    /// cluster's replica) and the log index it is at.
+    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64;
+
+    /// Waits until the local copy holds every write committed before the call (at most
+    /// [`CATCH_UP`]); whether it does.
+    fn catch_up(&self) -> BoxFuture<'_, bool>;
+
+    /// Whether the local copy can be read without catching up first: it heard from the
+    /// cluster lately.
+    fn fresh(&self) -> bool;
 }
 
 /// A directory node in this process.
@@ -131,89 +149,198 @@ impl DirectoryClient for Embedded {
             .machine
             .read(|s| Lookup::read(&s.directory, session, hashes, block))
     }
+
+    /// The embedded node is the only one: what it applied is what was committed.
+    fn catch_up(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
+    }
+
+    fn fresh(&self) -> bool {
+        true
+    }
+
+    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64 {
+        self.0.machine.read(|s| {
+            f(&s.directory);
+            s.directory.applied
+        })
+    }
 }
 
-/// A directory cluster over HTTP: writes go to the last known leader; a 421 names the new
-/// one, a dead node moves on to the next.
+/// How long a write keeps trying the nodes (a leader election takes a few seconds); the
+/// request path bounds its own waits tighter (`ownership_claim_timeout_ms`).
+pub const COMMIT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// The longest a replica is waited for to apply a read index.
+pub const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// A directory cluster over HTTP: writes go to the last known leader (a 421 names the new
+/// one, a dead node moves on to the next); lookups read the router's live [`Replica`].
 pub struct Remote {
     http: reqwest::Client,
     urls: Vec<String>,
     leader: AtomicUsize,
+    replica: Arc<Replica>,
 }
 
 impl Remote {
     /// A client for the nodes at `urls` (`http://host:port`), presenting the cluster's
-    /// `secret` (when it has one).
-    pub fn new(urls: Vec<String>, secret: Option<&super::secret::ClusterSecret>) -> Self {
+    /// `secret` (when it has one), and its replica, following them on `tracker` until
+    /// `cancel`.
+    pub fn connect(
+        urls: Vec<String>,
+        secret: Option<&super::secret::ClusterSecret>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
         Self {
             http: super::secret::client(secret, Duration::from_secs(5)),
+            replica: Replica::follow(urls.clone(), secret, tracker, cancel),
             urls,
             leader: AtomicUsize::new(0),
         }
+    }
+
+    /// The live replica lookups read.
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+}
+
+impl Remote {
+    /// The leader's commit index now, committed through it (an empty batch): once the
+    /// replica has applied it, a read of the replica is linearizable (ReadIndex).
+    pub async fn read_index(&self) -> Result<u64, DirectoryError> {
+        let empty = Command::Batch {
+            commands: Vec::new(),
+        };
+        self.commit(empty).await.map(|(_, index)| index)
+    }
+
+    /// Each node's Raft status (`GET /directory/v1/cluster`), or why it did not answer.
+    pub async fn nodes(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for url in &self.urls {
+            let asked = self
+                .http
+                .get(format!("{url}/directory/v1/cluster"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await;
+            let answer = match asked {
+                Ok(r) => r.json::<Value>().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            out.push(match answer {
+                Ok(mut v) => {
+                    v["url"] = json!(url);
+                    v
+                }
+                Err(e) => json!({"url": url, "error": e}),
+            });
+        }
+        out
+    }
+
+    /// Commits `command` at the leader: its outcome and log index.
+    async fn commit(&self, command: Command) -> Result<(Outcome, u64), DirectoryError> {
+        let body = json!({ "command": command });
+        let mut last = DirectoryError::Unavailable("no directory urls".into());
+        // Through an election: a dead leader's followers still name it for a second or two.
+        let deadline = tokio::time::Instant::now() + COMMIT_PATIENCE;
+        while tokio::time::Instant::now() < deadline {
+            let i = self.leader.load(Ordering::Relaxed) % self.urls.len().max(1);
+            let Some(url) = self.urls.get(i) else { break };
+            let sent = self
+                .http
+                .post(format!("{url}/directory/v1/commands"))
+                .json(&body)
+                .send()
+                .await;
+            let resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    last = DirectoryError::Unreachable {
+                        url: url.clone(),
+                        reason: e.to_string(),
+                    };
+                    self.leader.store(i + 1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            let status = resp.status();
+            let v: Value = resp
+                .json()
+                .await
+                .map_err(|e| DirectoryError::Protocol(e.to_string()))?;
+            if status.is_success() {
+                let outcome = serde_json::from_value(v["outcome"].clone())
+                    .map_err(|e| DirectoryError::Protocol(e.to_string()))?;
+                return Ok((outcome, v["log_index"].as_u64().unwrap_or(0)));
+            }
+            let leader_addr = v["leader_addr"].as_str().map(str::to_owned);
+            last = if status == reqwest::StatusCode::MISDIRECTED_REQUEST {
+                DirectoryError::NotLeader {
+                    leader_id: v["leader_id"].as_u64(),
+                    leader_addr: leader_addr.clone(),
+                }
+            } else {
+                let message = v["error"]["message"].as_str().unwrap_or("error");
+                DirectoryError::Unavailable(message.to_owned())
+            };
+            // Follow the redirect to the leader, if it is one of ours.
+            let leader = leader_addr
+                .as_deref()
+                .and_then(|a| self.urls.iter().position(|u| u.ends_with(a)));
+            self.leader
+                .store(leader.unwrap_or(i + 1), Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(last)
     }
 }
 
 impl DirectoryClient for Remote {
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
-        Box::pin(async move {
-            let body = json!({ "command": command });
-            let mut last = DirectoryError::Unavailable("no directory urls".into());
-            for _ in 0..(3 * self.urls.len().max(1)) {
-                let i = self.leader.load(Ordering::Relaxed) % self.urls.len().max(1);
-                let Some(url) = self.urls.get(i) else { break };
-                let sent = self
-                    .http
-                    .post(format!("{url}/directory/v1/commands"))
-                    .json(&body)
-                    .send()
-                    .await;
-                let resp = match sent {
-                    Ok(r) => r,
-                    Err(e) => {
-                        last = DirectoryError::Unreachable {
-                            url: url.clone(),
-                            reason: e.to_string(),
-                        };
-                        self.leader.store(i + 1, Ordering::Relaxed);
-                        continue;
-                    }
-                };
-                let status = resp.status();
-                let v: Value = resp
-                    .json()
-                    .await
-                    .map_err(|e| DirectoryError::Protocol(e.to_string()))?;
-                if status.is_success() {
-                    return serde_json::from_value(v["outcome"].clone())
-                        .map_err(|e| DirectoryError::Protocol(e.to_string()));
+        Box::pin(async move { self.commit(command).await.map(|(outcome, _)| outcome) })
+    }
+
+    /// Read from the replica, in memory. Until it has read the cluster's state once
+    /// (start-up), the answer says it consulted nothing.
+    fn lookup(&self, session: Option<&str>, hashes: &[u64], block: u64) -> Lookup {
+        if !self.replica.synced() {
+            return Lookup::default();
+        }
+        self.replica
+            .read(|d| Lookup::read(d, session, hashes, block))
+    }
+
+    /// A read index from the leader, then the replica applies up to it (ReadIndex).
+    fn catch_up(&self) -> BoxFuture<'_, bool> {
+        Box::pin(async {
+            let caught_up = async {
+                match self.read_index().await {
+                    Ok(index) => self.replica.wait_applied(index, CATCH_UP).await,
+                    Err(_) => false,
                 }
-                let leader_addr = v["leader_addr"].as_str().map(str::to_owned);
-                last = if status == reqwest::StatusCode::MISDIRECTED_REQUEST {
-                    DirectoryError::NotLeader {
-                        leader_id: v["leader_id"].as_u64(),
-                        leader_addr: leader_addr.clone(),
-                    }
-                } else {
-                    let message = v["error"]["message"].as_str().unwrap_or("error");
-                    DirectoryError::Unavailable(message.to_owned())
-                };
-                // Follow the redirect to the leader, if it is one of ours.
-                let leader = leader_addr
-                    .as_deref()
-                    .and_then(|a| self.urls.iter().position(|u| u.ends_with(a)));
-                self.leader
-                    .store(leader.unwrap_or(i + 1), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(last)
+            };
+            tokio::time::timeout(CATCH_UP, caught_up)
+                .await
+                .unwrap_or(false)
         })
     }
 
-    /// The remote cluster is not read per request yet: this answers an empty, unconsulted
-    /// lookup, so the planner sees no owner (issue 17 gives every router a live replica to
-    /// read).
-    fn lookup(&self, _session: Option<&str>, _hashes: &[u64], _block: u64) -> Lookup {
-        Lookup::default()
+    /// Heard from a node within two heartbeats.
+    fn fresh(&self) -> bool {
+        self.replica.heard_within(2 * super::watch::HEARTBEAT)
+    }
+
+    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64 {
+        self.replica.read(|d| {
+            f(d);
+            d.applied
+        })
     }
 }
 

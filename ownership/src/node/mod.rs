@@ -7,7 +7,9 @@
 //! - `rpc`: the Raft RPC server (and the fault tests' partition route); `api`: the
 //!   directory API; [`admin`]: the operator API; `answer`: the error answers both give.
 //! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
-//!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]).
+//!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]); [`replica`]: the live
+//!   copy a router of a remote cluster reads from, fed by `watch` (a node's applied log as
+//!   a stream).
 //! - [`metrics`]: the node's Prometheus metrics; `error`: [`NodeError`].
 //! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]), every route of a node on
 //!   one listener; [`secret`]: the cluster secret that guards the Raft RPCs and the
@@ -16,7 +18,8 @@
 //! API (JSON): `POST /directory/v1/commands` `{client?: [id, seq], command}` → `{outcome,
 //! log_index}` (a follower forwards it to the leader once; if it cannot, it answers 421
 //! with the leader's address); `GET /directory/v1/state`
-//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`; and the
+//! (linearizable: ReadIndex through the leader); `GET /directory/v1/cluster`;
+//! `GET /directory/v1/watch?after=N` (the applied log from `N` on, see `watch`); and the
 //! operator API under `/admin/v1` (bearer tokens; see `admin`).
 
 pub mod admin;
@@ -25,12 +28,15 @@ mod api;
 pub mod client;
 mod error;
 pub mod metrics;
+pub mod replica;
 mod rpc;
 mod run;
 pub mod secret;
+mod watch;
 
 pub use client::{BoxFuture, DirectoryClient, DirectoryError, Embedded, Lookup, Remote};
 pub use error::NodeError;
+pub use replica::Replica;
 pub use run::{run, DirectoryArgs};
 
 use std::collections::BTreeMap;

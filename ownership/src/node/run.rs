@@ -72,6 +72,10 @@ pub struct DirectoryArgs {
     /// For fault tests only.
     #[arg(long)]
     fault_injection: bool,
+    /// Stop when standard input closes: a parent that started this node with a pipe
+    /// (`ownerserve up --ha`) takes it down when it exits, even when it is killed.
+    #[arg(long, hide = true)]
+    exit_with_stdin: bool,
 }
 
 fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeError> {
@@ -119,6 +123,15 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
     let shutdown = CancellationToken::new();
     let tracker = tokio_util::task::TaskTracker::new();
     cancel_on_signal(shutdown.clone(), &tracker)?;
+    if args.exit_with_stdin {
+        let stop = shutdown.clone();
+        tracker.spawn(async move {
+            let mut sink = tokio::io::sink();
+            // Ends at EOF (the parent is gone) or on a read error alike.
+            let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut sink).await;
+            stop.cancel();
+        });
+    }
     let registry = prometheus::Registry::new();
     let http_metrics = Arc::new(HttpMetrics::register(&registry)?);
     let node = Node::start(

@@ -1,5 +1,6 @@
 //! The replicated shell around [`Directory`]: openraft 0.9 with a redb
-//! log ([`log_store`]), the state machine and its snapshots ([`state_machine`]), and an
+//! log ([`log_store`]), the state machine and its snapshots ([`state_machine`]), the
+//! entries it applied lately for the routers that follow it ([`feed`]), and an
 //! HTTP transport client ([`network`]). The HTTP server side is the `node` feature's
 //! (`node::rpc`, mounted by every directory node).
 //!
@@ -11,6 +12,7 @@
 // build it must too.
 #![allow(clippy::result_large_err, reason = "the error type is openraft's")]
 
+pub mod feed;
 pub mod log_store;
 pub mod network;
 pub mod state_machine;

@@ -12,6 +12,7 @@ use openraft::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::feed::Feed;
 use super::{io_err, NodeId, TypeConfig};
 use crate::{Directory, Outcome};
 
@@ -36,6 +37,8 @@ pub struct StateMachineStore {
     snapshot: Arc<Mutex<Option<StoredSnapshot>>>,
     /// Where the current snapshot is kept (`None`: memory only, for tests).
     path: Option<PathBuf>,
+    /// The entries applied lately, for the routers that follow this node.
+    feed: Arc<Feed>,
 }
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
@@ -56,16 +59,24 @@ impl StateMachineStore {
             state = serde_json::from_slice(&stored.data).map_err(std::io::Error::other)?;
             snapshot = Some(stored);
         }
+        let last = state.last_applied.map_or(0, |l| l.index);
         Ok(Self {
             state: Arc::new(RwLock::new(state)),
             snapshot: Arc::new(Mutex::new(snapshot)),
             path,
+            feed: Arc::new(Feed::new(last)),
         })
     }
 
     /// Reads the current state (a local, possibly stale, view on followers).
     pub fn read<T>(&self, f: impl FnOnce(&MachineState) -> T) -> T {
         f(&self.state.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The entries applied lately (pushed under the state's write lock, so a state read
+    /// at index `i` is followed in the feed by exactly the entries after `i`).
+    pub fn feed(&self) -> &Feed {
+        &self.feed
     }
 
     fn persist(&self, stored: &StoredSnapshot) -> StoreResult<()> {
@@ -136,11 +147,20 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut out = Vec::new();
         for entry in entries {
             st.last_applied = Some(entry.log_id);
+            let index = entry.log_id.index;
             out.push(match entry.payload {
-                EntryPayload::Blank => None,
-                EntryPayload::Normal(env) => Some(st.directory.apply(entry.log_id.index, &env)),
+                EntryPayload::Blank => {
+                    self.feed.push(index, None);
+                    None
+                }
+                EntryPayload::Normal(env) => {
+                    let outcome = st.directory.apply(index, &env);
+                    self.feed.push(index, Some(env));
+                    Some(outcome)
+                }
                 EntryPayload::Membership(m) => {
                     st.membership = StoredMembership::new(Some(entry.log_id), m);
+                    self.feed.push(index, None);
                     None
                 }
             });
@@ -173,7 +193,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             data,
         };
         self.persist(&stored)?;
-        *self.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+        let last = state.last_applied.map_or(0, |l| l.index);
+        let mut current = self.state.write().unwrap_or_else(|e| e.into_inner());
+        *current = state;
+        self.feed.reset(last);
+        drop(current);
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(stored);
         Ok(())
     }

@@ -157,6 +157,9 @@ pub struct RouterSettings {
     pub worker_lease_ttl_ms: u64,
     /// How often routed requests' ownership records are committed (one batch each time).
     pub ownership_flush_ms: u64,
+    /// How long a new session's step waits for its owner claim to commit before it goes
+    /// where it was planned, unrecorded (a directory electing a leader).
+    pub ownership_claim_timeout_ms: u64,
     /// The cost planner's model: a preset name or a `.toml` preset file.
     pub planner_model: String,
     /// The cost planner's GPU per worker: a preset name or a `.toml` preset file.
@@ -276,6 +279,7 @@ impl Default for RouterSettings {
             directory_secret: None,
             worker_lease_ttl_ms: 10_000,
             ownership_flush_ms: 50,
+            ownership_claim_timeout_ms: 5_000,
             planner_model: "llama-3.1-8b".to_owned(),
             planner_gpu: "h100".to_owned(),
             planner_gpus: 1,

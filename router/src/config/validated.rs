@@ -71,6 +71,7 @@ pub struct RouterConfig {
     pub directory: DirectorySetup,
     pub worker_lease_ttl: Duration,
     pub ownership_flush: Duration,
+    pub ownership_claim_timeout: Duration,
     /// What the cost planner prices plans with (also in `policy_settings.ownerserve`).
     pub planner: OwnerServeConfig,
     /// Converts observed wall-clock prefill times into the workers' (simulated) time.
@@ -330,6 +331,7 @@ impl RouterConfig {
             directory,
             worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
             ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
+            ownership_claim_timeout: Duration::from_millis(s.ownership_claim_timeout_ms),
             planner,
             planner_time_scale: s.planner_time_scale,
             planner_calibrate: s.planner_calibrate,

@@ -74,8 +74,14 @@ enum CtlCommand {
     Drain { name: String },
     /// End a worker's drain (router only).
     Undrain { name: String },
-    /// Raft status of the directory: leader, term, indexes, voters, learners.
-    Cluster,
+    /// Raft status of the directory: leader, term, indexes, voters, learners. Against a
+    /// router of a remote cluster: every node's status and the router's replica (applied
+    /// index, age of its last entry); `--router` adds other routers' replicas.
+    Cluster {
+        /// Another router to show the replica of (repeatable).
+        #[arg(long = "router")]
+        routers: Vec<String>,
+    },
     /// The plan the router would choose for a chat request, with every candidate's costs,
     /// without running it (router only). The body is read from `--file` or stdin.
     Explain {
@@ -89,6 +95,30 @@ enum CtlCommand {
         #[arg(long)]
         fork: bool,
     },
+}
+
+/// `/admin/v1/cluster` of `url`, with each router's replica (its own and `routers`') in
+/// `routers`.
+async fn cluster(
+    api: &Api,
+    url: &str,
+    routers: &[String],
+    token: Option<&String>,
+) -> anyhow::Result<Value> {
+    let mut answer = api.get("/admin/v1/cluster").await?;
+    if answer.get("replica").is_none() {
+        // A directory node, not a router: its own status is the answer.
+        return Ok(answer);
+    }
+    let mut replicas = vec![serde_json::json!({"router": url, "replica": answer["replica"]})];
+    for r in routers {
+        let other = Api::new(r, token.cloned())?
+            .get("/admin/v1/cluster")
+            .await?;
+        replicas.push(serde_json::json!({"router": r, "replica": other["replica"]}));
+    }
+    answer["routers"] = Value::Array(replicas);
+    Ok(answer)
 }
 
 /// Runs one `ctl` command.
@@ -177,7 +207,10 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             .await?,
             views::drain,
         ),
-        CtlCommand::Cluster => (api.get("/admin/v1/cluster").await?, views::cluster),
+        CtlCommand::Cluster { routers } => (
+            cluster(&api, &args.url, &routers, args.token.as_ref()).await?,
+            views::cluster,
+        ),
         CtlCommand::Explain {
             file,
             session,

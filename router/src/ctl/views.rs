@@ -197,9 +197,55 @@ pub fn drain(answer: &Value) -> String {
     format!("{}: {now} (was {before})", cell(&answer["worker"]))
 }
 
-/// `GET /admin/v1/cluster`.
+/// `GET /admin/v1/cluster`: a node's own status, or (from routers) every node's and
+/// each router's replica.
 pub fn cluster(answer: &Value) -> String {
-    fields(answer)
+    if answer.get("nodes").is_none() {
+        return fields(answer);
+    }
+    let mut nodes = Table::new(&[
+        "NODE", "URL", "STATE", "LEADER", "TERM", "APPLIED", "VOTERS",
+    ]);
+    for n in rows(answer, "nodes") {
+        match n.get("error") {
+            Some(e) => nodes.row(vec![
+                "-".into(),
+                cell(&n["url"]),
+                format!("unreachable: {}", cell(e)),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]),
+            None => nodes.row(vec![
+                cell(&n["id"]),
+                cell(&n["url"]),
+                cell(&n["state"]),
+                cell(&n["leader"]),
+                cell(&n["term"]),
+                cell(&n["last_applied"]),
+                cell(&n["members"]),
+            ]),
+        }
+    }
+    let mut routers = Table::new(&[
+        "ROUTER",
+        "APPLIED",
+        "CONNECTED",
+        "LAST_ENTRY_AGE_MS",
+        "RECONNECTS",
+    ]);
+    for r in rows(answer, "routers") {
+        let replica = &r["replica"];
+        routers.row(vec![
+            cell(&r["router"]),
+            cell(&replica["applied"]),
+            cell(&replica["connected"]),
+            cell(&replica["last_entry_age_ms"]),
+            cell(&replica["reconnects"]),
+        ]);
+    }
+    format!("{}\n{}", nodes.render(), routers.render())
 }
 
 /// Directory writes: the committed outcome.

@@ -67,6 +67,8 @@ pub struct ProxyMetrics {
     pub ownership_records_dropped: IntCounter,
     /// Requests shed by admission control, by reason.
     shed: IntCounterVec,
+    /// New sessions' owner claims, by result.
+    claims: IntCounterVec,
     queue_time: HistogramVec,
     ttft: HistogramVec,
 }
@@ -132,6 +134,12 @@ impl ProxyMetrics {
                 "Requests refused with a 429: the model's queue was full, no slot freed within queue_timeout_ms, or the API key was over its rate limit.",
                 &["reason"],
             )?,
+            claims: counter_vec(
+                registry,
+                "ownerserve_ownership_claims_total",
+                "Owner claims committed before a session's first step (or a step of a session without a live owner): won, lost to another router (the step went to the winner), or failed (no answer within ownership_claim_timeout_ms; the step went where planned).",
+                &["result"],
+            )?,
             ownership_records_dropped: counter(
                 registry,
                 "ownerserve_ownership_records_dropped_total",
@@ -172,6 +180,11 @@ impl ProxyMetrics {
             m.kv_moved.with_label_values(&[kind]);
         }
         Ok(m)
+    }
+
+    /// Counts a session owner claim by its result.
+    pub fn claim(&self, result: &str) {
+        self.claims.with_label_values(&[result]).inc();
     }
 
     /// Counts a request shed by admission control or its key's rate limit.

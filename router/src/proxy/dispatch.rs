@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_ownership::ids::{Epoch, SessionId, Tier, WorkerId as DirWorkerId};
-use ownerserve_ownership::{Command, Outcome};
+use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::ids::{EngineKind, WorkerId};
 use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::engines::{self, sglang, vllm, EPOCH_HEADER, SESSION_HEADER};
@@ -79,6 +79,9 @@ pub struct Prepared {
     pub prefill: Option<PrefillTiming>,
     /// A migration copied this many KV bytes.
     pub migrated_bytes: Option<u64>,
+    /// The session's owner changed since the step was planned (its move was refused for a
+    /// stale epoch): nothing may be sent; the step is planned again.
+    pub stale: bool,
 }
 
 /// The fencing headers of a session at `epoch`.
@@ -127,6 +130,7 @@ impl Dispatcher<'_> {
             fell_back: false,
             prefill: None,
             migrated_bytes: None,
+            stale: false,
         };
         match decision.dispatch {
             Dispatch::Single => {}
@@ -142,12 +146,23 @@ impl Dispatcher<'_> {
                 None => out.fell_back = true,
             },
             Dispatch::Migrate { source, tokens } => {
-                match self.migrate(step, source, decode, tokens, &mut out).await {
-                    Some(new_epoch) => {
-                        out.epoch = Some(new_epoch);
-                        out.headers = headers_for(step, Some(new_epoch));
+                let moved = match self.migrate(step, source, decode, tokens, &mut out).await {
+                    Some(epoch) => Some(epoch),
+                    // No copy: the target recomputes, and still becomes the owner first.
+                    None => {
+                        out.fell_back = true;
+                        match self.take_over(step, decode).await {
+                            Ok(epoch) => Some(epoch),
+                            Err(stale) => {
+                                out.stale = stale;
+                                None
+                            }
+                        }
                     }
-                    None => out.fell_back = true,
+                };
+                if let Some(new_epoch) = moved {
+                    out.epoch = Some(new_epoch);
+                    out.headers = headers_for(step, Some(new_epoch));
                 }
             }
         }
@@ -319,6 +334,33 @@ impl Dispatcher<'_> {
         }
         tracing::info!(session = ?step.session, from = %source, to = %target.spec.name, epoch = new_epoch.0, "session migrated");
         Some(new_epoch)
+    }
+
+    /// Makes `target` the session's owner (CAS on the epoch the step was planned at) when a
+    /// migration could not copy the KV or flip: the step still runs there, so it must own
+    /// it. `Err(true)`: the session moved on since this router read it (the step must be
+    /// planned again); `Err(false)`: no directory answer, or no session to own.
+    async fn take_over(&self, step: &Step<'_>, target: &Worker) -> Result<Epoch, bool> {
+        let (Some(sync), Some(session)) = (self.directory, step.session) else {
+            return Err(false);
+        };
+        let lease = sync.lease_of(target.id).ok_or(false)?;
+        let command = Command::SetDecodeOwner {
+            session: SessionId(session.to_owned()),
+            lease,
+            prefix: None,
+            tail_tokens: 0,
+            predicted_tool_gap_ms: None,
+            expect_epoch: step.lookup.epoch,
+        };
+        match sync.client().write(command).await {
+            Ok(Outcome::Owned { epoch, .. }) => Ok(epoch),
+            Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) => Err(true),
+            other => {
+                tracing::warn!(?other, target = %target.spec.name, "session not taken over after a failed migration");
+                Err(false)
+            }
+        }
     }
 
     /// The owner flip of a migration, in one directory entry: the target's copy is

@@ -158,6 +158,7 @@ mod tests {
             fell_back,
             prefill: None,
             migrated_bytes: None,
+            stale: false,
         }
     }
 

@@ -9,6 +9,8 @@
 //!    ↓
 //! plan      the routing policy's decision
 //!    ↓
+//! claim     a session without a live owner: its owner committed in the directory first
+//!    ↓
 //! dispatch  the engines' protocols: prefill legs, fetch, migration, the decode request
 //!    ↓
 //! relay     the worker's response streamed back
@@ -19,6 +21,7 @@
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
+pub mod claim;
 pub mod dispatch;
 pub mod feedback;
 pub mod identity;
@@ -56,25 +59,31 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let id =
         identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;
     let needs = st.policy.needs();
-    let view = st
+    if needs.directory {
+        claim::catch_up(st, false).await;
+    }
+    let mut view = st
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
-    let step = dispatch::Step {
-        path: endpoint.path(),
-        body: &req.body,
-        session: id.session,
-        lookup: &view.lookup,
-        hashes: id.hashes(),
-        block: u64::from(view.route.block_size),
-        request_id: req.request_id.clone(),
-        authorization: st.cfg.engine_authorization.clone(),
-    };
+    let mut replans = 0;
     let mut failed = Vec::new();
     loop {
         let candidates = st
             .sources()
             .candidates(&parsed.model, id.hashes(), &failed, needs);
         let decision = st.policy.choose(&view.route, &candidates)?;
+        let (settled, lookup) = claim::settle(st, &id, &view.lookup, &decision).await;
+        let decision = claim::route(st, settled, decision, &failed);
+        let step = dispatch::Step {
+            path: endpoint.path(),
+            body: &req.body,
+            session: id.session,
+            lookup: &lookup,
+            hashes: id.hashes(),
+            block: u64::from(view.route.block_size),
+            request_id: req.request_id.clone(),
+            authorization: st.cfg.engine_authorization.clone(),
+        };
         let Some(worker) = st.registry.get(decision.worker) else {
             return Err(ApiError::NoHealthyWorker {
                 model: parsed.model.to_string(),
@@ -100,6 +109,14 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 worker.mark_down("connection refused");
                 failed.push(worker.id);
             }
+            // The session moved under another router: read the directory again, then plan.
+            Err(ForwardError::StaleView) if replans < MAX_REPLANS => {
+                replans += 1;
+                claim::catch_up(st, true).await;
+                view = st
+                    .sources()
+                    .step(&parsed.model, &id, parsed.sampling.n, needs);
+            }
             Err(e) => {
                 tracing::warn!(worker = %worker.spec.name, error = %e, "forward failed");
                 return Err(e.into_api(worker));
@@ -107,6 +124,9 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         }
     }
 }
+
+/// Times a step is planned again because its session moved under another router.
+const MAX_REPLANS: u32 = 2;
 
 /// A slot for a request of `model`, or the 429 that sheds it (counted by reason).
 async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError> {
@@ -154,6 +174,9 @@ impl Attempt<'_> {
         let (st, view) = (self.st, self.view);
         let action = decision.action();
         let prepared = st.dispatcher().prepare(self.step, decision, worker).await;
+        if prepared.stale {
+            return Err(ForwardError::StaleView);
+        }
         feedback::legs_ran(st, action, &prepared);
         let prefill =
             u64::from(view.route.prompt_tokens).saturating_sub(cached_blocks * self.step.block);
@@ -199,6 +222,13 @@ impl Attempt<'_> {
             patience,
         );
         relayed.extensions_mut().insert(Executed(action.name()));
+        // The ownership epoch the step ran under, for clients that check fencing.
+        if let Some(epoch) = prepared.epoch {
+            relayed.headers_mut().insert(
+                crate::headers::EPOCH,
+                axum::http::HeaderValue::from(epoch.0),
+            );
+        }
         Ok(relayed)
     }
 }

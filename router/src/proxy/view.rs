@@ -109,6 +109,18 @@ mod tests {
     struct FixedDirectory(Lookup);
 
     impl DirectoryClient for FixedDirectory {
+        fn fresh(&self) -> bool {
+            true
+        }
+
+        fn catch_up(&self) -> ownerserve_ownership::node::BoxFuture<'_, bool> {
+            Box::pin(async { true })
+        }
+
+        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) -> u64 {
+            0
+        }
+
         fn write(&self, _: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
             Box::pin(async { Err(DirectoryError::Protocol("read-only fake".into())) })
         }
@@ -163,6 +175,7 @@ mod tests {
             }),
             artifact_key: None,
             consulted: true,
+            index: 0,
         };
         let directory = FixedDirectory(owned);
         let sources = Sources {

@@ -1,0 +1,144 @@
+//! `GET /directory/v1/watch?after=N`: the node's applied log as a stream, for the routers
+//! that keep a live replica of the directory (`replica`). One JSON object per line:
+//!
+//! - `{"snapshot": <Directory>, "index": I}`: the whole state at index `I`, first when the
+//!   entries after `N` are no longer kept (or `N` is 0: a new replica learns the state's
+//!   settings, such as its grace, from it);
+//! - `{"index": I, "entry": <Envelope> | null}`: the entry applied at `I`, in order
+//!   (`null`: a Raft blank or membership entry, which only advances the index);
+//! - `{"heartbeat": I}` after a second without entries, so a follower can tell a quiet
+//!   node from a dead connection.
+//!
+//! Only committed entries are ever applied, so any node (follower or leader) can be
+//! followed; a follower is at most a heartbeat behind the leader.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::raft::feed::Feed;
+use crate::{Directory, Envelope};
+
+use super::Node;
+
+/// How long a watch stays quiet before a heartbeat line.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Most entries written in one chunk.
+const CHUNK: usize = 1024;
+
+/// One line of the stream.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum WatchLine {
+    Snapshot {
+        snapshot: Box<Directory>,
+        index: u64,
+    },
+    Entry {
+        index: u64,
+        entry: Option<Arc<Envelope>>,
+    },
+    Heartbeat {
+        heartbeat: u64,
+    },
+}
+
+/// The `after` of a watch's query (0 when absent or not a number: from the start).
+fn after(uri: &Uri) -> u64 {
+    uri.query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|kv| kv.strip_prefix("after="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Where one watcher is.
+struct Watcher {
+    node: Arc<Node>,
+    after: u64,
+    applied: watch::Receiver<u64>,
+    /// Send the state first (a new follower, or one further behind than the feed keeps).
+    snapshot: bool,
+}
+
+pub(super) async fn watch(State(node): State<Arc<Node>>, uri: Uri) -> Response {
+    let after = after(&uri);
+    let feed: &Feed = node.machine.feed();
+    let watcher = Watcher {
+        applied: feed.subscribe(),
+        after,
+        snapshot: after == 0,
+        node: node.clone(),
+    };
+    let stream = futures_util::stream::unfold(watcher, |mut w| async move {
+        let chunk = w.next_chunk().await;
+        Some((Ok::<Bytes, std::io::Error>(chunk), w))
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+impl Watcher {
+    /// The next lines to send: the state, entries, or a heartbeat after a quiet second.
+    async fn next_chunk(&mut self) -> Bytes {
+        loop {
+            if !self.snapshot {
+                match self.node.machine.feed().since(self.after, CHUNK) {
+                    Some(entries) if !entries.is_empty() => return self.entries(entries),
+                    Some(_) => {}
+                    None => self.snapshot = true,
+                }
+            }
+            if self.snapshot {
+                self.snapshot = false;
+                return self.state();
+            }
+            // `changed` fails only when the node is gone; the heartbeat then ends nothing,
+            // the server's shutdown does.
+            let woke = tokio::time::timeout(HEARTBEAT, self.applied.changed()).await;
+            if !matches!(woke, Ok(Ok(()))) {
+                let heartbeat = self.node.machine.feed().last();
+                return line(&WatchLine::Heartbeat { heartbeat });
+            }
+        }
+    }
+
+    fn entries(&mut self, entries: Vec<crate::raft::feed::FedEntry>) -> Bytes {
+        let mut out = Vec::new();
+        for (index, entry) in entries {
+            self.after = index;
+            out.extend_from_slice(&line(&WatchLine::Entry { index, entry }));
+        }
+        out.into()
+    }
+
+    /// The state and its index, read under the state's lock: the feed holds exactly
+    /// what comes after it.
+    fn state(&mut self) -> Bytes {
+        let (snapshot, index) = self.node.machine.read(|s| {
+            (
+                Box::new(s.directory.clone()),
+                s.last_applied.map_or(0, |l| l.index),
+            )
+        });
+        self.after = index;
+        line(&WatchLine::Snapshot { snapshot, index })
+    }
+}
+
+fn line(l: &WatchLine) -> Bytes {
+    let mut v = serde_json::to_vec(l).unwrap_or_default();
+    v.push(b'\n');
+    v.into()
+}

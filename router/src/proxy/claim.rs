@@ -1,0 +1,156 @@
+//! Claim: a session's owner is decided by the directory, not by the router that saw the
+//! request. A step planned on a worker that is not its session's owner in the router's
+//! copy of the directory (a new session, a demoted one, or one whose owner cannot serve:
+//! drained, down) commits `SetDecodeOwner` for the planned worker before anything is
+//! dispatched: compare-and-set on the owner's epoch when it moves off one, on absence when
+//! there is none (the directory then grants it only while no live owner holds the
+//! session). If the session changed meanwhile, the claim is asked again on absence. If
+//! another router won (`Held`), this step goes to the winner's worker instead, never to a
+//! second owner. A step that stays on its owner adds no round trip (its record stays
+//! batched in `ownership_sync`), and a migration commits its own flip once the KV is
+//! copied (`dispatch`).
+//!
+//! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
+//! it the step goes where it was planned, unrecorded, and is counted.
+
+use ownerserve_ownership::ids::{Epoch, SessionId};
+use ownerserve_ownership::node::Lookup;
+use ownerserve_ownership::{Command, Outcome, Rejection};
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::policy::{Decision, Dispatch};
+
+use super::identity::Identity;
+use crate::state::AppState;
+
+/// How a step's ownership was settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The step stays on its session's owner (or migrates, or has no session, or the
+    /// policy reads no directory): nothing to claim.
+    Unclaimed,
+    /// This router's claim committed: the planned worker owns the session at `epoch`.
+    Won(Epoch),
+    /// Another router's worker owns it: the step goes there.
+    Lost { owner: WorkerId, epoch: Epoch },
+    /// The directory did not answer in time or refused the claim; the step goes where it
+    /// was planned.
+    Failed,
+}
+
+impl Settled {
+    /// The metrics label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Settled::Unclaimed => "unclaimed",
+            Settled::Won(_) => "won",
+            Settled::Lost { .. } => "lost",
+            Settled::Failed => "failed",
+        }
+    }
+}
+
+/// Claims the session for `decision`'s worker if that is not its owner, and answers how it
+/// went and the lookup the step is dispatched under (the won or winning owner and epoch).
+pub async fn settle(
+    st: &AppState,
+    id: &Identity<'_>,
+    lookup: &Lookup,
+    decision: &Decision,
+) -> (Settled, Lookup) {
+    let (Some(sync), Some(session)) = (&st.ownership, id.session) else {
+        return (Settled::Unclaimed, *lookup);
+    };
+    let migrates = matches!(decision.dispatch, Dispatch::Migrate { .. });
+    let needed = st.policy.needs().directory
+        && !id.fork
+        && !migrates
+        && lookup.consulted
+        && lookup.owner != Some(decision.worker);
+    if !needed {
+        return (Settled::Unclaimed, *lookup);
+    }
+    let Some(lease) = sync.lease_of(decision.worker) else {
+        return (Settled::Failed, *lookup);
+    };
+    let claim = |expect_epoch| Command::SetDecodeOwner {
+        session: SessionId(session.to_owned()),
+        lease,
+        prefix: None,
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch,
+    };
+    // Moving off an owner: CAS on its epoch; without one: CAS on absence.
+    let expect = lookup.owner.and(lookup.epoch);
+    let client = sync.client();
+    let answered = tokio::time::timeout(st.cfg.ownership_claim_timeout, async {
+        match client.write(claim(expect)).await {
+            // The session moved on since the replica read it: take it only if no live
+            // owner holds it, else learn who does.
+            Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) if expect.is_some() => {
+                client.write(claim(None)).await
+            }
+            other => other,
+        }
+    })
+    .await;
+    let settled = match answered {
+        Ok(Ok(Outcome::Owned { epoch, .. })) => Settled::Won(epoch),
+        Ok(Ok(Outcome::Held { owner })) => Settled::Lost {
+            owner: WorkerId(owner.worker.0),
+            epoch: owner.epoch,
+        },
+        Ok(other) => {
+            tracing::debug!(?other, session, "session claim refused");
+            Settled::Failed
+        }
+        Err(_) => {
+            tracing::debug!(session, "session claim timed out");
+            Settled::Failed
+        }
+    };
+    st.metrics.claim(settled.name());
+    let mut settled_lookup = *lookup;
+    match settled {
+        Settled::Won(epoch) => {
+            settled_lookup.owner = Some(decision.worker);
+            settled_lookup.epoch = Some(epoch);
+        }
+        Settled::Lost { owner, epoch } => {
+            settled_lookup.owner = Some(owner);
+            settled_lookup.epoch = Some(epoch);
+        }
+        Settled::Unclaimed | Settled::Failed => {}
+    }
+    (settled, settled_lookup)
+}
+
+/// Where a claimed step goes: to the winner's worker when another router's claim won and
+/// that worker can serve (healthy, not draining, not failed for this step); else as planned.
+pub fn route(st: &AppState, settled: Settled, decision: Decision, failed: &[WorkerId]) -> Decision {
+    match settled {
+        Settled::Lost { owner, .. }
+            if owner != decision.worker
+                && !failed.contains(&owner)
+                && st
+                    .registry
+                    .get(owner)
+                    .is_some_and(|w| w.is_healthy() && !w.is_draining()) =>
+        {
+            Decision::single(owner)
+        }
+        _ => decision,
+    }
+}
+
+/// Brings the router's copy of the directory up to the leader's commit index before a
+/// step is planned on it: `always` (a step found its view stale), or when the copy has not
+/// heard from the cluster lately (this router was paused, or cut off). Bounded; a copy
+/// that cannot catch up is read as it is.
+pub async fn catch_up(st: &AppState, always: bool) {
+    if let Some(sync) = &st.ownership {
+        if always || !sync.client().fresh() {
+            sync.client().catch_up().await;
+        }
+    }
+}

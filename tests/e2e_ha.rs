@@ -1,0 +1,425 @@
+//! The production topology, each part its own process: a 3-node `ownerserve directory`
+//! cluster, two `ownerserve router`s (policy `ownerserve`, directory `remote`, each with its
+//! live replica) and four simulated workers. Sessions' steps go to a random router; the
+//! directory, not the router that saw a step, decides each session's owner, and every step
+//! is served there.
+#![allow(clippy::unwrap_used, reason = "test: a failure should panic")]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use common::{free_port, temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, CLUSTER_SECRET, MODEL};
+
+struct Ha {
+    nodes: DirectoryNodes,
+    _workers: Vec<Proc>,
+    routers: Vec<Proc>,
+}
+
+impl Ha {
+    fn start(tag: &str) -> Ha {
+        let nodes = DirectoryNodes::start(3, tag, &["--tick-ms", "200"]);
+        let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+        let workers = ports
+            .iter()
+            .map(|p| Proc::sim_worker_on(&p.to_string(), &["--time-scale", "20"]))
+            .collect();
+        let urls: Vec<String> = nodes.urls().iter().map(|u| format!("\"{u}\"")).collect();
+        let workers_toml: String = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                format!("[[workers]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{p}\"\nrole = \"hybrid\"\nengine = \"sim\"\n\n")
+            })
+            .collect();
+        let config = temp_config(
+            &format!("ha-{tag}.toml"),
+            &format!(
+                "[router]\nport = 0\npolicy = \"ownerserve\"\ndirectory = \"remote\"\n\
+                 directory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n\
+                 worker_lease_ttl_ms = 6000\nhealth_interval_ms = 200\n\n{workers_toml}",
+                urls.join(", ")
+            ),
+        );
+        let routers = (0..2)
+            .map(|_| {
+                Proc::spawn(
+                    &["router", "--config", &config],
+                    &[],
+                    "ownerserve router listening on",
+                )
+            })
+            .collect();
+        Ha {
+            nodes,
+            _workers: workers,
+            routers,
+        }
+    }
+
+    /// Waits until both replicas follow the cluster and every worker has exactly one
+    /// live lease (the routers share them).
+    async fn ready(&self) {
+        let http = admin();
+        for r in &self.routers {
+            let url = format!("{}/admin/v1/cluster", r.url);
+            common::eventually(Duration::from_secs(20), "the replica synced", || {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let v: Value = match http.get(url).send().await {
+                        Ok(r) => r.json().await.unwrap_or_default(),
+                        Err(_) => return false,
+                    };
+                    v["replica"]["synced"] == json!(true)
+                        && v["replica"]["connected"] == json!(true)
+                }
+            })
+            .await;
+        }
+        let urls = self.nodes.urls();
+        common::eventually(Duration::from_secs(20), "one live lease per worker", || {
+            let urls = urls.clone();
+            async move {
+                let Some(d) = state(&urls).await else {
+                    return false;
+                };
+                let now = d.now_ms;
+                let mut per_worker: BTreeMap<u32, usize> = BTreeMap::new();
+                for l in d.leases.values().filter(|l| l.expires_at_ms > now) {
+                    *per_worker.entry(l.worker.0).or_default() += 1;
+                }
+                per_worker.len() == 4 && per_worker.values().all(|&n| n == 1)
+            }
+        })
+        .await;
+    }
+}
+
+/// A counter's value in a scrape (0 while it has no sample yet).
+fn counter(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn admin() -> reqwest::Client {
+    let mut h = reqwest::header::HeaderMap::new();
+    h.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {ADMIN_TOKEN}").parse().unwrap(),
+    );
+    reqwest::Client::builder()
+        .default_headers(h)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// The directory's state, read linearizably from any node.
+async fn state(urls: &[String]) -> Option<ownerserve_ownership::Directory> {
+    let c = reqwest::Client::builder()
+        .default_headers(common::cluster_secret_headers())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for url in urls {
+        if let Ok(r) = c.get(format!("{url}/directory/v1/state")).send().await {
+            if let Ok(v) = r.json::<Value>().await {
+                if let Ok(d) = serde_json::from_value(v["directory"].clone()) {
+                    return Some(d);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Worker ids as the directory names them, by worker name: the position in the config.
+fn worker_ids() -> HashMap<String, u32> {
+    (0..4).map(|i| (format!("w{i}"), i)).collect()
+}
+
+/// One step of `session` through `router`: the serving worker's name and the ownership
+/// epoch it ran under, or why not.
+async fn step(
+    http: &reqwest::Client,
+    router: &str,
+    session: &str,
+    messages: &[Value],
+) -> Result<(String, Option<u64>), String> {
+    let resp = http
+        .post(format!("{router}/v1/chat/completions"))
+        .header("x-session-id", session)
+        .json(&json!({"model": MODEL, "messages": messages, "max_tokens": 4}))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let worker = resp
+        .headers()
+        .get("x-ownerserve-worker")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let epoch = resp
+        .headers()
+        .get("x-ownerserve-epoch")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let body = resp.text().await.map_err(|e| e.to_string())?;
+    match (status.is_success(), worker) {
+        (true, Some(w)) => Ok((w, epoch)),
+        _ => Err(format!("{status}: {body}")),
+    }
+}
+
+/// The same new session's first step sent to both routers at once, 100 times: the
+/// directory always ends with one owner, and both requests are served by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_session_sent_to_both_routers_at_once_gets_one_owner_serving_both() {
+    let ha = Ha::start("race");
+    ha.ready().await;
+    let ids = worker_ids();
+    let http = common::client();
+    let (a, b) = (ha.routers[0].url.clone(), ha.routers[1].url.clone());
+    let mut served = Vec::new();
+    for i in 0..100 {
+        let session = format!("race-{i}");
+        let messages =
+            [json!({"role": "user", "content": format!("race {i}: {}", "x ".repeat(200))})];
+        let (ra, rb) = tokio::join!(
+            step(&http, &a, &session, &messages),
+            step(&http, &b, &session, &messages)
+        );
+        let ((wa, ea), (wb, eb)) = (ra.unwrap(), rb.unwrap());
+        assert_eq!(wa, wb, "{session}: the routers sent it to two workers");
+        assert_eq!(ea, eb, "{session}: two epochs");
+        served.push((session, wa));
+    }
+    // Every session was claimed, by one router or both (both win when both planned the
+    // same worker: the claim of an owner's own lease keeps it); a lost claim's step went to
+    // the winner's worker.
+    let (mut won, mut lost) = (0.0, 0.0);
+    for r in [&a, &b] {
+        let text = admin()
+            .get(format!("{r}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        won += counter(&text, "ownerserve_ownership_claims_total{result=\"won\"}");
+        lost += counter(&text, "ownerserve_ownership_claims_total{result=\"lost\"}");
+    }
+    assert!(
+        won >= 100.0 && won + lost <= 200.0,
+        "{won} won, {lost} lost"
+    );
+    eprintln!("100 races: {won} claims won, {lost} lost (those steps went to the winner)");
+    let d = state(&ha.nodes.urls()).await.unwrap();
+    assert!(ownerserve_ownership::invariants::check(&d).is_empty());
+    for (session, worker) in &served {
+        let s = &d.sessions[&ownerserve_ownership::ids::SessionId(session.clone())];
+        let owner = s.owner.unwrap_or_else(|| panic!("{session} has no owner"));
+        assert_eq!(owner.worker.0, ids[worker], "{session}: served by {worker}");
+    }
+}
+
+/// 100 sessions × 8 steps over two routers, with a drain, a directory leader killed and a
+/// router stopped for 10 s on the way: every step served, each by its session's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_faults() {
+    let mut ha = Ha::start("steps");
+    ha.ready().await;
+    let ids = worker_ids();
+    let routers: Vec<String> = ha.routers.iter().map(|r| r.url.clone()).collect();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let admin = admin();
+    let mut history: BTreeMap<String, Vec<(String, Option<u64>)>> = BTreeMap::new();
+    let mut conversations: BTreeMap<String, Vec<Value>> =
+        (0..100).map(|s| (format!("ha-{s}"), Vec::new())).collect();
+    let mut drained = None;
+    let mut retried = 0usize;
+    for round in 0..8 {
+        match round {
+            // A drain in the middle: the drained worker's sessions move on their next step.
+            3 => {
+                let name = "w0".to_owned();
+                for r in &routers {
+                    let resp = admin
+                        .post(format!("{r}/admin/v1/workers/{name}/drain"))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert!(resp.status().is_success());
+                }
+                drained = Some(name);
+            }
+            // The directory leader dies (kill -9).
+            4 => {
+                let c = reqwest::Client::builder()
+                    .default_headers(common::cluster_secret_headers())
+                    .build()
+                    .unwrap();
+                let leader = common::linearizable::leader_index(&c, &ha.nodes.urls())
+                    .await
+                    .unwrap();
+                ha.nodes.kill(leader + 1);
+            }
+            // A router stops for 10 s (SIGSTOP): clients move to the other one.
+            6 => ha.routers[1].signal("-STOP"),
+            _ => {}
+        }
+        let mut batch = tokio::task::JoinSet::new();
+        for (s, (session, messages)) in conversations.iter_mut().enumerate() {
+            messages.push(json!({"role": "user", "content": format!("step {round} of {session}: {}", "more context ".repeat(40))}));
+            let (http, routers, session, messages) = (
+                http.clone(),
+                routers.clone(),
+                session.clone(),
+                messages.clone(),
+            );
+            let first = (s * 7 + round * 3) % 2;
+            batch.spawn(async move {
+                // The client retries on the other router when one does not answer.
+                let mut tries = 0;
+                loop {
+                    let router = &routers[(first + tries) % 2];
+                    match step(&http, router, &session, &messages).await {
+                        Ok(w) => return (session, w, tries),
+                        Err(e) if tries < 6 => {
+                            tries += 1;
+                            let _ = e;
+                        }
+                        Err(e) => panic!("{session}: no router served the step: {e}"),
+                    }
+                }
+            });
+        }
+        while let Some(done) = batch.join_next().await {
+            let (session, worker, tries) = done.unwrap();
+            retried += tries;
+            history
+                .entry(session.clone())
+                .or_default()
+                .push(worker.clone());
+            conversations
+                .get_mut(&session)
+                .unwrap()
+                .push(json!({"role": "assistant", "content": "ok"}));
+        }
+        if round == 6 {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            ha.routers[1].signal("-CONT");
+        }
+    }
+    for r in &routers {
+        let text = admin
+            .get(format!("{r}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for l in text.lines().filter(|l| {
+            l.starts_with("ownerserve_ownership_claims_total")
+                || l.starts_with("ownerserve_plans_total")
+                || l.starts_with("ownerserve_plan")
+        }) {
+            eprintln!("{r} {l}");
+        }
+    }
+    // Each step ran under its session's owner as the directory recorded it: the same
+    // epoch always on the same worker, epochs never going back, and a new epoch (a claim
+    // committed before dispatch, or a migration's flip) for every change of worker. No step
+    // reached the drained worker after the drain.
+    let drained = drained.unwrap();
+    let (mut moves, mut unowned) = (0, 0);
+    for (session, steps) in &history {
+        assert_eq!(steps.len(), 8, "{session}");
+        let mut by_epoch: BTreeMap<u64, &str> = BTreeMap::new();
+        for (i, (worker, epoch)) in steps.iter().enumerate() {
+            // Only while the directory elects a new leader may a claim time out (the step
+            // then runs where planned, unrecorded, rather than fail).
+            let Some(epoch) = *epoch else {
+                assert_eq!(i, 4, "{session} step {i} ran without an owner: {steps:?}");
+                unowned += 1;
+                continue;
+            };
+            let first = *by_epoch.entry(epoch).or_insert(worker);
+            assert_eq!(
+                first, worker,
+                "{session}: epoch {epoch} on two workers: {steps:?}"
+            );
+            if let Some((previous, Some(before))) = i.checked_sub(1).map(|j| &steps[j]) {
+                assert!(
+                    epoch >= *before,
+                    "{session}: the epoch went back: {steps:?}"
+                );
+                if previous != worker {
+                    assert!(
+                        epoch > *before,
+                        "{session}: moved without a new epoch: {steps:?}"
+                    );
+                    moves += 1;
+                }
+            }
+            if i >= 3 {
+                assert_ne!(
+                    *worker, drained,
+                    "{session}: served by the drained worker: {steps:?}"
+                );
+            }
+        }
+    }
+    // The directory agrees: where a session's epoch is its last step's, its owner is the
+    // worker that served that step; its invariants hold (one owner per session and prefix).
+    let d = state(&ha.nodes.urls()).await.unwrap();
+    assert!(ownerserve_ownership::invariants::check(&d).is_empty());
+    let mut demoted = 0;
+    for (session, steps) in &history {
+        let s = &d.sessions[&ownerserve_ownership::ids::SessionId(session.clone())];
+        let (worker, epoch) = steps.last().unwrap();
+        assert!(
+            s.epoch.0 >= epoch.unwrap(),
+            "{session}: the directory is behind its steps"
+        );
+        match s.owner {
+            Some(owner) if s.epoch.0 == epoch.unwrap() => {
+                assert_eq!(owner.worker.0, ids[worker], "{session}: {steps:?}");
+            }
+            Some(_) => {}
+            None => demoted += 1,
+        }
+    }
+    // Every router shows the same session, from its replica or through the leader.
+    let probe = history.keys().next().unwrap();
+    let mut seen = Vec::new();
+    for r in &routers {
+        for q in ["", "?linearizable=true"] {
+            let v: Value = admin
+                .get(format!("{r}/admin/v1/sessions/{probe}{q}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert!(v["read_at_index"].as_u64().unwrap() > 0, "{v}");
+            seen.push(v["owner"].clone());
+        }
+    }
+    assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+    assert!(unowned <= 10, "{unowned} steps unowned during the election");
+    eprintln!("800 steps served; {moves} moves, each under a new epoch; {unowned} steps unowned during the election; {demoted} sessions demoted (idle) at the end; {retried} retries on the other router");
+}
