@@ -1,8 +1,9 @@
 //! `ownerserve bench directory`: ownership writes on a local 3-node cluster (separate
 //! `ownerserve directory` processes, fsynced redb logs): throughput and p50/p99 commit
 //! latency with one write in flight (the baseline: no batching possible) and with many
-//! (openraft batches them into one append, one fsync); and the state machine's memory for
-//! one million sessions, measured in this process.
+//! (openraft batches them into one append, one fsync); a router's side of it (`replica`:
+//! lookups from its replica, a new session's claim, the replica's lag); and the state
+//! machine's memory for one million sessions, measured in this process.
 
 use std::time::{Duration, Instant};
 
@@ -249,6 +250,8 @@ pub async fn run(args: DirectoryBenchArgs) -> anyhow::Result<()> {
         .default_headers(secret)
         .build()?;
     let leader = leader(&http, &cluster).await?;
+    // A router's replica follows the cluster through every load below.
+    let router = super::replica::RouterSide::connect(cluster.urls.clone(), CLUSTER_SECRET)?;
     let granted = write(
         &http,
         &leader,
@@ -286,6 +289,7 @@ pub async fn run(args: DirectoryBenchArgs) -> anyhow::Result<()> {
         percentile(&lb, 50.0),
         percentile(&lb, 99.0)
     ));
+    router.run(lease, secs).await?;
     drop(cluster);
     let (before, after) =
         tokio::task::spawn_blocking(move || sessions_memory(args.sessions)).await??;

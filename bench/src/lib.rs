@@ -10,7 +10,8 @@
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
 //! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
-//! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions.
+//! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions;
+//!   [`replica`]: a router's side of that cluster (replica lookups, claims, lag).
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
 //! - [`tokenize`]: a model's own tokenizer on an agent-sized chat prompt, from scratch and
@@ -26,6 +27,7 @@ pub mod kv;
 pub mod overload;
 pub mod planner;
 pub mod proxy;
+pub mod replica;
 pub mod sim;
 pub mod tokenize;
 

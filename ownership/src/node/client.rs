@@ -243,7 +243,7 @@ impl Remote {
     }
 
     /// Commits `command` at the leader: its outcome and log index.
-    async fn commit(&self, command: Command) -> Result<(Outcome, u64), DirectoryError> {
+    pub async fn commit(&self, command: Command) -> Result<(Outcome, u64), DirectoryError> {
         let body = json!({ "command": command });
         let mut last = DirectoryError::Unavailable("no directory urls".into());
         // Through an election: a dead leader's followers still name it for a second or two.

@@ -125,6 +125,11 @@ impl Replica {
         super::unix_ms().saturating_sub(heard) <= within.as_millis() as u64
     }
 
+    /// Wakes on every index applied.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied_tx.subscribe()
+    }
+
     /// Waits (at most `within`) until entry `index` is applied; whether it was.
     pub async fn wait_applied(&self, index: u64, within: Duration) -> bool {
         let mut rx = self.applied_tx.subscribe();
