@@ -153,13 +153,26 @@ async fn step(
     session: &str,
     messages: &[Value],
 ) -> Result<(String, Option<u64>), String> {
-    let resp = http
+    send(http, router, session, messages, None).await
+}
+
+/// A step, or with `fork` a fork of the session into that child with `n = 2` samples.
+async fn send(
+    http: &reqwest::Client,
+    router: &str,
+    session: &str,
+    messages: &[Value],
+    fork: Option<&str>,
+) -> Result<(String, Option<u64>), String> {
+    let mut req = http
         .post(format!("{router}/v1/chat/completions"))
-        .header("x-session-id", session)
-        .json(&json!({"model": MODEL, "messages": messages, "max_tokens": 4}))
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
+        .header("x-session-id", session);
+    let mut body = json!({"model": MODEL, "messages": messages, "max_tokens": 4});
+    if let Some(child) = fork {
+        req = req.header("x-ownerserve-fork", child);
+        body["n"] = json!(2);
+    }
+    let resp = req.json(&body).send().await.map_err(|e| e.to_string())?;
     let status = resp.status();
     let worker = resp
         .headers()
@@ -249,6 +262,7 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
         (0..100).map(|s| (format!("ha-{s}"), Vec::new())).collect();
     let mut drained = None;
     let mut retried = 0usize;
+    let mut forks: Vec<(String, String)> = Vec::new();
     for round in 0..8 {
         match round {
             // A drain in the middle: the drained worker's sessions move on their next step.
@@ -316,6 +330,20 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
                 .get_mut(&session)
                 .unwrap()
                 .push(json!({"role": "assistant", "content": "ok"}));
+        }
+        if round == 5 {
+            // Every tenth session forks (n = 2) through a random router; the child is
+            // committed before the fork is dispatched.
+            for s in (0..100).step_by(10) {
+                let session = format!("ha-{s}");
+                let child = format!("{session}-child");
+                let messages = conversations[&session].clone();
+                let router = &routers[s % 2];
+                let (worker, _) = send(&http, router, &session, &messages, Some(&child))
+                    .await
+                    .unwrap_or_else(|e| panic!("fork of {session}: {e}"));
+                forks.push((child, worker));
+            }
         }
         if round == 6 {
             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -402,6 +430,25 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
             None => demoted += 1,
         }
     }
+    // Each fork's child was owned by the worker that served the fork, at the fork's epoch
+    // (unless it was demoted or moved since: its epoch is then higher).
+    let mut forks_owned = 0;
+    for (child, worker) in &forks {
+        let c = d
+            .sessions
+            .get(&ownerserve_ownership::ids::SessionId(child.clone()))
+            .unwrap_or_else(|| panic!("fork child {child} not in the directory"));
+        let parent = child.trim_end_matches("-child");
+        assert_eq!(
+            c.parent.as_ref().map(|p| p.0.as_str()),
+            Some(parent),
+            "{child}"
+        );
+        if let Some(owner) = c.owner.filter(|o| o.epoch == c.epoch) {
+            assert_eq!(owner.worker.0, ids[worker], "{child}");
+            forks_owned += 1;
+        }
+    }
     // Every router shows the same session, from its replica or through the leader.
     let probe = history.keys().next().unwrap();
     let mut seen = Vec::new();
@@ -421,5 +468,5 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
     }
     assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
     assert!(unowned <= 10, "{unowned} steps unowned during the election");
-    eprintln!("800 steps served; {moves} moves, each under a new epoch; {unowned} steps unowned during the election; {demoted} sessions demoted (idle) at the end; {retried} retries on the other router");
+    eprintln!("800 steps served; {moves} moves, each under a new epoch; {unowned} steps unowned during the election; {demoted} sessions demoted (idle) at the end; {retried} retries on the other router; {} forks, {forks_owned} still owned by the worker that served them", forks.len());
 }

@@ -6,7 +6,8 @@
 //! there is none (the directory then grants it only while no live owner holds the
 //! session). If the session changed meanwhile, the claim is asked again on absence. If
 //! another router won (`Held`), this step goes to the winner's worker instead, never to a
-//! second owner. A step that stays on its owner adds no round trip (its record stays
+//! second owner. A fork commits its child session (fenced by the parent's epoch) the same
+//! way. A step that stays on its owner adds no round trip (its record stays
 //! batched in `ownership_sync`), and a migration commits its own flip once the KV is
 //! copied (`dispatch`).
 //!
@@ -60,12 +61,15 @@ pub async fn settle(
     let (Some(sync), Some(session)) = (&st.ownership, id.session) else {
         return (Settled::Unclaimed, *lookup);
     };
+    if !st.policy.needs().directory || !lookup.consulted {
+        return (Settled::Unclaimed, *lookup);
+    }
+    if let Some(child) = &id.child {
+        // The parent keeps its owner and epoch (the step is fenced as the parent's).
+        return (fork(st, session, child, lookup, decision).await, *lookup);
+    }
     let migrates = matches!(decision.dispatch, Dispatch::Migrate { .. });
-    let needed = st.policy.needs().directory
-        && !id.fork
-        && !migrates
-        && lookup.consulted
-        && lookup.owner != Some(decision.worker);
+    let needed = !migrates && lookup.consulted && lookup.owner != Some(decision.worker);
     if !needed {
         return (Settled::Unclaimed, *lookup);
     }
@@ -123,6 +127,41 @@ pub async fn settle(
         Settled::Unclaimed | Settled::Failed => {}
     }
     (settled, settled_lookup)
+}
+
+/// A fork starts its child session on `decision`'s worker, committed before dispatch and
+/// fenced by the parent's epoch; a retried fork whose child exists claims nothing.
+async fn fork(
+    st: &AppState,
+    parent: &str,
+    child: &str,
+    lookup: &Lookup,
+    decision: &Decision,
+) -> Settled {
+    let (Some(sync), Some(parent_epoch)) = (&st.ownership, lookup.epoch) else {
+        return Settled::Unclaimed;
+    };
+    let Some(lease) = sync.lease_of(decision.worker) else {
+        return Settled::Failed;
+    };
+    let command = Command::Fork {
+        parent: SessionId(parent.to_owned()),
+        child: SessionId(child.to_owned()),
+        lease,
+        parent_epoch,
+    };
+    let answered =
+        tokio::time::timeout(st.cfg.ownership_claim_timeout, sync.client().write(command)).await;
+    let settled = match answered {
+        Ok(Ok(Outcome::Owned { epoch, .. })) => Settled::Won(epoch),
+        Ok(Ok(Outcome::Rejected(Rejection::SessionExists(_)))) => return Settled::Unclaimed,
+        other => {
+            tracing::debug!(?other, parent, child, "fork not committed");
+            Settled::Failed
+        }
+    };
+    st.metrics.claim(settled.name());
+    settled
 }
 
 /// Where a claimed step goes: to the winner's worker when another router's claim won and
