@@ -191,6 +191,96 @@ async fn send(
     }
 }
 
+/// Follows the cluster's committed log from its start (`/directory/v1/watch`), applies
+/// every entry to a directory of its own and checks the invariants after each one (one
+/// owner per session and prefix at every instant, owners backed by live leases' keys),
+/// until `stop`, then up to the cluster's applied index at that moment. Answers (entries replayed, the
+/// violations found, snapshots taken after the first).
+async fn replay_log(
+    urls: Vec<String>,
+    stop: tokio_util::sync::CancellationToken,
+) -> (usize, Vec<String>, usize) {
+    let http = reqwest::Client::builder()
+        .default_headers(common::cluster_secret_headers())
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut d: Option<ownerserve_ownership::Directory> = None;
+    let (mut applied, mut entries, mut violations, mut snapshots) = (0u64, 0usize, Vec::new(), 0);
+    let mut target: Option<u64> = None;
+    for i in 0.. {
+        if target.is_some_and(|t| applied >= t) {
+            break;
+        }
+        let url = &urls[i % urls.len()];
+        let Ok(mut resp) = http
+            .get(format!("{url}/directory/v1/watch?after={applied}"))
+            .send()
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut buf = Vec::new();
+        loop {
+            let chunk = tokio::time::timeout(Duration::from_secs(3), resp.chunk()).await;
+            let Ok(Ok(Some(chunk))) = chunk else { break };
+            buf.extend_from_slice(&chunk);
+            while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+                let line: Value = serde_json::from_slice(&buf[..end]).unwrap();
+                buf.drain(..=end);
+                if line.get("heartbeat").is_some() {
+                    continue;
+                }
+                let index = line["index"].as_u64().unwrap();
+                if let Some(snapshot) = line.get("snapshot") {
+                    if d.is_some() {
+                        snapshots += 1;
+                    }
+                    d = Some(serde_json::from_value(snapshot.clone()).unwrap());
+                    applied = index;
+                    continue;
+                }
+                if index <= applied {
+                    continue;
+                }
+                assert_eq!(index, applied + 1, "a gap in the watched log");
+                let state = d.as_mut().expect("a snapshot first");
+                if !line["entry"].is_null() {
+                    let env: ownerserve_ownership::Envelope =
+                        serde_json::from_value(line["entry"].clone()).unwrap();
+                    state.apply(index, &env);
+                    for v in ownerserve_ownership::invariants::check(state) {
+                        violations.push(format!("after entry {index}: {v:?}"));
+                    }
+                    entries += 1;
+                }
+                applied = index;
+            }
+            if stop.is_cancelled() && target.is_none() {
+                target = Some(applied_now(&http, &urls).await);
+            }
+            if target.is_some_and(|t| applied >= t) {
+                break;
+            }
+        }
+    }
+    (entries, violations, snapshots)
+}
+
+/// The highest index any node has applied now.
+async fn applied_now(http: &reqwest::Client, urls: &[String]) -> u64 {
+    let mut best = 0;
+    for url in urls {
+        if let Ok(r) = http.get(format!("{url}/directory/v1/cluster")).send().await {
+            if let Ok(v) = r.json::<Value>().await {
+                best = best.max(v["last_applied"].as_u64().unwrap_or(0));
+            }
+        }
+    }
+    best
+}
+
 /// The same new session's first step sent to both routers at once, 100 times: the
 /// directory always ends with one owner, and both requests are served by it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -250,6 +340,10 @@ async fn a_new_session_sent_to_both_routers_at_once_gets_one_owner_serving_both(
 async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_faults() {
     let mut ha = Ha::start("steps");
     ha.ready().await;
+    // The committed log, replayed entry by entry from the start, beside the run.
+    let stop_replay = tokio_util::sync::CancellationToken::new();
+    let mut replay = tokio::task::JoinSet::new();
+    replay.spawn(replay_log(ha.nodes.urls(), stop_replay.clone()));
     let ids = worker_ids();
     let routers: Vec<String> = ha.routers.iter().map(|r| r.url.clone()).collect();
     let http = reqwest::Client::builder()
@@ -449,6 +543,12 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
             forks_owned += 1;
         }
     }
+    stop_replay.cancel();
+    let (replayed, violations, snapshots) = replay.join_next().await.unwrap().unwrap();
+    assert!(violations.is_empty(), "{violations:?}");
+    assert!(replayed > 800, "only {replayed} entries replayed");
+    assert_eq!(snapshots, 0, "the replay missed entries");
+    eprintln!("committed log replayed: {replayed} entries, invariants held after each");
     // Every router shows the same session, from its replica or through the leader.
     let probe = history.keys().next().unwrap();
     let mut seen = Vec::new();

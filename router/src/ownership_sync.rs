@@ -84,13 +84,17 @@ impl OwnershipSync {
         }
     }
 
-    /// The worker's directory lease, once granted.
+    /// The worker's directory lease: the one this router renews, else the live one another
+    /// router renews (seen in the local copy of the directory), so a router that has not
+    /// renewed yet can still claim for the worker.
     pub fn lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
-        self.leases
+        let renewed = self
+            .leases
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&worker)
-            .copied()
+            .copied();
+        renewed.or_else(|| shared_lease(&*self.client, dir_worker(worker)))
     }
 
     /// The directory, for commands that must commit before the request goes on (a
