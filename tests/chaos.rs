@@ -357,7 +357,7 @@ fn one_run(seed: u64) -> RunReport {
                 invoke,
             });
         }
-        directory_state(&c, &urls).await
+        common::linearizable::directory_state(&c, &urls).await
     });
     let history = history.lock().unwrap().clone();
     report.directory_ops = history.len();
@@ -430,26 +430,6 @@ fn check_history(history: &[Event], violations: &mut Vec<String>) {
         .join()
         .unwrap();
     violations.extend(found);
-}
-
-/// The directory's state, read linearizably from any node.
-async fn directory_state(
-    c: &reqwest::Client,
-    urls: &[String],
-) -> Option<ownerserve_ownership::state::Directory> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        for url in urls {
-            if let Ok(r) = c.get(format!("{url}/directory/v1/state")).send().await {
-                if r.status() == 200 {
-                    let v: Value = r.json().await.ok()?;
-                    return serde_json::from_value(v["directory"].clone()).ok();
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    None
 }
 
 /// Claims, releases (a stale epoch now and then, on purpose) and reads until the fault

@@ -123,21 +123,7 @@ fn admin() -> reqwest::Client {
 
 /// The directory's state, read linearizably from any node.
 async fn state(urls: &[String]) -> Option<ownerserve_ownership::Directory> {
-    let c = reqwest::Client::builder()
-        .default_headers(common::cluster_secret_headers())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    for url in urls {
-        if let Ok(r) = c.get(format!("{url}/directory/v1/state")).send().await {
-            if let Ok(v) = r.json::<Value>().await {
-                if let Ok(d) = serde_json::from_value(v["directory"].clone()) {
-                    return Some(d);
-                }
-            }
-        }
-    }
-    None
+    common::linearizable::directory_state(&common::linearizable::http(), urls).await
 }
 
 /// Worker ids as the directory names them, by worker name: the position in the config.

@@ -168,6 +168,26 @@ pub fn linearizable(history: &[Event]) -> bool {
     tester.serialized_history().is_some()
 }
 
+/// The directory's state, read linearizably from any node (retried for 20 s).
+pub async fn directory_state(
+    c: &reqwest::Client,
+    urls: &[String],
+) -> Option<ownerserve_ownership::state::Directory> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        for url in urls {
+            if let Ok(r) = c.get(format!("{url}/directory/v1/state")).send().await {
+                if r.status() == 200 {
+                    let v: Value = r.json().await.ok()?;
+                    return serde_json::from_value(v["directory"].clone()).ok();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
 /// A client of the directory nodes (with the cluster secret; 1.5 s per request).
 pub fn http() -> reqwest::Client {
     reqwest::Client::builder()
