@@ -205,9 +205,7 @@ impl Remote {
     pub fn replica(&self) -> &Arc<Replica> {
         &self.replica
     }
-}
 
-impl Remote {
     /// The leader's commit index now, committed through it (an empty batch): once the
     /// replica has applied it, a read of the replica is linearizable (ReadIndex).
     pub async fn read_index(&self) -> Result<u64, DirectoryError> {

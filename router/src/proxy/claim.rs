@@ -69,7 +69,7 @@ pub async fn settle(
         return (fork(st, session, child, lookup, decision).await, *lookup);
     }
     let migrates = matches!(decision.dispatch, Dispatch::Migrate { .. });
-    let needed = !migrates && lookup.consulted && lookup.owner != Some(decision.worker);
+    let needed = !migrates && lookup.owner != Some(decision.worker);
     if !needed {
         return (Settled::Unclaimed, *lookup);
     }
@@ -164,21 +164,30 @@ async fn fork(
     settled
 }
 
-/// Where a claimed step goes: to the winner's worker when another router's claim won and
-/// that worker can serve (healthy, not draining, not failed for this step); else as planned.
-pub fn route(st: &AppState, settled: Settled, decision: Decision, failed: &[WorkerId]) -> Decision {
+/// Where a claimed step goes, and under which lookup: to the winner's worker when another
+/// router's claim won and that worker can serve (healthy, not draining, not failed for
+/// this step); else as planned, under the lookup it was planned with (a winner that cannot
+/// serve lends the step no epoch).
+pub fn route(
+    st: &AppState,
+    (settled, claimed): (Settled, Lookup),
+    planned: &Lookup,
+    decision: Decision,
+    failed: &[WorkerId],
+) -> (Decision, Lookup) {
     match settled {
+        Settled::Lost { owner, .. } if owner == decision.worker => (decision, claimed),
         Settled::Lost { owner, .. }
-            if owner != decision.worker
-                && !failed.contains(&owner)
+            if !failed.contains(&owner)
                 && st
                     .registry
                     .get(owner)
                     .is_some_and(|w| w.is_healthy() && !w.is_draining()) =>
         {
-            Decision::single(owner)
+            (Decision::single(owner), claimed)
         }
-        _ => decision,
+        Settled::Lost { .. } => (decision, *planned),
+        _ => (decision, claimed),
     }
 }
 

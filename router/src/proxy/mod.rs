@@ -72,8 +72,8 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             .sources()
             .candidates(&parsed.model, id.hashes(), &failed, needs);
         let decision = st.policy.choose(&view.route, &candidates)?;
-        let (settled, lookup) = claim::settle(st, &id, &view.lookup, &decision).await;
-        let decision = claim::route(st, settled, decision, &failed);
+        let settled = claim::settle(st, &id, &view.lookup, &decision).await;
+        let (decision, lookup) = claim::route(st, settled, &view.lookup, decision, &failed);
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
