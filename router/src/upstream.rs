@@ -21,13 +21,19 @@ use crate::registry::Worker;
 /// The pooled client every worker call goes through.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
+/// How long an idle pooled connection to a worker is kept: under the 5 s keep-alive of
+/// uvicorn, which serves vLLM's and SGLang's APIs. A connection kept longer can be closed by
+/// the engine just as the router sends on it, and the request fails mid-flight (the
+/// real-engine suite hit it on a loaded machine).
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
 /// Builds the client: no Nagle delay, a short connect timeout so a dead worker fails fast.
 pub fn client(connect_timeout: Duration) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(POOL_IDLE)
         .pool_max_idle_per_host(1024)
         .build(connector)
 }
