@@ -180,6 +180,20 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
     out
 }
 
+/// A session's owner claim for `lease`'s worker, committed before a step is dispatched:
+/// CAS on `expect_epoch` (`None`: on the absence of a live owner). The step's record,
+/// batched later, fills in its prefix and tail.
+pub fn owner_claim(session: &str, lease: LeaseId, expect_epoch: Option<Epoch>) -> Command {
+    Command::SetDecodeOwner {
+        session: SessionId(session.to_owned()),
+        lease,
+        prefix: None,
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch,
+    }
+}
+
 /// The live lease of `worker` with the lowest id in the local copy of the directory: every
 /// router of a cluster converges on it, so a worker has one lease however many routers
 /// renew it (a lease one router granted in a race with another simply expires).
@@ -329,9 +343,7 @@ mod tests {
             Box::pin(async { true })
         }
 
-        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) -> u64 {
-            0
-        }
+        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) {}
 
         fn write(
             &self,

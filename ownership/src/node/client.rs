@@ -72,8 +72,6 @@ pub struct Lookup {
     pub artifact_key: Option<(PrefixKey, Epoch)>,
     /// Whether an answer came from a directory at all.
     pub consulted: bool,
-    /// The log index of the state it was read from.
-    pub index: u64,
 }
 
 impl Lookup {
@@ -97,7 +95,6 @@ impl Lookup {
             artifact: artifact.map(|a| a.0),
             artifact_key: artifact.map(|a| a.1),
             consulted: true,
-            index: d.applied,
         }
     }
 }
@@ -111,9 +108,9 @@ pub trait DirectoryClient: Send + Sync {
     /// routing hint: writes are fenced by epochs).
     fn lookup(&self, session: Option<&str>, hashes: &[u64], block: u64) -> Lookup;
 
-    /// Reads the local copy of the directory (the embedded node's state, or a remote
-    /// cluster's replica) and the log index it is at.
-    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64;
+    /// Reads the local copy of the directory: the embedded node's state, or a remote
+    /// cluster's replica.
+    fn read_local(&self, f: &mut dyn FnMut(&Directory));
 
     /// Waits until the local copy holds every write committed before the call (at most
     /// [`CATCH_UP`]); whether it does.
@@ -159,11 +156,8 @@ impl DirectoryClient for Embedded {
         true
     }
 
-    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64 {
-        self.0.machine.read(|s| {
-            f(&s.directory);
-            s.directory.applied
-        })
+    fn read_local(&self, f: &mut dyn FnMut(&Directory)) {
+        self.0.machine.read(|s| f(&s.directory));
     }
 }
 
@@ -334,11 +328,8 @@ impl DirectoryClient for Remote {
         self.replica.heard_within(2 * super::watch::HEARTBEAT)
     }
 
-    fn read_local(&self, f: &mut dyn FnMut(&Directory)) -> u64 {
-        self.replica.read(|d| {
-            f(d);
-            d.applied
-        })
+    fn read_local(&self, f: &mut dyn FnMut(&Directory)) {
+        self.replica.read(|d| f(d));
     }
 }
 

@@ -21,6 +21,7 @@ use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{Decision, Dispatch};
 
 use super::identity::Identity;
+use crate::ownership_sync::owner_claim;
 use crate::state::AppState;
 
 /// How a step's ownership was settled.
@@ -76,14 +77,7 @@ pub async fn settle(
     let Some(lease) = sync.lease_of(decision.worker) else {
         return (Settled::Failed, *lookup);
     };
-    let claim = |expect_epoch| Command::SetDecodeOwner {
-        session: SessionId(session.to_owned()),
-        lease,
-        prefix: None,
-        tail_tokens: 0,
-        predicted_tool_gap_ms: None,
-        expect_epoch,
-    };
+    let claim = |expect_epoch| owner_claim(session, lease, expect_epoch);
     // Moving off an owner: CAS on its epoch; without one: CAS on absence.
     let expect = lookup.owner.and(lookup.epoch);
     let client = sync.client();

@@ -345,14 +345,7 @@ impl Dispatcher<'_> {
             return Err(false);
         };
         let lease = sync.lease_of(target.id).ok_or(false)?;
-        let command = Command::SetDecodeOwner {
-            session: SessionId(session.to_owned()),
-            lease,
-            prefix: None,
-            tail_tokens: 0,
-            predicted_tool_gap_ms: None,
-            expect_epoch: step.lookup.epoch,
-        };
+        let command = crate::ownership_sync::owner_claim(session, lease, step.lookup.epoch);
         match sync.client().write(command).await {
             Ok(Outcome::Owned { epoch, .. }) => Ok(epoch),
             Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) => Err(true),

@@ -117,9 +117,7 @@ mod tests {
             Box::pin(async { true })
         }
 
-        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) -> u64 {
-            0
-        }
+        fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) {}
 
         fn write(&self, _: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
             Box::pin(async { Err(DirectoryError::Protocol("read-only fake".into())) })
@@ -175,7 +173,6 @@ mod tests {
             }),
             artifact_key: None,
             consulted: true,
-            index: 0,
         };
         let directory = FixedDirectory(owned);
         let sources = Sources {
