@@ -17,6 +17,8 @@ use common::{free_port, temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, CLUSTER_
 struct Ha {
     nodes: DirectoryNodes,
     _workers: Vec<Proc>,
+    /// The workers' URLs, by directory worker id (their position).
+    worker_urls: Vec<String>,
     routers: Vec<Proc>,
 }
 
@@ -57,6 +59,10 @@ impl Ha {
         Ha {
             nodes,
             _workers: workers,
+            worker_urls: ports
+                .iter()
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .collect(),
             routers,
         }
     }
@@ -177,22 +183,34 @@ async fn send(
     }
 }
 
+/// What replaying the committed log found.
+#[derive(Default)]
+struct Replayed {
+    /// Entries applied.
+    entries: usize,
+    /// Invariant violations, with the entry after which each was seen.
+    violations: Vec<String>,
+    /// Snapshots taken after the first (a snapshot skips entries).
+    snapshots: usize,
+    /// Every (session, epoch) the log ever gave an owner, with that owner's worker id and
+    /// the leader's time stamp of the entry that gave it.
+    owners: HashMap<(String, u64), (u32, u64)>,
+}
+
 /// Follows the cluster's committed log from its start (`/directory/v1/watch`), applies
 /// every entry to a directory of its own and checks the invariants after each one (one
 /// owner per session and prefix at every instant, owners backed by live leases' keys),
-/// until `stop`, then up to the cluster's applied index at that moment. Answers (entries replayed, the
-/// violations found, snapshots taken after the first).
-async fn replay_log(
-    urls: Vec<String>,
-    stop: tokio_util::sync::CancellationToken,
-) -> (usize, Vec<String>, usize) {
+/// and records which worker owned each session at each epoch, until `stop`, then up to the
+/// cluster's applied index at that moment.
+async fn replay_log(urls: Vec<String>, stop: tokio_util::sync::CancellationToken) -> Replayed {
     let http = reqwest::Client::builder()
         .default_headers(common::cluster_secret_headers())
         .connect_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let mut d: Option<ownerserve_ownership::Directory> = None;
-    let (mut applied, mut entries, mut violations, mut snapshots) = (0u64, 0usize, Vec::new(), 0);
+    let mut out = Replayed::default();
+    let mut applied = 0u64;
     let mut target: Option<u64> = None;
     for i in 0.. {
         if target.is_some_and(|t| applied >= t) {
@@ -221,7 +239,7 @@ async fn replay_log(
                 let index = line["index"].as_u64().unwrap();
                 if let Some(snapshot) = line.get("snapshot") {
                     if d.is_some() {
-                        snapshots += 1;
+                        out.snapshots += 1;
                     }
                     d = Some(serde_json::from_value(snapshot.clone()).unwrap());
                     applied = index;
@@ -237,9 +255,22 @@ async fn replay_log(
                         serde_json::from_value(line["entry"].clone()).unwrap();
                     state.apply(index, &env);
                     for v in ownerserve_ownership::invariants::check(state) {
-                        violations.push(format!("after entry {index}: {v:?}"));
+                        out.violations.push(format!("after entry {index}: {v:?}"));
                     }
-                    entries += 1;
+                    for (id, s) in &state.sessions {
+                        if let Some(o) = s.owner {
+                            let given = (o.worker.0, env.now_ms);
+                            let seen =
+                                *out.owners.entry((id.0.clone(), s.epoch.0)).or_insert(given);
+                            if seen.0 != o.worker.0 {
+                                out.violations.push(format!(
+                                    "after entry {index}: {} epoch {} owned by worker {} and earlier by {}",
+                                    id.0, s.epoch.0, o.worker.0, seen.0
+                                ));
+                            }
+                        }
+                    }
+                    out.entries += 1;
                 }
                 applied = index;
             }
@@ -251,7 +282,60 @@ async fn replay_log(
             }
         }
     }
-    (entries, violations, snapshots)
+    out
+}
+
+/// Checks what each worker's fence accepted (`/ownerserve/v1/fence/accepted`) against the
+/// replayed log: every completion a worker generated ran at an epoch at which the log gave
+/// that worker the session, and per worker and session the accepted epochs never went
+/// back. Answers the violations, the completions checked, and how many were accepted after
+/// the log had already given the session a newer epoch elsewhere (in flight across a move:
+/// planned before it, arriving after it; the fence of the old owner cannot know).
+async fn audit_workers(worker_urls: &[String], replayed: &Replayed) -> (Vec<String>, usize, usize) {
+    let http = reqwest::Client::new();
+    let (mut violations, mut checked, mut overtaken) = (Vec::new(), 0, 0);
+    for (id, url) in worker_urls.iter().enumerate() {
+        let log: Value = http
+            .get(format!("{url}/ownerserve/v1/fence/accepted"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(log["forgotten"], 0, "worker {id} forgot accepted claims");
+        let mut last: HashMap<String, u64> = HashMap::new();
+        for a in log["accepted"].as_array().unwrap() {
+            let session = a["session"].as_str().unwrap().to_owned();
+            let epoch = a["epoch"].as_u64().unwrap();
+            let before = last.insert(session.clone(), epoch);
+            if before.is_some_and(|b| epoch < b) {
+                violations.push(format!(
+                    "worker {id} accepted {session} at epoch {epoch} after {before:?}"
+                ));
+            }
+            if a["for"] != "generate" {
+                continue;
+            }
+            checked += 1;
+            match replayed.owners.get(&(session.clone(), epoch)) {
+                Some((owner, _)) if *owner == id as u32 => {}
+                other => violations.push(format!(
+                    "worker {id} generated for {session} at epoch {epoch}, which the log gave to {other:?}"
+                )),
+            }
+            let at = a["at_unix_ms"].as_u64().unwrap();
+            // Only counted: a newer epoch committed elsewhere before this one arrived is a
+            // race with the request's flight, which the old owner's fence cannot see.
+            overtaken += usize::from(
+                replayed
+                    .owners
+                    .iter()
+                    .any(|((s, e), (_, t))| *s == session && *e > epoch && *t < at),
+            );
+        }
+    }
+    (violations, checked, overtaken)
 }
 
 /// The highest index any node has applied now.
@@ -530,11 +614,23 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
         }
     }
     stop_replay.cancel();
-    let (replayed, violations, snapshots) = replay.join_next().await.unwrap().unwrap();
+    let replayed = replay.join_next().await.unwrap().unwrap();
+    assert!(replayed.violations.is_empty(), "{:?}", replayed.violations);
+    assert!(
+        replayed.entries > 800,
+        "only {} entries replayed",
+        replayed.entries
+    );
+    assert_eq!(replayed.snapshots, 0, "the replay missed entries");
+    eprintln!(
+        "committed log replayed: {} entries, invariants held after each, one worker per (session, epoch)",
+        replayed.entries
+    );
+    // The workers' side: what each engine's fence accepted, against the log.
+    let (violations, checked, overtaken) = audit_workers(&ha.worker_urls, &replayed).await;
     assert!(violations.is_empty(), "{violations:?}");
-    assert!(replayed > 800, "only {replayed} entries replayed");
-    assert_eq!(snapshots, 0, "the replay missed entries");
-    eprintln!("committed log replayed: {replayed} entries, invariants held after each");
+    assert!(checked >= 800, "only {checked} completions audited");
+    eprintln!("workers' accepted epochs: {checked} completions, each at an epoch the log gave that worker; {overtaken} accepted after a newer epoch was committed elsewhere (in flight across a move)");
     // Every router shows the same session, from its replica or through the leader.
     let probe = history.keys().next().unwrap();
     let mut seen = Vec::new();

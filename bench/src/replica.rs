@@ -105,28 +105,40 @@ async fn measure(remote: &Arc<Remote>, lease: LeaseId, secs: u64) -> anyhow::Res
     lag(remote, lease, secs).await
 }
 
-/// Times lookups from the replica: a session's step (its prompt's owned prefix found at
-/// the last block), and a brand-new prompt of [`HASHES`] blocks nobody owns (every block
-/// probed: the worst case).
+/// Sessions of the live-like directory the second round of lookups reads.
+const LIVE_SESSIONS: usize = 200;
+/// Steps per live-like session, each claiming its whole prompt as an artifact (as the
+/// router's records do).
+const LIVE_STEPS: usize = 10;
+/// Blocks of the system prompt every live-like session starts with.
+const SYSTEM_BLOCKS: usize = 64;
+
+/// A prefix artifact claim of `hashes` (its key the last block's hash, ending there).
+fn claim_prefix(hashes: &[u64], lease: LeaseId) -> Command {
+    Command::Claim {
+        key: ownerserve_ownership::ids::PrefixKey(hashes[hashes.len() - 1]),
+        lease,
+        spec: ownerserve_ownership::command::ArtifactSpec {
+            parent: None,
+            blocks: (0, hashes.len() as u32),
+            kv_type: "kv".into(),
+            size_bytes: 0,
+        },
+        expect_epoch: None,
+    }
+}
+
+/// Times lookups from the replica, twice. First in a sparse directory (the claimed
+/// sessions and one owned 2,048-block prefix): a session's step (its owned prefix found
+/// at the last block) and a brand-new prompt nobody owns. Then in a directory shaped like
+/// a live one, where every step of [`LIVE_SESSIONS`] sessions claimed its whole prompt (a
+/// shared system prompt, then each session's own growth), so artifacts end at nearly
+/// every length: a brand-new prompt, and a new session sharing only the system prompt.
 async fn lookups(remote: &Remote, lease: LeaseId) -> anyhow::Result<()> {
     let hashes: Vec<u64> = (0..HASHES as u64)
         .map(|h| h.wrapping_mul(0x9e37_79b9))
         .collect();
-    let owned_key = ownerserve_ownership::ids::PrefixKey(hashes[HASHES - 1]);
-    let spec = ownerserve_ownership::command::ArtifactSpec {
-        parent: None,
-        blocks: (0, HASHES as u32),
-        kv_type: "kv".into(),
-        size_bytes: 0,
-    };
-    let claimed = remote
-        .write(Command::Claim {
-            key: owned_key,
-            lease,
-            spec,
-            expect_epoch: None,
-        })
-        .await?;
+    let claimed = remote.write(claim_prefix(&hashes, lease)).await?;
     if !matches!(claimed, Outcome::Owned { .. }) {
         bail!("prefix claim refused: {claimed:?}");
     }
@@ -139,10 +151,65 @@ async fn lookups(remote: &Remote, lease: LeaseId) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let fresh: Vec<u64> = hashes.iter().map(|h| h ^ 0x5555).collect();
-    for (case, prompt) in [
-        ("a session's step (owned prefix at its last block)", &hashes),
-        ("a new prompt nobody owns (every block probed)", &fresh),
-    ] {
+    time_lookups(
+        remote,
+        &[
+            (
+                "sparse directory, a session's step (owned prefix at its last block)",
+                &hashes,
+            ),
+            ("sparse directory, a new prompt nobody owns", &fresh),
+        ],
+    );
+    // The live-like directory: session `s`'s chain is the system prompt's blocks, then
+    // its own; step `k` claims the chain up to a length spread over the whole range.
+    let system: Vec<u64> = (0..SYSTEM_BLOCKS as u64).map(|b| 0x5157_0000 + b).collect();
+    let chain = |s: usize, len: usize| -> Vec<u64> {
+        let mut c = system.clone();
+        c.extend((SYSTEM_BLOCKS..len).map(|b| ((s as u64 + 1) << 32) | b as u64));
+        c
+    };
+    let mut claims = Vec::new();
+    for s in 0..LIVE_SESSIONS {
+        for k in 0..LIVE_STEPS {
+            let len = SYSTEM_BLOCKS
+                + 1
+                + (s * LIVE_STEPS + k) * (HASHES - SYSTEM_BLOCKS - 1)
+                    / (LIVE_SESSIONS * LIVE_STEPS);
+            claims.push(claim_prefix(&chain(s, len), lease));
+        }
+    }
+    let mut last_index = 0;
+    for batch in claims.chunks(128) {
+        let (_, index) = remote
+            .commit(Command::Batch {
+                commands: batch.to_vec(),
+            })
+            .await?;
+        last_index = index;
+    }
+    remote
+        .replica()
+        .wait_applied(last_index, Duration::from_secs(10))
+        .await;
+    let sharing_system = chain(LIVE_SESSIONS + 1, HASHES);
+    time_lookups(
+        remote,
+        &[
+            ("live-like directory, a new prompt nobody owns", &fresh),
+            (
+                "live-like directory, a new session sharing only the system prompt",
+                &sharing_system,
+            ),
+        ],
+    );
+    Ok(())
+}
+
+/// Times [`LOOKUPS`] lookups of each case's prompt, cycling through the claimed sessions,
+/// and prints a row each.
+fn time_lookups(remote: &Remote, cases: &[(&str, &Vec<u64>)]) {
+    for (case, prompt) in cases {
         let mut ns = Vec::with_capacity(LOOKUPS);
         for i in 0..LOOKUPS {
             let session = format!("bench-session-{}", i % SESSIONS);
@@ -153,13 +220,13 @@ async fn lookups(remote: &Remote, lease: LeaseId) -> anyhow::Result<()> {
         }
         ns.sort_by(f64::total_cmp);
         say(&format!(
-            "| router: lookup from its replica, {case}, {HASHES}-block prompt | {:.0} | {:.4} | {:.4} | p99 ≤ 0.002 ms |",
+            "| router: lookup from its replica, {case}, {}-block prompt | {:.0} | {:.4} | {:.4} | p99 ≤ 0.002 ms |",
+            prompt.len(),
             1e9 / (ns.iter().sum::<f64>() / ns.len() as f64),
             percentile(&ns, 50.0) / 1e6,
             percentile(&ns, 99.0) / 1e6
         ));
     }
-    Ok(())
 }
 
 /// Drives batched claims at the leader for `secs` while recording when the replica applies

@@ -5,7 +5,8 @@
 //! - [`ids`]: lease, epoch, prefix-key, session and client identities.
 //! - [`command`]: what can be asked of the directory ([`Envelope`] = command + leader
 //!   timestamp + optional idempotency key).
-//! - [`state`]: the directory's state, serialisable as a snapshot.
+//! - [`state`]: the directory's state, serialisable as a snapshot; [`artifact_map`]: its
+//!   artifacts with the block counts they end at (what a lookup probes).
 //! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
 //!   [`outcome`]: what it answers, rejections included.
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
@@ -22,6 +23,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+pub mod artifact_map;
 pub mod command;
 pub mod ids;
 pub mod invariants;

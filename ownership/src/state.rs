@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::artifact_map::ArtifactMap;
 use crate::outcome::Outcome;
 
 pub use crate::ids::Owner;
@@ -67,7 +68,7 @@ pub struct Directory {
     /// Slack added to every expiry, covering clock offset between successive leaders.
     pub grace_ms: u64,
     pub leases: BTreeMap<LeaseId, Lease>,
-    pub artifacts: BTreeMap<PrefixKey, Artifact>,
+    pub artifacts: ArtifactMap,
     pub sessions: BTreeMap<SessionId, Session>,
     /// Last `(seq, outcome)` per client, for idempotent retries.
     pub dedup: BTreeMap<ClientId, (u64, Outcome)>,

@@ -75,10 +75,16 @@ pub struct Lookup {
 }
 
 impl Lookup {
-    /// Reads `session` and the prompt's prefix hashes (`block` tokens each) off `d`.
+    /// Reads `session` and the prompt's prefix hashes (`block` tokens each) off `d`. The
+    /// owned prefix is searched only at the block counts some artifact ends at, longest
+    /// first (`ArtifactMap::ends_down_from`): one probe per distinct artifact length, not
+    /// one per block of the prompt.
     pub fn read(d: &Directory, session: Option<&str>, hashes: &[u64], block: u64) -> Self {
         let s = session.and_then(|s| d.sessions.get(&SessionId(s.to_owned())));
-        let artifact = hashes.iter().enumerate().rev().find_map(|(i, h)| {
+        let blocks = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+        let artifact = d.artifacts.ends_down_from(blocks).find_map(|end| {
+            let i = end as usize - 1;
+            let h = hashes.get(i)?;
             let a = d.artifacts.get(&PrefixKey(*h))?;
             let owner = a.owner?;
             Some((
@@ -355,5 +361,68 @@ mod tests {
         assert!(unreachable.is_retryable());
         assert!(DirectoryError::Unavailable("election".into()).is_retryable());
         assert!(!DirectoryError::Protocol("no outcome".into()).is_retryable());
+    }
+
+    /// The lookup before the end index: every block of the prompt probed, longest first.
+    fn scan_every_block(d: &Directory, hashes: &[u64], block: u64) -> Option<ArtifactView> {
+        hashes.iter().enumerate().rev().find_map(|(i, h)| {
+            let owner = d.artifacts.get(&PrefixKey(*h))?.owner?;
+            Some(ArtifactView {
+                owner: WorkerId(owner.worker.0),
+                tokens: (i as u64 + 1) * block,
+            })
+        })
+    }
+
+    proptest::proptest! {
+        /// Probing only where artifacts end finds what probing every block found, for
+        /// prompts that share chains with the directory's artifacts (claimed by two
+        /// workers at many lengths) and prompts that share nothing.
+        #[test]
+        fn probing_artifact_ends_finds_what_scanning_every_block_found(
+            claims in proptest::collection::vec((0u64..3, 1usize..64, proptest::bool::ANY), 0..40),
+            prompts in proptest::collection::vec((0u64..4, 0usize..80), 1..20),
+        ) {
+            use crate::command::{ArtifactSpec, Envelope};
+            use crate::ids::WorkerId as DirWorker;
+            // Chain `c`'s block hashes: equal prefixes give equal hashes, as chained hashes do.
+            let chain = |c: u64, n: usize| -> Vec<u64> {
+                (0..n as u64).map(|i| (c << 32) | (i + 1)).collect()
+            };
+            let mut d = Directory::new(0);
+            let mut index = 0;
+            let mut run = |d: &mut Directory, command: Command| {
+                index += 1;
+                d.apply(index, &Envelope { now_ms: 1, client: None, command })
+            };
+            let mut leases = Vec::new();
+            for w in 0..2 {
+                match run(&mut d, Command::GrantLease { worker: DirWorker(w), ttl_ms: 60_000 }) {
+                    Outcome::LeaseGranted { lease, .. } => leases.push(lease),
+                    other => panic!("{other:?}"),
+                }
+            }
+            for (c, len, second) in claims {
+                let hashes = chain(c, len);
+                run(&mut d, Command::Claim {
+                    key: PrefixKey(hashes[len - 1]),
+                    lease: leases[usize::from(second)],
+                    spec: ArtifactSpec {
+                        parent: None,
+                        blocks: (0, len as u32),
+                        kv_type: "kv".into(),
+                        size_bytes: 0,
+                    },
+                    expect_epoch: None,
+                });
+            }
+            for (c, len) in prompts {
+                let hashes = chain(c, len);
+                proptest::prop_assert_eq!(
+                    Lookup::read(&d, None, &hashes, 16).artifact,
+                    scan_every_block(&d, &hashes, 16)
+                );
+            }
+        }
     }
 }

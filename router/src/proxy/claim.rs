@@ -66,7 +66,8 @@ pub async fn settle(
         return (Settled::Unclaimed, *lookup);
     }
     if let Some(child) = &id.child {
-        // The parent keeps its owner and epoch (the step is fenced as the parent's).
+        // The parent keeps its owner and epoch; the fork is fenced as its child
+        // (`fork_fence`) once the child is committed, else as the parent.
         return (fork(st, session, child, lookup, decision).await, *lookup);
     }
     let migrates = matches!(decision.dispatch, Dispatch::Migrate { .. });
@@ -156,6 +157,15 @@ async fn fork(
     };
     st.metrics.claim(settled.name());
     settled
+}
+
+/// A fork whose child session was committed: the child and its epoch, which the fork's
+/// request is fenced as (the worker generates for the child, not for the parent).
+pub fn fork_fence<'a>(id: &'a Identity<'_>, settled: Settled) -> Option<(&'a str, Epoch)> {
+    match (&id.child, settled) {
+        (Some(child), Settled::Won(epoch)) => Some((child.as_str(), epoch)),
+        _ => None,
+    }
 }
 
 /// Where a claimed step goes, and under which lookup: to the winner's worker when another

@@ -45,6 +45,9 @@ pub struct Step<'a> {
     pub path: &'a str,
     pub body: &'a Bytes,
     pub session: Option<&'a str>,
+    /// A fork's committed child session and its epoch: the decode request is fenced as
+    /// the child rather than as `session`.
+    pub fork_fence: Option<(&'a str, Epoch)>,
     pub lookup: &'a Lookup,
     pub hashes: &'a [u64],
     pub block: u64,
@@ -109,7 +112,10 @@ fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, Header
     if let Some(a) = &step.authorization {
         out.push((header::AUTHORIZATION, a.clone()));
     }
-    out.extend(fence_headers(step.session, epoch));
+    match step.fork_fence {
+        Some((child, child_epoch)) => out.extend(fence_headers(Some(child), Some(child_epoch))),
+        None => out.extend(fence_headers(step.session, epoch)),
+    }
     out
 }
 
@@ -121,7 +127,7 @@ impl Dispatcher<'_> {
         decision: &Decision,
         decode: &Arc<Worker>,
     ) -> Prepared {
-        let epoch = step.lookup.epoch;
+        let epoch = step.fork_fence.map(|(_, e)| e).or(step.lookup.epoch);
         let mut out = Prepared {
             body: step.body.clone(),
             headers: headers_for(step, epoch),

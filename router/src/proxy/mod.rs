@@ -73,11 +73,13 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             .candidates(&parsed.model, id.hashes(), &failed, needs);
         let decision = st.policy.choose(&view.route, &candidates)?;
         let settled = claim::settle(st, &id, &view.lookup, &decision).await;
+        let fork_fence = claim::fork_fence(&id, settled.0);
         let (decision, lookup) = claim::route(st, settled, &view.lookup, decision, &failed);
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
             session: id.session,
+            fork_fence,
             lookup: &lookup,
             hashes: id.hashes(),
             block: u64::from(view.route.block_size),

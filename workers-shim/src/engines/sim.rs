@@ -9,3 +9,7 @@ pub use crate::sim::kv_transfer::{DropRequest, DropResponse, FetchRequest, Fetch
 pub const FETCH_PATH: &str = "/ownerserve/v1/kv/fetch";
 /// `POST`: evict blocks, and with a session and epoch fence it ([`DropRequest`]).
 pub const DROP_PATH: &str = "/ownerserve/v1/kv/drop";
+/// `GET`: the session claims this engine's fence accepted, in order
+/// (`{"accepted": [{"session", "epoch", "for", "at_unix_ms"}], "forgotten": N}`), for
+/// audits against the directory's log.
+pub const FENCE_ACCEPTED_PATH: &str = "/ownerserve/v1/fence/accepted";

@@ -3,6 +3,11 @@
 //! has moved on), so it is refused; equal or higher is accepted, and higher raises the
 //! fence. Pure: the HTTP shell reads the claim from headers or bodies and maps
 //! [`StaleEpoch`] to a 409.
+//!
+//! Beside the fence, the [`AcceptLog`]: the claims this worker accepted, in order, with
+//! what for and when (time passed in by the shell). It is what an audit replays against
+//! the directory's committed log to show that no worker served a session at an epoch the
+//! directory never gave it (`GET /ownerserve/v1/fence/accepted`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -13,6 +18,9 @@ pub use crate::engines::{EPOCH_HEADER, SESSION_HEADER};
 
 /// Sessions remembered before the oldest are forgotten.
 pub const DEFAULT_CAPACITY: usize = 100_000;
+
+/// Accepted claims kept by the [`AcceptLog`] before the oldest are forgotten.
+pub const ACCEPT_LOG_CAPACITY: usize = 65_536;
 
 /// A session's epoch, as a request claims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +136,53 @@ impl EpochFence {
     }
 }
 
+/// What a fenced request was accepted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AcceptedFor {
+    /// A completion this worker generates (decodes): it serves the session's step.
+    Generate,
+    /// A prefill leg whose KV another worker decodes from.
+    Prefill,
+    /// A KV pull, fetch or drop (a copy, or the fence of a migration's old owner).
+    Kv,
+}
+
+/// One accepted claim.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Accepted {
+    pub session: String,
+    pub epoch: u64,
+    #[serde(rename = "for")]
+    pub accepted_for: AcceptedFor,
+    /// Wall-clock time of acceptance, Unix milliseconds (the shell's clock).
+    pub at_unix_ms: u64,
+}
+
+/// The last [`ACCEPT_LOG_CAPACITY`] accepted claims, oldest first, and how many older ones
+/// were forgotten (so an audit knows whether it saw everything).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AcceptLog {
+    accepted: VecDeque<Accepted>,
+    forgotten: u64,
+}
+
+impl AcceptLog {
+    /// Records an accepted claim, forgetting the oldest beyond the capacity.
+    pub fn record(&mut self, claim: &FenceClaim, accepted_for: AcceptedFor, at_unix_ms: u64) {
+        if self.accepted.len() >= ACCEPT_LOG_CAPACITY {
+            self.accepted.pop_front();
+            self.forgotten += 1;
+        }
+        self.accepted.push_back(Accepted {
+            session: claim.session.clone(),
+            epoch: claim.epoch,
+            accepted_for,
+            at_unix_ms,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
@@ -179,6 +234,20 @@ mod tests {
         assert_eq!(fence.highest("a"), None);
         assert_eq!(fence.highest("b"), Some(9));
         assert_eq!(fence.admit(&claim("a", 1)), Ok(()), "forgotten: accepted");
+    }
+
+    #[test]
+    fn the_accept_log_keeps_the_newest_claims_in_order_and_counts_the_forgotten() {
+        let mut log = AcceptLog::default();
+        for e in 0..ACCEPT_LOG_CAPACITY as u64 + 2 {
+            log.record(&claim("s", e), AcceptedFor::Generate, 1_000 + e);
+        }
+        assert_eq!(log.forgotten, 2);
+        assert_eq!(log.accepted.len(), ACCEPT_LOG_CAPACITY);
+        assert_eq!(log.accepted.front().map(|a| a.epoch), Some(2));
+        let json = serde_json::to_value(&log).expect("serialises");
+        assert_eq!(json["accepted"][0]["for"], "generate");
+        assert_eq!(json["forgotten"], 2);
     }
 
     #[test]

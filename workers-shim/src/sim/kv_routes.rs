@@ -27,7 +27,7 @@ use ownerserve_planner::hash::prompt_hashes;
 
 use super::config::TimeMode;
 use super::engine::Received;
-use super::fence::FenceClaim;
+use super::fence::{AcceptedFor, FenceClaim};
 use super::http_error::{json_response, ApiError};
 use super::kv_client::PullError;
 use super::kv_transfer::{
@@ -105,7 +105,10 @@ async fn serve_pull(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<PullResponse, ApiError> {
     let req: PullRequest = parse_body(body)?;
-    st.check_fence(claims(headers, req.session.as_deref(), req.epoch)?)?;
+    st.check_fence(
+        claims(headers, req.session.as_deref(), req.epoch)?,
+        AcceptedFor::Kv,
+    )?;
     let run = st
         .engine
         .serve_pull(req.request_id, req.block_hashes)
@@ -129,7 +132,10 @@ async fn serve_fetch(
     let req: FetchRequest = parse_body(body)?;
     let header_claim = FenceClaim::from_headers(headers)?;
     let body_claim = FenceClaim::from_fields(req.session.as_deref(), req.epoch);
-    st.check_fence(header_claim.iter().cloned().chain(body_claim.clone()))?;
+    st.check_fence(
+        header_claim.iter().cloned().chain(body_claim.clone()),
+        AcceptedFor::Kv,
+    )?;
     let claim = body_claim.or(header_claim);
 
     let local = st.engine.cached_prefix(req.block_hashes.clone()).await?;
@@ -180,7 +186,10 @@ async fn serve_drop(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<DropResponse, ApiError> {
     let req: DropRequest = parse_body(body)?;
-    st.check_fence(claims(headers, req.session.as_deref(), req.epoch)?)?;
+    st.check_fence(
+        claims(headers, req.session.as_deref(), req.epoch)?,
+        AcceptedFor::Kv,
+    )?;
     let dropped = st.engine.drop_blocks(req.block_hashes).await?;
     st.engine.metrics().kv.dropped_blocks += dropped as u64;
     tracing::debug!(dropped, "kv blocks dropped on request");

@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 
 use super::config::SimConfig;
 use super::engine::{self, EngineHandle, SeqRequest};
-use super::fence::{EpochFence, FenceClaim};
+use super::fence::{AcceptLog, AcceptedFor, EpochFence, FenceClaim};
 use super::filler;
 use super::http_error::{error_response, json_response, ApiError};
 use super::kv_client::{KvClient, PULL_PATH};
@@ -37,6 +37,7 @@ use super::kv_transfer::{block_bytes, KvTransferParams, KvTransferParamsOut, Tra
 use super::respond::{self, ResponseMeta, TransferReport};
 use super::scheduler::SchedulerConfig;
 use super::state::AppState;
+use crate::engines::sim::FENCE_ACCEPTED_PATH;
 use crate::kv_events::publisher::{BindError, Publisher};
 use crate::openai::{self, Endpoint, ParsedRequest};
 
@@ -119,6 +120,7 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
         block_bytes: block_bytes(&cfg.model, cfg.scheduler.block_size),
         kv_client: KvClient::new(PULL_TIMEOUT),
         fence: Mutex::new(EpochFence::default()),
+        accepted: Mutex::new(AcceptLog::default()),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -131,6 +133,7 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
         .route(PULL_PATH, post(kv_routes::pull))
         .route(FETCH_PATH, post(kv_routes::fetch))
         .route(DROP_PATH, post(kv_routes::drop_blocks))
+        .route(FENCE_ACCEPTED_PATH, get(fence_accepted))
         .fallback(|| async {
             error_response(
                 StatusCode::NOT_FOUND,
@@ -177,6 +180,16 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
         }],
     });
     json_response(StatusCode::OK, &body)
+}
+
+/// The claims the fence accepted, oldest first ([`FENCE_ACCEPTED_PATH`]).
+async fn fence_accepted(State(st): State<Arc<AppState>>) -> Response {
+    let log = st
+        .accepted
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    json_response(StatusCode::OK, &log)
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
@@ -312,7 +325,12 @@ async fn generate(
     };
     let checked = transfer_legs(&req).and_then(|legs| {
         let claim = FenceClaim::from_headers(headers)?;
-        st.check_fence(claim.clone())?;
+        let accepted_for = if legs.serve_remote_decode {
+            AcceptedFor::Prefill
+        } else {
+            AcceptedFor::Generate
+        };
+        st.check_fence(claim.clone(), accepted_for)?;
         Ok((legs, claim))
     });
     let (legs, claim) = match checked {

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use super::config::TimeMode;
 use super::engine::EngineHandle;
-use super::fence::{EpochFence, FenceClaim};
+use super::fence::{AcceptLog, AcceptedFor, EpochFence, FenceClaim};
 use super::http_error::ApiError;
 use super::kv_client::KvClient;
 use super::kv_transfer::TransferConfig;
@@ -34,13 +34,17 @@ pub(super) struct AppState {
     pub(super) block_bytes: u64,
     pub(super) kv_client: KvClient,
     pub(super) fence: Mutex<EpochFence>,
+    /// Every claim the fence accepted, for audits (`GET /ownerserve/v1/fence/accepted`).
+    pub(super) accepted: Mutex<AcceptLog>,
 }
 
 impl AppState {
-    /// Admits every claim through the session fence (raising it), or refuses the request.
+    /// Admits every claim through the session fence (raising it) and logs it as accepted
+    /// `accepted_for`, or refuses the request.
     pub(super) fn check_fence(
         &self,
         claims: impl IntoIterator<Item = FenceClaim>,
+        accepted_for: AcceptedFor,
     ) -> Result<(), ApiError> {
         let mut fence = self.fence.lock().unwrap_or_else(|e| e.into_inner());
         for claim in claims {
@@ -50,7 +54,19 @@ impl AppState {
                 tracing::debug!(session = %stale.session, epoch = stale.epoch, seen = stale.seen, "stale epoch refused");
                 return Err(stale.into());
             }
+            // Logged under the fence's lock, so the log's order is the fence's.
+            self.accepted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(&claim, accepted_for, unix_ms());
         }
         Ok(())
     }
+}
+
+/// Wall-clock time in Unix milliseconds (0 before 1970, which no clock here reads).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

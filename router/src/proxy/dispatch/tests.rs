@@ -116,6 +116,7 @@ impl Case {
             path: "/v1/chat/completions",
             body: &self.body,
             session: Some("s1"),
+            fork_fence: None,
             lookup: &self.lookup,
             hashes: &self.hashes,
             block: 16,
