@@ -123,6 +123,7 @@ fn claim_prefix(hashes: &[u64], lease: LeaseId) -> Command {
             blocks: (0, hashes.len() as u32),
             kv_type: "kv".into(),
             size_bytes: 0,
+            checkpoints: ownerserve_ownership::command::checkpoints_of(hashes),
         },
         expect_epoch: None,
     }

@@ -1,40 +1,56 @@
-//! The directory's prefix artifacts by key, with the block counts they end at.
+//! The directory's prefix artifacts by key, with what a lookup needs to find a prompt's
+//! owned prefix without probing every block of it.
 //!
-//! A prompt's owned prefix can only end at a block count some artifact ends at (an
-//! artifact is keyed by the chain hash of its last block, `blocks.1`), so a lookup probes
-//! the prompt's hash at those block counts, longest first, instead of at every block: a
-//! brand-new 2,048-block prompt costs one probe per distinct artifact length at most, not
-//! 2,048 misses. The index is derived from the artifacts alone, so it is not part of a
-//! snapshot: deserialising rebuilds it, and two maps with the same artifacts are equal.
+//! An artifact is keyed by the chain hash of its last block (`blocks.1`), so a prompt's
+//! owned prefix can only end at a block count some artifact ends at (`ends`). And each
+//! artifact carries its chain's hashes at the checkpoint counts 1, 2, 3, 4, 6, 8, 12, …
+//! (`command::checkpoint_blocks`): a prompt whose hash at count `p` is nobody's checkpoint
+//! shares fewer than `p` blocks with every artifact's chain, and then fewer than every
+//! later count too (chained hashes: sharing `p` blocks means sharing all before). So a
+//! lookup first walks the checkpoints up the prompt (≤ 2 log₂ n probes) to bound the
+//! shared length, then probes only the ends below that bound: a brand-new prompt costs a
+//! probe or two, a new session sharing a system prompt of `s` blocks probes the ends
+//! below 1.5 `s`. Artifacts written without checkpoints are kept apart and probed at
+//! every end the prompt can hold. The index is derived from the artifacts alone, so it
+//! is not part of a snapshot: deserialising rebuilds it, and two maps with the same
+//! artifacts are equal.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::iter::Peekable;
 use std::ops::Deref;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::command::checkpoint_blocks;
 use crate::ids::PrefixKey;
 use crate::state::Artifact;
 
-/// Artifacts by key (read through `Deref` as the ordered map) plus the count of artifacts
-/// ending at each block count. Inserting goes through [`ArtifactMap::insert`] so the counts
-/// stay true; an artifact's `blocks` never change after it is created.
+/// Artifacts by key (read through `Deref` as the ordered map), the block counts they end
+/// at, and their chains' checkpoint hashes. Inserting goes through [`ArtifactMap::insert`]
+/// so the index stays true; an artifact's `blocks` and `checkpoints` never change after
+/// it is created.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ArtifactMap {
     by_key: BTreeMap<PrefixKey, Artifact>,
+    /// How many checkpointed artifacts end at each block count.
     ends: BTreeMap<u32, u32>,
+    /// How many artifacts without checkpoints end at each block count.
+    unchecked_ends: BTreeMap<u32, u32>,
+    /// `(block count, chain hash there)` → how many artifacts' chains pass through it.
+    checkpoints: HashMap<(u32, u64), u32>,
 }
 
 impl ArtifactMap {
     /// Adds or replaces `key`'s artifact; the replaced one, if any.
     pub fn insert(&mut self, key: PrefixKey, artifact: Artifact) -> Option<Artifact> {
-        *self.ends.entry(artifact.blocks.1).or_default() += 1;
+        self.index(&artifact, true);
         let old = self.by_key.insert(key, artifact)?;
-        self.forget_end(old.blocks.1);
+        self.index(&old, false);
         Some(old)
     }
 
     /// `key`'s artifact, to change its owner, locations, counts or access time (never its
-    /// `blocks`, which the end index was built from).
+    /// `blocks` or `checkpoints`, which the index was built from).
     pub fn get_mut(&mut self, key: &PrefixKey) -> Option<&mut Artifact> {
         self.by_key.get_mut(key)
     }
@@ -44,21 +60,99 @@ impl ArtifactMap {
         self.by_key.values_mut()
     }
 
-    /// The block counts at which some artifact ends, from `max` down to 1.
-    pub fn ends_down_from(&self, max: u32) -> impl Iterator<Item = u32> + '_ {
-        self.ends
-            .range(..=max)
-            .rev()
-            .map(|(&end, _)| end)
-            .take_while(|&end| end > 0)
+    /// The block counts, longest first, at which an artifact may end that is a prefix of
+    /// the prompt whose chain hashes are `hashes`: every count where such an artifact can
+    /// be has to be probed (`hashes[end - 1]`), no other needs to be.
+    pub fn prefix_ends<'a>(&'a self, hashes: &[u64]) -> impl Iterator<Item = u32> + 'a {
+        let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+        // The longest block count a checkpointed chain can share with the prompt: below
+        // the first checkpoint count whose hash no chain has.
+        let mut shared = 0;
+        for p in checkpoint_blocks(n) {
+            if !self.checkpoints.contains_key(&(p, hashes[p as usize - 1])) {
+                break;
+            }
+            shared = p;
+        }
+        let bound = checkpoint_blocks(n)
+            .find(|&p| p > shared)
+            .map_or(n, |next| next - 1);
+        Longest {
+            a: descending(&self.ends, bound).peekable(),
+            b: descending(&self.unchecked_ends, n).peekable(),
+        }
     }
 
-    fn forget_end(&mut self, end: u32) {
-        if let Some(n) = self.ends.get_mut(&end) {
-            *n -= 1;
-            if *n == 0 {
-                self.ends.remove(&end);
+    fn index(&mut self, artifact: &Artifact, add: bool) {
+        let end = artifact.blocks.1;
+        let ends = if artifact.checkpoints.is_empty() {
+            &mut self.unchecked_ends
+        } else {
+            &mut self.ends
+        };
+        ends.bump(end, add);
+        let points = checkpoint_blocks(end).zip(artifact.checkpoints.iter().copied());
+        for point in points {
+            self.checkpoints.bump(point, add);
+        }
+    }
+}
+
+/// The index's counts (ordered for the ends, hashed for the checkpoints, which are only
+/// probed): one more for `key`, or one less, dropping a count that reaches zero.
+trait CountMap<K> {
+    fn bump(&mut self, key: K, add: bool);
+}
+
+impl<K: Ord> CountMap<K> for BTreeMap<K, u32> {
+    fn bump(&mut self, key: K, add: bool) {
+        if add {
+            *self.entry(key).or_default() += 1;
+        } else if let std::collections::btree_map::Entry::Occupied(mut e) = self.entry(key) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
             }
+        }
+    }
+}
+
+impl<K: Eq + std::hash::Hash> CountMap<K> for HashMap<K, u32> {
+    fn bump(&mut self, key: K, add: bool) {
+        if add {
+            *self.entry(key).or_default() += 1;
+        } else if let std::collections::hash_map::Entry::Occupied(mut e) = self.entry(key) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// The counts of `ends` from `max` down to 1.
+fn descending(ends: &BTreeMap<u32, u32>, max: u32) -> impl Iterator<Item = u32> + '_ {
+    ends.range(..=max)
+        .rev()
+        .map(|(&end, _)| end)
+        .take_while(|&end| end > 0)
+}
+
+/// Two descending sequences merged, longest first (a count in both comes twice; probing
+/// it twice is harmless).
+struct Longest<A: Iterator<Item = u32>, B: Iterator<Item = u32>> {
+    a: Peekable<A>,
+    b: Peekable<B>,
+}
+
+impl<A: Iterator<Item = u32>, B: Iterator<Item = u32>> Iterator for Longest<A, B> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        match (self.a.peek(), self.b.peek()) {
+            (Some(x), Some(y)) if x >= y => self.a.next(),
+            (Some(_), None) => self.a.next(),
+            _ => self.b.next(),
         }
     }
 }
@@ -110,7 +204,9 @@ mod tests {
     use super::*;
     use crate::ids::Epoch;
 
-    fn artifact(end: u32) -> Artifact {
+    /// An artifact ending at `end` on chain `c` (hash of block `i` = `c << 32 | i + 1`),
+    /// with its checkpoints or without.
+    fn artifact(c: u64, end: u32, checkpointed: bool) -> Artifact {
         Artifact {
             parent: None,
             blocks: (0, end),
@@ -122,36 +218,85 @@ mod tests {
             ref_count: 0,
             needs_recompute: false,
             last_access_ms: 0,
+            checkpoints: if checkpointed {
+                checkpoint_blocks(end)
+                    .map(|p| chain(c, p)[p as usize - 1])
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
+    fn chain(c: u64, n: u32) -> Vec<u64> {
+        (0..u64::from(n)).map(|i| (c << 32) | (i + 1)).collect()
+    }
+
     #[test]
-    fn ends_are_counted_per_length_and_follow_replacements() {
+    fn checkpoint_counts_are_powers_of_two_and_one_and_a_half_times_them() {
+        assert_eq!(
+            checkpoint_blocks(50).collect::<Vec<_>>(),
+            vec![1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48]
+        );
+        assert_eq!(checkpoint_blocks(0).count(), 0);
+        assert_eq!(checkpoint_blocks(u32::MAX).last(), Some(3 << 30));
+    }
+
+    #[test]
+    fn a_prompt_sharing_nothing_probes_nothing_and_one_sharing_a_prefix_probes_below_its_bound() {
         let mut m = ArtifactMap::default();
-        m.insert(PrefixKey(1), artifact(4));
-        m.insert(PrefixKey(2), artifact(4));
-        m.insert(PrefixKey(3), artifact(9));
-        assert_eq!(m.ends_down_from(100).collect::<Vec<_>>(), vec![9, 4]);
-        assert_eq!(m.ends_down_from(8).collect::<Vec<_>>(), vec![4]);
-        // Replacing key 3's artifact with one ending at 4 drops length 9.
-        m.insert(PrefixKey(3), artifact(4));
-        assert_eq!(m.ends_down_from(100).collect::<Vec<_>>(), vec![4]);
-        assert_eq!(m.ends, BTreeMap::from([(4, 3)]));
-        // A zero-length artifact ends nowhere a prompt can own.
-        m.insert(PrefixKey(5), artifact(0));
-        assert_eq!(m.ends_down_from(100).collect::<Vec<_>>(), vec![4]);
+        // Chain 1: artifacts at 4, 40 and 100 blocks. Chain 2 shares nothing with chain 1.
+        for end in [4, 40, 100] {
+            m.insert(
+                PrefixKey(chain(1, end)[end as usize - 1]),
+                artifact(1, end, true),
+            );
+        }
+        assert_eq!(m.prefix_ends(&chain(2, 200)).count(), 0);
+        // A prompt following chain 1 for 10 blocks, then its own: the bound is below
+        // the checkpoint after 8 (12), so only the end at 4 is probed.
+        let mut forked = chain(1, 10);
+        forked.extend(chain(3, 190).into_iter().skip(10));
+        assert_eq!(m.prefix_ends(&forked).collect::<Vec<_>>(), vec![4]);
+        // The whole chain: every end it can hold.
+        assert_eq!(
+            m.prefix_ends(&chain(1, 100)).collect::<Vec<_>>(),
+            vec![100, 40, 4]
+        );
+        // An artifact without checkpoints is probed at its end whatever the prompt.
+        m.insert(PrefixKey(chain(5, 7)[6]), artifact(5, 7, false));
+        assert_eq!(m.prefix_ends(&chain(2, 200)).collect::<Vec<_>>(), vec![7]);
+        assert_eq!(
+            m.prefix_ends(&chain(1, 100)).collect::<Vec<_>>(),
+            vec![100, 40, 7, 4]
+        );
+        // An empty prompt holds nothing.
+        assert_eq!(m.prefix_ends(&[]).count(), 0);
+    }
+
+    #[test]
+    fn replacing_an_artifact_moves_its_index_entries() {
+        let mut m = ArtifactMap::default();
+        let key = PrefixKey(chain(1, 9)[8]);
+        m.insert(key, artifact(1, 9, true));
+        m.insert(key, artifact(1, 9, false));
+        let fresh: ArtifactMap = [(key, artifact(1, 9, false))].into_iter().collect();
+        assert_eq!(m, fresh);
+        assert!(m.checkpoints.is_empty());
     }
 
     #[test]
     fn a_snapshot_round_trip_rebuilds_the_index_and_keeps_the_plain_map_shape() {
-        let m: ArtifactMap = [(PrefixKey(1), artifact(3)), (PrefixKey(2), artifact(7))]
-            .into_iter()
-            .collect();
+        let m: ArtifactMap = [
+            (PrefixKey(1), artifact(1, 3, true)),
+            (PrefixKey(2), artifact(2, 7, false)),
+        ]
+        .into_iter()
+        .collect();
         let json = serde_json::to_value(&m).expect("serialises");
         let plain = serde_json::to_value(&*m).expect("serialises");
         assert_eq!(json, plain);
         let back: ArtifactMap = serde_json::from_value(json).expect("deserialises");
         assert_eq!(back, m);
-        assert_eq!(back.ends_down_from(10).collect::<Vec<_>>(), vec![7, 3]);
     }
 }

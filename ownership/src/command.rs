@@ -25,6 +25,36 @@ pub struct ArtifactSpec {
     /// KV layout (e.g. "gqa-bf16", "mla-fp8").
     pub kv_type: String,
     pub size_bytes: u64,
+    /// The chain's block hashes at the block counts of [`checkpoint_blocks`]`(blocks.1)`,
+    /// in that order: what lets a lookup bound how much of a prompt any artifact's chain
+    /// shares (`ArtifactMap`). Empty from a writer that does not send them; such an
+    /// artifact is then probed for every prompt long enough to hold it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<u64>,
+}
+
+/// The block counts a chain of `end` blocks is checkpointed at: 1, 2, 3, 4, 6, 8, 12, 16,
+/// 24, … (powers of two and one and a half times them), up to `end`. A prompt that shares
+/// fewer than `p` blocks with every checkpointed chain shares fewer than the next count
+/// too, so the counts found bound the shared length within a factor of 1.5.
+pub fn checkpoint_blocks(end: u32) -> impl Iterator<Item = u32> {
+    (0..32u32)
+        .flat_map(|k| {
+            let p = 1u64 << k;
+            [p, p + p / 2]
+        })
+        .skip(1) // 1 + 1/2 rounds down to 1, already there
+        .take_while(move |&p| p <= u64::from(end))
+        .map(|p| p as u32)
+}
+
+/// The checkpoints of a chain whose block hashes are `hashes` (the whole chain from its
+/// first block), for an [`ArtifactSpec`] ending at its last block.
+pub fn checkpoints_of(hashes: &[u64]) -> Vec<u64> {
+    let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+    checkpoint_blocks(n)
+        .map(|p| hashes[p as usize - 1])
+        .collect()
 }
 
 /// Everything the directory can be asked to do.

@@ -43,6 +43,10 @@ pub struct Artifact {
     /// Its owner died with no copy elsewhere: the next user recomputes it.
     pub needs_recompute: bool,
     pub last_access_ms: u64,
+    /// The chain's hashes at `checkpoint_blocks(blocks.1)` (empty when the writer sent
+    /// none, or not one per count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<u64>,
 }
 
 /// An agent session.

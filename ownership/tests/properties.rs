@@ -129,6 +129,7 @@ fn spec(parent: Option<PrefixKey>) -> ArtifactSpec {
         blocks: (0, 16),
         kv_type: "gqa-bf16".into(),
         size_bytes: 1 << 20,
+        checkpoints: Vec::new(),
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_ownership::command::ArtifactSpec;
+use ownerserve_ownership::command::{checkpoints_of, ArtifactSpec};
 use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
@@ -156,6 +156,7 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
                 blocks: (0, hashes.len() as u32),
                 kv_type: "kv".into(),
                 size_bytes: 0,
+                checkpoints: checkpoints_of(hashes),
             },
             expect_epoch: None,
         });

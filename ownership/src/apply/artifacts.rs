@@ -3,7 +3,7 @@
 //! read-only replicas, and migrate (CAS on the epoch; the target must hold a copy).
 
 use super::{Outcome, Rejection};
-use crate::command::ArtifactSpec;
+use crate::command::{checkpoint_blocks, ArtifactSpec};
 use crate::ids::{Epoch, Key, LeaseId, PrefixKey, Tier, WorkerId};
 use crate::state::{Artifact, Directory, Location, Owner};
 
@@ -20,6 +20,13 @@ impl Directory {
             ref_count: 0,
             needs_recompute: false,
             last_access_ms: self.now_ms,
+            // One hash per checkpoint count, or none: a partial list would let a lookup
+            // bound a prompt's shared length wrongly.
+            checkpoints: if spec.checkpoints.len() == checkpoint_blocks(spec.blocks.1).count() {
+                spec.checkpoints.clone()
+            } else {
+                Vec::new()
+            },
         }
     }
 

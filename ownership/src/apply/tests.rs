@@ -62,6 +62,7 @@ fn spec() -> ArtifactSpec {
         blocks: (0, 64),
         kv_type: "gqa-bf16".into(),
         size_bytes: 64 * 16 * 131_072,
+        checkpoints: Vec::new(),
     }
 }
 

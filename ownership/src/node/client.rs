@@ -76,13 +76,11 @@ pub struct Lookup {
 
 impl Lookup {
     /// Reads `session` and the prompt's prefix hashes (`block` tokens each) off `d`. The
-    /// owned prefix is searched only at the block counts some artifact ends at, longest
-    /// first (`ArtifactMap::ends_down_from`): one probe per distinct artifact length, not
-    /// one per block of the prompt.
+    /// owned prefix is searched only where an artifact that is a prefix of the prompt can
+    /// end (`ArtifactMap::prefix_ends`), longest first, not at every block of the prompt.
     pub fn read(d: &Directory, session: Option<&str>, hashes: &[u64], block: u64) -> Self {
         let s = session.and_then(|s| d.sessions.get(&SessionId(s.to_owned())));
-        let blocks = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-        let artifact = d.artifacts.ends_down_from(blocks).find_map(|end| {
+        let artifact = d.artifacts.prefix_ends(hashes).find_map(|end| {
             let i = end as usize - 1;
             let h = hashes.get(i)?;
             let a = d.artifacts.get(&PrefixKey(*h))?;
@@ -375,13 +373,17 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Probing only where artifacts end finds what probing every block found, for
-        /// prompts that share chains with the directory's artifacts (claimed by two
-        /// workers at many lengths) and prompts that share nothing.
+        /// Probing only where a prefix artifact can end finds what probing every block
+        /// found, for prompts that share chains with the directory's artifacts (claimed by
+        /// two workers at many lengths, with checkpoints or without), prompts that leave a
+        /// chain part-way and prompts that share nothing.
         #[test]
         fn probing_artifact_ends_finds_what_scanning_every_block_found(
-            claims in proptest::collection::vec((0u64..3, 1usize..64, proptest::bool::ANY), 0..40),
-            prompts in proptest::collection::vec((0u64..4, 0usize..80), 1..20),
+            claims in proptest::collection::vec(
+                (0u64..3, 1usize..64, proptest::bool::ANY, proptest::bool::ANY),
+                0..40,
+            ),
+            prompts in proptest::collection::vec((0u64..4, 0usize..80, 0usize..90), 1..20),
         ) {
             use crate::command::{ArtifactSpec, Envelope};
             use crate::ids::WorkerId as DirWorker;
@@ -402,8 +404,13 @@ mod tests {
                     other => panic!("{other:?}"),
                 }
             }
-            for (c, len, second) in claims {
+            for (c, len, second, checkpointed) in claims {
                 let hashes = chain(c, len);
+                let checkpoints = if checkpointed {
+                    crate::command::checkpoints_of(&hashes)
+                } else {
+                    Vec::new()
+                };
                 run(&mut d, Command::Claim {
                     key: PrefixKey(hashes[len - 1]),
                     lease: leases[usize::from(second)],
@@ -412,12 +419,17 @@ mod tests {
                         blocks: (0, len as u32),
                         kv_type: "kv".into(),
                         size_bytes: 0,
+                        checkpoints,
                     },
                     expect_epoch: None,
                 });
             }
-            for (c, len) in prompts {
-                let hashes = chain(c, len);
+            for (c, len, leave_at) in prompts {
+                // Chain `c` up to `leave_at` blocks, then a chain nobody claimed.
+                let mut hashes = chain(c, len);
+                for (i, h) in hashes.iter_mut().enumerate().skip(leave_at) {
+                    *h = (9 << 32) | (i as u64 + 1);
+                }
                 proptest::prop_assert_eq!(
                     Lookup::read(&d, None, &hashes, 16).artifact,
                     scan_every_block(&d, &hashes, 16)

@@ -383,6 +383,7 @@ fn envelopes() -> Vec<Envelope> {
         blocks: (0, 4),
         kv_type: "gqa-bf16".into(),
         size_bytes: 1 << 20,
+        checkpoints: Vec::new(),
     };
     let session = |s: &str| SessionId(s.into());
     vec![
