@@ -72,7 +72,9 @@ async fn engine(slow_health: bool) -> (String, Arc<Engine>) {
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    // The engine lives as long as the test's runtime.
+    tokio_util::task::TaskTracker::new()
+        .spawn(async move { axum::serve(listener, app).await.unwrap() });
     (url, state)
 }
 

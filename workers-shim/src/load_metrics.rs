@@ -161,7 +161,7 @@ pub fn kv_capacity_tokens(text: &str) -> Option<u64> {
                     continue;
                 }
                 // A gauge of whole tokens, printed as a float (`16384.0`).
-                if value < 1.0 || value > 1e15 {
+                if !(1.0..=1e15).contains(&value) {
                     continue;
                 }
                 value as u64
