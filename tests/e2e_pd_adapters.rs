@@ -122,6 +122,8 @@ impl Fake {
         });
         let app = Router::new()
             .route("/health", get(|| async { StatusCode::OK }))
+            // SGLang's readiness check, which the router probes for SGLang workers.
+            .route("/ready", get(|| async { StatusCode::OK }))
             .route(
                 "/v1/models",
                 get(|| async {

@@ -1,5 +1,12 @@
-//! Health checks: each worker is probed on an interval (`GET /health`, then `/v1/models`
-//! to learn what it serves) and marked up or down in the registry.
+//! Health checks: each worker is probed on an interval (its engine's cheap readiness
+//! path, then `/v1/models` to learn what it serves) and marked up or down in the registry.
+//!
+//! Active and passive health together decide: a probe that fails (a timeout or an error
+//! status) counts against a worker only if it made no progress on a proxied request since
+//! the previous probe, so a busy engine whose probe is slow stays up while it serves. A
+//! refused connection counts always (and on the request path marks the worker down at
+//! once); `health_failure_threshold` failures in a row mark it down, fewer leave it
+//! suspect. Probe paths per engine: [`crate::config::WorkerSpec::probe_path`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::registry::{Registry, ServedModel, Worker};
 use axum::http::HeaderValue;
 
-use crate::upstream::{get_small, get_small_as, HttpClient};
+use crate::upstream::{get_small, get_small_as, ForwardError, HttpClient};
 
 /// How often and how patiently workers are probed.
 #[derive(Debug, Clone)]
@@ -43,10 +50,23 @@ impl HealthSettings {
 /// Probes one worker once and records the result.
 pub async fn check(client: &HttpClient, worker: &Worker, s: &HealthSettings) {
     let base = &worker.spec.base_url;
-    match get_small(client, base, "/health", s.timeout).await {
-        Ok((status, _)) if status.is_success() => {}
-        Ok((status, _)) => return worker.record_failure(s.failure_threshold, status.as_str()),
-        Err(e) => return worker.record_failure(s.failure_threshold, &e.to_string()),
+    let path = worker.spec.probe_path();
+    let failure = match get_small(client, base, path, s.timeout).await {
+        Ok((status, _)) if status.is_success() => None,
+        Ok((status, _)) => Some((format!("{path} answered {status}"), false)),
+        Err(e) => {
+            let refused = matches!(e, ForwardError::Connect);
+            Some((format!("{path}: {e}"), refused))
+        }
+    };
+    if let Some((why, refused)) = failure {
+        // Progress since the previous probe began: the worker is serving, whatever the
+        // probe says (a busy engine can be slow to answer it).
+        if !refused && worker.is_healthy() && worker.progressed_within(s.interval + s.timeout) {
+            tracing::debug!(worker = %worker.spec.name, reason = %why, "probe failed, but the worker is serving: still up");
+            return;
+        }
+        return worker.record_failure(s.failure_threshold, &why);
     }
     if worker.is_healthy() && !worker.models().is_empty() {
         return worker.mark_healthy(worker.models().to_vec());

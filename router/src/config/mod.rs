@@ -329,6 +329,14 @@ pub struct WorkerSettings {
     /// `router.kv_block_size` (checked against what the engine reports at startup).
     #[serde(default)]
     pub kv_block_size: Option<usize>,
+    /// The path of this worker's health probe, when it differs from its engine's (vLLM
+    /// and the simulated engine `/health`, SGLang `/ready`).
+    #[serde(default)]
+    pub health_path: Option<String>,
+    /// KV capacity of this worker's engine in tokens, overriding what the engine reports
+    /// in its metrics (SGLang `max_total_num_tokens`, vLLM `num_gpu_blocks × block_size`).
+    #[serde(default)]
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 fn default_engine() -> EngineKind {

@@ -186,6 +186,50 @@ fn the_vllm_example_config_parses() {
 }
 
 #[test]
+fn the_sglang_example_config_parses_and_probes_ready() {
+    let file: RouterFile =
+        toml::from_str(include_str!("../../../configs/sglang.example.toml")).unwrap();
+    assert_eq!(file.router.kv_block_size, Some(16));
+    assert_eq!(file.workers.len(), 2);
+    let specs = worker_specs(&file.workers).unwrap();
+    assert!(specs
+        .iter()
+        .all(|w| w.engine == EngineKind::Sglang && w.probe_path() == "/ready"));
+}
+
+#[test]
+fn health_path_and_capacity_are_worker_keys() {
+    let w = parse_worker_flag(
+        "http://127.0.0.1:1,engine=sglang,health_path=/health,kv_capacity_tokens=4096",
+    )
+    .unwrap();
+    let spec = &worker_specs(&[w]).unwrap()[0];
+    assert_eq!(spec.probe_path(), "/health");
+    assert_eq!(spec.kv_capacity_tokens, Some(4096));
+    let vllm = WorkerSpec::new("v", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Vllm);
+    assert_eq!(vllm.probe_path(), "/health");
+    let bad = WorkerSpec {
+        health_path: Some("ready".into()),
+        ..vllm.clone()
+    };
+    let err = RouterConfig::validate(&RouterSettings::default(), vec![bad])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("v.health_path: must start with /"), "{err}");
+    let zero = WorkerSpec {
+        kv_capacity_tokens: Some(0),
+        ..vllm
+    };
+    let err = RouterConfig::validate(&RouterSettings::default(), vec![zero])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("v.kv_capacity_tokens: must be positive"),
+        "{err}"
+    );
+}
+
+#[test]
 fn each_served_model_is_priced_with_its_own_spec() {
     let one = || {
         vec![WorkerSpec::new(

@@ -499,6 +499,20 @@ fn check_workers(workers: &[WorkerSpec]) -> Result<(), ConfigError> {
                 "must be in 1..=1024",
             ));
         }
+        if w.health_path.as_ref().is_some_and(|p| !p.starts_with('/')) {
+            return Err(ConfigError::invalid(
+                "workers",
+                format!("{}.health_path", w.name),
+                "must start with /",
+            ));
+        }
+        if w.kv_capacity_tokens == Some(0) {
+            return Err(ConfigError::invalid(
+                "workers",
+                format!("{}.kv_capacity_tokens", w.name),
+                "must be positive",
+            ));
+        }
     }
     Ok(())
 }

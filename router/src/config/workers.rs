@@ -22,6 +22,10 @@ pub struct WorkerSpec {
     pub bootstrap_port: Option<u16>,
     /// Tokens per KV block of its engine, as configured (`None`: the router's setting).
     pub kv_block_size: Option<usize>,
+    /// Its health probe's path, when it differs from its engine's ([`WorkerSpec::probe_path`]).
+    pub health_path: Option<String>,
+    /// Its KV capacity in tokens as configured (`None`: what the engine reports).
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 impl WorkerSpec {
@@ -38,6 +42,21 @@ impl WorkerSpec {
             gpus: None,
             bootstrap_port: None,
             kv_block_size: None,
+            health_path: None,
+            kv_capacity_tokens: None,
+        }
+    }
+
+    /// The path the health checker probes: `health_path` if set, else the engine's cheap
+    /// readiness check. vLLM's `/health` answers at once; SGLang's `/health` runs a
+    /// generation and always takes at least 1 s (up to 20 s under load), so SGLang is
+    /// probed at `/ready`, which answers once its tokenizer manager is ready; the
+    /// simulated engine serves `/health`.
+    pub fn probe_path(&self) -> &str {
+        match (&self.health_path, self.engine) {
+            (Some(p), _) => p,
+            (None, EngineKind::Sglang) => "/ready",
+            (None, EngineKind::Vllm | EngineKind::Sim) => "/health",
         }
     }
 
@@ -68,7 +87,7 @@ pub fn worker_url(url: &str) -> Result<String, String> {
 }
 
 /// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`
-/// (also `kv_events`, `kv_replay`, `kv_block_size`).
+/// (also `kv_events`, `kv_replay`, `kv_block_size`, `health_path`, `kv_capacity_tokens`).
 pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
     let bad = |reason: String| ConfigError::WorkerFlag {
         flag: flag.to_owned(),
@@ -87,6 +106,8 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
         gpus: None,
         bootstrap_port: None,
         kv_block_size: None,
+        health_path: None,
+        kv_capacity_tokens: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -106,8 +127,13 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
             "kv_block_size" => {
                 w.kv_block_size = Some(v.parse().map_err(|e| bad(format!("kv_block_size: {e}")))?)
             }
+            "health_path" => w.health_path = Some(v.to_owned()),
+            "kv_capacity_tokens" => {
+                w.kv_capacity_tokens =
+                    Some(v.parse().map_err(|e| bad(format!("kv_capacity_tokens: {e}")))?)
+            }
             _ => return Err(bad(format!(
-                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size)"
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size, health_path, kv_capacity_tokens)"
             ))),
         }
     }
@@ -138,6 +164,8 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, Confi
                 gpus: w.gpus,
                 bootstrap_port: w.bootstrap_port,
                 kv_block_size: w.kv_block_size,
+                health_path: w.health_path.clone(),
+                kv_capacity_tokens: w.kv_capacity_tokens,
                 ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
             })
         })

@@ -121,6 +121,11 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             }
             Err(e) => {
                 tracing::warn!(worker = %worker.spec.name, error = %e, "forward failed");
+                // Passive health: a timeout or a connection that failed mid-request counts
+                // as a failed check (a refused one, above, marks the worker down at once).
+                if matches!(e, ForwardError::Timeout(_) | ForwardError::Failed) {
+                    worker.record_failure(st.cfg.health_failure_threshold, &e.to_string());
+                }
                 return Err(e.into_api(worker));
             }
         }
@@ -195,8 +200,11 @@ impl Attempt<'_> {
         if sent.pair_failed {
             st.metrics.fallback(action);
         }
-        let reason = decision.plan.as_ref().map_or("", |p| p.reason.as_str());
-        tracing::debug!(action = action.name(), worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let reason = decision.plan.as_ref().map_or("", |p| p.reason.as_str());
+            let reason = st.registry.name_workers(reason);
+            tracing::debug!(action = action.name(), worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
+        }
         let activity = feedback::accepted(
             st,
             decision,

@@ -76,6 +76,10 @@ where
     if let Ok(v) = HeaderValue::from_str(&worker.spec.name) {
         parts.headers.insert(headers::WORKER, v);
     }
+    // Passive health: an answer that is not a server error shows the worker serving.
+    if !parts.status.is_server_error() {
+        worker.record_progress();
+    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -153,6 +157,7 @@ where
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(_))) = &polled {
+            self.worker.record_progress();
             self.in_flight.prefill_done();
             if let Some(f) = self.first_byte.take() {
                 f.histogram.observe(f.started.elapsed().as_secs_f64());
@@ -163,6 +168,8 @@ where
         match polled {
             Poll::Ready(Some(Err(e))) => {
                 tracing::warn!(worker = %self.worker.spec.name, error = %e, "worker failed mid-stream");
+                self.worker
+                    .record_failure(self.patience.failure_threshold, "failed mid-stream");
                 let err = ApiError::UpstreamUnreachable {
                     worker: self.worker.spec.name.clone(),
                 };

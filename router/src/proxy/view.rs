@@ -71,6 +71,23 @@ impl<'a> Sources<'a> {
         StepView { route, lookup }
     }
 
+    /// Folds each worker's KV capacity into its scraped usage: the busy threshold
+    /// (`busy_max_kv_usage`) sees the larger of what the engine reported at its last
+    /// scrape and what the router has in flight there (blocks × block size over the
+    /// capacity), so a burst sent between two scrapes counts at once.
+    fn predicted_kv_usage(&self, views: &mut [WorkerView]) {
+        let block = self.kv.block_size() as u64;
+        for v in views {
+            let (Some(load), Some(w)) = (v.load.as_mut(), self.registry.get(v.id)) else {
+                continue;
+            };
+            if let Some(capacity) = w.kv_capacity_tokens() {
+                let predicted = v.active_blocks.saturating_mul(block) as f64 / capacity as f64;
+                load.kv_usage = load.kv_usage.max(predicted);
+            }
+        }
+    }
+
     /// The healthy workers serving `model` but `excluded`, with their load and, if
     /// `needs` says so, the prompt's cached prefix on each.
     pub fn candidates(
@@ -81,6 +98,7 @@ impl<'a> Sources<'a> {
         needs: Needs,
     ) -> Vec<WorkerView> {
         let mut views = self.registry.candidates(model, excluded);
+        self.predicted_kv_usage(&mut views);
         if needs.prefix_match {
             self.kv.fill_cached(hashes, &mut views);
         }

@@ -39,6 +39,8 @@ pub trait EventSink: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct SubscriberConfig {
     pub worker: WorkerId,
+    /// The worker's name in logs (its configured name; `new` sets its id).
+    pub name: String,
     /// The worker's PUB endpoint (`tcp://host:port`).
     pub endpoint: String,
     /// The worker's replay ROUTER endpoint, if it has one.
@@ -67,6 +69,7 @@ impl SubscriberConfig {
     ) -> Self {
         Self {
             worker,
+            name: worker.to_string(),
             endpoint,
             replay_endpoint,
             topic: String::new(),
@@ -74,6 +77,15 @@ impl SubscriberConfig {
             replay_timeout: Duration::from_secs(5),
             max_backoff: Duration::from_secs(2),
             idle_reconnect: Duration::from_secs(3),
+        }
+    }
+
+    /// The same config, naming the worker `name` in logs.
+    #[must_use]
+    pub fn named(self, name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            ..self
         }
     }
 }
@@ -148,7 +160,7 @@ impl Subscriber {
                     }
                 }
                 Ok(Err(e)) => {
-                    tracing::debug!(endpoint = %self.cfg.endpoint, error = %e, "kv events: connect failed");
+                    tracing::debug!(worker = %self.cfg.name, endpoint = %self.cfg.endpoint, error = %e, "kv events: connect failed");
                     if sleep_or_cancel(backoff, cancel).await {
                         return;
                     }
@@ -166,7 +178,7 @@ impl Subscriber {
                     Err(_idle) => break,
                     Ok(Ok(msg)) => self.on_message(msg.into_vec(), sink).await,
                     Ok(Err(e)) => {
-                        tracing::warn!(endpoint = %self.cfg.endpoint, error = %e, "kv events: socket failed, reconnecting");
+                        tracing::warn!(worker = %self.cfg.name, endpoint = %self.cfg.endpoint, error = %e, "kv events: socket failed, reconnecting");
                         break;
                     }
                 }
@@ -180,7 +192,7 @@ impl Subscriber {
             Ok(m) => m,
             Err(e) => {
                 bump(&self.stats.malformed);
-                tracing::warn!(worker = %self.cfg.worker, error = %e, "kv events: malformed message skipped");
+                tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: malformed message skipped");
                 return;
             }
         };
@@ -216,7 +228,7 @@ impl Subscriber {
 
     fn restart(&mut self, sink: &dyn EventSink) {
         bump(&self.stats.restarts);
-        tracing::info!(worker = %self.cfg.worker, "kv events: new engine incarnation, forgetting its old blocks");
+        tracing::info!(worker = %self.cfg.name, "kv events: new engine incarnation, forgetting its old blocks");
         sink.reset(self.cfg.worker);
         self.last_seq = None;
     }
@@ -232,7 +244,7 @@ impl Subscriber {
                 Ok(None) => {}
                 Err(e) => {
                     bump(&self.stats.malformed);
-                    tracing::warn!(worker = %self.cfg.worker, error = %e, "kv events: event skipped");
+                    tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: event skipped");
                 }
             }
         }
@@ -250,7 +262,7 @@ impl Subscriber {
     async fn resync(&mut self, sink: &dyn EventSink) -> bool {
         let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
             bump(&self.stats.missing_history);
-            tracing::warn!(worker = %self.cfg.worker, "kv events: out of sequence and no replay endpoint");
+            tracing::warn!(worker = %self.cfg.name, "kv events: out of sequence and no replay endpoint");
             return false;
         };
         let start = self.last_seq.unwrap_or(0);
@@ -260,12 +272,12 @@ impl Subscriber {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
                 bump(&self.stats.missing_history);
-                tracing::warn!(worker = %self.cfg.worker, error = %e, "kv events: replay failed");
+                tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: replay failed");
                 return false;
             }
             Err(_) => {
                 bump(&self.stats.missing_history);
-                tracing::warn!(worker = %self.cfg.worker, "kv events: replay timed out");
+                tracing::warn!(worker = %self.cfg.name, "kv events: replay timed out");
                 return false;
             }
         };

@@ -1,0 +1,172 @@
+//! Engine-aware and passive health on the wire: a real router in front of small engines
+//! (axum on 127.0.0.1:0) whose `/health` is slow, as SGLang's always is (a generation probe
+//! that waits at least 1 s) and vLLM's can be under load.
+//!
+//! - an SGLang worker is probed at `/ready`, so a slow `/health` never takes it down, even
+//!   idle, with the default health settings;
+//! - a worker whose probe times out stays up while it serves proxied requests, and goes
+//!   down once it stops serving (so the first half can fail), and a fast probe brings it
+//!   back.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use common::{client, eventually, get_json, temp_config, Proc, MODEL};
+
+/// What the engine does, shared with its handlers.
+#[derive(Default)]
+struct Engine {
+    /// `/health` sleeps 3 s before answering.
+    slow_health: AtomicBool,
+    health_calls: AtomicU32,
+    ready_calls: AtomicU32,
+}
+
+/// Starts an engine on 127.0.0.1; its URL and state.
+async fn engine(slow_health: bool) -> (String, Arc<Engine>) {
+    let state = Arc::new(Engine::default());
+    state.slow_health.store(slow_health, Ordering::Relaxed);
+    let app = Router::new()
+        .route(
+            "/health",
+            get(|State(e): State<Arc<Engine>>| async move {
+                e.health_calls.fetch_add(1, Ordering::Relaxed);
+                if e.slow_health.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                StatusCode::OK
+            }),
+        )
+        .route(
+            "/ready",
+            get(|State(e): State<Arc<Engine>>| async move {
+                e.ready_calls.fetch_add(1, Ordering::Relaxed);
+                StatusCode::OK
+            }),
+        )
+        .route(
+            "/v1/models",
+            get(|| async { Json(json!({"object": "list", "data": [{"id": MODEL}]})) }),
+        )
+        .route(
+            "/v1/completions",
+            post(|| async {
+                Json(json!({
+                    "id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                    "choices": [{"index": 0, "text": "ok", "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+                }))
+            }),
+        )
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // The engine lives as long as the test's runtime.
+    tokio_util::task::TaskTracker::new()
+        .spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, state)
+}
+
+/// A router in front of one worker, `[router]` lines `extra`; it waits for the worker up.
+async fn router(tag: &str, url: &str, engine: &str, extra: &str) -> Proc {
+    let cfg = temp_config(
+        &format!("health-{tag}.toml"),
+        &format!(
+            "[router]\nscrape_interval_ms = 0\n{extra}\n\
+             [[workers]]\nname = \"{tag}-engine\"\nurl = \"{url}\"\nrole = \"hybrid\"\nengine = \"{engine}\"\n"
+        ),
+    );
+    // Proc::router blocks this thread; the engines answer on the runtime's other threads.
+    let r = Proc::router(&[], &["--config", &cfg]);
+    wait_up(&r.url, true).await;
+    r
+}
+
+async fn worker(router: &str) -> Value {
+    get_json(&format!("{router}/admin/v1/workers")).await["workers"][0].clone()
+}
+
+async fn wait_up(router: &str, up: bool) {
+    let router = router.to_owned();
+    eventually(
+        Duration::from_secs(10),
+        &format!("worker healthy = {up}"),
+        || {
+            let router = router.clone();
+            async move { worker(&router).await["healthy"] == up }
+        },
+    )
+    .await;
+}
+
+async fn complete(router: &str) -> u16 {
+    let body = json!({"model": MODEL, "prompt": "hello", "max_tokens": 1});
+    let resp = client()
+        .post(format!("{router}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_worker_is_probed_at_ready_and_stays_up_with_default_settings() {
+    let (url, e) = engine(true).await;
+    let r = router("sglang", &url, "sglang", "").await;
+    // Idle for 4 default probe intervals: a /health probe would time out (1 s) every time.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let w = worker(&r.url).await;
+    assert_eq!(w["healthy"], true, "{w}");
+    assert_eq!(w["consecutive_failures"], 0, "{w}");
+    assert_eq!(
+        e.health_calls.load(Ordering::Relaxed),
+        0,
+        "never its slow /health"
+    );
+    assert!(e.ready_calls.load(Ordering::Relaxed) >= 3);
+    assert_eq!(complete(&r.url).await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_worker_whose_probe_times_out_stays_up_until_it_stops_serving() {
+    let (url, e) = engine(false).await;
+    let r = router(
+        "vllm",
+        &url,
+        "vllm",
+        "health_interval_ms = 200\nhealth_timeout_ms = 300\nhealth_failure_threshold = 2\n",
+    )
+    .await;
+    // From now on every probe times out: without passive health the worker would be down
+    // within 2 intervals + 2 timeouts (1 s).
+    e.slow_health.store(true, Ordering::Relaxed);
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut statuses = Vec::new();
+    while Instant::now() < end {
+        statuses.push(complete(&r.url).await);
+        assert_eq!(worker(&r.url).await["healthy"], true, "down while serving");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert!(
+        e.health_calls.load(Ordering::Relaxed) >= 5,
+        "probed all along"
+    );
+    // Idle, the failed probes count: suspect, then down.
+    wait_up(&r.url, false).await;
+    // A fast probe brings it back.
+    e.slow_health.store(false, Ordering::Relaxed);
+    wait_up(&r.url, true).await;
+}
