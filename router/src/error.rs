@@ -43,6 +43,10 @@ pub enum ApiError {
     UpstreamUnreachable { worker: String },
     #[error("worker {worker} did not answer within {after:?}")]
     UpstreamTimeout { worker: String, after: Duration },
+    #[error("response '{id}' was stored by worker {worker}, which is gone; its conversation is lost: start again without previous_response_id")]
+    ResponseLost { id: String, worker: String },
+    #[error("response '{0}' not found")]
+    ResponseNotFound(String),
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
     #[error("no worker is named `{0}`")]
@@ -140,6 +144,18 @@ impl ApiError {
                 "server_error",
                 None,
                 "upstream_timeout",
+            ),
+            ResponseLost { .. } => (
+                StatusCode::GONE,
+                "invalid_request_error",
+                Some("previous_response_id"),
+                "response_lost",
+            ),
+            ResponseNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("response_id"),
+                "response_not_found",
             ),
             NotFound { .. } => (
                 StatusCode::NOT_FOUND,

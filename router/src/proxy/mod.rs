@@ -21,6 +21,7 @@
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
+pub mod agent_identity;
 pub mod claim;
 pub mod dispatch;
 pub mod feedback;
@@ -28,6 +29,7 @@ pub mod identity;
 pub mod ingress;
 pub mod plan;
 pub mod relay;
+pub mod stored;
 pub mod view;
 
 use std::sync::Arc;
@@ -38,7 +40,7 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use ownerserve_planner::policy::Decision;
+use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::{Refusal, Ticket};
@@ -65,15 +67,28 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let mut view = st
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
+    // A Responses follow-up goes where its previous response is stored.
+    let pinned = stored::owner_of_previous(st, &parsed)?;
     let mut replans = 0;
     let mut failed = Vec::new();
     loop {
         let candidates = st
             .sources()
             .candidates(&parsed.model, id.hashes(), &failed, needs);
-        let decision = st.policy.choose(&view.route, &candidates)?;
-        let settled = claim::settle(st, &id, &view.lookup, &decision).await;
-        let (decision, lookup) = claim::route(st, settled, &view.lookup, decision, &failed);
+        let (mut decision, lookup) = match pinned {
+            Some(owner) => (Decision::single(owner), view.lookup),
+            None => {
+                let decision = st.policy.choose(&view.route, &candidates)?;
+                let settled = claim::settle(st, &id, &view.lookup, &decision).await;
+                claim::route(st, settled, &view.lookup, decision, &failed)
+            }
+        };
+        if !endpoint.disaggregable() && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
+        {
+            // No engine defines prefill/decode legs for the agents' APIs: run it whole.
+            st.metrics.fallback(decision.action());
+            decision.dispatch = Dispatch::Single;
+        }
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
@@ -103,7 +118,15 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {
             // The slot is held until the response body ends.
-            Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
+            Ok(response) => {
+                let response = stored::record_owner(st, &parsed, worker.id, response);
+                return Ok(response.map(|b| holding(b, ticket)));
+            }
+            // The worker holding the previous response is unreachable: its state is lost.
+            Err(ForwardError::Connect) if pinned.is_some() => {
+                worker.mark_down("connection refused");
+                return Err(stored::lost(&parsed, &worker.spec.name));
+            }
             // Nothing reached the worker: mark it down and try the next one.
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");

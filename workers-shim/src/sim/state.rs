@@ -11,6 +11,7 @@ use super::fence::{EpochFence, FenceClaim};
 use super::http_error::ApiError;
 use super::kv_client::KvClient;
 use super::kv_transfer::TransferConfig;
+use super::response_store::ResponseStore;
 use super::scheduler::SchedulerConfig;
 
 /// Everything the handlers share.
@@ -34,6 +35,8 @@ pub(super) struct AppState {
     pub(super) block_bytes: u64,
     pub(super) kv_client: KvClient,
     pub(super) fence: Mutex<EpochFence>,
+    /// Stored Responses answers.
+    pub(super) responses: Arc<ResponseStore>,
 }
 
 impl AppState {
