@@ -93,7 +93,10 @@ async fn owner_of(url: &str, session: &str) -> Value {
         .send()
         .await
         .unwrap();
-    assert!(r.status().is_success(), "session {session} not in the directory");
+    assert!(
+        r.status().is_success(),
+        "session {session} not in the directory"
+    );
     let v: Value = r.json().await.unwrap();
     v["owner"].clone()
 }
@@ -123,10 +126,18 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
     let mut served = HashSet::new();
     for c in &codex {
         let (worker, text) = replay(url, c).await;
-        assert!(text.contains("event: response.completed") || text.contains("event: response.incomplete"), "{text}");
+        assert!(
+            text.contains("event: response.completed")
+                || text.contains("event: response.incomplete"),
+            "{text}"
+        );
         served.insert(worker);
     }
-    assert_eq!(served.len(), 1, "both Codex turns on one worker: {served:?}");
+    assert_eq!(
+        served.len(),
+        1,
+        "both Codex turns on one worker: {served:?}"
+    );
     let thread = "01a202fb-a207-7980-95dd-2ea181fa2e62";
     let codex_owner = owner_of(url, thread).await;
 
@@ -142,7 +153,11 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
     for _ in 0..3 {
         replay(url, title).await;
     }
-    assert_eq!(owner_of(url, ses).await, before, "title requests moved the owner");
+    assert_eq!(
+        owner_of(url, ses).await,
+        before,
+        "title requests moved the owner"
+    );
     assert_eq!(owner_of(url, thread).await, codex_owner);
     assert_eq!(owner_of(url, cc).await, cc_owner);
 
@@ -196,8 +211,9 @@ async fn turn(url: &str, prev: Option<&str>, i: usize) -> (String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_follow_up_lands_on_the_owner_and_a_lost_owner_is_named() {
-    let stack = Proc::up(&["--instant", "true"]);
+async fn every_follow_up_lands_on_the_owner_even_when_it_is_drained() {
+    // Round robin spreads the chains' first turns over the whole fleet.
+    let stack = Proc::up(&["--instant", "true", "--policy", "round_robin"]);
     let url = &stack.url;
     const CHAINS: usize = 100;
     let mut chains: Vec<(String, String)> = Vec::new();
@@ -253,7 +269,11 @@ async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
     // Round robin: one response on each worker.
     let first = turn(url, None, 0).await;
     let second = turn(url, None, 1).await;
-    let (on_a, on_b) = if first.1 == "a" { (first, second) } else { (second, first) };
+    let (on_a, on_b) = if first.1 == "a" {
+        (first, second)
+    } else {
+        (second, first)
+    };
     assert_eq!((on_a.1.as_str(), on_b.1.as_str()), ("a", "b"));
     a.kill();
     // A follow-up of a's response: never answered by b, but refused naming the response.
@@ -266,7 +286,10 @@ async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
     assert_eq!(r.status().as_u16(), 410);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "response_lost", "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains(&on_a.0), "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&on_a.0),
+        "{v}"
+    );
     let r = client()
         .get(format!("{url}/v1/responses/{}", on_a.0))
         .send()

@@ -118,7 +118,10 @@ mod tests {
 
     #[test]
     fn the_id_is_read_from_a_body_or_a_streams_first_event() {
-        assert_eq!(id_in(br#"{"id": "resp_1","object":"response"}"#), Some("resp_1"));
+        assert_eq!(
+            id_in(br#"{"id": "resp_1","object":"response"}"#),
+            Some("resp_1")
+        );
         assert_eq!(
             id_in(b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_2\""),
             Some("resp_2")

@@ -156,9 +156,18 @@ mod tests {
     fn each_harness_names_its_agent_root_and_parent_in_either_spelling() {
         let body = chat(TOOLS);
         let p = parse(&body, Endpoint::ChatCompletions).unwrap();
-        let cases: &[(&[(&str, &str)], (Option<&str>, Option<&str>, Option<&str>), Harness)] = &[
+        type Ids = (
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        type Case = (&'static [(&'static str, &'static str)], Ids, Harness);
+        let cases: &[Case] = &[
             (
-                &[("x-claude-code-session-id", "cc"), ("x-claude-code-agent-id", "a1")],
+                &[
+                    ("x-claude-code-session-id", "cc"),
+                    ("x-claude-code-agent-id", "a1"),
+                ],
                 (Some("a1"), Some("cc"), Some("cc")),
                 Harness::ClaudeCode,
             ),
@@ -172,7 +181,11 @@ mod tests {
                 Harness::ClaudeCode,
             ),
             (
-                &[("session_id", "s"), ("thread_id", "t"), ("x-codex-parent-thread-id", "s")],
+                &[
+                    ("session_id", "s"),
+                    ("thread_id", "t"),
+                    ("x-codex-parent-thread-id", "s"),
+                ],
                 (Some("t"), Some("s"), Some("s")),
                 Harness::Codex,
             ),
@@ -182,7 +195,11 @@ mod tests {
                 Harness::Codex,
             ),
             (
-                &[("x-session-id", "ses_1"), ("x-session-affinity", "ses_1"), ("x-parent-session-id", "ses_0")],
+                &[
+                    ("x-session-id", "ses_1"),
+                    ("x-session-affinity", "ses_1"),
+                    ("x-parent-session-id", "ses_0"),
+                ],
                 (Some("ses_1"), Some("ses_0"), Some("ses_0")),
                 Harness::OpenCode,
             ),
@@ -195,7 +212,11 @@ mod tests {
         for (pairs, (agent, root, parent), harness) in cases {
             let h = headers(pairs);
             let ids = agent_ids(&h, &p);
-            assert_eq!((ids.agent, ids.root, ids.parent), (*agent, *root, *parent), "{pairs:?}");
+            assert_eq!(
+                (ids.agent, ids.root, ids.parent),
+                (*agent, *root, *parent),
+                "{pairs:?}"
+            );
             assert_eq!(ids.harness, *harness);
             assert!(!ids.side);
         }
@@ -205,12 +226,16 @@ mod tests {
     fn bodies_name_sessions_too_and_side_requests_are_marked() {
         let body = br#"{"model":"m","max_tokens":8,"metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"\",\"session_id\":\"cc-1\"}"},"messages":[{"role":"user","content":"hi"}]}"#;
         let p = parse(body, Endpoint::Messages).unwrap();
-        let ids = agent_ids(&HeaderMap::new(), &p);
-        assert_eq!((ids.agent, ids.harness), (Some("cc-1"), Harness::ClaudeCode));
+        let none = HeaderMap::new();
+        let ids = agent_ids(&none, &p);
+        assert_eq!(
+            (ids.agent, ids.harness),
+            (Some("cc-1"), Harness::ClaudeCode)
+        );
         assert!(ids.side, "no tools: a title or topic request");
         let body = br#"{"model":"m","input":"hi","prompt_cache_key":"k"}"#;
         let p = parse(body, Endpoint::Responses).unwrap();
-        assert_eq!(agent_ids(&HeaderMap::new(), &p).agent, Some("k"));
+        assert_eq!(agent_ids(&none, &p).agent, Some("k"));
         let compact = headers(&[
             ("session-id", "s"),
             ("x-codex-turn-metadata", r#"{"request_kind":"compact"}"#),

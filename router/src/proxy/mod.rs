@@ -75,20 +75,12 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         let candidates = st
             .sources()
             .candidates(&parsed.model, id.hashes(), &failed, needs);
-        let (mut decision, lookup) = match pinned {
-            Some(owner) => (Decision::single(owner), view.lookup),
-            None => {
-                let decision = st.policy.choose(&view.route, &candidates)?;
-                let settled = claim::settle(st, &id, &view.lookup, &decision).await;
-                claim::route(st, settled, &view.lookup, decision, &failed)
-            }
+        let planned = Planned {
+            view: &view,
+            candidates: &candidates,
+            failed: &failed,
         };
-        if !endpoint.disaggregable() && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
-        {
-            // No engine defines prefill/decode legs for the agents' APIs: run it whole.
-            st.metrics.fallback(decision.action());
-            decision.dispatch = Dispatch::Single;
-        }
+        let (decision, lookup) = planned.decide(st, &id, pinned, endpoint).await?;
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
@@ -115,21 +107,18 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             view: &view,
             client_headers: headers,
             started,
+            stores_response: parsed.store,
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {
             // The slot is held until the response body ends.
-            Ok(response) => {
-                let response = stored::record_owner(st, &parsed, worker.id, response);
-                return Ok(response.map(|b| holding(b, ticket)));
-            }
-            // The worker holding the previous response is unreachable: its state is lost.
-            Err(ForwardError::Connect) if pinned.is_some() => {
-                worker.mark_down("connection refused");
-                return Err(stored::lost(&parsed, &worker.spec.name));
-            }
-            // Nothing reached the worker: mark it down and try the next one.
+            Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
+            // Nothing reached the worker: mark it down and try the next one (unless it
+            // holds the previous response: then that is lost).
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
+                if pinned.is_some() {
+                    return Err(stored::lost(&parsed, &worker.spec.name));
+                }
                 failed.push(worker.id);
             }
             // The session moved under another router: read the directory again, then plan.
@@ -145,6 +134,43 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 return Err(e.into_api(worker));
             }
         }
+    }
+}
+
+/// What a step's decision is made from.
+struct Planned<'a> {
+    view: &'a view::StepView<'a>,
+    candidates: &'a [ownerserve_planner::policy::WorkerView],
+    failed: &'a [ownerserve_planner::ids::WorkerId],
+}
+
+impl Planned<'_> {
+    /// The policy's decision, its owner claim settled, and the lookup it runs under; a
+    /// step `pinned` to a worker (its previous response's owner) runs there whole. An
+    /// endpoint without prefill/decode legs (the agents' APIs: no engine defines them)
+    /// runs whole on its decode worker, counted as a fallback.
+    async fn decide(
+        &self,
+        st: &AppState,
+        id: &identity::Identity<'_>,
+        pinned: Option<ownerserve_planner::ids::WorkerId>,
+        endpoint: Endpoint,
+    ) -> Result<(Decision, ownerserve_ownership::node::Lookup), ApiError> {
+        let view = self.view;
+        let (mut decision, lookup) = match pinned {
+            Some(owner) => (Decision::single(owner), view.lookup),
+            None => {
+                let decision = st.policy.choose(&view.route, self.candidates)?;
+                let settled = claim::settle(st, id, &view.lookup, &decision).await;
+                claim::route(st, settled, &view.lookup, decision, self.failed)
+            }
+        };
+        if !endpoint.disaggregable() && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
+        {
+            st.metrics.fallback(decision.action());
+            decision.dispatch = Dispatch::Single;
+        }
+        Ok((decision, lookup))
     }
 }
 
@@ -183,6 +209,8 @@ struct Attempt<'a> {
     view: &'a view::StepView<'a>,
     client_headers: &'a HeaderMap,
     started: Instant,
+    /// A stored Responses answer: its owner is recorded as it is relayed.
+    stores_response: bool,
 }
 
 impl Attempt<'_> {
@@ -245,6 +273,9 @@ impl Attempt<'_> {
             patience,
         );
         relayed.extensions_mut().insert(Executed(action.name()));
+        if self.stores_response {
+            relayed = stored::record_owner(st, worker.id, relayed);
+        }
         // The ownership epoch the step ran under, for clients that check fencing.
         if let Some(epoch) = prepared.epoch {
             relayed.headers_mut().insert(

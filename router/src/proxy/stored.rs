@@ -68,13 +68,8 @@ pub fn lost(parsed: &ParsedRequest<'_>, worker: &str) -> ApiError {
 }
 
 /// Records `worker` as the owner of the stored response `response` carries.
-pub fn record_owner(
-    st: &AppState,
-    parsed: &ParsedRequest<'_>,
-    worker: WorkerId,
-    response: Response,
-) -> Response {
-    if !parsed.store || !response.status().is_success() {
+pub fn record_owner(st: &AppState, worker: WorkerId, response: Response) -> Response {
+    if !response.status().is_success() {
         return response;
     }
     let owners = st.response_owners.clone();
@@ -96,9 +91,17 @@ async fn at_owner(st: &AppState, id: &str, path: &str, post: bool) -> Result<Res
     let owner = live_owner(st, id)?.ok_or_else(|| ApiError::ResponseNotFound(id.to_owned()))?;
     let auth = st.cfg.engine_authorization.clone();
     let answer = if post {
-        let headers: Vec<_> = auth.into_iter().map(|a| (header::AUTHORIZATION, a)).collect();
+        let headers: Vec<_> = auth
+            .into_iter()
+            .map(|a| (header::AUTHORIZATION, a))
+            .collect();
         st.engines
-            .post(&owner.spec.base_url, path, &headers, Bytes::from_static(b"{}"))
+            .post(
+                &owner.spec.base_url,
+                path,
+                &headers,
+                Bytes::from_static(b"{}"),
+            )
             .await
     } else {
         crate::upstream::get_small_as(

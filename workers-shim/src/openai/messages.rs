@@ -68,8 +68,8 @@ fn text_of<'a>(raw: &'a RawValue, param: &str) -> Result<Vec<Cow<'a, str>>, Requ
                 .0,
         ]),
         Some(b'[') => {
-            let blocks: Vec<Block<'_>> = serde_json::from_str(raw.get())
-                .map_err(|e| RequestError::wrong_type(param, &e))?;
+            let blocks: Vec<Block<'_>> =
+                serde_json::from_str(raw.get()).map_err(|e| RequestError::wrong_type(param, &e))?;
             Ok(blocks
                 .into_iter()
                 .filter(|b| b.kind.0 == "text")
@@ -116,15 +116,13 @@ pub(crate) fn convert<'a>(
             ));
         }
         let param = format!("messages[{i}].content");
-        let content = m
-            .content
-            .ok_or_else(|| RequestError::missing(&param))?;
+        let content = m.content.ok_or_else(|| RequestError::missing(&param))?;
         convert_message(role, content, &param, &mut out, &mut chat)?;
     }
     let tools_json = match tools.filter(|t| t.get() != "null") {
         Some(raw) => {
-            let list: Vec<RawTool<'_>> =
-                serde_json::from_str(raw.get()).map_err(|e| RequestError::wrong_type("tools", &e))?;
+            let list: Vec<RawTool<'_>> = serde_json::from_str(raw.get())
+                .map_err(|e| RequestError::wrong_type("tools", &e))?;
             let chat_tools: Vec<Value> = list
                 .into_iter()
                 // Server tools (`web_search_…`) are the provider's, not the model's template's.
@@ -176,8 +174,9 @@ fn convert_message<'a>(
             });
             return Ok(());
         }
-        Some(b'[') => serde_json::from_str(content.get())
-            .map_err(|e| RequestError::wrong_type(param, &e))?,
+        Some(b'[') => {
+            serde_json::from_str(content.get()).map_err(|e| RequestError::wrong_type(param, &e))?
+        }
         _ => return Err(content_type_error(param.to_owned())),
     };
     let mut parts = Vec::new();
@@ -194,9 +193,10 @@ fn convert_message<'a>(
                 }
             },
             "tool_use" => {
-                let name = b.name.map(|n| n.0).ok_or_else(|| {
-                    RequestError::missing(&format!("{param}[{j}].name"))
-                })?;
+                let name = b
+                    .name
+                    .map(|n| n.0)
+                    .ok_or_else(|| RequestError::missing(&format!("{param}[{j}].name")))?;
                 let args = b.input.map_or("{}", RawValue::get);
                 parts.push(Cow::Owned(format!("<tool_call>{name}({args})</tool_call>")));
                 calls.push(json!({

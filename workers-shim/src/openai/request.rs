@@ -477,7 +477,10 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
     }
     let previous_response_id: Option<Text<'_>> =
         field(raw.previous_response_id, "previous_response_id")?;
-    if previous_response_id.as_ref().is_some_and(|p| p.0.is_empty()) {
+    if previous_response_id
+        .as_ref()
+        .is_some_and(|p| p.0.is_empty())
+    {
         return Err(RequestError::invalid(
             "previous_response_id",
             "'previous_response_id' must not be empty",
@@ -532,10 +535,8 @@ fn parse_sampling(raw: &RawBody<'_>, endpoint: Endpoint) -> Result<Sampling, Req
                 .ok_or_else(|| RequestError::missing("max_tokens"))?,
         )),
         Endpoint::MessagesCountTokens => None,
-        Endpoint::Responses => {
-            field::<i64>(raw.max_output_tokens, "max_output_tokens")?
-                .map(|v| ("max_output_tokens", v))
-        }
+        Endpoint::Responses => field::<i64>(raw.max_output_tokens, "max_output_tokens")?
+            .map(|v| ("max_output_tokens", v)),
     };
     let max_tokens = match max_tokens {
         Some((param, v)) if !(1..=i64::from(u32::MAX)).contains(&v) => {

@@ -67,8 +67,8 @@ fn text_of<'a>(raw: &'a RawValue, param: &str) -> Result<Vec<Cow<'a, str>>, Requ
                 .0,
         ]),
         Some(b'[') => {
-            let parts: Vec<Part<'_>> = serde_json::from_str(raw.get())
-                .map_err(|e| RequestError::wrong_type(param, &e))?;
+            let parts: Vec<Part<'_>> =
+                serde_json::from_str(raw.get()).map_err(|e| RequestError::wrong_type(param, &e))?;
             Ok(parts
                 .into_iter()
                 .filter(|p| matches!(p.kind.0.as_ref(), "input_text" | "output_text" | "text"))
@@ -133,8 +133,8 @@ pub(crate) fn convert<'a>(
     }
     let tools_json = match tools.filter(|t| t.get() != "null") {
         Some(raw) => {
-            let list: Vec<RawTool<'_>> =
-                serde_json::from_str(raw.get()).map_err(|e| RequestError::wrong_type("tools", &e))?;
+            let list: Vec<RawTool<'_>> = serde_json::from_str(raw.get())
+                .map_err(|e| RequestError::wrong_type("tools", &e))?;
             let chat_tools: Vec<Value> = list
                 .into_iter()
                 .filter(|t| t.kind.0 == "function")
@@ -197,7 +197,11 @@ fn convert_item<'a>(
                 .name
                 .map(|n| n.0)
                 .ok_or_else(|| RequestError::missing(&format!("input[{i}].name")))?;
-            let args = item.arguments.or(item.input).map(|a| a.0).unwrap_or_default();
+            let args = item
+                .arguments
+                .or(item.input)
+                .map(|a| a.0)
+                .unwrap_or_default();
             chat.push(json!({"role": "assistant", "content": "", "tool_calls": [{
                 "id": item.call_id.map(|c| c.0).unwrap_or_default(),
                 "type": "function",
@@ -256,7 +260,14 @@ mod tests {
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_ref()).collect();
         assert_eq!(
             roles,
-            ["system", "developer", "user", "assistant", "tool", "assistant"]
+            [
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+                "assistant"
+            ]
         );
         assert_eq!(m[3].parts, [r#"<tool_call>exec({"cmd":"ls"})</tool_call>"#]);
         let tools: serde_json::Value =
@@ -282,15 +293,27 @@ mod tests {
             (br#"{"model":"m"}"#, "input"),
             (br#"{"model":"m","input":5}"#, "input"),
             (br#"{"model":"m","input":[]}"#, "input"),
-            (br#"{"model":"m","input":[{"type":"message","content":"x"}]}"#, "input[0].role"),
+            (
+                br#"{"model":"m","input":[{"type":"message","content":"x"}]}"#,
+                "input[0].role",
+            ),
             (
                 br#"{"model":"m","input":[{"role":"wizard","content":"x"}]}"#,
                 "input[0].role",
             ),
-            (br#"{"model":"m","input":"x","max_output_tokens":0}"#, "max_output_tokens"),
+            (
+                br#"{"model":"m","input":"x","max_output_tokens":0}"#,
+                "max_output_tokens",
+            ),
             (br#"{"model":"m","input":"x","store":"yes"}"#, "store"),
-            (br#"{"model":"m","input":"x","background":true,"store":false}"#, "background"),
-            (br#"{"model":"m","input":"x","previous_response_id":""}"#, "previous_response_id"),
+            (
+                br#"{"model":"m","input":"x","background":true,"store":false}"#,
+                "background",
+            ),
+            (
+                br#"{"model":"m","input":"x","previous_response_id":""}"#,
+                "previous_response_id",
+            ),
         ];
         for (body, param) in cases {
             let e = parse(body, Endpoint::Responses).expect_err(param);

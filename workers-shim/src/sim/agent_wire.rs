@@ -70,10 +70,7 @@ pub(super) fn message_body(
 
 /// The events opening a Messages stream: the message, its text block and a ping.
 pub(super) fn message_start(id: &str, model: &str, c: Counts) -> Vec<Bytes> {
-    let usage = anthropic_usage(Counts {
-        completion: 0,
-        ..c
-    });
+    let usage = anthropic_usage(Counts { completion: 0, ..c });
     vec![
         named_event(
             "message_start",

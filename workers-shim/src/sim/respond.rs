@@ -17,9 +17,9 @@ use tokio::sync::mpsc;
 
 use super::agent_wire::{self, Counts, ResponseEcho, Sequence};
 use super::engine::SeqEvent;
-use super::response_store::ResponseStore;
 use super::http_error::{error_response, json_response, ErrorBody, ErrorDetail};
 use super::kv_transfer::KvTransferParamsOut;
+use super::response_store::ResponseStore;
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, Chunk, Completion, Delta, FinishReason,
     TextChoice, TextChunkChoice, Usage, UsageField,

@@ -135,14 +135,22 @@ mod tests {
             role: Cow::Borrowed("user"),
             parts: vec![Cow::Borrowed("hi")],
         };
-        store.put("a", json!({"status": "completed", "background": false}), vec![owned(&m)]);
+        store.put(
+            "a",
+            json!({"status": "completed", "background": false}),
+            vec![owned(&m)],
+        );
         assert_eq!(store.conversation("a").unwrap()[0].parts, ["hi"]);
         assert_eq!(store.cancel("a"), Err(CancelRefused::NotRunning));
         assert_eq!(store.cancel("zz"), Err(CancelRefused::NotFound));
         store.put("b", json!({"status": "queued", "background": true}), vec![]);
         assert_eq!(store.cancel("b").unwrap()["status"], "cancelled");
         // Its task finishing later does not undo the cancel.
-        store.put("b", json!({"status": "completed", "background": true}), vec![]);
+        store.put(
+            "b",
+            json!({"status": "completed", "background": true}),
+            vec![],
+        );
         assert_eq!(store.body("b").unwrap()["status"], "cancelled");
         for i in 0..CAPACITY {
             store.put(&format!("x{i}"), json!({}), vec![]);

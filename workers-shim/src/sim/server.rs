@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::agent_wire::{Counts, ResponseEcho};
 use super::config::SimConfig;
 use super::engine::{self, EngineHandle, SeqRequest};
 use super::fence::{EpochFence, FenceClaim};
@@ -37,7 +38,6 @@ use super::http_error::{error_response, json_response, ApiError};
 use super::kv_client::{KvClient, PULL_PATH};
 use super::kv_routes::{self, DROP_PATH, FETCH_PATH};
 use super::kv_transfer::{block_bytes, KvTransferParams, KvTransferParamsOut, TransferLegs};
-use super::agent_wire::{Counts, ResponseEcho};
 use super::respond::{self, ResponseMeta, ResponsesMeta, TransferReport};
 use super::response_store::{owned, CancelRefused};
 use super::scheduler::SchedulerConfig;
@@ -67,7 +67,7 @@ pub async fn serve(
         tx
     });
     let engine = engine::spawn(&cfg, kv_tx, shutdown.child_token(), &tracker);
-    let app = app(engine, &cfg, addr);
+    let app = app(engine, &cfg, addr, &tracker);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
@@ -94,8 +94,9 @@ pub async fn bind_publisher(cfg: &SimConfig) -> Result<Option<Publisher>, BindEr
 }
 
 /// The worker's routes over a running engine listening on `addr` (the address other
-/// engines pull KV from; an unspecified IP is announced as loopback).
-pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
+/// engines pull KV from; an unspecified IP is announced as loopback); background
+/// responses run on `tasks`.
+pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr, tasks: &TaskTracker) -> Router {
     let id_salt = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -125,6 +126,7 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
         kv_client: KvClient::new(PULL_TIMEOUT),
         fence: Mutex::new(EpochFence::default()),
         responses: Arc::default(),
+        tasks: tasks.clone(),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -386,8 +388,9 @@ fn continue_chain(st: &AppState, req: &mut ParsedRequest<'_>) -> Result<(), Resp
             .into_iter()
             .filter(|m| !(has_system && m.role == "system"));
         let tail = std::mem::take(messages);
-        let (system, rest): (Vec<_>, Vec<_>) =
-            tail.into_iter().partition(|m| has_system && m.role == "system");
+        let (system, rest): (Vec<_>, Vec<_>) = tail
+            .into_iter()
+            .partition(|m| has_system && m.role == "system");
         messages.extend(system);
         messages.extend(before);
         messages.extend(rest);
@@ -499,7 +502,7 @@ async fn generate(
             .unwrap_or_default();
         let id = meta.id.clone();
         st.responses.put(&id, queued.clone(), conversation);
-        let task = tokio::spawn(async move {
+        let task = st.tasks.spawn(async move {
             respond::collect(events, meta).await;
         });
         st.responses.set_task(&id, task.abort_handle());

@@ -37,6 +37,8 @@ pub(super) struct AppState {
     pub(super) fence: Mutex<EpochFence>,
     /// Stored Responses answers.
     pub(super) responses: Arc<ResponseStore>,
+    /// Runs background responses (the server waits for them at shutdown).
+    pub(super) tasks: tokio_util::task::TaskTracker,
 }
 
 impl AppState {
