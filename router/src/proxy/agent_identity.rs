@@ -253,4 +253,63 @@ mod tests {
         let title = headers(&[("x-session-id", "ses_1"), ("x-session-affinity", "ses_1")]);
         assert!(agent_ids(&title, &p).side);
     }
+
+    /// What the three harnesses really sent (`tests/fixtures/agents/`): each capture
+    /// parses on its endpoint and names its session; the title request is a side request.
+    #[test]
+    fn the_recorded_harness_requests_parse_and_name_their_sessions() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/agents");
+        let cases: &[(&str, &[(Option<&str>, bool)], Harness)] = &[
+            (
+                "claude-code-2.1.328-messages.json",
+                &[(Some("bb71fe19-4058-4aa7-a63d-95d5994d5d04"), false)],
+                Harness::ClaudeCode,
+            ),
+            (
+                "codex-0.169.0-responses-two-turns.json",
+                &[
+                    (Some("01a202fb-a207-7980-95dd-2ea181fa2e62"), false),
+                    (Some("01a202fb-a207-7980-95dd-2ea181fa2e62"), false),
+                ],
+                Harness::Codex,
+            ),
+            (
+                "opencode-1.18.33-chat-title-and-turn.json",
+                &[
+                    (Some("ses_dfd0439a4ffe5a1dJp2tfNLoqM"), true),
+                    (Some("ses_dfd0439a4ffe5a1dJp2tfNLoqM"), false),
+                ],
+                Harness::OpenCode,
+            ),
+        ];
+        for (file, want, harness) in cases {
+            let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+            let captures: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+            assert_eq!(captures.len(), want.len(), "{file}");
+            for (c, (agent, side)) in captures.iter().zip(*want) {
+                let path = c["path"].as_str().unwrap();
+                let endpoint = match path.split('?').next().unwrap() {
+                    "/v1/messages" => Endpoint::Messages,
+                    "/v1/responses" => Endpoint::Responses,
+                    _ => Endpoint::ChatCompletions,
+                };
+                let body = serde_json::to_vec(&c["body"]).unwrap();
+                let parsed = parse(&body, endpoint).unwrap_or_else(|e| panic!("{file}: {e}"));
+                assert!(!parsed.prompt_tokens()[0].is_empty());
+                let mut h = HeaderMap::new();
+                for (k, v) in c["headers"].as_object().unwrap() {
+                    h.insert(
+                        axum::http::HeaderName::from_bytes(k.to_lowercase().as_bytes()).unwrap(),
+                        HeaderValue::from_str(v.as_str().unwrap()).unwrap(),
+                    );
+                }
+                let ids = agent_ids(&h, &parsed);
+                assert_eq!(
+                    (ids.agent, ids.side, ids.harness),
+                    (*agent, *side, *harness),
+                    "{file}"
+                );
+            }
+        }
+    }
 }
