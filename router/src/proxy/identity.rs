@@ -575,6 +575,37 @@ mod tests {
         assert!(parse(bad, Endpoint::ChatCompletions).is_err());
     }
 
+    #[tokio::test]
+    async fn agent_api_bodies_render_through_the_models_chat_template_like_chat() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../workers-shim/tests/fixtures/tokenizers/local"
+        );
+        let own = ModelTokenizer::Own(Arc::new(
+            HfTokenizer::from_dir(std::path::Path::new(dir)).unwrap(),
+        ));
+        let hasher = PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), own)].into(), None);
+        let (h, rid) = (headers(&[]), HeaderValue::from_static("r1"));
+        let chat = br#"{"model":"tiny","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"list the files"}]}"#;
+        let messages = br#"{"model":"tiny","max_tokens":8,"system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":[{"type":"text","text":"list the files"}]}]}"#;
+        let responses = br#"{"model":"tiny","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"list the files"}]}]}"#;
+        let mut tokens = Vec::new();
+        for (body, endpoint) in [
+            (&chat[..], Endpoint::ChatCompletions),
+            (&messages[..], Endpoint::Messages),
+            (&responses[..], Endpoint::Responses),
+        ] {
+            let parsed = parse(body, endpoint).unwrap();
+            let id = identify(&hasher, &h, &parsed, &rid, Hashing::Peek)
+                .await
+                .unwrap();
+            tokens.push(id.prompt.tokenized.tokens.clone());
+        }
+        assert!(!tokens[0].is_empty());
+        assert_eq!(tokens[0], tokens[1], "Messages renders as chat");
+        assert_eq!(tokens[0], tokens[2], "Responses renders as chat");
+    }
+
     /// An engine whose `/tokenize` answers fixed tokens, recording each body.
     struct TokenizingEngine(std::sync::Mutex<Vec<serde_json::Value>>);
 
