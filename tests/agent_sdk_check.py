@@ -123,7 +123,7 @@ try:
 except anthropic.NotFoundError as e:
     assert e.body["type"] == "error" and e.body["error"]["type"] == "not_found_error", e.body
 try:
-    ant.messages.create(model=model, max_tokens=4, messages=[{"role": "system", "content": "x"}])
+    ant.messages.create(model=model, max_tokens=4, messages=[{"role": "wizard", "content": "x"}])
     raise AssertionError("a bad role was accepted")
 except anthropic.BadRequestError as e:
     assert e.body["error"]["type"] == "invalid_request_error", e.body

@@ -109,10 +109,12 @@ pub(crate) fn convert<'a>(
     }
     for (i, m) in list.into_iter().enumerate() {
         let role = m.role.0;
-        if !matches!(role.as_ref(), "user" | "assistant") {
+        // Claude Code also sends `system` messages mid-conversation (reminders); vLLM's
+        // converter passes them on as chat system messages.
+        if !matches!(role.as_ref(), "user" | "assistant" | "system") {
             return Err(RequestError::invalid(
                 format!("messages[{i}].role"),
-                format!("unknown role '{role}' (expected one of: user, assistant)"),
+                format!("unknown role '{role}' (expected one of: user, assistant, system)"),
             ));
         }
         let param = format!("messages[{i}].content");
@@ -285,7 +287,7 @@ mod tests {
             (br#"{"model":"m","max_tokens":1}"#, "messages"),
             (br#"{"model":"m","max_tokens":1,"messages":[]}"#, "messages"),
             (
-                br#"{"model":"m","max_tokens":1,"messages":[{"role":"system","content":"x"}]}"#,
+                br#"{"model":"m","max_tokens":1,"messages":[{"role":"wizard","content":"x"}]}"#,
                 "messages[0].role",
             ),
             (
