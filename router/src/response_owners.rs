@@ -4,7 +4,7 @@
 //! owner is gone, the client gets an error naming the lost response, never another
 //! engine's "not found" or a silent answer without the conversation.
 //!
-//! An owner is learnt from the answer itself: [`IdTap`] reads the response id at the
+//! An owner is learnt from the answer itself: [`tap`] reads the response id at the
 //! head of the body (the JSON body's `id`, or the stream's `response.created` event)
 //! as it is relayed. Each record holds a lease, renewed by every follow-up; bounded, the
 //! oldest record goes first.
