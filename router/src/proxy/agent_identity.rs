@@ -259,7 +259,9 @@ mod tests {
     #[test]
     fn the_recorded_harness_requests_parse_and_name_their_sessions() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/agents");
-        let cases: &[(&str, &[(Option<&str>, bool)], Harness)] = &[
+        /// Per capture: its agent and whether it is a side request.
+        type Want = &'static [(Option<&'static str>, bool)];
+        let cases: &[(&str, Want, Harness)] = &[
             (
                 "claude-code-2.1.328-messages.json",
                 &[(Some("bb71fe19-4058-4aa7-a63d-95d5994d5d04"), false)],

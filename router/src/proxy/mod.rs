@@ -108,6 +108,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             client_headers: headers,
             started,
             stores_response: parsed.store,
+            endpoint,
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {
             // The slot is held until the response body ends.
@@ -211,6 +212,8 @@ struct Attempt<'a> {
     started: Instant,
     /// A stored Responses answer: its owner is recorded as it is relayed.
     stores_response: bool,
+    /// The API whose error event ends a stream that fails.
+    endpoint: Endpoint,
 }
 
 impl Attempt<'_> {
@@ -271,6 +274,7 @@ impl Attempt<'_> {
             activity,
             Some(first_byte),
             patience,
+            self.endpoint,
         );
         relayed.extensions_mut().insert(Executed(action.name()));
         if self.stores_response {

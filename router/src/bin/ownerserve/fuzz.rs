@@ -361,7 +361,15 @@ fn sse_relay_target() -> anyhow::Result<Target> {
             }
             let in_flight = worker.start_request(1, 1);
             let got = runtime.block_on(async {
-                let relayed = relay(resp, &worker, in_flight, None, None, patience);
+                let relayed = relay(
+                    resp,
+                    &worker,
+                    in_flight,
+                    None,
+                    None,
+                    patience,
+                    Endpoint::ChatCompletions,
+                );
                 relayed.into_body().collect().await
             });
             match (fail, sse, got) {
