@@ -184,6 +184,11 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
         assert_eq!(ids.iter().filter(|i| **i == id).count(), 1, "{ids:?}");
     }
     assert_eq!(ids.len(), 3, "{ids:?}");
+    // Counted in the router's metrics by route.
+    let metrics = common::get_text(&format!("{url}/metrics")).await;
+    for route in ["/v1/messages", "/v1/responses", "/v1/chat/completions"] {
+        assert!(metrics.contains(&format!("route=\"{route}\"")), "{route} not counted");
+    }
 }
 
 async fn get_json_auth(url: &str) -> Value {
