@@ -187,7 +187,10 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
     // Counted in the router's metrics by route.
     let metrics = common::get_text(&format!("{url}/metrics")).await;
     for route in ["/v1/messages", "/v1/responses", "/v1/chat/completions"] {
-        assert!(metrics.contains(&format!("route=\"{route}\"")), "{route} not counted");
+        assert!(
+            metrics.contains(&format!("route=\"{route}\"")),
+            "{route} not counted"
+        );
     }
 }
 
@@ -315,4 +318,51 @@ async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
     // b's chain goes on.
     let (_, worker) = turn(url, Some(&on_b.0), 2).await;
     assert_eq!(worker, "b");
+}
+
+#[tokio::test]
+async fn messages_take_an_x_api_key_and_answer_errors_in_anthropics_shape() {
+    let worker = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(
+        &[format!("{},role=hybrid", worker.url)],
+        &["--api-keys", "agent-key-123"],
+    );
+    let url = format!("{}/v1/messages?beta=true", router.url);
+    let body =
+        json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let refused = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(refused.status().as_u16(), 401);
+    let v: Value = refused.json().await.unwrap();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    let ok = client()
+        .post(&url)
+        .header("x-api-key", "agent-key-123")
+        .header("anthropic-version", "2023-06-01")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(ok.status().is_success());
+    let v: Value = ok.json().await.unwrap();
+    assert_eq!(v["type"], "message", "{v}");
+    assert_eq!(v["usage"]["output_tokens"], 4, "{v}");
+    // A body the router refuses: Anthropic's shape, the offending field in the message.
+    let bad = client()
+        .post(&url)
+        .header("x-api-key", "agent-key-123")
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status().as_u16(), 400);
+    let v: Value = bad.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens"),
+        "{v}"
+    );
 }
