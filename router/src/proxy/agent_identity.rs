@@ -2,10 +2,15 @@
 //! **agent** (a thread or sub-agent: KV affinity and ownership follow it) and its **root**
 //! session and **parent** (grouping: one conversation's sub-agents share a root).
 //!
-//! What each harness sends (recorded requests in `tests/fixtures/agents/`; sources: Claude
-//! Code 2.1.328, Codex CLI 0.169.0 `codex-rs/core/src/client.rs` and OpenCode 1.18.33
-//! `packages/opencode/src/provider/`, as read from their npm packages and public
-//! repositories and changelogs; Dynamo's and llm-d's routers read the same headers):
+//! What each harness sends. Sources: the requests Claude Code 2.1.328, Codex CLI 0.169.0
+//! and OpenCode 1.18.33 (npm) really sent to a loopback server, recorded in
+//! `tests/fixtures/agents/` (root-agent headers and bodies: `X-Claude-Code-Session-Id`
+//! and `metadata.user_id`; `session-id`, `thread-id`, `x-codex-window-id`,
+//! `x-codex-turn-metadata`, `prompt_cache_key`; `x-session-id`, `x-session-affinity`);
+//! the sub-agent headers (`x-claude-code-agent-id`, `x-claude-code-parent-agent-id`,
+//! `x-codex-parent-thread-id`, `x-parent-session-id`) are from the harnesses' public
+//! sources and changelogs as summarised in the team's agent notes, not yet recorded here.
+//! Dynamo's and llm-d's routers derive sessions from the same headers.
 //!
 //! | harness | agent | root | parent |
 //! |---|---|---|---|
