@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`error_body`]: the one builder of error answers (OpenAI's shape, status headers,
-//!   the SSE form).
+//!   the SSE form); [`anthropic_errors`] rewrites them in Anthropic's shape on
+//!   `/v1/messages`.
 //! - [`auth`]: bearer tokens with read and admin scopes for `/admin/v1`.
 //! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine;
 //!   [`rate_limit`]: token buckets, one per key.
@@ -15,6 +16,7 @@
 //! It knows nothing of the proxy or the directory: both build on it.
 #![forbid(unsafe_code)]
 
+pub mod anthropic_errors;
 pub mod api_keys;
 pub mod auth;
 pub mod error_body;

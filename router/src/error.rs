@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use ownerserve_edge::error_body::{ErrorBody, ErrorCode};
-use ownerserve_shim::openai::RequestError;
+use ownerserve_shim::openai::{Endpoint, RequestError};
 
 /// Everything that can go wrong serving a client request.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +43,10 @@ pub enum ApiError {
     UpstreamUnreachable { worker: String },
     #[error("worker {worker} did not answer within {after:?}")]
     UpstreamTimeout { worker: String, after: Duration },
+    #[error("response '{id}' was stored by worker {worker}, which is gone; its conversation is lost: start again without previous_response_id")]
+    ResponseLost { id: String, worker: String },
+    #[error("response '{0}' not found")]
+    ResponseNotFound(String),
     #[error("no route for {method} {path}")]
     NotFound { method: String, path: String },
     #[error("no worker is named `{0}`")]
@@ -141,6 +145,18 @@ impl ApiError {
                 None,
                 "upstream_timeout",
             ),
+            ResponseLost { .. } => (
+                StatusCode::GONE,
+                "invalid_request_error",
+                Some("previous_response_id"),
+                "response_lost",
+            ),
+            ResponseNotFound(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("response_id"),
+                "response_not_found",
+            ),
             NotFound { .. } => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
@@ -171,6 +187,24 @@ impl ApiError {
     /// The error as a stream's last SSE event, for failures after a stream has started.
     pub fn sse_event(&self) -> Vec<u8> {
         self.with_body(|b| b.sse_event())
+    }
+
+    /// The error as the last event of a stream of `endpoint`: Anthropic's `error` event on
+    /// Messages, the Responses `error` event on Responses (neither API has `[DONE]`), else
+    /// [`Self::sse_event`].
+    pub fn sse_event_for(&self, endpoint: Endpoint) -> Vec<u8> {
+        let message = self.to_string();
+        let (status, _, _, code) = self.parts();
+        let event = match endpoint {
+            Endpoint::Messages | Endpoint::MessagesCountTokens => {
+                ownerserve_edge::anthropic_errors::body(status, &message)
+            }
+            Endpoint::Responses => serde_json::json!({
+                "type": "error", "code": code, "message": message, "param": null,
+            }),
+            Endpoint::ChatCompletions | Endpoint::Completions => return self.sse_event(),
+        };
+        format!("event: error\ndata: {event}\n\n").into_bytes()
     }
 
     fn with_body<T>(&self, f: impl FnOnce(&ErrorBody<'_>) -> T) -> T {
@@ -215,6 +249,29 @@ mod tests {
         assert_eq!(v["error"]["param"], "model");
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(e.into_response().status(), StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn a_failed_stream_ends_with_its_apis_own_error_event() {
+        let e = ApiError::UpstreamUnreachable { worker: "w".into() };
+        let text = |endpoint| String::from_utf8(e.sse_event_for(endpoint)).unwrap();
+        let anthropic = text(Endpoint::Messages);
+        assert!(
+            anthropic.starts_with("event: error\ndata: {"),
+            "{anthropic}"
+        );
+        let data: serde_json::Value = serde_json::from_str(
+            anthropic
+                .lines()
+                .nth(1)
+                .unwrap()
+                .trim_start_matches("data: "),
+        )
+        .unwrap();
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["error"]["type"], "api_error");
+        assert!(text(Endpoint::Responses).contains(r#""code":"upstream_unreachable""#));
+        assert!(text(Endpoint::ChatCompletions).ends_with("data: [DONE]\n\n"));
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //!   the same stages without dispatching.
 //! - [`admission`]: per-model slots and a bounded queue in front of the request path;
 //!   `client_gate`: `/v1`'s API keys and per-key rate limits, before a body is read.
+//! - [`response_owners`]: which worker holds each stored Responses answer.
 //! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
@@ -47,6 +48,7 @@ mod prompt_cache;
 pub mod proxy;
 pub mod registry;
 mod replica_admin;
+pub mod response_owners;
 pub mod server;
 mod sessions;
 pub mod state;

@@ -1,5 +1,7 @@
 //! The router's HTTP server: the OpenAI proxy (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), `/health`, and the operator API (`/admin/v1/...`).
+//! `/v1/models`), the coding agents' APIs (`/v1/messages`, `/v1/messages/count_tokens`,
+//! `/v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`),
+//! `/health`, and the operator API (`/admin/v1/...`).
 
 use std::sync::Arc;
 
@@ -141,6 +143,7 @@ impl AppState {
             client_gate,
             body_limits,
             registry,
+            response_owners: Arc::default(),
         });
         if state.ownership.is_some() {
             tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
@@ -243,6 +246,11 @@ pub fn app(state: Arc<AppState>) -> Router {
     let mut client_api = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(get_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/models", get(models));
     if !state.client_gate.is_open() {
         client_api = client_api.route_layer(axum::middleware::from_fn_with_state(
@@ -250,6 +258,10 @@ pub fn app(state: Arc<AppState>) -> Router {
             crate::client_gate::guard,
         ));
     }
+    // Claude Code and the anthropic SDKs read Anthropic's error shape on /v1/messages.
+    let client_api = client_api.layer(axum::middleware::from_fn(
+        ownerserve_edge::anthropic_errors::rewrite,
+    ));
     // The fleet's figures and its workers' URLs: the read token's, unless made public.
     let mut metrics = Router::new()
         .route("/metrics", get(crate::metrics::scrape::metrics))
@@ -335,6 +347,37 @@ async fn chat_completions(
 
 async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
     crate::proxy::handle(&st, req, Endpoint::Completions).await
+}
+
+/// `POST /v1/messages` (Anthropic Messages; `?beta=true` and other queries accepted).
+async fn messages(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    crate::proxy::handle(&st, req, Endpoint::Messages).await
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as the router routes them.
+async fn count_tokens(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    crate::proxy::stored::count_tokens(&st, req).await
+}
+
+/// `POST /v1/responses` (OpenAI Responses).
+async fn responses(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
+    crate::proxy::handle(&st, req, Endpoint::Responses).await
+}
+
+/// `GET /v1/responses/{id}`: from the worker that stored it.
+async fn get_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    crate::proxy::stored::get(&st, &id).await
+}
+
+/// `POST /v1/responses/{id}/cancel`: at the worker that runs it.
+async fn cancel_response(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    crate::proxy::stored::cancel(&st, &id).await
 }
 
 /// `POST /admin/v1/plan/explain`: the plan for a chat request, without running it.

@@ -75,7 +75,8 @@ impl ForwardError {
 
 /// Headers copied from the client's request to the worker. Not `Authorization`: a client's
 /// key is for the router (the engines get `router.engine_api_key`).
-const FORWARDED: &[HeaderName] = &[header::ACCEPT];
+/// Anthropic's version and beta headers pass through to engines serving `/v1/messages`.
+const FORWARDED: &[&str] = &["accept", "anthropic-version", "anthropic-beta"];
 
 /// GETs `path` on a worker and reads a small body (health checks, model lists).
 pub async fn get_small(
@@ -200,8 +201,8 @@ impl Upstream {
             HeaderValue::from_static("application/json"),
         );
         for name in FORWARDED {
-            if let Some(v) = headers.get(name) {
-                out.insert(name, v.clone());
+            if let Some(v) = headers.get(*name) {
+                out.insert(HeaderName::from_static(name), v.clone());
             }
         }
         if let Some(v) = headers.get("x-request-id") {

@@ -35,8 +35,15 @@ const OFFLOAD_PROMPT_BYTES: usize = 16 * 1024;
 /// Who a step belongs to and its prompt.
 #[derive(Debug)]
 pub struct Identity<'a> {
-    /// The session: `x-session-id`, else OpenAI's `user`, else `metadata.session_id`.
+    /// The session (the agent or thread; see [`super::agent_identity`]): `x-session-id`,
+    /// a coding agent's own headers, OpenAI's `user`, `metadata.session_id`. `None` for a
+    /// side request (a title, a compaction), which must not move the session's owner.
     pub session: Option<&'a str>,
+    /// The conversation's root session and the agent's parent (grouping).
+    pub root: Option<&'a str>,
+    pub parent: Option<&'a str>,
+    /// A side request of `root`'s conversation.
+    pub side: bool,
     /// The client marked the step as a fork of its session.
     pub fork: bool,
     /// The child session a fork (`n > 1` or the fork header) starts; the parent stays put.
@@ -156,14 +163,15 @@ impl PromptHasher {
         let model = serde_json::to_string(parsed.model.as_ref()).ok()?;
         let body = match &parsed.prompt {
             Prompt::Chat(_) => {
-                let t = parsed.template;
+                let t = &parsed.template;
                 let tools = t
                     .tools_json
+                    .as_deref()
                     .map(|j| format!(r#","tools":{j}"#))
                     .unwrap_or_default();
                 format!(
                     r#"{{"model":{model},"messages":{},"add_generation_prompt":{}{tools}}}"#,
-                    t.messages_json.unwrap_or("[]"),
+                    t.messages_json.as_deref().unwrap_or("[]"),
                     t.add_generation_prompt
                 )
             }
@@ -351,11 +359,11 @@ fn model_input(
 ) -> Result<ModelInput, ApiError> {
     Ok(match &parsed.prompt {
         Prompt::Chat(_) => {
-            let t = parsed.template;
+            let t = &parsed.template;
             let text = tokenizer
                 .render_chat(
-                    t.messages_json.unwrap_or("[]"),
-                    t.tools_json,
+                    t.messages_json.as_deref().unwrap_or("[]"),
+                    t.tools_json.as_deref(),
                     t.add_generation_prompt,
                 )
                 .map_err(|e| ApiError::BadRequest(RequestError::chat_template(e.to_string())))?;
@@ -389,7 +397,11 @@ pub async fn identify<'a>(
     request_id: &HeaderValue,
     hashing: Hashing,
 ) -> Result<Identity<'a>, ApiError> {
-    let session = session_of(headers, parsed);
+    let ids = super::agent_identity::agent_ids(headers, parsed);
+    let session = ids.agent.filter(|_| !ids.side);
+    // The prompt kept for the next step: per context window (a Codex compaction starts a
+    // new one, whose prefix shares nothing with the old).
+    let kept_as = ids.window.or(session).filter(|_| !ids.side);
     let fork = fork_of(headers);
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
@@ -401,10 +413,10 @@ pub async fn identify<'a>(
     let by_model = match (hashing, hasher.tokenizer_of(&parsed.model, served.as_ref())) {
         (Hashing::Skip, _) => Some(Arc::default()),
         (hashing, Some(ModelTokenizer::Own(t))) => {
-            Some(hasher.hash_with(t, parsed, session, hashing).await?)
+            Some(hasher.hash_with(t, parsed, kept_as, hashing).await?)
         }
         (hashing, Some(ModelTokenizer::Engine)) => {
-            hasher.hash_by_engine(parsed, session, hashing).await?
+            hasher.hash_by_engine(parsed, kept_as, hashing).await?
         }
         (_, None) => None,
     };
@@ -415,7 +427,7 @@ pub async fn identify<'a>(
     let prompt = match by_model {
         Some(prompt) => prompt,
         None => match parsed.rendered_prompts().into_iter().next() {
-            Some(prompt) => hasher.hash(prompt, &parsed.model, session, hashing).await?,
+            Some(prompt) => hasher.hash(prompt, &parsed.model, kept_as, hashing).await?,
             None => Arc::default(),
         },
     };
@@ -430,20 +442,13 @@ pub async fn identify<'a>(
     }
     Ok(Identity {
         session,
+        root: ids.root,
+        parent: ids.parent,
+        side: ids.side,
         fork: fork.is_some(),
         child,
         prompt,
     })
-}
-
-/// The session a request belongs to: the `x-session-id` header, else OpenAI's `user`, else
-/// `metadata.session_id`.
-fn session_of<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> Option<&'a str> {
-    headers
-        .get(headers::SESSION_ID)
-        .and_then(|v| v.to_str().ok())
-        .or(parsed.user.as_deref())
-        .or(parsed.session_id.as_deref())
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -568,6 +573,37 @@ mod tests {
         // A template that refuses its input is the client's error, as the engine's would be.
         let bad = br#"{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": "yes"}"#;
         assert!(parse(bad, Endpoint::ChatCompletions).is_err());
+    }
+
+    #[tokio::test]
+    async fn agent_api_bodies_render_through_the_models_chat_template_like_chat() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../workers-shim/tests/fixtures/tokenizers/local"
+        );
+        let own = ModelTokenizer::Own(Arc::new(
+            HfTokenizer::from_dir(std::path::Path::new(dir)).unwrap(),
+        ));
+        let hasher = PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), own)].into(), None);
+        let (h, rid) = (headers(&[]), HeaderValue::from_static("r1"));
+        let chat = br#"{"model":"tiny","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"list the files"}]}"#;
+        let messages = br#"{"model":"tiny","max_tokens":8,"system":[{"type":"text","text":"be brief"}],"messages":[{"role":"user","content":[{"type":"text","text":"list the files"}]}]}"#;
+        let responses = br#"{"model":"tiny","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"list the files"}]}]}"#;
+        let mut tokens = Vec::new();
+        for (body, endpoint) in [
+            (&chat[..], Endpoint::ChatCompletions),
+            (&messages[..], Endpoint::Messages),
+            (&responses[..], Endpoint::Responses),
+        ] {
+            let parsed = parse(body, endpoint).unwrap();
+            let id = identify(&hasher, &h, &parsed, &rid, Hashing::Peek)
+                .await
+                .unwrap();
+            tokens.push(id.prompt.tokenized.tokens.clone());
+        }
+        assert!(!tokens[0].is_empty());
+        assert_eq!(tokens[0], tokens[1], "Messages renders as chat");
+        assert_eq!(tokens[0], tokens[2], "Responses renders as chat");
     }
 
     /// An engine whose `/tokenize` answers fixed tokens, recording each body.

@@ -21,6 +21,7 @@
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
+pub mod agent_identity;
 pub mod claim;
 pub mod dispatch;
 pub mod feedback;
@@ -28,6 +29,7 @@ pub mod identity;
 pub mod ingress;
 pub mod plan;
 pub mod relay;
+pub mod stored;
 pub mod view;
 
 use std::sync::Arc;
@@ -38,7 +40,7 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use ownerserve_planner::policy::Decision;
+use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::{Refusal, Ticket};
@@ -65,16 +67,20 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
     let mut view = st
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
+    // A Responses follow-up goes where its previous response is stored.
+    let pinned = stored::owner_of_previous(st, &parsed)?;
     let mut replans = 0;
     let mut failed = Vec::new();
     loop {
         let candidates = st
             .sources()
             .candidates(&parsed.model, id.hashes(), &failed, needs);
-        let decision = st.policy.choose(&view.route, &candidates)?;
-        let settled = claim::settle(st, &id, &view.lookup, &decision).await;
-        let fork_fence = claim::fork_fence(&id, settled.0);
-        let (decision, lookup) = claim::route(st, settled, &view.lookup, decision, &failed);
+        let planned = Planned {
+            view: &view,
+            candidates: &candidates,
+            failed: &failed,
+        };
+        let (decision, lookup, fork_fence) = planned.decide(st, &id, pinned, endpoint).await?;
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
@@ -102,13 +108,19 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             view: &view,
             client_headers: headers,
             started,
+            stores_response: parsed.store,
+            endpoint,
         };
         match attempt.run(&decision, worker, u64::from(cached)).await {
             // The slot is held until the response body ends.
             Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
-            // Nothing reached the worker: mark it down and try the next one.
+            // Nothing reached the worker: mark it down and try the next one (unless it
+            // holds the previous response: then that is lost).
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
+                if pinned.is_some() {
+                    return Err(stored::lost(&parsed, &worker.spec.name));
+                }
                 failed.push(worker.id);
             }
             // The session moved under another router: read the directory again, then plan.
@@ -131,6 +143,54 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         }
     }
 }
+
+/// What a step's decision is made from.
+struct Planned<'a> {
+    view: &'a view::StepView<'a>,
+    candidates: &'a [ownerserve_planner::policy::WorkerView],
+    failed: &'a [ownerserve_planner::ids::WorkerId],
+}
+
+impl Planned<'_> {
+    /// The policy's decision, its owner claim settled, and the lookup it runs under; a
+    /// step `pinned` to a worker (its previous response's owner) runs there whole. An
+    /// endpoint without prefill/decode legs (the agents' APIs: no engine defines them)
+    /// runs whole on its decode worker, counted as a fallback.
+    async fn decide<'i>(
+        &self,
+        st: &AppState,
+        id: &'i identity::Identity<'_>,
+        pinned: Option<ownerserve_planner::ids::WorkerId>,
+        endpoint: Endpoint,
+    ) -> Result<Decided<'i>, ApiError> {
+        let view = self.view;
+        let (mut decision, lookup, fork_fence) = match pinned {
+            Some(owner) => (Decision::single(owner), view.lookup, None),
+            None => {
+                let decision = st.policy.choose(&view.route, self.candidates)?;
+                let settled = claim::settle(st, id, &view.lookup, &decision).await;
+                let fork_fence = claim::fork_fence(id, settled.0);
+                let (decision, lookup) =
+                    claim::route(st, settled, &view.lookup, decision, self.failed);
+                (decision, lookup, fork_fence)
+            }
+        };
+        if !endpoint.disaggregable() && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
+        {
+            st.metrics.fallback(decision.action());
+            decision.dispatch = Dispatch::Single;
+        }
+        Ok((decision, lookup, fork_fence))
+    }
+}
+
+/// A step's decision, the lookup it is dispatched under, and a fork's committed child to
+/// fence it as.
+type Decided<'i> = (
+    Decision,
+    ownerserve_ownership::node::Lookup,
+    Option<(&'i str, ownerserve_ownership::ids::Epoch)>,
+);
 
 /// Times a step is planned again because its session moved under another router.
 const MAX_REPLANS: u32 = 2;
@@ -167,6 +227,10 @@ struct Attempt<'a> {
     view: &'a view::StepView<'a>,
     client_headers: &'a HeaderMap,
     started: Instant,
+    /// A stored Responses answer: its owner is recorded as it is relayed.
+    stores_response: bool,
+    /// The API whose error event ends a stream that fails.
+    endpoint: Endpoint,
 }
 
 impl Attempt<'_> {
@@ -230,8 +294,12 @@ impl Attempt<'_> {
             activity,
             Some(first_byte),
             patience,
+            self.endpoint,
         );
         relayed.extensions_mut().insert(Executed(action.name()));
+        if self.stores_response {
+            relayed = stored::record_owner(st, worker.id, relayed);
+        }
         // The ownership epoch the step ran under, for clients that check fencing.
         if let Some(epoch) = prepared.epoch {
             relayed.headers_mut().insert(

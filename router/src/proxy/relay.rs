@@ -3,6 +3,7 @@
 //! frame by frame; the relay holds the worker's in-flight count and the session's
 //! activity until the body is done, and times the first frame.
 
+use ownerserve_shim::openai::Endpoint;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ pub fn relay<B>(
     activity: Option<Activity>,
     first_byte: Option<FirstByte>,
     patience: Patience,
+    endpoint: Endpoint,
 ) -> Response<Body>
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
@@ -95,6 +97,7 @@ where
         first_byte,
         patience,
         idle: Box::pin(tokio::time::sleep(patience.first)),
+        endpoint,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -113,6 +116,8 @@ struct RelayBody<B> {
     patience: Patience,
     /// Fires when the worker has been silent for `patience.idle`; reset by every frame.
     idle: Pin<Box<tokio::time::Sleep>>,
+    /// The API whose error event ends a failed stream.
+    endpoint: Endpoint,
 }
 
 /// Why a relayed body ended early (a non-SSE client sees its connection fail).
@@ -133,7 +138,9 @@ impl<B> RelayBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
         self.failed = true;
         if self.sse {
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from(err.sse_event())))))
+            Poll::Ready(Some(Ok(Frame::data(Bytes::from(
+                err.sse_event_for(self.endpoint),
+            )))))
         } else {
             Poll::Ready(Some(Err(cause)))
         }

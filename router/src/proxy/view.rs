@@ -155,6 +155,9 @@ mod tests {
         );
         Identity {
             session: Some("s1"),
+            root: Some("s1"),
+            parent: None,
+            side: false,
             fork: true,
             child: None,
             prompt: Arc::new(HashedPrompt {

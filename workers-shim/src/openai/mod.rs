@@ -3,10 +3,14 @@
 //! [`request`] parses and validates `/v1/chat/completions` and `/v1/completions` bodies
 //! without copying message text (strings borrow from the body when they have no escapes);
 //! the router uses it to reject bad input before dispatch, and the simulated engine to run
-//! the request. [`response`] holds the response and SSE chunk shapes.
+//! the request. [`messages`] (Anthropic Messages) and [`responses`] (OpenAI Responses)
+//! convert the coding agents' bodies into the same chat conversation. [`response`] holds
+//! the response and SSE chunk shapes.
 
+pub mod messages;
 pub mod request;
 pub mod response;
+pub mod responses;
 
 pub use request::{
     parse, Endpoint, Message, ParsedRequest, Prompt, PromptInput, RenderedPrompt, RequestError,

@@ -13,6 +13,12 @@ use ownerserve_planner::tokenizer::{self, TemplateMessage};
 pub enum Endpoint {
     ChatCompletions,
     Completions,
+    /// Anthropic Messages (`/v1/messages`), what Claude Code speaks.
+    Messages,
+    /// Anthropic's token count of a Messages body (no `max_tokens` needed).
+    MessagesCountTokens,
+    /// OpenAI Responses (`/v1/responses`), what Codex speaks.
+    Responses,
 }
 
 impl Endpoint {
@@ -21,7 +27,22 @@ impl Endpoint {
         match self {
             Endpoint::ChatCompletions => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Messages => "/v1/messages",
+            Endpoint::MessagesCountTokens => "/v1/messages/count_tokens",
+            Endpoint::Responses => "/v1/responses",
         }
+    }
+
+    /// Whether an engine's disaggregated legs (`kv_transfer_params` prefill/decode
+    /// bodies) are defined for this endpoint: vLLM's NIXL two-step and SGLang's bootstrap
+    /// pair are chat and completions protocols; the agents' APIs run whole on one worker.
+    pub fn disaggregable(self) -> bool {
+        matches!(self, Endpoint::ChatCompletions | Endpoint::Completions)
+    }
+
+    /// The Anthropic Messages API (its errors and SSE events have Anthropic's shapes).
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Endpoint::Messages | Endpoint::MessagesCountTokens)
     }
 }
 
@@ -37,7 +58,7 @@ pub struct RequestError {
 }
 
 impl RequestError {
-    fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             param: Some(param.into()),
@@ -103,7 +124,7 @@ impl RequestError {
         }
     }
 
-    fn wrong_type(param: &str, err: &serde_json::Error) -> Self {
+    pub(crate) fn wrong_type(param: &str, err: &serde_json::Error) -> Self {
         Self {
             message: format!("invalid type for '{param}': {}", serde_message(err)),
             param: Some(param.to_owned()),
@@ -111,7 +132,7 @@ impl RequestError {
         }
     }
 
-    fn missing(param: &str) -> Self {
+    pub(crate) fn missing(param: &str) -> Self {
         Self {
             message: format!("missing required parameter: '{param}'"),
             param: Some(param.to_owned()),
@@ -187,15 +208,42 @@ pub struct ParsedRequest<'a> {
     pub engine_control: Option<&'static str>,
     /// What a model's own chat template renders: `messages` and `tools` as the client sent
     /// them (raw JSON; `tools` absent when null), and vLLM's `add_generation_prompt`
-    /// (default true).
+    /// (default true). A Messages or Responses body's conversation is converted to chat
+    /// messages and tools first, as an engine renders it.
     pub template: TemplateInput<'a>,
+    /// Responses: the stored response this one continues.
+    pub previous_response_id: Option<Cow<'a, str>>,
+    /// Responses: keep the response for a follow-up, `GET` or `cancel` (default true).
+    pub store: bool,
+    /// Responses: answer at once and run in the background (needs `store`).
+    pub background: bool,
+    /// Responses: the client's prompt-cache key (Codex sends its thread id).
+    pub prompt_cache_key: Option<Cow<'a, str>>,
+    /// Messages: the session named in `metadata.user_id` (Claude Code's is a JSON string
+    /// `{"device_id", "account_uuid", "session_id"}`; older ones end `_session_<uuid>`).
+    pub user_id_session: Option<Cow<'a, str>>,
+}
+
+/// The session id inside a Claude Code `metadata.user_id`.
+fn session_in_user_id(user_id: &str) -> Option<String> {
+    if user_id.trim_start().starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(user_id).ok()?;
+        return v["session_id"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
+    }
+    user_id
+        .rsplit_once("_session_")
+        .map(|(_, s)| s.to_owned())
+        .filter(|s| !s.is_empty())
 }
 
 /// A chat request's raw input to a model's chat template.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TemplateInput<'a> {
-    pub messages_json: Option<&'a str>,
-    pub tools_json: Option<&'a str>,
+    pub messages_json: Option<Cow<'a, str>>,
+    pub tools_json: Option<Cow<'a, str>>,
     pub add_generation_prompt: bool,
 }
 
@@ -256,12 +304,32 @@ struct RawBody<'a> {
     tools: Option<&'a RawValue>,
     #[serde(borrow, default)]
     add_generation_prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stop_sequences: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    store: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    background: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
 struct RawMetadata<'a> {
     #[serde(borrow, default)]
     session_id: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    user_id: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -299,7 +367,7 @@ struct RawFunction<'a> {
 /// A string that borrows from the body when it has no escapes (a bare `Cow<str>` would
 /// always copy).
 #[derive(Deserialize)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+pub(crate) struct Text<'a>(#[serde(borrow)] pub(crate) Cow<'a, str>);
 
 #[derive(Deserialize)]
 struct RawStreamOptions {
@@ -307,7 +375,7 @@ struct RawStreamOptions {
     include_usage: Option<bool>,
 }
 
-fn field<'a, T: Deserialize<'a>>(
+pub(crate) fn field<'a, T: Deserialize<'a>>(
     raw: Option<&'a RawValue>,
     param: &str,
 ) -> Result<Option<T>, RequestError> {
@@ -336,17 +404,56 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
     if model.is_empty() {
         return Err(RequestError::invalid("model", "'model' must not be empty"));
     }
-    let prompt = match endpoint {
-        Endpoint::ChatCompletions => Prompt::Chat(parse_messages(
-            raw.messages
-                .ok_or_else(|| RequestError::missing("messages"))?,
-        )?),
-        Endpoint::Completions => Prompt::Completion(parse_prompt(
-            raw.prompt.ok_or_else(|| RequestError::missing("prompt"))?,
-        )?),
+    let (prompt, template) = match endpoint {
+        Endpoint::ChatCompletions => {
+            let messages = parse_messages(
+                raw.messages
+                    .ok_or_else(|| RequestError::missing("messages"))?,
+            )?;
+            let template = TemplateInput {
+                messages_json: raw.messages.map(|v| Cow::Borrowed(v.get())),
+                tools_json: raw
+                    .tools
+                    .map(RawValue::get)
+                    .filter(|v| *v != "null")
+                    .map(Cow::Borrowed),
+                add_generation_prompt: field(raw.add_generation_prompt, "add_generation_prompt")?
+                    .unwrap_or(true),
+            };
+            (Prompt::Chat(messages), template)
+        }
+        Endpoint::Completions => (
+            Prompt::Completion(parse_prompt(
+                raw.prompt.ok_or_else(|| RequestError::missing("prompt"))?,
+            )?),
+            TemplateInput::default(),
+        ),
+        Endpoint::Messages | Endpoint::MessagesCountTokens => {
+            let c = super::messages::convert(
+                raw.system,
+                raw.messages
+                    .ok_or_else(|| RequestError::missing("messages"))?,
+                raw.tools,
+            )?;
+            (Prompt::Chat(c.messages), c.template)
+        }
+        Endpoint::Responses => {
+            let c = super::responses::convert(
+                raw.instructions,
+                raw.input.ok_or_else(|| RequestError::missing("input"))?,
+                raw.tools,
+            )?;
+            (Prompt::Chat(c.messages), c.template)
+        }
     };
     let stream: bool = field(raw.stream, "stream")?.unwrap_or(false);
-    let options: Option<RawStreamOptions> = field(raw.stream_options, "stream_options")?;
+    let agent_api = !endpoint.disaggregable();
+    // The Responses API has `stream_options` of its own; chat's may come only with a stream.
+    let options: Option<RawStreamOptions> = if agent_api {
+        None
+    } else {
+        field(raw.stream_options, "stream_options")?
+    };
     if options.is_some() && !stream {
         return Err(RequestError::invalid(
             "stream_options",
@@ -355,20 +462,39 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
     }
     let user: Option<Text<'_>> = field(raw.user, "user")?;
     let metadata: Option<RawMetadata<'_>> = field(raw.metadata, "metadata")?;
-    let template = TemplateInput {
-        messages_json: raw.messages.map(RawValue::get),
-        tools_json: raw.tools.map(RawValue::get).filter(|v| *v != "null"),
-        add_generation_prompt: field(raw.add_generation_prompt, "add_generation_prompt")?
-            .unwrap_or(true),
+    let (session_id, metadata_user_id) = match metadata {
+        Some(m) => (m.session_id.map(|s| s.0), m.user_id.map(|s| s.0)),
+        None => (None, None),
     };
+    let responses = endpoint == Endpoint::Responses;
+    let store: bool = field(raw.store, "store")?.unwrap_or(responses);
+    let background: bool = field(raw.background, "background")?.unwrap_or(false);
+    if background && !store {
+        return Err(RequestError::invalid(
+            "background",
+            "background mode needs 'store': true",
+        ));
+    }
+    let previous_response_id: Option<Text<'_>> =
+        field(raw.previous_response_id, "previous_response_id")?;
+    if previous_response_id
+        .as_ref()
+        .is_some_and(|p| p.0.is_empty())
+    {
+        return Err(RequestError::invalid(
+            "previous_response_id",
+            "'previous_response_id' must not be empty",
+        ));
+    }
+    let prompt_cache_key: Option<Text<'_>> = field(raw.prompt_cache_key, "prompt_cache_key")?;
     Ok(ParsedRequest {
         model,
         prompt,
-        sampling: parse_sampling(&raw)?,
+        sampling: parse_sampling(&raw, endpoint)?,
         stream,
         include_usage: options.and_then(|o| o.include_usage).unwrap_or(false),
         user: user.map(|u| u.0),
-        session_id: metadata.and_then(|m| m.session_id).map(|s| s.0),
+        session_id,
         kv_transfer_params: raw
             .kv_transfer_params
             .map(RawValue::get)
@@ -383,13 +509,34 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
         .find(|(_, v)| v.is_some())
         .map(|(k, _)| k),
         template,
+        previous_response_id: previous_response_id.map(|p| p.0),
+        store: store && responses,
+        background,
+        prompt_cache_key: prompt_cache_key.map(|p| p.0),
+        user_id_session: metadata_user_id
+            .as_deref()
+            .and_then(session_in_user_id)
+            .map(Cow::Owned),
     })
 }
 
-fn parse_sampling(raw: &RawBody<'_>) -> Result<Sampling, RequestError> {
-    let max_tokens = match field::<i64>(raw.max_completion_tokens, "max_completion_tokens")? {
-        Some(v) => Some(("max_completion_tokens", v)),
-        None => field::<i64>(raw.max_tokens, "max_tokens")?.map(|v| ("max_tokens", v)),
+fn parse_sampling(raw: &RawBody<'_>, endpoint: Endpoint) -> Result<Sampling, RequestError> {
+    let max_tokens = match endpoint {
+        Endpoint::ChatCompletions | Endpoint::Completions => {
+            match field::<i64>(raw.max_completion_tokens, "max_completion_tokens")? {
+                Some(v) => Some(("max_completion_tokens", v)),
+                None => field::<i64>(raw.max_tokens, "max_tokens")?.map(|v| ("max_tokens", v)),
+            }
+        }
+        // Anthropic requires `max_tokens` on a Messages request.
+        Endpoint::Messages => Some((
+            "max_tokens",
+            field::<i64>(raw.max_tokens, "max_tokens")?
+                .ok_or_else(|| RequestError::missing("max_tokens"))?,
+        )),
+        Endpoint::MessagesCountTokens => None,
+        Endpoint::Responses => field::<i64>(raw.max_output_tokens, "max_output_tokens")?
+            .map(|v| ("max_output_tokens", v)),
     };
     let max_tokens = match max_tokens {
         Some((param, v)) if !(1..=i64::from(u32::MAX)).contains(&v) => {
@@ -401,7 +548,12 @@ fn parse_sampling(raw: &RawBody<'_>) -> Result<Sampling, RequestError> {
         Some((_, v)) => Some(v as u32),
         None => None,
     };
-    let n: i64 = field(raw.n, "n")?.unwrap_or(1);
+    // `n` is chat's and completions'; the agents' APIs generate one answer.
+    let n: i64 = if endpoint.disaggregable() {
+        field(raw.n, "n")?.unwrap_or(1)
+    } else {
+        1
+    };
     if !(1..=i64::from(MAX_N)).contains(&n) {
         return Err(RequestError::invalid(
             "n",
@@ -427,27 +579,33 @@ fn parse_sampling(raw: &RawBody<'_>) -> Result<Sampling, RequestError> {
         n: n as u32,
         temperature,
         top_p,
-        stop: parse_stop(raw.stop)?,
+        stop: match endpoint {
+            Endpoint::Messages | Endpoint::MessagesCountTokens => {
+                parse_stop(raw.stop_sequences, "stop_sequences")?
+            }
+            Endpoint::Responses => Vec::new(),
+            _ => parse_stop(raw.stop, "stop")?,
+        },
         ignore_eos: field(raw.ignore_eos, "ignore_eos")?.unwrap_or(false),
         seed: field::<i64>(raw.seed, "seed")?.map(|s| s as u64),
     })
 }
 
-fn parse_stop(raw: Option<&RawValue>) -> Result<Vec<String>, RequestError> {
+fn parse_stop(raw: Option<&RawValue>, param: &str) -> Result<Vec<String>, RequestError> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Stop {
         One(String),
         Many(Vec<String>),
     }
-    let stop = match field::<Option<Stop>>(raw, "stop")?.flatten() {
+    let stop = match field::<Option<Stop>>(raw, param)?.flatten() {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
     if stop.len() > MAX_STOP {
         return Err(RequestError::invalid(
-            "stop",
+            param,
             format!(
                 "at most {MAX_STOP} stop sequences are allowed, got {}",
                 stop.len()
@@ -456,7 +614,7 @@ fn parse_stop(raw: Option<&RawValue>) -> Result<Vec<String>, RequestError> {
     }
     if stop.iter().any(String::is_empty) {
         return Err(RequestError::invalid(
-            "stop",
+            param,
             "stop sequences must not be empty",
         ));
     }
@@ -532,7 +690,7 @@ fn parse_message(i: usize, m: RawMessage<'_>) -> Result<Message<'_>, RequestErro
     })
 }
 
-fn content_type_error(param: String) -> RequestError {
+pub(crate) fn content_type_error(param: String) -> RequestError {
     RequestError {
         message: format!(
             "invalid type for '{param}': expected a string, an array of content parts or null"

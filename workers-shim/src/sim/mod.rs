@@ -11,7 +11,13 @@
 //! side channel: `kv_client` pulls, `kv_routes` serves pull, fetch and drop, [`lease`]
 //! keeps a prefill leg's blocks pinned for its decode leg, and `fence` refuses requests
 //! from a stale ownership epoch (all `io`).
+//!
+//! The coding agents' APIs (Anthropic Messages, OpenAI Responses) run through the same
+//! engine; `agent_wire` shapes their answers and `response_store` keeps Responses answers
+//! for follow-ups, `GET` and `cancel` (both `io`).
 
+#[cfg(feature = "io")]
+mod agent_wire;
 pub mod block_pool;
 pub mod config;
 #[cfg(feature = "io")]
@@ -30,6 +36,8 @@ pub mod lease;
 pub mod metrics;
 #[cfg(feature = "io")]
 mod respond;
+#[cfg(feature = "io")]
+mod response_store;
 pub mod scheduler;
 #[cfg(feature = "io")]
 pub mod server;

@@ -15,14 +15,16 @@ use bytes::Bytes;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use super::agent_wire::{self, Counts, ResponseEcho, Sequence};
 use super::engine::SeqEvent;
 use super::http_error::{error_response, json_response, ErrorBody, ErrorDetail};
 use super::kv_transfer::KvTransferParamsOut;
+use super::response_store::ResponseStore;
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, Chunk, Completion, Delta, FinishReason,
     TextChoice, TextChunkChoice, Usage, UsageField,
 };
-use crate::openai::Endpoint;
+use crate::openai::{Endpoint, Message};
 
 /// KV a request received before it was queued.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -45,6 +47,45 @@ pub(super) struct ResponseMeta {
     pub(super) transfer: TransferReport,
     /// Prefill leg: the params to return, `remote_block_ids` filled in once pinned.
     pub(super) kv_params: Option<KvTransferParamsOut>,
+    /// A Responses answer's echo of its request, and where it is stored.
+    pub(super) responses: Option<ResponsesMeta>,
+}
+
+/// What a Responses answer needs besides its text.
+pub(super) struct ResponsesMeta {
+    pub(super) echo: ResponseEcho,
+    /// `store: true`: the store, and the conversation so far (the answer is appended).
+    pub(super) store: Option<(Arc<ResponseStore>, Vec<Message<'static>>)>,
+}
+
+impl ResponseMeta {
+    /// The Responses body of this answer in `status`, stored when asked for.
+    fn response_body(&self, status: &str, text: Option<&str>, c: Counts) -> serde_json::Value {
+        let echo = self
+            .responses
+            .as_ref()
+            .map(|r| r.echo.clone())
+            .unwrap_or_default();
+        agent_wire::response_body(&self.id, self.created, &self.model, &echo, status, text, c)
+    }
+
+    /// The body of a background response just queued.
+    pub(super) fn queued_body(&self, c: Counts) -> serde_json::Value {
+        self.response_body("queued", None, c)
+    }
+
+    /// Keeps a finished Responses answer (body and conversation) when `store` asked for it.
+    fn store_response(&self, body: &serde_json::Value, text: &str) {
+        if let Some((store, conversation)) = self.responses.as_ref().and_then(|r| r.store.as_ref())
+        {
+            let mut conversation = conversation.clone();
+            conversation.push(Message {
+                role: std::borrow::Cow::Borrowed("assistant"),
+                parts: vec![std::borrow::Cow::Owned(text.to_owned())],
+            });
+            store.put(&self.id, body.clone(), conversation);
+        }
+    }
 }
 
 /// A JSON body with vLLM's top-level `kv_transfer_params` next to the usual fields.
@@ -84,6 +125,14 @@ impl Accumulator {
             block_ids: None,
             unfinished: choices,
             error: None,
+        }
+    }
+
+    fn counts(&self, meta: &ResponseMeta) -> Counts {
+        Counts {
+            prompt: meta.prompt_lens.iter().sum::<usize>() as u64,
+            cached: self.cached_tokens,
+            completion: self.completion_tokens,
         }
     }
 
@@ -195,7 +244,33 @@ pub(super) async fn collect(
         p
     });
     let kv_transfer_params = kv_params.as_ref();
+    let text = acc.texts.first().map_or("", String::as_str);
     let mut response = match meta.endpoint {
+        Endpoint::Messages | Endpoint::MessagesCountTokens => json_response(
+            StatusCode::OK,
+            &WithKvParams {
+                kv_transfer_params,
+                body: agent_wire::message_body(
+                    &meta.id,
+                    &meta.model,
+                    text,
+                    acc.finish.first().copied().flatten(),
+                    acc.counts(&meta),
+                ),
+            },
+        ),
+        Endpoint::Responses => {
+            let status = agent_wire::response_status(acc.finish.first().copied().flatten());
+            let body = meta.response_body(status, Some(text), acc.counts(&meta));
+            meta.store_response(&body, text);
+            json_response(
+                StatusCode::OK,
+                &WithKvParams {
+                    kv_transfer_params,
+                    body,
+                },
+            )
+        }
         Endpoint::ChatCompletions => json_response(
             StatusCode::OK,
             &WithKvParams {
@@ -265,6 +340,7 @@ pub(super) async fn stream(
         meta,
         pending: VecDeque::new(),
         done: false,
+        seq: Sequence::default(),
     };
     let prompts = body.meta.prompt_lens.len();
     while body.state.admitted_prompts < prompts && body.state.unfinished > 0 {
@@ -300,6 +376,8 @@ struct SseBody {
     state: Accumulator,
     pending: VecDeque<Bytes>,
     done: bool,
+    /// A Responses stream's event numbers.
+    seq: Sequence,
 }
 
 impl SseBody {
@@ -315,7 +393,7 @@ impl SseBody {
     fn push_chunk<C: Serialize>(&mut self, choices: Vec<C>, usage: UsageField) {
         let object = match self.meta.endpoint {
             Endpoint::ChatCompletions => "chat.completion.chunk",
-            Endpoint::Completions => "text_completion",
+            _ => "text_completion",
         };
         let chunk = Chunk {
             id: &self.meta.id,
@@ -343,6 +421,20 @@ impl SseBody {
             return;
         };
         match self.meta.endpoint {
+            Endpoint::Messages | Endpoint::MessagesCountTokens | Endpoint::Responses => {
+                self.agent_started();
+                if !text.is_empty() {
+                    let delta = if self.meta.endpoint == Endpoint::Responses {
+                        agent_wire::response_delta(&mut self.seq, &self.meta.id, &text)
+                    } else {
+                        agent_wire::message_delta(&text)
+                    };
+                    self.pending.push_back(delta);
+                    if let Some(t) = self.state.texts.get_mut(choice as usize) {
+                        t.push_str(&text);
+                    }
+                }
+            }
             Endpoint::ChatCompletions => {
                 let first = !std::mem::replace(&mut self.state.started[choice as usize], true);
                 if first {
@@ -382,7 +474,58 @@ impl SseBody {
         }
     }
 
+    /// The opening events of an agent API's stream, once.
+    fn agent_started(&mut self) {
+        if std::mem::replace(&mut self.state.started[0], true) {
+            return;
+        }
+        let counts = self.state.counts(&self.meta);
+        let opening = if self.meta.endpoint == Endpoint::Responses {
+            let body = self.meta.response_body("in_progress", None, counts);
+            agent_wire::response_start(&mut self.seq, &body)
+        } else {
+            agent_wire::message_start(&self.meta.id, &self.meta.model, counts)
+        };
+        self.pending.extend(opening);
+    }
+
+    /// The closing events of an agent API's stream (no `[DONE]`: neither API has one).
+    fn on_agent_end(&mut self, error: Option<String>) {
+        self.done = true;
+        let responses = self.meta.endpoint == Endpoint::Responses;
+        if let Some(err) = error {
+            let event = if responses {
+                agent_wire::response_error(&mut self.seq, &err)
+            } else {
+                agent_wire::message_error(&err)
+            };
+            self.pending.push_back(event);
+            return;
+        }
+        self.agent_started();
+        let counts = self.state.counts(&self.meta);
+        let finish = self.state.finish.first().copied().flatten();
+        let text = self.state.texts.first().cloned().unwrap_or_default();
+        let closing = if responses {
+            let body =
+                self.meta
+                    .response_body(agent_wire::response_status(finish), Some(&text), counts);
+            self.meta.store_response(&body, &text);
+            agent_wire::response_end(&mut self.seq, &body, &text)
+        } else {
+            agent_wire::message_end(finish, counts)
+        };
+        self.pending.extend(closing);
+    }
+
     fn on_end(&mut self) {
+        if !self.meta.endpoint.disaggregable() {
+            let error = self.state.error.take().or_else(|| {
+                (self.state.unfinished > 0)
+                    .then(|| "the engine stopped before the request finished".to_owned())
+            });
+            return self.on_agent_end(error);
+        }
         if let Some(err) = self.state.error.take().or_else(|| {
             (self.state.unfinished > 0)
                 .then(|| "the engine stopped before the request finished".to_owned())

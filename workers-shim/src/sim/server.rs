@@ -1,7 +1,10 @@
 //! The simulated engine's HTTP surface, shaped like vLLM's OpenAI server:
-//! `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+//! `POST /v1/chat/completions`, `POST /v1/completions`, the coding agents' APIs
+//! (`POST /v1/messages`, `POST /v1/messages/count_tokens`, `POST /v1/responses`,
+//! `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, with a response store for
+//! `store`, `previous_response_id` and `background`), `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, plus OwnerServe's KV endpoints ([`super::kv_routes`]). Responses are
-//! assembled in `respond.rs`.
+//! assembled in `respond.rs` (the agents' shapes in `agent_wire.rs`).
 //!
 //! A chat or completions request may carry vLLM's `kv_transfer_params` (NIXL connector,
 //! pull mode): `do_remote_decode` makes it a prefill leg (its prompt blocks are pinned and
@@ -15,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -26,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::agent_wire::{Counts, ResponseEcho};
 use super::config::SimConfig;
 use super::engine::{self, EngineHandle, SeqRequest};
 use super::fence::{AcceptLog, AcceptedFor, EpochFence, FenceClaim};
@@ -34,12 +38,13 @@ use super::http_error::{error_response, json_response, ApiError};
 use super::kv_client::{KvClient, PULL_PATH};
 use super::kv_routes::{self, DROP_PATH, FETCH_PATH};
 use super::kv_transfer::{block_bytes, KvTransferParams, KvTransferParamsOut, TransferLegs};
-use super::respond::{self, ResponseMeta, TransferReport};
+use super::respond::{self, ResponseMeta, ResponsesMeta, TransferReport};
+use super::response_store::{owned, CancelRefused};
 use super::scheduler::SchedulerConfig;
 use super::state::AppState;
 use crate::engines::sim::FENCE_ACCEPTED_PATH;
 use crate::kv_events::publisher::{BindError, Publisher};
-use crate::openai::{self, Endpoint, ParsedRequest};
+use crate::openai::{self, Endpoint, ParsedRequest, Prompt};
 
 /// Largest request body the worker reads (vLLM has no small limit either).
 const BODY_LIMIT_BYTES: usize = 64 * 1024 * 1024;
@@ -63,7 +68,7 @@ pub async fn serve(
         tx
     });
     let engine = engine::spawn(&cfg, kv_tx, shutdown.child_token(), &tracker);
-    let app = app(engine, &cfg, addr);
+    let app = app(engine, &cfg, addr, &tracker);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
@@ -90,8 +95,9 @@ pub async fn bind_publisher(cfg: &SimConfig) -> Result<Option<Publisher>, BindEr
 }
 
 /// The worker's routes over a running engine listening on `addr` (the address other
-/// engines pull KV from; an unspecified IP is announced as loopback).
-pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
+/// engines pull KV from; an unspecified IP is announced as loopback); background
+/// responses run on `tasks`.
+pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr, tasks: &TaskTracker) -> Router {
     let id_salt = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -121,10 +127,17 @@ pub fn app(engine: EngineHandle, cfg: &SimConfig, addr: SocketAddr) -> Router {
         kv_client: KvClient::new(PULL_TIMEOUT),
         fence: Mutex::new(EpochFence::default()),
         accepted: Mutex::new(AcceptLog::default()),
+        responses: Arc::default(),
+        tasks: tasks.clone(),
     });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(get_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/metrics", get(metrics))
@@ -303,6 +316,101 @@ async fn completions(
     generate(st, &headers, body, Endpoint::Completions).await
 }
 
+async fn messages(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(st, &headers, body, Endpoint::Messages).await
+}
+
+async fn responses(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(st, &headers, body, Endpoint::Responses).await
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": n}` by the engine's tokenizer.
+async fn count_tokens(
+    State(st): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return error_response(e.status(), &e.body_text(), "BadRequestError", None, None),
+    };
+    let req = match admit(&st, &body, Endpoint::MessagesCountTokens) {
+        Ok(r) => r,
+        Err(refused) => return refused,
+    };
+    let n = req.prompt_tokens().first().map_or(0, Vec::len);
+    json_response(StatusCode::OK, &serde_json::json!({"input_tokens": n}))
+}
+
+fn response_not_found(id: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        &format!("Response with id '{id}' not found."),
+        "invalid_request_error",
+        Some("response_id"),
+        Some("response_not_found"),
+    )
+}
+
+/// `GET /v1/responses/{id}`: a stored response.
+async fn get_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match st.responses.body(&id) {
+        Some(body) => json_response(StatusCode::OK, &body),
+        None => response_not_found(&id),
+    }
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a background response.
+async fn cancel_response(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    match st.responses.cancel(&id) {
+        Ok(body) => json_response(StatusCode::OK, &body),
+        Err(CancelRefused::NotFound) => response_not_found(&id),
+        Err(CancelRefused::NotRunning) => error_response(
+            StatusCode::BAD_REQUEST,
+            "Cannot cancel a synchronous response.",
+            "invalid_request_error",
+            None,
+            None,
+        ),
+    }
+}
+
+/// A Responses follow-up continues the stored conversation of its `previous_response_id`.
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the response itself, returned at once"
+)]
+fn continue_chain(st: &AppState, req: &mut ParsedRequest<'_>) -> Result<(), Response> {
+    let Some(prev) = req.previous_response_id.as_deref() else {
+        return Ok(());
+    };
+    let Some(before) = st.responses.conversation(prev) else {
+        return Err(response_not_found(prev));
+    };
+    if let Prompt::Chat(messages) = &mut req.prompt {
+        // The new instructions replace the stored ones (OpenAI: they do not carry over).
+        let has_system = messages.first().is_some_and(|m| m.role == "system");
+        let before = before
+            .into_iter()
+            .filter(|m| !(has_system && m.role == "system"));
+        let tail = std::mem::take(messages);
+        let (system, rest): (Vec<_>, Vec<_>) = tail
+            .into_iter()
+            .partition(|m| has_system && m.role == "system");
+        messages.extend(system);
+        messages.extend(before);
+        messages.extend(rest);
+    }
+    Ok(())
+}
+
 async fn generate(
     st: Arc<AppState>,
     headers: &HeaderMap,
@@ -313,10 +421,13 @@ async fn generate(
         Ok(b) => b,
         Err(e) => return error_response(e.status(), &e.body_text(), "BadRequestError", None, None),
     };
-    let req = match admit(&st, &body, endpoint) {
+    let mut req = match admit(&st, &body, endpoint) {
         Ok(r) => r,
         Err(refused) => return refused,
     };
+    if let Err(refused) = continue_chain(&st, &mut req) {
+        return refused;
+    }
     let (seqs, prompt_lens) = match plan_sequences(&req, &st.scheduler) {
         Ok(v) => v,
         Err(msg) => {
@@ -353,12 +464,37 @@ async fn generate(
         kv_load = legs.load.is_some(),
         "request received"
     );
-    let prefix = match endpoint {
-        Endpoint::ChatCompletions => "chatcmpl",
-        Endpoint::Completions => "cmpl",
+    let id = match endpoint {
+        Endpoint::ChatCompletions => format!("chatcmpl-{request_id}"),
+        Endpoint::Completions => format!("cmpl-{request_id}"),
+        Endpoint::Messages | Endpoint::MessagesCountTokens => format!("msg_{request_id}"),
+        // Unique per engine whatever the request id, as the store keys by it.
+        Endpoint::Responses => format!(
+            "resp_{:016x}{:08x}",
+            st.id_salt,
+            st.next_id.fetch_add(1, Ordering::Relaxed)
+        ),
     };
+    let responses = (endpoint == Endpoint::Responses).then(|| ResponsesMeta {
+        echo: ResponseEcho {
+            previous_response_id: req.previous_response_id.as_deref().map(str::to_owned),
+            store: req.store,
+            background: req.background,
+            max_output_tokens: req.sampling.max_tokens,
+            temperature: req.sampling.temperature,
+            top_p: req.sampling.top_p,
+        },
+        store: req.store.then(|| {
+            let conversation = match &req.prompt {
+                Prompt::Chat(m) => m.iter().map(owned).collect(),
+                Prompt::Completion(_) => Vec::new(),
+            };
+            (st.responses.clone(), conversation)
+        }),
+    });
+    let background = req.background;
     let mut meta = ResponseMeta {
-        id: format!("{prefix}-{request_id}"),
+        id,
         created: unix_now(),
         model: st.served_model.clone(),
         endpoint,
@@ -367,11 +503,29 @@ async fn generate(
         prompt_lens,
         transfer: TransferReport::default(),
         kv_params: None,
+        responses,
     };
     let events = match run_legs(&st, seqs, legs, claim, request_id, &mut meta).await {
         Ok(events) => events,
         Err(e) => return e.into_response(),
     };
+    if background {
+        // Answer at once; the task stores the finished response (or is cancelled).
+        let queued = meta.queued_body(Counts::default());
+        let conversation = meta
+            .responses
+            .as_ref()
+            .and_then(|r| r.store.as_ref())
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        let id = meta.id.clone();
+        st.responses.put(&id, queued.clone(), conversation);
+        let task = st.tasks.spawn(async move {
+            respond::collect(events, meta).await;
+        });
+        st.responses.set_task(&id, task.abort_handle());
+        return json_response(StatusCode::OK, &queued);
+    }
     if req.stream {
         respond::stream(events, meta).await
     } else {

@@ -11,6 +11,7 @@ use super::fence::{AcceptLog, AcceptedFor, EpochFence, FenceClaim};
 use super::http_error::ApiError;
 use super::kv_client::KvClient;
 use super::kv_transfer::TransferConfig;
+use super::response_store::ResponseStore;
 use super::scheduler::SchedulerConfig;
 
 /// Everything the handlers share.
@@ -36,6 +37,10 @@ pub(super) struct AppState {
     pub(super) fence: Mutex<EpochFence>,
     /// Every claim the fence accepted, for audits (`GET /ownerserve/v1/fence/accepted`).
     pub(super) accepted: Mutex<AcceptLog>,
+    /// Stored Responses answers.
+    pub(super) responses: Arc<ResponseStore>,
+    /// Runs background responses (the server waits for them at shutdown).
+    pub(super) tasks: tokio_util::task::TaskTracker,
 }
 
 impl AppState {

@@ -141,6 +141,8 @@ fn openai_target() -> Target {
         r#"{"model":"m","prompt":[1,2,3,4],"max_tokens":1}"#,
         r#"{"model":"m","prompt":["a","b"],"n":3,"max_tokens":2,"kv_transfer_params":{"do_remote_prefill":true}}"#,
         r#"{"model":"m","prompt":[[1,2],[3]],"max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}"#,
+        r#"{"model":"m","max_tokens":8,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"r"}]}]}],"tools":[{"name":"f","input_schema":{}}],"metadata":{"user_id":"{\"session_id\":\"s\"}"}}"#,
+        r#"{"model":"m","instructions":"i","input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f"}],"store":true,"previous_response_id":"resp_1","max_output_tokens":4}"#,
     ];
     let mut dictionary = tokens(JSON_TOKENS);
     dictionary.extend(tokens(&[
@@ -159,6 +161,13 @@ fn openai_target() -> Target {
         "\"user\"",
         "\"tool_calls\"",
         "\"max_completion_tokens\"",
+        "\"system\"",
+        "\"input\"",
+        "\"instructions\"",
+        "\"tool_use\"",
+        "\"tool_result\"",
+        "\"function_call\"",
+        "\"previous_response_id\"",
     ]));
     Target {
         name: "openai",
@@ -166,7 +175,12 @@ fn openai_target() -> Target {
         dictionary,
         run: Box::new(|input| {
             let mut verdict = Verdict::Refused;
-            for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
+            for endpoint in [
+                Endpoint::ChatCompletions,
+                Endpoint::Completions,
+                Endpoint::Messages,
+                Endpoint::Responses,
+            ] {
                 if let Ok(parsed) = openai::parse(input, endpoint) {
                     // What ingress reads of an accepted request.
                     let _ = (parsed.choices(), parsed.engine_control, &parsed.model);
@@ -347,7 +361,15 @@ fn sse_relay_target() -> anyhow::Result<Target> {
             }
             let in_flight = worker.start_request(1, 1);
             let got = runtime.block_on(async {
-                let relayed = relay(resp, &worker, in_flight, None, None, patience);
+                let relayed = relay(
+                    resp,
+                    &worker,
+                    in_flight,
+                    None,
+                    None,
+                    patience,
+                    Endpoint::ChatCompletions,
+                );
                 relayed.into_body().collect().await
             });
             match (fail, sse, got) {

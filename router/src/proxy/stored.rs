@@ -1,0 +1,157 @@
+//! Stored Responses answers on the request path: a follow-up (`previous_response_id`),
+//! a `GET /v1/responses/{id}` and a `POST /v1/responses/{id}/cancel` go to the worker
+//! that produced the response ([`crate::response_owners`]); a stored answer's owner is
+//! recorded as it is relayed. An owner that is gone gives `410 response_lost` naming the
+//! response. Also `POST /v1/messages/count_tokens`, answered from the prompt the router
+//! routes by.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+
+use ownerserve_planner::ids::WorkerId;
+use ownerserve_shim::openai::{Endpoint, ParsedRequest};
+
+use super::identity::{self, Hashing};
+use super::ingress;
+use crate::error::ApiError;
+use crate::registry::Worker;
+use crate::response_owners;
+use crate::state::AppState;
+use crate::upstream::ForwardError;
+
+/// The worker a Responses follow-up must run on: the owner of its previous response
+/// (`None` when it names none, or one this router never saw: the engines answer for it).
+pub fn owner_of_previous(
+    st: &AppState,
+    parsed: &ParsedRequest<'_>,
+) -> Result<Option<WorkerId>, ApiError> {
+    let Some(prev) = parsed.previous_response_id.as_deref() else {
+        return Ok(None);
+    };
+    live_owner(st, prev).map(|w| w.map(|w| w.id))
+}
+
+/// The live owner of response `id`; an error naming it when the owner is gone.
+fn live_owner(st: &AppState, id: &str) -> Result<Option<std::sync::Arc<Worker>>, ApiError> {
+    let Some(owner) = st.response_owners.owner(id, Instant::now()) else {
+        return Ok(None);
+    };
+    match st.registry.get(owner) {
+        Some(w) if w.is_healthy() => Ok(Some(w.clone())),
+        Some(w) => Err(ApiError::ResponseLost {
+            id: id.to_owned(),
+            worker: w.spec.name.clone(),
+        }),
+        None => Err(ApiError::ResponseLost {
+            id: id.to_owned(),
+            worker: owner.to_string(),
+        }),
+    }
+}
+
+/// The error of a follow-up whose previous response's owner is unreachable.
+pub fn lost(parsed: &ParsedRequest<'_>, worker: &str) -> ApiError {
+    ApiError::ResponseLost {
+        id: parsed
+            .previous_response_id
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned(),
+        worker: worker.to_owned(),
+    }
+}
+
+/// Records `worker` as the owner of the stored response `response` carries.
+pub fn record_owner(st: &AppState, worker: WorkerId, response: Response) -> Response {
+    if !response.status().is_success() {
+        return response;
+    }
+    let owners = st.response_owners.clone();
+    response.map(|b| response_owners::tap(b, owners, worker))
+}
+
+/// A worker's small answer as the client's response.
+fn relayed((status, body): (StatusCode, Bytes)) -> Response {
+    let mut r = (status, Body::from(body)).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Asks the owner of response `id` at `path` (`GET` when `post` is false).
+async fn at_owner(st: &AppState, id: &str, path: &str, post: bool) -> Result<Response, ApiError> {
+    let owner = live_owner(st, id)?.ok_or_else(|| ApiError::ResponseNotFound(id.to_owned()))?;
+    let auth = st.cfg.engine_authorization.clone();
+    let answer = if post {
+        let headers: Vec<_> = auth
+            .into_iter()
+            .map(|a| (header::AUTHORIZATION, a))
+            .collect();
+        st.engines
+            .post(
+                &owner.spec.base_url,
+                path,
+                &headers,
+                Bytes::from_static(b"{}"),
+            )
+            .await
+    } else {
+        crate::upstream::get_small_as(
+            &st.upstream.client,
+            &owner.spec.base_url,
+            path,
+            auth.as_ref(),
+            st.cfg.request_timeout,
+        )
+        .await
+    };
+    match answer {
+        Ok(a) => Ok(relayed(a)),
+        Err(ForwardError::Connect) => {
+            owner.mark_down("connection refused");
+            Err(ApiError::ResponseLost {
+                id: id.to_owned(),
+                worker: owner.spec.name.clone(),
+            })
+        }
+        Err(e) => Err(e.into_api(&owner)),
+    }
+}
+
+/// `GET /v1/responses/{id}`.
+pub async fn get(st: &AppState, id: &str) -> Result<Response, ApiError> {
+    at_owner(st, id, &format!("/v1/responses/{id}"), false).await
+}
+
+/// `POST /v1/responses/{id}/cancel`.
+pub async fn cancel(st: &AppState, id: &str) -> Result<Response, ApiError> {
+    at_owner(st, id, &format!("/v1/responses/{id}/cancel"), true).await
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
+/// tokenizes it for routing (the model's own tokenizer and chat template when it has one).
+pub async fn count_tokens(st: &AppState, req: Request) -> Result<Response, ApiError> {
+    let req = ingress::Admitted::read(req, &st.body_limits).await?;
+    let parsed = req.parse(
+        Endpoint::MessagesCountTokens,
+        &st.registry,
+        st.cfg.request_limits,
+    )?;
+    let id = identity::identify(
+        &st.prompts,
+        &req.parts.headers,
+        &parsed,
+        &req.request_id,
+        Hashing::Peek,
+    )
+    .await?;
+    Ok(Json(serde_json::json!({"input_tokens": id.prompt_tokens()})).into_response())
+}

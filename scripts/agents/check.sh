@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The three coding agents as a user runs them, headless, against `ownerserve up`: Claude Code
+# 2.1.328 (Anthropic Messages), Codex CLI 0.169.0 (OpenAI Responses) and OpenCode 1.18.33
+# (chat completions), installed from the npm registry at these pinned versions into a cache
+# ($OWNERSERVE_AGENTS_CACHE, default ~/.cache/ownerserve/agents; ~1.1 GB, once). Each runs a
+# turn and a follow-up turn of one conversation, each in its own empty HOME on loopback;
+# then /admin/v1/sessions must hold exactly one session per conversation (side requests, such
+# as OpenCode's title, make none).
+#
+# Usage: scripts/agents/check.sh [path/to/ownerserve]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=${1:-target/debug/ownerserve}
+cache=${OWNERSERVE_AGENTS_CACHE:-$HOME/.cache/ownerserve/agents}
+packages="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
+model="meta-llama/Llama-3.1-8B-Instruct"
+
+if [ "$(cat "$cache/installed" 2>/dev/null)" != "$packages" ]; then
+  mkdir -p "$cache"
+  (cd "$cache" && npm install --no-audit --no-fund --loglevel=error $packages)
+  echo "$packages" > "$cache/installed"
+fi
+export PATH="$cache/node_modules/.bin:$PATH"
+
+work=$(mktemp -d)
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+token=agents-check-token
+OWNERSERVE_ADMIN_TOKEN=$token OWNERSERVE_LOG=warn "$bin" up --port "$port" --time-scale 20 >"$work/up.log" 2>&1 &
+up_pid=$!
+trap 'kill $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+for _ in $(seq 100); do grep -q "listening on" "$work/up.log" && break; sleep 0.2; done
+grep -q "listening on" "$work/up.log" || { cat "$work/up.log"; echo "ownerserve up did not start"; exit 1; }
+base="http://127.0.0.1:$port"
+
+# One turn; fails unless the agent exits 0 with text of the model's answer.
+turn() {
+  local name=$1; shift
+  local out="$work/$name.out"
+  if ! timeout 180 "$@" >"$out" 2>&1 || ! grep -q "Lorem ipsum\|dolor\|aliqua" "$out"; then
+    echo "$name failed:"; cat "$out"; exit 1
+  fi
+  echo "$name: ok"
+}
+
+# Claude Code: Anthropic Messages at /v1/messages?beta=true.
+home="$work/claude"; mkdir -p "$home/proj"
+claude_env=(env HOME="$home" ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=any
+  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
+  DISABLE_AUTOUPDATER=1)
+(cd "$home/proj" && turn "claude turn 1" "${claude_env[@]}" claude -p "Say hi" --model "$model")
+(cd "$home/proj" && turn "claude turn 2" "${claude_env[@]}" claude -p "And again" --continue --model "$model")
+
+# Codex: OpenAI Responses at /v1/responses.
+home="$work/codex"; mkdir -p "$home/.codex" "$home/proj"
+cat >"$home/.codex/config.toml" <<TOML
+model = "$model"
+model_provider = "ownerserve"
+[model_providers.ownerserve]
+name = "OwnerServe"
+base_url = "$base/v1"
+wire_api = "responses"
+env_key = "OWNERSERVE_KEY"
+[analytics]
+enabled = false
+TOML
+codex_env=(env HOME="$home" OWNERSERVE_KEY=any)
+(cd "$home/proj" && turn "codex turn 1" "${codex_env[@]}" codex exec --skip-git-repo-check "Say hi")
+(cd "$home/proj" && turn "codex turn 2" "${codex_env[@]}" codex exec --skip-git-repo-check resume --last "And again")
+
+# OpenCode: chat completions at /v1/chat/completions.
+home="$work/opencode"; mkdir -p "$home/.config/opencode" "$home/proj"
+cat >"$home/.config/opencode/opencode.json" <<JSON
+{"autoupdate": false, "share": "disabled",
+ "provider": {"ownerserve": {"npm": "@ai-sdk/openai-compatible", "name": "OwnerServe",
+   "options": {"baseURL": "$base/v1", "apiKey": "any"}, "models": {"$model": {}}}}}
+JSON
+opencode_env=(env HOME="$home")
+(cd "$home/proj" && turn "opencode turn 1" "${opencode_env[@]}" opencode run --model "ownerserve/$model" "Say hi")
+(cd "$home/proj" && turn "opencode turn 2" "${opencode_env[@]}" opencode run --continue --model "ownerserve/$model" "And again")
+
+# Ownership records are flushed in the background: give them a moment.
+sleep 2
+curl -sf "$base/admin/v1/sessions" -H "authorization: Bearer $token" | python3 -c '
+import json, sys
+sessions = json.load(sys.stdin)["sessions"]
+ids = [s["id"] for s in sessions]
+assert len(ids) == 3, f"expected one session per conversation (3), got {ids}"
+assert sum(i.startswith("ses_") for i in ids) == 1, ids  # OpenCode names its sessions ses_...
+# An idle session is demoted when its lease lapses (owner null, its sealed prefix kept).
+assert all(s["prefix"] is not None for s in sessions), sessions
+print("one session per agent conversation:", ", ".join(ids))
+'
