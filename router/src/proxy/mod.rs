@@ -92,15 +92,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             request_id: req.request_id.clone(),
             authorization: st.cfg.engine_authorization.clone(),
         };
-        let Some(worker) = st.registry.get(decision.worker) else {
-            return Err(ApiError::NoHealthyWorker {
-                model: parsed.model.to_string(),
-            });
-        };
-        let cached = candidates
-            .iter()
-            .find(|c| c.id == worker.id)
-            .map_or(0, |c| c.cached_blocks);
+        let (worker, cached) = serving(st, &decision, &candidates, &parsed.model)?;
         let attempt = Attempt {
             st,
             step: &step,
@@ -111,7 +103,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             stores_response: parsed.store,
             endpoint,
         };
-        match attempt.run(&decision, worker, u64::from(cached)).await {
+        match attempt.run(&decision, worker, cached).await {
             // The slot is held until the response body ends.
             Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
             // Nothing reached the worker: mark it down and try the next one (unless it
@@ -191,6 +183,25 @@ type Decided<'i> = (
     ownerserve_ownership::node::Lookup,
     Option<(&'i str, ownerserve_ownership::ids::Epoch)>,
 );
+
+/// The decision's worker and the blocks of the prompt it caches, or no healthy worker.
+fn serving<'s>(
+    st: &'s AppState,
+    decision: &Decision,
+    candidates: &[ownerserve_planner::policy::WorkerView],
+    model: &str,
+) -> Result<(&'s Arc<Worker>, u64), ApiError> {
+    let Some(worker) = st.registry.get(decision.worker) else {
+        return Err(ApiError::NoHealthyWorker {
+            model: model.to_string(),
+        });
+    };
+    let cached = candidates
+        .iter()
+        .find(|c| c.id == worker.id)
+        .map_or(0, |c| c.cached_blocks);
+    Ok((worker, u64::from(cached)))
+}
 
 /// Times a step is planned again because its session moved under another router.
 const MAX_REPLANS: u32 = 2;
