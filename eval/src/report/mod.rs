@@ -19,10 +19,12 @@ use crate::sim::{simulate, Cluster, ClusterError, RunResult, SimOptions};
 use crate::workload::Workload;
 
 /// Every row the report compares: the router's policies (baselines and OwnerServe), the
-/// oracle, then the lower bound no policy beats.
+/// oracle, then the lower bound no policy beats. Policies retired from the comparison
+/// ([`policy::RETIRED_FROM_EVALUATION`], with the reason there) are left out.
 pub fn all_policies() -> Vec<String> {
     policy::POLICY_NAMES
         .iter()
+        .filter(|p| !policy::RETIRED_FROM_EVALUATION.contains(p))
         .chain(&["oracle", BOUND])
         .map(|s| (*s).to_owned())
         .collect()
