@@ -2,6 +2,7 @@
 //! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved).
 
 mod capacity;
+pub mod matrix;
 mod table;
 
 pub use capacity::{max_sessions, meets, CapacitySearch};
