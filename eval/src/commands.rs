@@ -2,6 +2,7 @@
 //! the evaluation report and the live replay from the command line: their arguments,
 //! files and printed lines. The `ownerserve` binary parses the arguments and calls these.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use ownerserve_shim::sim::config::SimSettings;
@@ -76,6 +77,20 @@ pub struct ReportArgs {
     /// Largest session count the capacity search tries.
     #[arg(long, default_value_t = 512)]
     capacity_max: usize,
+    /// Run the evaluation matrix instead of one workload: every workload of
+    /// [`matrix_workloads`] (fixed seeds and parameters) × `--clusters` × `--models`, with the
+    /// bound and the acceptance checks per row, into `<out>/<name or "matrix">.md`.
+    #[arg(long)]
+    matrix: bool,
+    /// Model presets of the matrix, comma-separated.
+    #[arg(long, default_value = "llama-3.1-8b,qwen3-30b-a3b")]
+    models: String,
+    /// Policies the matrix's capacity search runs (with `--capacity-slo-s`), comma-separated.
+    #[arg(
+        long,
+        default_value = "ownerserve,dynamo_kv,dynamo_disagg,llm_d,smg_cache_aware,session_affinity"
+    )]
+    capacity_policies: String,
     #[command(flatten)]
     engine: SimSettings,
     #[arg(long)]
@@ -197,6 +212,9 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
 
 /// Runs every policy on every cluster and writes the Markdown report and plots.
 pub fn report(args: ReportArgs) -> Result<(), CommandError> {
+    if args.matrix {
+        return report_matrix(&args);
+    }
     let wl = args.workload.build()?;
     let stem = args
         .name
@@ -229,6 +247,149 @@ pub fn report(args: ReportArgs) -> Result<(), CommandError> {
             md.push_str(&capacity(&args, &cluster, slo_s)?);
         }
     }
+    let path = args.out.join(format!("{stem}.md"));
+    std::fs::write(&path, md).map_err(|source| CommandError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    say(&format!("wrote {}", path.display()));
+    Ok(())
+}
+
+/// The matrix's workloads, their parameters fixed before any run (seed 1): SWE-smith
+/// scaled to 200 sessions arriving at 10/s, the coding-agent, forked-rollout and
+/// long-document generators at their defaults, and the Mooncake synthetic trace. The
+/// flag says whether the workload is agentic (closed-loop sessions: capacity and E2E
+/// checks apply).
+pub fn matrix_workloads(traces_dir: &std::path::Path) -> Vec<(WorkloadSpec, bool)> {
+    let w = |name: &str, sessions: Option<usize>, rate: f64| WorkloadSpec {
+        workload: name.to_owned(),
+        sessions,
+        rate,
+        max_requests: 0,
+        seed: 1,
+        traces_dir: traces_dir.to_owned(),
+    };
+    vec![
+        (w("swe-smith", Some(200), 10.0), true),
+        (w("coding-agent", None, 1.0), true),
+        (w("forked", None, 1.0), false),
+        (w("long-doc", None, 1.0), false),
+        (w("mooncake", None, 1.0), false),
+    ]
+}
+
+/// Every workload × cluster × model, one Markdown file: the acceptance summary first,
+/// then each row's full table.
+fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
+    use crate::report::matrix::{summary, MatrixRow};
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut rows = Vec::new();
+    let mut detail = String::new();
+    for model in list(&args.models) {
+        let engine = SimSettings {
+            model: model.clone(),
+            ..args.engine.clone()
+        };
+        for (spec, agentic) in matrix_workloads(&args.workload.traces_dir) {
+            let wl = spec.build()?;
+            for c in list(&args.clusters) {
+                let cluster = Cluster::parse(&c, &engine)?;
+                let configs = cluster.build()?;
+                let runs = report::run_all(
+                    &wl,
+                    &cluster,
+                    &policies(&args.policy),
+                    &SimOptions::default(),
+                    args.quiet,
+                )?;
+                let prompt_kv_bytes = configs.first().map_or(0.0, |cfg| {
+                    let block = cfg.scheduler.block_size;
+                    wl.sessions
+                        .iter()
+                        .flat_map(|s| &s.steps)
+                        .map(|st| {
+                            cfg.model
+                                .prefix_bytes(u64::from(st.input_tokens), block)
+                                .total
+                        })
+                        .sum()
+                });
+                let mut capacity = Vec::new();
+                if let (Some(slo_s), true) = (args.capacity_slo_s, agentic) {
+                    let search = report::CapacitySearch {
+                        slo_s,
+                        max_sessions: args.capacity_max.max(1),
+                    };
+                    let build = |n: usize| {
+                        WorkloadSpec {
+                            sessions: Some(n),
+                            ..spec.clone()
+                        }
+                        .build()
+                    };
+                    for name in list(&args.capacity_policies) {
+                        let n = report::max_sessions(
+                            &build,
+                            &cluster,
+                            &name,
+                            search,
+                            &SimOptions::default(),
+                        )?;
+                        capacity.push((name, n));
+                    }
+                }
+                let _ = writeln!(
+                    detail,
+                    "### {} on {} with {}\n\nWorkload: {}\n\n{}",
+                    wl.name,
+                    cluster.name,
+                    model,
+                    wl.stats(),
+                    markdown_table(&runs)
+                );
+                if !capacity.is_empty() {
+                    let _ = writeln!(
+                        detail,
+                        "Sessions held with p99 TTFT ≤ {} s (searched up to {}): {}\n",
+                        args.capacity_slo_s.unwrap_or_default(),
+                        args.capacity_max,
+                        capacity
+                            .iter()
+                            .map(|(n, c)| format!("{n} {c}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
+                }
+                let row = MatrixRow {
+                    workload: wl.name.clone(),
+                    cluster: cluster.name.clone(),
+                    model: model.clone(),
+                    agentic,
+                    runs,
+                    capacity,
+                    prompt_kv_bytes,
+                };
+                say(&summary(std::slice::from_ref(&row)));
+                rows.push(row);
+            }
+        }
+    }
+    let md = format!(
+        "## Acceptance per row\n\n{}\n## Every row\n\n{detail}",
+        summary(&rows)
+    );
+    std::fs::create_dir_all(&args.out).map_err(|source| CommandError::Write {
+        path: args.out.clone(),
+        source,
+    })?;
+    let stem = args.name.clone().unwrap_or_else(|| "matrix".to_owned());
     let path = args.out.join(format!("{stem}.md"));
     std::fs::write(&path, md).map_err(|source| CommandError::Write {
         path: path.clone(),

@@ -8,7 +8,8 @@
 //! - [`sim`]: the trace-driven simulator, in virtual time, over the simulated engine's pure
 //!   scheduler (`ownerserve_shim::sim`, without its `io` feature) and every policy.
 //! - [`bound`]: a per-step lower bound on TTFT; [`oracle`]: a clairvoyant heuristic.
-//! - [`report`] and [`plot`]: Markdown tables, capacity searches and PNG charts;
+//! - [`report`] and [`plot`]: Markdown tables, capacity searches, the evaluation matrix's
+//!   per-row acceptance checks (`report::matrix`) and PNG charts;
 //!   [`progress`]: progress bars; [`console`]: printed lines.
 //! - [`commands`]: `ownerserve simulate`, `report` and `replay`.
 //! - `replay` (feature `replay`): the live replay client, which drives a running router

@@ -17,7 +17,8 @@
 //! - [`plan`]: the cost planner: step classes, the five actions priced on every worker
 //!   (pair), and the chosen plan with its cost breakdown.
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements, and
-//!   those policies (the planner's `ownerserve` among them).
+//!   those policies (the planner's `ownerserve` among them, and the peers' routers at their
+//!   own defaults: `dynamo_kv`, `dynamo_disagg`, `llm_d`, `smg_cache_aware`).
 #![forbid(unsafe_code)]
 
 pub mod ewma;

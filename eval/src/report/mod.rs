@@ -2,6 +2,7 @@
 //! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved).
 
 mod capacity;
+pub mod matrix;
 mod table;
 
 pub use capacity::{max_sessions, meets, CapacitySearch};
@@ -19,10 +20,12 @@ use crate::sim::{simulate, Cluster, ClusterError, RunResult, SimOptions};
 use crate::workload::Workload;
 
 /// Every row the report compares: the router's policies (baselines and OwnerServe), the
-/// oracle, then the lower bound no policy beats.
+/// oracle, then the lower bound no policy beats. Policies retired from the comparison
+/// ([`policy::RETIRED_FROM_EVALUATION`], with the reason there) are left out.
 pub fn all_policies() -> Vec<String> {
     policy::POLICY_NAMES
         .iter()
+        .filter(|p| !policy::RETIRED_FROM_EVALUATION.contains(p))
         .chain(&["oracle", BOUND])
         .map(|s| (*s).to_owned())
         .collect()

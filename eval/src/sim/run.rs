@@ -67,6 +67,9 @@ struct Req {
     prefilled_remotely: bool,
     /// Prefill tokens counted against the decode worker until the first token.
     prefill_charged: u64,
+    /// What the prefill leg counts against its prefill worker until it finishes, as the
+    /// router does while a NIXL prefill leg runs: (worker, blocks, tokens).
+    leg_charged: Option<(usize, u64, u64)>,
     phase: Phase,
     transit: Option<InTransit>,
     /// The plan's predicted prefill time, for calibration.
@@ -369,6 +372,7 @@ impl<'w> Sim<'w> {
             cached_tokens: 0,
             prefilled_remotely: false,
             prefill_charged: prefill,
+            leg_charged: None,
             phase: Phase::Decode,
             transit: None,
             predicted_prefill_s: decision.plan.as_ref().map(|p| p.chosen.cost.compute_s),
@@ -383,6 +387,15 @@ impl<'w> Sim<'w> {
                         prefill: p,
                         started_s: now,
                     };
+                    // The router counts the leg against the prefill worker while it runs.
+                    if let Some(e) = self.engines.get_mut(p) {
+                        let blocks = r.hashes.len() as u64;
+                        let tokens = blocks * u64::from(self.block);
+                        e.in_flight += 1;
+                        e.active_blocks += blocks;
+                        e.active_prefill_tokens += tokens;
+                        r.leg_charged = Some((p, blocks, tokens));
+                    }
                 }
                 self.submit_prefill_leg(id, p);
             }
@@ -630,6 +643,12 @@ impl<'w> Sim<'w> {
         };
         if let Phase::Prefill { prefill, started_s } = r.phase {
             if worker == prefill && finished {
+                if let Some((p, blocks, tokens)) = r.leg_charged.take() {
+                    let e = &mut self.engines[p];
+                    e.in_flight = e.in_flight.saturating_sub(1);
+                    e.active_blocks = e.active_blocks.saturating_sub(blocks);
+                    e.active_prefill_tokens = e.active_prefill_tokens.saturating_sub(tokens);
+                }
                 if let (Some(predicted), true) = (r.predicted_prefill_s, self.opts.calibrate) {
                     self.policy.observe_prefill(
                         WorkerId(prefill as u32),

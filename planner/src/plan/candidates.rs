@@ -90,12 +90,19 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     }
     if let Some(d) = owner.filter(|d| d.healthy && !fork) {
         let sent = p.state_bytes(d.cached_tokens.min(input.prompt_tokens));
+        // Leaving an owner that could keep the session pays the hysteresis; leaving one
+        // that cannot (draining) does not.
+        let could_stay = d.takes_work() && d.role.serves_full_requests();
         for t in input
             .workers
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
-            out.push(p.migrate(d, t, sent));
+            let mut c = p.migrate(d, t, sent);
+            if could_stay {
+                c.cost = c.cost.with_hysteresis(input.weights);
+            }
+            out.push(c);
         }
     }
     out

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::Weights;
 
-/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode`, with each
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode (+ H_migrate)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -20,6 +20,9 @@ pub struct CostTerms {
     pub hbm_bytes: f64,
     /// Decode-seconds stalled by a prefill on a worker that is decoding.
     pub interference_s: f64,
+    /// Hysteresis charged on a migration off an owner that could keep the session,
+    /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
+    pub hysteresis_s: f64,
     /// The weighted sum, seconds.
     pub total: f64,
 }
@@ -48,7 +51,16 @@ impl CostTerms {
             restore_s,
             hbm_bytes,
             interference_s,
+            hysteresis_s: 0.0,
             total,
         }
+    }
+
+    /// The same terms with a migration's hysteresis added to the total.
+    pub fn with_hysteresis(mut self, weights: Weights) -> Self {
+        let h = weights.migrate_hysteresis.max(0.0) * (self.network_s + self.restore_s);
+        self.hysteresis_s = h;
+        self.total += h;
+        self
     }
 }

@@ -423,6 +423,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
         s.weights = Weights {
             lambda_s_per_gb: rng.next_f64() * 0.5,
             mu: rng.next_f64() * 2.0,
+            migrate_hysteresis: rng.next_f64() * 4.0,
         };
     }
     s

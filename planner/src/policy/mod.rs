@@ -4,22 +4,30 @@
 
 mod colocated;
 mod conditional_pd;
+mod dynamo_disagg;
+mod dynamo_kv;
 mod kv_aware;
 mod least_loaded;
+mod llm_d;
 mod ownerserve;
 mod rng;
 mod round_robin;
 mod session_affinity;
+mod smg_cache_aware;
 mod static_pd;
 
 pub use colocated::Colocated;
 pub use conditional_pd::{ConditionalPd, ConditionalPdConfig};
+pub use dynamo_disagg::{DynamoDisagg, DynamoDisaggConfig};
+pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use kv_aware::{BusyThresholds, KvAware, KvAwareConfig};
 pub use least_loaded::LeastLoaded;
+pub use llm_d::{LlmD, LlmDConfig};
 pub use ownerserve::{OwnerServe, OwnerServeConfig};
 pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
 pub use session_affinity::SessionAffinity;
+pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
 pub use static_pd::StaticPd;
 
 use crate::ids::{Role, WorkerId};
@@ -218,12 +226,26 @@ pub const POLICY_NAMES: &[&str] = &[
     "static_pd",
     "colocated",
     "conditional_pd",
+    "dynamo_kv",
+    "dynamo_disagg",
+    "llm_d",
+    "smg_cache_aware",
 ];
+
+/// Policies the router still accepts but the evaluation no longer compares against:
+/// - `colocated` and `conditional_pd` prefer the worker caching the longest prefix before
+///   load, so on workloads whose sessions share a system prompt every session piles onto
+///   one worker (a straw man); `dynamo_kv` and `dynamo_disagg` are the load-aware rules
+///   they approximated.
+/// - `kv_aware` is Dynamo's cost as first written; `dynamo_kv` is the same cost with the
+///   current flags (overlap credit, prefill-load scale) and makes the same choices at the
+///   defaults.
+pub const RETIRED_FROM_EVALUATION: &[&str] = &["colocated", "conditional_pd", "kv_aware"];
 
 /// A policy that cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UnknownPolicy {
-    #[error("unknown policy `{0}` (available: ownerserve, round_robin, least_loaded, kv_aware, session_affinity, static_pd, colocated, conditional_pd)")]
+    #[error("unknown policy `{0}` (available: ownerserve, round_robin, least_loaded, kv_aware, session_affinity, static_pd, colocated, conditional_pd, dynamo_kv, dynamo_disagg, llm_d, smg_cache_aware)")]
     Name(String),
     #[error("policy `ownerserve` needs the planner's model and GPU settings")]
     NoPlanner,
@@ -234,6 +256,10 @@ pub enum UnknownPolicy {
 pub struct PolicySettings {
     pub kv_aware: KvAwareConfig,
     pub conditional_pd: ConditionalPdConfig,
+    pub dynamo_kv: DynamoKvConfig,
+    pub dynamo_disagg: DynamoDisaggConfig,
+    pub llm_d: LlmDConfig,
+    pub smg_cache_aware: SmgCacheAwareConfig,
     /// The cost planner's figures; `ownerserve` cannot run without them.
     pub ownerserve: Option<OwnerServeConfig>,
     /// How long a session sticks to its worker after its last request.
@@ -247,6 +273,10 @@ impl Default for PolicySettings {
         Self {
             kv_aware: KvAwareConfig::default(),
             conditional_pd: ConditionalPdConfig::default(),
+            dynamo_kv: DynamoKvConfig::default(),
+            dynamo_disagg: DynamoDisaggConfig::default(),
+            llm_d: LlmDConfig::default(),
+            smg_cache_aware: SmgCacheAwareConfig::default(),
             ownerserve: None,
             session_ttl_ms: 30 * 60 * 1000,
             seed: 0x05EE_D0F0_0D5E_ED00,
@@ -268,6 +298,10 @@ pub fn by_name(name: &str, s: &PolicySettings) -> Result<Box<dyn Policy>, Unknow
         "static_pd" => Ok(Box::new(StaticPd::default())),
         "colocated" => Ok(Box::new(Colocated::default())),
         "conditional_pd" => Ok(Box::new(ConditionalPd::new(s.conditional_pd))),
+        "dynamo_kv" => Ok(Box::new(DynamoKv::new(s.dynamo_kv, s.seed))),
+        "dynamo_disagg" => Ok(Box::new(DynamoDisagg::new(s.dynamo_disagg, s.seed))),
+        "llm_d" => Ok(Box::new(LlmD::new(s.llm_d))),
+        "smg_cache_aware" => Ok(Box::new(SmgCacheAware::new(s.smg_cache_aware))),
         _ => Err(UnknownPolicy::Name(name.to_owned())),
     }
 }

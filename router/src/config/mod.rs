@@ -402,7 +402,7 @@ pub struct RouterOverrides {
     /// Port the router listens on (0 picks a free one).
     #[arg(long, env = "OWNERSERVE_PORT")]
     pub port: Option<u16>,
-    /// Routing policy: round_robin, least_loaded, kv_aware, session_affinity.
+    /// Routing policy: any name `ownerserve_planner::policy::POLICY_NAMES` lists.
     #[arg(long, env = "OWNERSERVE_POLICY")]
     pub policy: Option<String>,
     /// Admin bearer token for /admin/v1 (generated and printed when none is set).

@@ -116,6 +116,7 @@ fn planner_setup(
     let weights = Weights {
         lambda_s_per_gb: s.planner_lambda_s_per_gb,
         mu: s.planner_mu,
+        ..Weights::default()
     };
     for (field, v) in [
         ("planner_link_latency_us", s.planner_link_latency_us),
