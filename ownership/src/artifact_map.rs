@@ -1,5 +1,6 @@
-//! The directory's prefix artifacts by key, with what a lookup needs to find a prompt's
-//! owned prefix without probing every block of it.
+//! The directory's prefix artifacts ([`Artifact`], their copies' [`Location`]s) by key,
+//! with what a lookup needs to find a prompt's owned prefix without probing every block
+//! of it.
 //!
 //! An artifact is keyed by the chain hash of its last block (`blocks.1`), so a prompt's
 //! owned prefix can only end at a block count some artifact ends at (`ends`). And each
@@ -16,7 +17,7 @@
 //! artifacts are equal.
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::iter::Peekable;
 use std::ops::Deref;
@@ -24,8 +25,36 @@ use std::ops::Deref;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::command::checkpoint_blocks;
-use crate::ids::PrefixKey;
-use crate::state::Artifact;
+use crate::ids::{Epoch, Owner, PrefixKey, Tier, WorkerId};
+
+/// A copy of an artifact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Location {
+    pub worker: WorkerId,
+    pub tier: Tier,
+}
+
+/// A sealed prefix artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Artifact {
+    pub parent: Option<PrefixKey>,
+    pub blocks: (u32, u32),
+    pub kv_type: String,
+    pub size_bytes: u64,
+    pub owner: Option<Owner>,
+    /// Epoch of the last owner change, kept when the owner goes so epochs keep increasing.
+    pub epoch: Epoch,
+    pub locations: BTreeSet<Location>,
+    /// Live sessions built on this artifact (forks share it).
+    pub ref_count: u32,
+    /// Its owner died with no copy elsewhere: the next user recomputes it.
+    pub needs_recompute: bool,
+    pub last_access_ms: u64,
+    /// The chain's hashes at `checkpoint_blocks(blocks.1)` (empty when the writer sent
+    /// none, or not one per count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<u64>,
+}
 
 /// Artifacts by key (read through `Deref` as the ordered map), the block counts they end
 /// at, and their chains' checkpoint hashes. Inserting goes through [`ArtifactMap::insert`]

@@ -6,7 +6,8 @@
 //! - [`command`]: what can be asked of the directory ([`Envelope`] = command + leader
 //!   timestamp + optional idempotency key).
 //! - [`state`]: the directory's state, serialisable as a snapshot; [`artifact_map`]: its
-//!   artifacts with the block counts they end at (what a lookup probes).
+//!   prefix artifacts, with the index a lookup probes (where they end, their chains'
+//!   checkpoints).
 //! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
 //!   [`outcome`]: what it answers, rejections included.
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,

@@ -5,11 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::artifact_map::ArtifactMap;
+pub use crate::artifact_map::{Artifact, ArtifactMap, Location};
 use crate::outcome::Outcome;
 
 pub use crate::ids::Owner;
-use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
+use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
 
 /// A worker's lease and the keys it keeps alive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,35 +18,6 @@ pub struct Lease {
     pub ttl_ms: u64,
     pub expires_at_ms: u64,
     pub keys: BTreeSet<Key>,
-}
-
-/// A copy of an artifact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Location {
-    pub worker: WorkerId,
-    pub tier: Tier,
-}
-
-/// A sealed prefix artifact.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Artifact {
-    pub parent: Option<PrefixKey>,
-    pub blocks: (u32, u32),
-    pub kv_type: String,
-    pub size_bytes: u64,
-    pub owner: Option<Owner>,
-    /// Epoch of the last owner change, kept when the owner goes so epochs keep increasing.
-    pub epoch: Epoch,
-    pub locations: BTreeSet<Location>,
-    /// Live sessions built on this artifact (forks share it).
-    pub ref_count: u32,
-    /// Its owner died with no copy elsewhere: the next user recomputes it.
-    pub needs_recompute: bool,
-    pub last_access_ms: u64,
-    /// The chain's hashes at `checkpoint_blocks(blocks.1)` (empty when the writer sent
-    /// none, or not one per count).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub checkpoints: Vec<u64>,
 }
 
 /// An agent session.

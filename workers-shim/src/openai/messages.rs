@@ -11,14 +11,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::request::{content_type_error, Message, RequestError, TemplateInput, Text};
-
-/// A conversation converted for the chat template and the built-in tokenizer.
-#[derive(Debug)]
-pub(crate) struct Converted<'a> {
-    pub(crate) messages: Vec<Message<'a>>,
-    pub(crate) template: TemplateInput<'a>,
-}
+use super::conversation::{
+    content_type_error, Converted, Message, RequestError, TemplateInput, Text,
+};
 
 #[derive(Deserialize)]
 struct RawMessage<'a> {

@@ -12,8 +12,9 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::messages::Converted;
-use super::request::{content_type_error, Message, RequestError, TemplateInput, Text};
+use super::conversation::{
+    content_type_error, Converted, Message, RequestError, TemplateInput, Text,
+};
 
 /// One input item; only the fields the prompt needs.
 #[derive(Deserialize)]
