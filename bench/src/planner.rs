@@ -62,6 +62,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             decoding: rng.next_u64() % 64,
             cached_tokens: rng.next_u64() % tokens.max(1) / u64::from(BLOCK) * u64::from(BLOCK),
             prefill_scale: 1.0,
+            kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),
         })
         .collect();
     let links = Links {

@@ -60,6 +60,11 @@ impl KvRouting {
         self.block_size
     }
 
+    /// Tokens of the blocks the index says `worker` holds (every tier).
+    pub fn worker_tokens(&self, worker: WorkerId) -> u64 {
+        self.index.lock().worker_blocks(worker) as u64 * self.block_size as u64
+    }
+
     /// Fills each candidate's `cached_blocks` from the index, and marks the deepest block
     /// matched as used (its chain is evicted last).
     pub fn fill_cached(&self, hashes: &[u64], candidates: &mut [WorkerView]) {

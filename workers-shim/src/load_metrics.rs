@@ -103,6 +103,8 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
         running: running.unwrap_or(0.0),
         waiting: waiting.unwrap_or(0.0),
         kv_usage,
+        // The router adds it from the capacity (`kv_capacity_tokens`) and its KV index.
+        kv_room_tokens: None,
     })
 }
 
@@ -210,7 +212,8 @@ process_cpu_seconds_total 12.5 1700000000000
             Ok(EngineLoad {
                 running: 5.0,
                 waiting: 1.0,
-                kv_usage: 0.375
+                kv_usage: 0.375,
+                kv_room_tokens: None
             })
         );
     }
@@ -229,7 +232,8 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
             Ok(EngineLoad {
                 running: 4.0,
                 waiting: 7.0,
-                kv_usage: 0.8
+                kv_usage: 0.8,
+                kv_room_tokens: None
             })
         );
     }

@@ -244,6 +244,24 @@ impl Pricing<'_, '_> {
         w.roofline.step_time(self.input.model, &work).total_s * w.prefill_scale
     }
 
+    /// Seconds of prefill someone will redo because `d`, to hold this step's KV, must evict
+    /// cached prefixes: the prompt tokens it does not hold beyond its free room, priced
+    /// at its own prefill rate. Evicting another session's prefix is a cost even when
+    /// this step does not pay it; 0 while `d` has room or its capacity is unknown.
+    fn eviction_s(&self, d: &PlanWorker) -> f64 {
+        let Some(room) = d.kv_room_tokens else {
+            return 0.0;
+        };
+        let evicted = self
+            .prompt()
+            .saturating_sub(d.cached_tokens)
+            .saturating_sub(room);
+        if evicted == 0 {
+            return 0.0;
+        }
+        self.prefill_s(d, evicted, 1)
+    }
+
     fn transfer_s(&self, from: WorkerId, to: &PlanWorker, bytes: f64) -> (f64, f64) {
         if bytes <= 0.0 {
             return (0.0, 0.0);
@@ -295,7 +313,8 @@ impl Pricing<'_, '_> {
             restore_s,
             hbm_bytes,
             compute_s * compute_on.decoding as f64,
-        );
+        )
+        .with_eviction(self.eviction_s(decode_on));
         Candidate {
             action,
             compute_on: compute_on.id,

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::Weights;
 
-/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode (+ H_migrate)`, with each
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict (+ H_migrate)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -20,6 +20,10 @@ pub struct CostTerms {
     pub hbm_bytes: f64,
     /// Decode-seconds stalled by a prefill on a worker that is decoding.
     pub interference_s: f64,
+    /// Prefill someone will redo because the decode worker must evict cached prefixes to
+    /// hold this step's KV (the prompt tokens it lacks beyond its free room, at its own
+    /// prefill rate), seconds; 0 while it has room or its capacity is unknown.
+    pub evict_s: f64,
     /// Hysteresis charged on a migration off an owner that could keep the session,
     /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
     pub hysteresis_s: f64,
@@ -51,9 +55,17 @@ impl CostTerms {
             restore_s,
             hbm_bytes,
             interference_s,
+            evict_s: 0.0,
             hysteresis_s: 0.0,
             total,
         }
+    }
+
+    /// The same terms with the eviction `evict_s` seconds added to the total.
+    pub fn with_eviction(mut self, evict_s: f64) -> Self {
+        self.evict_s = evict_s;
+        self.total += evict_s;
+        self
     }
 
     /// The same terms with a migration's hysteresis added to the total.

@@ -77,6 +77,9 @@ pub struct PlanWorker {
     pub cached_tokens: u64,
     /// Observed prefill time over the preset's (`ewma::PrefillCalibration::scale`).
     pub prefill_scale: f64,
+    /// KV tokens it can take without evicting a cached prefix (`EngineLoad::kv_room_tokens`);
+    /// `None` when unknown (no memory term then).
+    pub kv_room_tokens: Option<u64>,
 }
 
 impl PlanWorker {

@@ -16,6 +16,7 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         decoding: 0,
         cached_tokens: 0,
         prefill_scale: 1.0,
+        kv_room_tokens: None,
     }
 }
 
@@ -241,6 +242,32 @@ fn hybrid_models_recompute_the_window_after_a_fetch() {
 }
 
 #[test]
+fn a_new_session_goes_where_its_kv_evicts_no_one_else_s_prefix() {
+    // Two idle hybrid workers; the first has room for 1,000 more tokens before it must
+    // evict a cached prefix, the second for 100,000.
+    let mut s = Scenario::new(
+        4_000,
+        vec![worker(0, Role::Hybrid), worker(1, Role::Hybrid)],
+    );
+    s.workers[0].kv_room_tokens = Some(1_000);
+    s.workers[1].kv_room_tokens = Some(100_000);
+    let p = s.plan();
+    assert_chosen(&p, Action::Colocate, 1);
+    let on_full = p
+        .candidates
+        .iter()
+        .find(|c| c.decode_on == WorkerId(0))
+        .unwrap();
+    // The 3,000 tokens it would evict, recomputed at its prefill rate.
+    assert!(on_full.cost.evict_s > 0.0, "{on_full:?}");
+    assert_eq!(p.chosen.cost.evict_s, 0.0);
+    // Unknown capacity: no memory term either way.
+    s.workers[0].kv_room_tokens = None;
+    let p = s.plan();
+    assert!(p.candidates.iter().all(|c| c.cost.evict_s == 0.0));
+}
+
+#[test]
 fn no_available_worker_is_an_error() {
     let mut w = worker(0, Role::Hybrid);
     w.healthy = false;
@@ -400,6 +427,10 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 _ => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
             },
             prefill_scale: 0.5 + rng.next_f64() * 1.5,
+            kv_room_tokens: match pick(rng, 3) {
+                0 => None,
+                _ => Some(rng.next_u64() % (prompt_tokens + 2_000)),
+            },
         });
     }
     // Ids that are not in the fleet too: a stale owner or artifact.

@@ -251,12 +251,14 @@ mod tests {
             running: 8.0,
             waiting: 6.0,
             kv_usage: 0.5,
+            kv_room_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws).unwrap().worker, WorkerId(1));
         ws[1].load = Some(EngineLoad {
             running: 1.0,
             waiting: 0.0,
             kv_usage: 0.99,
+            kv_room_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws), Err(PolicyError::AllBusy));
         for x in &mut ws {

@@ -164,6 +164,7 @@ mod tests {
                 running: 1.0,
                 waiting,
                 kv_usage: kv,
+                kv_room_tokens: None,
             }),
             ..WorkerView::idle(WorkerId(id), role)
         }

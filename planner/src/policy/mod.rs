@@ -42,6 +42,10 @@ pub struct EngineLoad {
     pub waiting: f64,
     /// KV-cache occupancy, 0..1.
     pub kv_usage: f64,
+    /// KV tokens the worker can take without evicting a cached prefix: its capacity (as
+    /// the engine reports it, or configured) minus the blocks the KV index says it holds.
+    /// `None` while its capacity is unknown.
+    pub kv_room_tokens: Option<u64>,
 }
 
 /// What the router knows about one worker when it routes a request.

@@ -109,6 +109,7 @@ impl OwnerServe {
             decoding: w.decoding(),
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
+            kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
         }
     }
 

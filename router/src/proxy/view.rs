@@ -71,10 +71,12 @@ impl<'a> Sources<'a> {
         StepView { route, lookup }
     }
 
-    /// Folds each worker's KV capacity into its scraped usage: the busy threshold
+    /// Folds each worker's KV capacity into its scraped load: the busy threshold
     /// (`busy_max_kv_usage`) sees the larger of what the engine reported at its last
     /// scrape and what the router has in flight there (blocks × block size over the
-    /// capacity), so a burst sent between two scrapes counts at once.
+    /// capacity), so a burst sent between two scrapes counts at once; and the planner's
+    /// memory term sees the room left before a cached prefix must be evicted (the
+    /// capacity minus what the KV index says the worker holds).
     fn predicted_kv_usage(&self, views: &mut [WorkerView]) {
         let block = self.kv.block_size() as u64;
         for v in views {
@@ -84,6 +86,7 @@ impl<'a> Sources<'a> {
             if let Some(capacity) = w.kv_capacity_tokens() {
                 let predicted = v.active_blocks.saturating_mul(block) as f64 / capacity as f64;
                 load.kv_usage = load.kv_usage.max(predicted);
+                load.kv_room_tokens = Some(capacity.saturating_sub(self.kv.worker_tokens(v.id)));
             }
         }
     }

@@ -102,6 +102,12 @@ impl BlockPool {
         1.0 - self.num_free as f64 / self.blocks.len() as f64
     }
 
+    /// Blocks holding a cached prefix block (in use or not): what the engine has
+    /// announced in `BlockStored` events and not removed.
+    pub fn holding(&self) -> usize {
+        self.cached.len()
+    }
+
     /// Cached blocks evicted so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
