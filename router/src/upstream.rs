@@ -21,11 +21,47 @@ use crate::registry::Worker;
 /// The pooled client every worker call goes through.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// How long an idle pooled connection to a worker is kept: under the 5 s keep-alive of
+/// How long an idle pooled connection to a worker is kept: well under the 5 s keep-alive of
 /// uvicorn, which serves vLLM's and SGLang's APIs. A connection kept longer can be closed by
 /// the engine just as the router sends on it, and the request fails mid-flight (the
-/// real-engine suite hit it on a loaded machine).
-const POOL_IDLE: Duration = Duration::from_secs(4);
+/// real-engine suite hit it on a loaded machine, at 4 s too: the engine's timer starts when
+/// its answer is sent, ours when the body has been read, and a starved router may sit
+/// between checkout and write). [`request`] also sends such a request again, once.
+const POOL_IDLE: Duration = Duration::from_secs(2);
+
+/// Sends `req`. A request the connection's close cut off before any answer came back (an
+/// engine closing an idle keep-alive connection just as the router wrote on it: the
+/// engine read nothing) is sent once more, on another connection.
+async fn request(
+    client: &HttpClient,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    let (parts, body) = req.into_parts();
+    let copy = || {
+        let mut r = Request::new(body.clone());
+        *r.method_mut() = parts.method.clone();
+        *r.uri_mut() = parts.uri.clone();
+        *r.version_mut() = parts.version;
+        *r.headers_mut() = parts.headers.clone();
+        r
+    };
+    match client.request(copy()).await {
+        Err(e) if closed_before_answer(&e) => client.request(copy()).await,
+        other => other,
+    }
+}
+
+/// Whether `e` is a connection that closed before the response began.
+fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            return h.is_incomplete_message() || h.is_canceled();
+        }
+        source = s.source();
+    }
+    false
+}
 
 /// Builds the client: no Nagle delay, a short connect timeout so a dead worker fails fast.
 pub fn client(connect_timeout: Duration) -> HttpClient {
@@ -134,7 +170,7 @@ async fn send_small(
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let read = async {
-        let resp = client.request(req).await.map_err(|e| {
+        let resp = request(client, req).await.map_err(|e| {
             if e.is_connect() {
                 ForwardError::Connect
             } else {
@@ -211,7 +247,7 @@ impl Upstream {
         for (name, v) in extra {
             out.insert(name, v.clone());
         }
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeout, request(&self.client, req)).await {
             Err(_) => Err(ForwardError::Timeout(self.timeout)),
             Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect),
             Ok(Err(_)) => Err(ForwardError::Failed),
@@ -236,5 +272,50 @@ impl EngineCalls for Upstream {
             body,
             self.timeout,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// An engine that reads its first connection's request and closes it unanswered (its
+    /// keep-alive ran out), then answers on the next connection; `answer_again` false: it
+    /// closes that one unanswered too.
+    async fn closing_engine(answer_again: bool) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("has an address");
+        tokio::spawn(async move {
+            for n in 0.. {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                if n > 0 && answer_again {
+                    let _ = conn
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                }
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_request_cut_off_before_any_answer_is_sent_once_more() {
+        let client = client(Duration::from_secs(1));
+        let url = closing_engine(true).await;
+        let (status, body) = get_small(&client, &url, "/health", Duration::from_secs(5))
+            .await
+            .expect("answered on the second connection");
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
+        // Only once: an engine that never answers is a failure, not a loop.
+        let url = closing_engine(false).await;
+        let failed = get_small(&client, &url, "/health", Duration::from_secs(5)).await;
+        assert!(matches!(failed, Err(ForwardError::Failed)), "{failed:?}");
     }
 }
