@@ -284,11 +284,12 @@ mod tests {
 
     /// An engine that reads its first connection's request and closes it unanswered (its
     /// keep-alive ran out), then answers on the next connection; `answer_again` false: it
-    /// closes that one unanswered too.
-    async fn closing_engine(answer_again: bool) -> String {
+    /// closes that one unanswered too. It runs as long as the returned set is kept.
+    async fn closing_engine(answer_again: bool) -> (String, tokio::task::JoinSet<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
         let addr = listener.local_addr().expect("has an address");
-        tokio::spawn(async move {
+        let mut engine = tokio::task::JoinSet::new();
+        engine.spawn(async move {
             for n in 0.. {
                 let Ok((mut conn, _)) = listener.accept().await else {
                     return;
@@ -302,19 +303,19 @@ mod tests {
                 }
             }
         });
-        format!("http://{addr}")
+        (format!("http://{addr}"), engine)
     }
 
     #[tokio::test]
     async fn a_request_cut_off_before_any_answer_is_sent_once_more() {
         let client = client(Duration::from_secs(1));
-        let url = closing_engine(true).await;
+        let (url, _engine) = closing_engine(true).await;
         let (status, body) = get_small(&client, &url, "/health", Duration::from_secs(5))
             .await
             .expect("answered on the second connection");
         assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
         // Only once: an engine that never answers is a failure, not a loop.
-        let url = closing_engine(false).await;
+        let (url, _engine) = closing_engine(false).await;
         let failed = get_small(&client, &url, "/health", Duration::from_secs(5)).await;
         assert!(matches!(failed, Err(ForwardError::Failed)), "{failed:?}");
     }
