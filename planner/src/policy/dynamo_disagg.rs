@@ -19,10 +19,9 @@
 //! baseline collapses on 2P6D the way `static_pd` does, which would be a straw man.
 
 use super::{
-    full_request_candidates, Decision, Dispatch, DynamoKv, DynamoKvConfig, Policy, PolicyError,
-    RouteRequest, WorkerView,
+    full_request_candidates, prefill_candidates, Decision, Dispatch, DynamoKv, DynamoKvConfig,
+    Policy, PolicyError, RouteRequest, WorkerView,
 };
-use crate::ids::Role;
 
 /// Settings of [`DynamoDisagg`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -96,9 +95,7 @@ impl Policy for DynamoDisagg {
             return Ok(decision);
         }
         // The prefill router: KV router over prefill workers, no decode-block tracking.
-        let prefill_views: Vec<WorkerView> = workers
-            .iter()
-            .filter(|w| w.takes_work() && w.role == Role::Prefill && w.id != d.id)
+        let prefill_views: Vec<WorkerView> = prefill_candidates(workers, d.id)
             .map(|w| WorkerView {
                 active_blocks: 0,
                 ..*w
@@ -124,6 +121,7 @@ impl Policy for DynamoDisagg {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Role;
     use crate::ids::WorkerId;
 
     fn req(tokens: u32) -> RouteRequest<'static> {

@@ -18,9 +18,8 @@
 //! host/disk tier credits (0.75 / 0.25) apply only to tiers the engines report, which the
 //! device-only KV index here does not.
 
-use super::{
-    full_request_candidates, Decision, Policy, PolicyError, RouteRequest, SplitMix64, WorkerView,
-};
+use super::cost_choice::CostChoice;
+use super::{full_request_candidates, Decision, Policy, PolicyError, RouteRequest, WorkerView};
 
 /// Settings of [`DynamoKv`]; `Default` is Dynamo's.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -73,16 +72,14 @@ impl DynamoKvConfig {
 #[derive(Debug, Clone)]
 pub struct DynamoKv {
     cfg: DynamoKvConfig,
-    rng: SplitMix64,
-    tie_break: usize,
+    choice: CostChoice,
 }
 
 impl DynamoKv {
     pub fn new(cfg: DynamoKvConfig, seed: u64) -> Self {
         Self {
             cfg,
-            rng: SplitMix64::new(seed),
-            tie_break: 0,
+            choice: CostChoice::new(seed),
         }
     }
 
@@ -106,34 +103,9 @@ impl DynamoKv {
                 PolicyError::NoHealthyWorker
             });
         }
-        let min = scored.iter().map(|(c, _)| *c).fold(f64::INFINITY, f64::min);
-        let max = scored
-            .iter()
-            .map(|(c, _)| *c)
-            .fold(f64::NEG_INFINITY, f64::max);
-        if self.cfg.temperature > 0.0 && max > min {
-            let weights: Vec<f64> = scored
-                .iter()
-                .map(|(c, _)| (-(c - min) / ((max - min) * self.cfg.temperature)).exp())
-                .collect();
-            let mut x = self.rng.next_f64() * weights.iter().sum::<f64>();
-            for (i, wt) in weights.iter().enumerate() {
-                if x < *wt {
-                    return Ok(scored[i].1);
-                }
-                x -= wt;
-            }
-            return Ok(scored[scored.len() - 1].1);
-        }
-        let best: Vec<&WorkerView> = scored
-            .iter()
-            .filter(|(c, _)| *c <= min)
-            .map(|(_, w)| *w)
-            .collect();
-        let fewest = best.iter().map(|w| w.in_flight).min().unwrap_or(0);
-        let tied: Vec<&WorkerView> = best.into_iter().filter(|w| w.in_flight == fewest).collect();
-        self.tie_break = self.tie_break.wrapping_add(1);
-        Ok(tied[self.tie_break % tied.len()])
+        self.choice
+            .choose(&scored, self.cfg.temperature)
+            .ok_or(PolicyError::NoHealthyWorker)
     }
 }
 

@@ -9,9 +9,8 @@
 //! busy threshold (scraped queue length or KV usage, or predicted prefill tokens) are
 //! skipped; if all are, the request is refused so the client can retry.
 
-use super::{
-    full_request_candidates, Decision, Policy, PolicyError, RouteRequest, SplitMix64, WorkerView,
-};
+use super::cost_choice::CostChoice;
+use super::{full_request_candidates, Decision, Policy, PolicyError, RouteRequest, WorkerView};
 
 /// Thresholds past which a worker takes no new requests (`None`: no limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -61,16 +60,14 @@ impl Default for KvAwareConfig {
 #[derive(Debug, Clone)]
 pub struct KvAware {
     cfg: KvAwareConfig,
-    rng: SplitMix64,
-    tie_break: usize,
+    choice: CostChoice,
 }
 
 impl KvAware {
     pub fn new(cfg: KvAwareConfig, seed: u64) -> Self {
         Self {
             cfg,
-            rng: SplitMix64::new(seed),
-            tie_break: 0,
+            choice: CostChoice::new(seed),
         }
     }
 
@@ -112,38 +109,10 @@ impl Policy for KvAware {
                 PolicyError::NoHealthyWorker
             });
         }
-        let min = scored.iter().map(|(l, _)| *l).fold(f64::INFINITY, f64::min);
-        let max = scored
-            .iter()
-            .map(|(l, _)| *l)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let pick = if self.cfg.temperature > 0.0 && max > min {
-            let weights: Vec<f64> = scored
-                .iter()
-                .map(|(l, _)| (-(l - min) / ((max - min) * self.cfg.temperature)).exp())
-                .collect();
-            let mut x = self.rng.next_f64() * weights.iter().sum::<f64>();
-            let mut chosen = scored.len() - 1;
-            for (i, w) in weights.iter().enumerate() {
-                if x < *w {
-                    chosen = i;
-                    break;
-                }
-                x -= w;
-            }
-            scored[chosen].1
-        } else {
-            let best: Vec<&WorkerView> = scored
-                .iter()
-                .filter(|(l, _)| *l <= min)
-                .map(|(_, w)| *w)
-                .collect();
-            let fewest = best.iter().map(|w| w.in_flight).min().unwrap_or(0);
-            let tied: Vec<&WorkerView> =
-                best.into_iter().filter(|w| w.in_flight == fewest).collect();
-            self.tie_break = self.tie_break.wrapping_add(1);
-            tied[self.tie_break % tied.len()]
-        };
+        let pick = self
+            .choice
+            .choose(&scored, self.cfg.temperature)
+            .ok_or(PolicyError::NoHealthyWorker)?;
         Ok(Decision::single(pick.id))
     }
 }

@@ -16,9 +16,9 @@
 //! llm-d has no prefill-queue limit: a remote prefill waits in the prefill pool.
 
 use super::{
-    full_request_candidates, Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView,
+    full_request_candidates, prefill_candidates, Decision, Dispatch, Policy, PolicyError,
+    RouteRequest, WorkerView,
 };
-use crate::ids::Role;
 
 /// Settings of [`LlmD`]; `Default` is the guides'.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -131,10 +131,7 @@ impl Policy for LlmD {
         if self.cfg.non_cached_tokens == 0 || non_cached < self.cfg.non_cached_tokens {
             return Ok(decision);
         }
-        let prefillers: Vec<&WorkerView> = workers
-            .iter()
-            .filter(|w| w.takes_work() && w.role == Role::Prefill && w.id != d.id)
-            .collect();
+        let prefillers: Vec<&WorkerView> = prefill_candidates(workers, d.id).collect();
         if let Some(p) = self.pick(req, &prefillers, false) {
             decision.dispatch = Dispatch::Disaggregated { prefill: p.id };
         }
@@ -145,6 +142,7 @@ impl Policy for LlmD {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Role;
     use crate::ids::WorkerId;
     use crate::policy::EngineLoad;
 

@@ -4,6 +4,7 @@
 
 mod colocated;
 mod conditional_pd;
+mod cost_choice;
 mod dynamo_disagg;
 mod dynamo_kv;
 mod kv_aware;
@@ -322,6 +323,17 @@ pub(crate) fn full_request_candidates(
     workers
         .iter()
         .filter(move |w| w.takes_work() && (!any_full || w.role.serves_full_requests()))
+}
+
+/// The prefill workers of `workers` that take work, but `decoder` (the worker already
+/// chosen to decode: a prefill leg elsewhere only).
+pub(crate) fn prefill_candidates(
+    workers: &[WorkerView],
+    decoder: WorkerId,
+) -> impl Iterator<Item = &WorkerView> + '_ {
+    workers
+        .iter()
+        .filter(move |w| w.takes_work() && w.role == Role::Prefill && w.id != decoder)
 }
 
 /// The least loaded of `workers` by (prefill tokens queued, requests in flight); the first
