@@ -63,6 +63,18 @@ async fn up_records_leases_and_the_owners_of_routed_sessions() {
         served.push((s, route(&stack.url, s, &long(s)).await));
     }
     sessions_recorded(&stack.url, 3).await;
+    // Each session's owner is claimed before its first step is dispatched; its prefix
+    // comes with the step's records, batched off the request path a moment later.
+    let url = stack.url.clone();
+    eventually(Duration::from_secs(10), "prefixes recorded", || {
+        let url = url.clone();
+        async move {
+            get_json(&format!("{url}/admin/v1/sessions")).await["sessions"]
+                .as_array()
+                .is_some_and(|v| v.iter().all(|r| r["prefix"].is_u64()))
+        }
+    })
+    .await;
     let sessions = get_json(&format!("{}/admin/v1/sessions", stack.url)).await;
     for (s, worker) in served {
         let row = sessions["sessions"]
