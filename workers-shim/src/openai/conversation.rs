@@ -141,6 +141,42 @@ pub(crate) struct Converted<'a> {
     pub(crate) template: TemplateInput<'a>,
 }
 
+impl<'a> Converted<'a> {
+    /// `messages` for routing, with what the model's template renders: `chat` (the same
+    /// conversation as chat messages) and `tools_json`.
+    pub(crate) fn new(
+        messages: Vec<Message<'a>>,
+        chat: Vec<serde_json::Value>,
+        tools_json: Option<Cow<'a, str>>,
+    ) -> Self {
+        Self {
+            messages,
+            template: TemplateInput {
+                messages_json: Some(Cow::Owned(serde_json::Value::from(chat).to_string())),
+                tools_json,
+                add_generation_prompt: true,
+            },
+        }
+    }
+}
+
+/// A chat template's `function` tool from a Messages or Responses tool: its name,
+/// description and JSON-schema parameters (an open object when absent or unreadable).
+pub(crate) fn function_tool(
+    name: Cow<'_, str>,
+    description: Option<Text<'_>>,
+    schema: Option<&serde_json::value::RawValue>,
+) -> serde_json::Value {
+    let schema = schema
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s.get()).ok())
+        .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+    serde_json::json!({"type": "function", "function": {
+        "name": name,
+        "description": description.map(|d| d.0).unwrap_or_default(),
+        "parameters": schema,
+    }})
+}
+
 pub(crate) fn content_type_error(param: String) -> RequestError {
     RequestError {
         message: format!(

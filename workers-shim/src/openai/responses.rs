@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::conversation::{
-    content_type_error, Converted, Message, RequestError, TemplateInput, Text,
+    content_type_error, function_tool, Converted, Message, RequestError, Text,
 };
 
 /// One input item; only the fields the prompt needs.
@@ -139,30 +139,13 @@ pub(crate) fn convert<'a>(
             let chat_tools: Vec<Value> = list
                 .into_iter()
                 .filter(|t| t.kind.0 == "function")
-                .filter_map(|t| {
-                    let schema = t
-                        .parameters
-                        .and_then(|s| serde_json::from_str::<Value>(s.get()).ok())
-                        .unwrap_or_else(|| json!({"type": "object"}));
-                    Some(json!({"type": "function", "function": {
-                        "name": t.name?.0,
-                        "description": t.description.map(|d| d.0).unwrap_or_default(),
-                        "parameters": schema,
-                    }}))
-                })
+                .filter_map(|t| Some(function_tool(t.name?.0, t.description, t.parameters)))
                 .collect();
             (!chat_tools.is_empty()).then(|| Cow::Owned(Value::from(chat_tools).to_string()))
         }
         None => None,
     };
-    Ok(Converted {
-        messages: out,
-        template: TemplateInput {
-            messages_json: Some(Cow::Owned(Value::from(chat).to_string())),
-            tools_json,
-            add_generation_prompt: true,
-        },
-    })
+    Ok(Converted::new(out, chat, tools_json))
 }
 
 fn convert_item<'a>(
