@@ -190,7 +190,18 @@ impl Replica {
     fn take(&self, line: &[u8]) -> Result<(), Broken> {
         let parsed: WatchLine =
             serde_json::from_slice(line).map_err(|e| Broken::Line(e.to_string()))?;
-        self.heard_ms.store(super::unix_ms(), Ordering::Release);
+        // Heard from the cluster as of when the line was written, not read: lines buffered
+        // while this process was paused are old news, and the replica must catch up
+        // before it is read as current. (Clocks of different machines differ; the node's
+        // stamp is compared with this one's, so a skew shifts the 2 s freshness window.)
+        let written_ms = match &parsed {
+            WatchLine::Heartbeat { sent_ms, .. } if *sent_ms > 0 => *sent_ms,
+            WatchLine::Entry {
+                entry: Some(env), ..
+            } => env.now_ms,
+            _ => super::unix_ms(),
+        };
+        self.heard_ms.fetch_max(written_ms, Ordering::AcqRel);
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         let had = self.applied();
         let index = match parsed {

@@ -47,6 +47,11 @@ pub enum WatchLine {
     },
     Heartbeat {
         heartbeat: u64,
+        /// When the node sent it (Unix ms): a line read late (the follower was paused and
+        /// its socket buffered the stream) must not make the follower look current. 0 from
+        /// a node that does not say.
+        #[serde(default)]
+        sent_ms: u64,
     },
 }
 
@@ -109,7 +114,10 @@ impl Watcher {
             let woke = tokio::time::timeout(HEARTBEAT, self.applied.changed()).await;
             if !matches!(woke, Ok(Ok(()))) {
                 let heartbeat = self.node.machine.feed().last();
-                return line(&WatchLine::Heartbeat { heartbeat });
+                return line(&WatchLine::Heartbeat {
+                    heartbeat,
+                    sent_ms: super::unix_ms(),
+                });
             }
         }
     }
