@@ -259,11 +259,22 @@ pub fn temp_config(name: &str, text: &str) -> String {
 
 /// A free TCP port on 127.0.0.1 (for processes whose port must be known before they start).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // The kernel may hand the same ephemeral port out again once its probe socket is
+    // closed; a cluster given one port for two nodes never starts. So a port is never
+    // handed out twice by this process.
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// `n` `ownerserve directory` processes forming one cluster on 127.0.0.1, numbered from 1
