@@ -126,7 +126,26 @@ pub enum Command {
         epoch: Epoch,
         pinned: bool,
     },
-    /// Advances time: expires leases past their TTL plus grace and cascades.
+    /// Names a session's place among its harness's agents: the conversation's `root`
+    /// session and the `parent` agent that spawned it (Claude Code's sub-agents, Codex
+    /// threads, OpenCode child sessions). Labels only, for the operator's view: they move
+    /// no owner. Unknown sessions are refused.
+    LabelSession {
+        session: SessionId,
+        root: Option<SessionId>,
+        parent: Option<SessionId>,
+    },
+    /// Records that `lease`'s worker stored the response `id` (OpenAI Responses,
+    /// `store: true`) for `ttl_ms` from now: its follow-ups, reads and cancels go there.
+    /// When the worker's last lease ends, the record is marked lost (kept until it
+    /// expires). At most `response_map::MAX_RESPONSES` are kept.
+    RecordResponse {
+        id: String,
+        lease: LeaseId,
+        ttl_ms: u64,
+    },
+    /// Advances time: expires leases past their TTL plus grace and cascades, and drops
+    /// expired response records.
     Tick,
     /// Several commands in one entry (one Raft round trip, one fsync), applied in order;
     /// each gets its own epoch. At most [`MAX_BATCH`] commands; batches do not nest.
@@ -150,6 +169,8 @@ impl Command {
             Command::EndSession { .. } => "end_session",
             Command::DemoteSession { .. } => "demote_session",
             Command::PinSession { .. } => "pin_session",
+            Command::LabelSession { .. } => "label_session",
+            Command::RecordResponse { .. } => "record_response",
             Command::Tick => "tick",
             Command::Batch { .. } => "batch",
         }

@@ -43,8 +43,9 @@ fn owner_consistent(
 }
 
 /// Every owner is backed by its lease, every lease attachment by an owner, each key is
-/// attached to at most one lease (so at most one owner), and ref counts equal the live
-/// sessions built on each artifact.
+/// attached to at most one lease (so at most one owner), ref counts equal the live
+/// sessions built on each artifact, and every stored response not lost is held under an
+/// existing lease of its worker.
 pub fn check(d: &Directory) -> Vec<Violation> {
     let mut out = Vec::new();
     for (k, a) in &d.artifacts {
@@ -65,6 +66,14 @@ pub fn check(d: &Directory) -> Vec<Violation> {
         }
         if let Some(p) = s.prefix.filter(|p| !d.artifacts.contains_key(p)) {
             out.push(Violation(format!("{id:?} built on missing {p:?}")));
+        }
+    }
+    for (id, r) in d.responses.iter().filter(|(_, r)| !r.lost) {
+        if d.leases.get(&r.lease).is_none_or(|l| l.worker != r.worker) {
+            out.push(Violation(format!(
+                "response {id} held by {} under {:?}, not its lease",
+                r.worker, r.lease
+            )));
         }
     }
     let mut seen = std::collections::BTreeMap::new();

@@ -7,7 +7,8 @@
 //!   timestamp + optional idempotency key).
 //! - [`state`]: the directory's state, serialisable as a snapshot; [`artifact_map`]: its
 //!   prefix artifacts, with the index a lookup probes (where they end, their chains'
-//!   checkpoints).
+//!   checkpoints); [`response_map`]: stored responses (OpenAI Responses, `store: true`)
+//!   and the worker holding each, with their expiry order.
 //! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
 //!   [`outcome`]: what it answers, rejections included.
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
@@ -29,6 +30,7 @@ pub mod command;
 pub mod ids;
 pub mod invariants;
 pub mod outcome;
+pub mod response_map;
 pub mod state;
 
 #[cfg(feature = "raft")]

@@ -34,6 +34,13 @@ pub enum Outcome {
     Ticked {
         expired: Vec<LeaseId>,
     },
+    /// A stored response's holder was recorded, until `expires_at_ms`.
+    ResponseRecorded {
+        worker: WorkerId,
+        expires_at_ms: u64,
+    },
+    /// A session's root and parent were recorded.
+    Labelled,
     /// One outcome per command of a batch, in order.
     Batch {
         outcomes: Vec<Outcome>,
@@ -66,6 +73,8 @@ pub enum Rejection {
     BadBatch { max: usize },
     #[error("session {0:?} is pinned to its worker")]
     Pinned(SessionId),
+    #[error("a response id must be 1 to {max} bytes")]
+    BadResponseId { max: usize },
 }
 
 impl Rejection {
@@ -83,6 +92,7 @@ impl Rejection {
             Rejection::StaleRetry { .. } => "stale_retry",
             Rejection::BadBatch { .. } => "bad_batch",
             Rejection::Pinned(_) => "pinned",
+            Rejection::BadResponseId { .. } => "bad_response_id",
         }
     }
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::artifact_map::{Artifact, ArtifactMap, Location};
 use crate::outcome::Outcome;
+pub use crate::response_map::{ResponseMap, StoredResponse};
 
 pub use crate::ids::Owner;
 use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
@@ -33,6 +34,13 @@ pub struct Session {
     /// Operator pin: the session stays on its decode owner.
     #[serde(default)]
     pub pinned: bool,
+    /// The conversation's root session, when the harness named one other than this
+    /// session (`LabelSession`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<SessionId>,
+    /// The agent that spawned this one, as the harness named it (not a fork's parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_parent: Option<SessionId>,
 }
 
 /// The directory.
@@ -52,6 +60,9 @@ pub struct Directory {
     /// Ownership changes so far (replicated, so every node reports the same totals).
     #[serde(default)]
     pub stats: DirectoryStats,
+    /// Stored responses (OpenAI Responses, `store: true`) and the worker holding each.
+    #[serde(default)]
+    pub responses: ResponseMap,
 }
 
 /// Counts of ownership changes, kept by `apply` for the operator's metrics.

@@ -80,6 +80,11 @@ enum Op {
         cas: Cas,
         pinned: bool,
     },
+    /// Records stored response `id` under a lease.
+    Respond {
+        id: u8,
+        slot: u8,
+    },
     /// Re-sends the previous command with the same idempotency key.
     Retry,
     /// Several of the above in one entry.
@@ -112,9 +117,10 @@ fn single_op() -> impl Strategy<Value = Op> {
         2 => (k.clone(), slot.clone(), cas()).prop_map(|(key, slot, cas)| Op::Migrate { key, slot, cas }),
         3 => (0u8..4, slot.clone(), proptest::option::of(k.clone()), proptest::option::of(cas()))
             .prop_map(|(session, slot, prefix, cas)| Op::SetDecodeOwner { session, slot, prefix, cas }),
-        2 => (0u8..4, 0u8..4, slot, cas()).prop_map(|(parent, child, slot, cas)| Op::Fork { parent, child, slot, cas }),
+        2 => (0u8..4, 0u8..4, slot.clone(), cas()).prop_map(|(parent, child, slot, cas)| Op::Fork { parent, child, slot, cas }),
         1 => (0u8..4, cas()).prop_map(|(session, cas)| Op::End { session, cas }),
         1 => (0u8..4, cas(), any::<bool>()).prop_map(|(session, cas, pinned)| Op::Pin { session, cas, pinned }),
+        2 => (0u8..6, slot.clone()).prop_map(|(id, slot)| Op::Respond { id, slot }),
         1 => Just(Op::Retry),
     ]
 }
@@ -237,6 +243,11 @@ fn command(d: &Directory, granted: &[LeaseId], op: &Op) -> Command {
             session: session(s),
             epoch: session_epoch(&session(s), cas),
             pinned,
+        },
+        Op::Respond { id, slot } => Command::RecordResponse {
+            id: format!("resp_{id}"),
+            lease: lease(slot),
+            ttl_ms: 4_000,
         },
         Op::Batch(ref ops) => Command::Batch {
             commands: ops.iter().map(|o| command(d, granted, o)).collect(),

@@ -1,7 +1,8 @@
 //! Leases: grant, keep-alive (renewing every attached key at once, etcd style), revoke, and
 //! the expiry cascade run by `Tick`: a dead lease's prefixes pass to a live worker holding a
 //! copy (new epoch) or are marked for recompute; its sessions follow their prefix's new
-//! owner or end, releasing their fork reference.
+//! owner or end, releasing their fork reference; its stored responses pass to another
+//! live lease of the same worker or are marked lost (no other engine holds them).
 
 use super::{Outcome, Rejection};
 use crate::ids::{Epoch, Key, LeaseId, WorkerId};
@@ -60,6 +61,7 @@ impl Directory {
         for &l in &expired {
             self.end_lease(l, epoch);
         }
+        self.responses.expire(self.now_ms);
         Outcome::Ticked { expired }
     }
 
@@ -78,6 +80,13 @@ impl Directory {
                 a.locations.retain(|loc| loc.worker != dead.worker);
             }
         }
+        // Its stored responses stay with the worker while it has another live lease.
+        let successor = self
+            .leases
+            .iter()
+            .find(|(&id, l)| l.worker == dead.worker && self.lease_live(id))
+            .map(|(&id, _)| id);
+        self.responses.lease_ended(lease, successor);
         // `Key` orders prefixes before sessions, so sessions see their prefix's new owner.
         for key in &dead.keys {
             match key {

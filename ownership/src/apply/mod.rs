@@ -1,10 +1,11 @@
 //! `Directory::apply`: the deterministic transition. It folds the entry's leader timestamp
 //! into the monotonic clock, answers retried `(client, seq)` pairs from the dedup table,
-//! dispatches to the handlers (`leases`, `artifacts`, `sessions` submodules), and gives every
+//! dispatches to the handlers (`leases`, `artifacts`, `sessions`, `responses` submodules), and gives every
 //! owner change an epoch derived from its log position ([`Epoch::of`]).
 
 mod artifacts;
 mod leases;
+mod responses;
 mod sessions;
 mod stats;
 
@@ -129,6 +130,14 @@ impl Directory {
                 session,
                 epoch: given,
             } => self.demote_session(session, *given),
+            Command::LabelSession {
+                session,
+                root,
+                parent,
+            } => self.label_session(session, root.as_ref(), parent.as_ref()),
+            Command::RecordResponse { id, lease, ttl_ms } => {
+                self.record_response(id, *lease, *ttl_ms)
+            }
             Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
         }
     }

@@ -89,6 +89,8 @@ impl Directory {
             predicted_tool_gap_ms: None,
             last_access_ms: now,
             pinned: false,
+            root: None,
+            agent_parent: None,
         });
         session.owner = Some(owner);
         session.epoch = owner.epoch;
@@ -147,9 +149,27 @@ impl Directory {
                 predicted_tool_gap_ms: None,
                 last_access_ms: now,
                 pinned: false,
+                root: None,
+                agent_parent: None,
             },
         );
         Outcome::Owned { worker, epoch }
+    }
+
+    /// Records session `id`'s root and parent agent (labels: no owner moves). A root equal
+    /// to the session itself is kept as none.
+    pub(super) fn label_session(
+        &mut self,
+        id: &SessionId,
+        root: Option<&SessionId>,
+        parent: Option<&SessionId>,
+    ) -> Outcome {
+        let Some(s) = self.sessions.get_mut(id) else {
+            return Rejection::UnknownSession(id.clone()).into();
+        };
+        s.root = root.filter(|r| *r != id).cloned();
+        s.agent_parent = parent.cloned();
+        Outcome::Labelled
     }
 
     /// Session `id` if its epoch is still `given`; else the rejection to answer.

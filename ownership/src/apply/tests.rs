@@ -563,3 +563,75 @@ fn stats_count_forks_migrations_session_moves_and_lease_ends() {
         }
     );
 }
+
+#[test]
+fn a_stored_response_stays_with_its_worker_then_is_lost_with_it_and_expires() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 3_000);
+    let record = |id: &str, lease| Command::RecordResponse {
+        id: id.into(),
+        lease,
+        ttl_ms: 10_000,
+    };
+    assert_eq!(
+        log.run(record("resp_1", a)),
+        Outcome::ResponseRecorded {
+            worker: W0,
+            expires_at_ms: 11_000
+        }
+    );
+    assert_eq!(
+        log.run(record("", a)),
+        Rejection::BadResponseId { max: 256 }.into()
+    );
+    assert_eq!(
+        log.run(record("r", LeaseId(999))),
+        Rejection::UnknownLease(LeaseId(999)).into()
+    );
+    // A second lease of the same worker (two routers raced): the response follows it.
+    let b = log.lease(W0, 6_000);
+    log.run(Command::RevokeLease { lease: a });
+    let r = &log.d.responses["resp_1"];
+    assert_eq!((r.worker, r.lease, r.lost), (W0, b, false));
+    // The worker's last lease ends: the response is lost, and says so until it expires.
+    log.at(8_000).run(Command::Tick);
+    assert!(log.d.responses["resp_1"].lost);
+    log.at(11_000).run(Command::Tick);
+    assert!(log.d.responses.is_empty());
+    // Snapshots written before responses existed still load.
+    let mut old = serde_json::to_value(&log.d).unwrap();
+    old.as_object_mut().unwrap().remove("responses");
+    let back: Directory = serde_json::from_value(old).unwrap();
+    assert_eq!(back, log.d);
+}
+
+#[test]
+fn a_session_is_labelled_with_its_root_and_parent_without_moving() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 3_000);
+    let s = |x: &str| SessionId(x.into());
+    let label = |session: &str, root: &str, parent: Option<&str>| Command::LabelSession {
+        session: s(session),
+        root: Some(s(root)),
+        parent: parent.map(s),
+    };
+    assert_eq!(
+        log.run(label("kid", "root", Some("root"))),
+        Rejection::UnknownSession(s("kid")).into()
+    );
+    log.run(Command::SetDecodeOwner {
+        session: s("kid"),
+        lease: a,
+        prefix: None,
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch: None,
+    });
+    let before = log.d.sessions[&s("kid")].clone();
+    assert_eq!(log.run(label("kid", "root", Some("mid"))), Outcome::Labelled);
+    let after = &log.d.sessions[&s("kid")];
+    assert_eq!((after.root.clone(), after.agent_parent.clone()), (Some(s("root")), Some(s("mid"))));
+    assert_eq!((after.owner, after.epoch), (before.owner, before.epoch));
+    log.run(label("kid", "kid", None));
+    assert_eq!(log.d.sessions[&s("kid")].root, None, "its own root");
+}

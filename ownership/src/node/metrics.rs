@@ -18,7 +18,7 @@ use ownerserve_edge::exposition::{
 use super::Node;
 
 /// Every command kind, to start their counters at zero.
-const COMMANDS: [&str; 15] = [
+const COMMANDS: [&str; 17] = [
     "grant_lease",
     "keep_alive",
     "revoke_lease",
@@ -32,12 +32,14 @@ const COMMANDS: [&str; 15] = [
     "end_session",
     "demote_session",
     "pin_session",
+    "label_session",
+    "record_response",
     "tick",
     "batch",
 ];
 
 /// Every rejection reason, likewise.
-const REJECTIONS: [&str; 11] = [
+const REJECTIONS: [&str; 12] = [
     "unknown_lease",
     "lease_expired",
     "unknown_prefix",
@@ -49,6 +51,7 @@ const REJECTIONS: [&str; 11] = [
     "stale_retry",
     "bad_batch",
     "pinned",
+    "bad_response_id",
 ];
 
 const STATES: [(ServerState, &str); 5] = [
