@@ -45,6 +45,8 @@ pub enum ApiError {
     UpstreamTimeout { worker: String, after: Duration },
     #[error("response '{id}' was stored by worker {worker}, which is gone; its conversation is lost: start again without previous_response_id")]
     ResponseLost { id: String, worker: String },
+    #[error("response '{id}' is stored by worker {worker}, which is not answering; retry shortly (if it does not come back within its lease, the response is lost)")]
+    ResponseOwnerDown { id: String, worker: String },
     #[error("response '{0}' not found")]
     ResponseNotFound(String),
     #[error("no route for {method} {path}")]
@@ -150,6 +152,12 @@ impl ApiError {
                 "invalid_request_error",
                 Some("previous_response_id"),
                 "response_lost",
+            ),
+            ResponseOwnerDown { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("previous_response_id"),
+                "response_owner_unavailable",
             ),
             ResponseNotFound(_) => (
                 StatusCode::NOT_FOUND,

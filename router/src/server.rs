@@ -115,6 +115,11 @@ impl AppState {
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
+        let responses = Arc::new(crate::response_owners::Recorder {
+            owners: Arc::default(),
+            directory: ownership.clone(),
+            patience: cfg.ownership_claim_timeout,
+        });
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
         let state = Arc::new(AppState {
@@ -143,7 +148,7 @@ impl AppState {
             client_gate,
             body_limits,
             registry,
-            response_owners: Arc::default(),
+            responses,
         });
         if state.ownership.is_some() {
             tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));

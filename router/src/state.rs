@@ -59,8 +59,9 @@ pub struct AppState {
     pub(crate) client_gate: Arc<crate::client_gate::ClientGate>,
     /// How client bodies may arrive, and the bytes all of them may hold at once.
     pub(crate) body_limits: crate::proxy::ingress::BodyLimits,
-    /// Which worker holds each stored Responses answer.
-    pub(crate) response_owners: Arc<crate::response_owners::ResponseOwners>,
+    /// Which worker holds each stored Responses answer: this router's records, and the
+    /// directory they are recorded in.
+    pub(crate) responses: Arc<crate::response_owners::Recorder>,
 }
 
 impl AppState {

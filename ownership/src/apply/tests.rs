@@ -628,9 +628,15 @@ fn a_session_is_labelled_with_its_root_and_parent_without_moving() {
         expect_epoch: None,
     });
     let before = log.d.sessions[&s("kid")].clone();
-    assert_eq!(log.run(label("kid", "root", Some("mid"))), Outcome::Labelled);
+    assert_eq!(
+        log.run(label("kid", "root", Some("mid"))),
+        Outcome::Labelled
+    );
     let after = &log.d.sessions[&s("kid")];
-    assert_eq!((after.root.clone(), after.agent_parent.clone()), (Some(s("root")), Some(s("mid"))));
+    assert_eq!(
+        (after.root.clone(), after.agent_parent.clone()),
+        (Some(s("root")), Some(s("mid")))
+    );
     assert_eq!((after.owner, after.epoch), (before.owner, before.epoch));
     log.run(label("kid", "kid", None));
     assert_eq!(log.d.sessions[&s("kid")].root, None, "its own root");

@@ -68,7 +68,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         .sources()
         .step(&parsed.model, &id, parsed.sampling.n, needs);
     // A Responses follow-up goes where its previous response is stored.
-    let pinned = stored::owner_of_previous(st, &parsed)?;
+    let pinned = stored::owner_of_previous(st, &parsed).await?;
     let mut replans = 0;
     let mut failed = Vec::new();
     loop {
@@ -107,11 +107,11 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             // The slot is held until the response body ends.
             Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
             // Nothing reached the worker: mark it down and try the next one (unless it
-            // holds the previous response: then that is lost).
+            // holds the previous response: that cannot run elsewhere).
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
                 if pinned.is_some() {
-                    return Err(stored::lost(&parsed, &worker.spec.name));
+                    return Err(stored::owner_down(&parsed, &worker.spec.name));
                 }
                 failed.push(worker.id);
             }

@@ -1,10 +1,14 @@
 //! Stored Responses answers on the request path: a follow-up (`previous_response_id`),
 //! a `GET /v1/responses/{id}` and a `POST /v1/responses/{id}/cancel` go to the worker
-//! that produced the response ([`crate::response_owners`]); a stored answer's owner is
-//! recorded as it is relayed. An owner that is gone gives `410 response_lost` naming the
-//! response. Also `POST /v1/messages/count_tokens`, answered from the prompt the router
+//! that produced the response, as the directory (or, without one or before it has the
+//! record, this router: [`crate::response_owners`]) records it; a stored answer's owner is
+//! recorded as it is relayed. An owner that is not answering gives `503
+//! response_owner_unavailable` (retryable) naming the response; one that is gone (its
+//! last directory lease ended, or it was removed) gives `410 response_lost`. A drained
+//! owner keeps serving the responses it holds: they exist nowhere else. Also `POST /v1/messages/count_tokens`, answered from the prompt the router
 //! routes by.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -26,38 +30,69 @@ use crate::state::AppState;
 use crate::upstream::ForwardError;
 
 /// The worker a Responses follow-up must run on: the owner of its previous response
-/// (`None` when it names none, or one this router never saw: the engines answer for it).
-pub fn owner_of_previous(
+/// (`None` when it names none, or one no record names: the engines answer for it).
+pub async fn owner_of_previous(
     st: &AppState,
     parsed: &ParsedRequest<'_>,
 ) -> Result<Option<WorkerId>, ApiError> {
     let Some(prev) = parsed.previous_response_id.as_deref() else {
         return Ok(None);
     };
-    live_owner(st, prev).map(|w| w.map(|w| w.id))
+    live_owner(st, prev).await.map(|w| w.map(|w| w.id))
 }
 
-/// The live owner of response `id`; an error naming it when the owner is gone.
-fn live_owner(st: &AppState, id: &str) -> Result<Option<std::sync::Arc<Worker>>, ApiError> {
-    let Some(owner) = st.response_owners.owner(id, Instant::now()) else {
+/// The worker recorded as holding response `id`, and whether the directory marked it
+/// lost: the directory's record first (every router replica agrees on it), else this
+/// router's own, else the directory's once this router's copy of it has caught up (a
+/// record another replica just committed).
+async fn recorded(st: &AppState, id: &str) -> Option<(WorkerId, bool)> {
+    let in_directory = || {
+        let mut found = None;
+        if let Some(sync) = &st.ownership {
+            sync.client().read_local(&mut |d| {
+                found = d.responses.get(id).map(|r| (WorkerId(r.worker.0), r.lost));
+            });
+        }
+        found
+    };
+    if let Some(r) = in_directory() {
+        return Some(r);
+    }
+    if let Some(w) = st.responses.owners.owner(id, Instant::now()) {
+        return Some((w, false));
+    }
+    let sync = st.ownership.as_ref()?;
+    if sync.client().catch_up().await {
+        return in_directory();
+    }
+    None
+}
+
+/// The live owner of response `id` (`None`: no record names it); an error naming the
+/// response when its owner is gone (410) or not answering (503, retryable).
+async fn live_owner(st: &AppState, id: &str) -> Result<Option<Arc<Worker>>, ApiError> {
+    let Some((owner, lost)) = recorded(st, id).await else {
         return Ok(None);
     };
-    match st.registry.get(owner) {
-        Some(w) if w.is_healthy() => Ok(Some(w.clone())),
-        Some(w) => Err(ApiError::ResponseLost {
+    let worker = st.registry.get(owner);
+    let name = worker.map_or_else(|| owner.to_string(), |w| w.spec.name.clone());
+    match worker {
+        Some(w) if !lost && w.is_healthy() => Ok(Some(w.clone())),
+        Some(_) if !lost => Err(ApiError::ResponseOwnerDown {
             id: id.to_owned(),
-            worker: w.spec.name.clone(),
+            worker: name,
         }),
-        None => Err(ApiError::ResponseLost {
+        _ => Err(ApiError::ResponseLost {
             id: id.to_owned(),
-            worker: owner.to_string(),
+            worker: name,
         }),
     }
 }
 
-/// The error of a follow-up whose previous response's owner is unreachable.
-pub fn lost(parsed: &ParsedRequest<'_>, worker: &str) -> ApiError {
-    ApiError::ResponseLost {
+/// The error of a follow-up whose previous response's owner refused the connection: it
+/// is down (retry; lost once its lease ends).
+pub fn owner_down(parsed: &ParsedRequest<'_>, worker: &str) -> ApiError {
+    ApiError::ResponseOwnerDown {
         id: parsed
             .previous_response_id
             .as_deref()
@@ -72,8 +107,8 @@ pub fn record_owner(st: &AppState, worker: WorkerId, response: Response) -> Resp
     if !response.status().is_success() {
         return response;
     }
-    let owners = st.response_owners.clone();
-    response.map(|b| response_owners::tap(b, owners, worker))
+    let recorder = st.responses.clone();
+    response.map(|b| Body::new(response_owners::Recording::new(b, worker, recorder)))
 }
 
 /// A worker's small answer as the client's response.
@@ -88,7 +123,9 @@ fn relayed((status, body): (StatusCode, Bytes)) -> Response {
 
 /// Asks the owner of response `id` at `path` (`GET` when `post` is false).
 async fn at_owner(st: &AppState, id: &str, path: &str, post: bool) -> Result<Response, ApiError> {
-    let owner = live_owner(st, id)?.ok_or_else(|| ApiError::ResponseNotFound(id.to_owned()))?;
+    let owner = live_owner(st, id)
+        .await?
+        .ok_or_else(|| ApiError::ResponseNotFound(id.to_owned()))?;
     let auth = st.cfg.engine_authorization.clone();
     let answer = if post {
         let headers: Vec<_> = auth
@@ -117,7 +154,7 @@ async fn at_owner(st: &AppState, id: &str, path: &str, post: bool) -> Result<Res
         Ok(a) => Ok(relayed(a)),
         Err(ForwardError::Connect) => {
             owner.mark_down("connection refused");
-            Err(ApiError::ResponseLost {
+            Err(ApiError::ResponseOwnerDown {
                 id: id.to_owned(),
                 worker: owner.spec.name.clone(),
             })
