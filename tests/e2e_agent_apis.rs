@@ -162,14 +162,35 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
     for _ in 0..3 {
         replay(url, title).await;
     }
-    // Past a few ownership flushes: a side request that took the session would show.
+    // Past a few ownership flushes (below): a side request that took the session would show.
+    // A Codex compaction (its turn metadata says `request_kind: compact`): a side request.
+    let mut compact = Capture {
+        path: codex[1].path.clone(),
+        headers: codex[1].headers.clone(),
+        body: codex[1].body.clone(),
+    };
+    for (k, v) in &mut compact.headers {
+        if k.eq_ignore_ascii_case("x-codex-turn-metadata") {
+            let mut m: Value = serde_json::from_str(v).unwrap();
+            m["request_kind"] = json!("compact");
+            *v = m.to_string();
+        }
+    }
+    compact.body["input"] = json!("Summarize the conversation so far.");
+    for _ in 0..3 {
+        replay(url, &compact).await;
+    }
     tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
     assert_eq!(
         owner_of(url, ses).await,
         before,
         "title requests moved the owner"
     );
-    assert_eq!(owner_of(url, thread).await, codex_owner);
+    assert_eq!(
+        owner_of(url, thread).await,
+        codex_owner,
+        "a compaction moved the owner"
+    );
     assert_eq!(owner_of(url, cc).await, cc_owner);
 
     // Each conversation is one session: none of the side requests made its own.
@@ -184,6 +205,57 @@ async fn recorded_harness_requests_parse_route_and_keep_their_owner() {
         assert_eq!(ids.iter().filter(|i| **i == id).count(), 1, "{ids:?}");
     }
     assert_eq!(ids.len(), 3, "{ids:?}");
+    for root in [cc, thread, ses] {
+        let row = get_json_auth(&format!("{url}/admin/v1/sessions/{root}")).await;
+        assert_eq!(
+            (row["root"].as_str(), &row["agent_parent"]),
+            (Some(root), &Value::Null),
+            "{row}"
+        );
+    }
+
+    // Sub-agents: a Claude Code agent and a Codex thread, each its own session, shown
+    // under their conversation's root with their parent.
+    let mut sub = Capture {
+        path: claude[0].path.clone(),
+        headers: claude[0].headers.clone(),
+        body: claude[0].body.clone(),
+    };
+    sub.headers
+        .push(("x-claude-code-agent-id".into(), "cc-sub-1".into()));
+    replay(url, &sub).await;
+    let mut kid = Capture {
+        path: codex[0].path.clone(),
+        headers: codex[0]
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("thread-id"))
+            .cloned()
+            .collect(),
+        body: codex[0].body.clone(),
+    };
+    kid.headers.push(("thread-id".into(), "codex-kid-1".into()));
+    kid.headers
+        .push(("x-codex-parent-thread-id".into(), thread.into()));
+    replay(url, &kid).await;
+    for (agent, root) in [("cc-sub-1", cc), ("codex-kid-1", thread)] {
+        owner_of(url, agent).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let row = get_json_auth(&format!("{url}/admin/v1/sessions/{agent}")).await;
+            if row["root"] == json!(root) && row["agent_parent"] == json!(root) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{agent}: {row}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        owner_of(url, cc).await,
+        cc_owner,
+        "a sub-agent moved its root"
+    );
+
     // Counted in the router's metrics by route.
     let metrics = common::get_text(&format!("{url}/metrics")).await;
     for route in ["/v1/messages", "/v1/responses", "/v1/chat/completions"] {
@@ -271,7 +343,7 @@ async fn every_follow_up_lands_on_the_owner_even_when_it_is_drained() {
 }
 
 #[tokio::test]
-async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
+async fn a_killed_owner_gives_an_error_naming_its_response() {
     let mut a = Proc::sim_worker(&["--instant"]);
     let b = Proc::sim_worker(&["--instant"]);
     let cfg = common::temp_config(
@@ -296,15 +368,18 @@ async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
     assert_eq!((on_a.1.as_str(), on_b.1.as_str()), ("a", "b"));
     a.kill();
     // A follow-up of a's response: never answered by b, but refused naming the response.
+    // Without a directory the router cannot tell a dead worker from one that will come
+    // back: 503, retryable (with a directory it becomes 410 once the worker's lease ends:
+    // tests/e2e_response_owners.rs).
     let r = client()
         .post(format!("{url}/v1/responses"))
         .json(&json!({"model": MODEL, "input": "more", "previous_response_id": on_a.0}))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 410);
+    assert_eq!(r.status().as_u16(), 503);
     let v: Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["code"], "response_lost", "{v}");
+    assert_eq!(v["error"]["code"], "response_owner_unavailable", "{v}");
     assert!(
         v["error"]["message"].as_str().unwrap().contains(&on_a.0),
         "{v}"
@@ -314,7 +389,7 @@ async fn a_killed_owner_gives_an_error_naming_the_lost_response() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 410);
+    assert_eq!(r.status().as_u16(), 503);
     // b's chain goes on.
     let (_, worker) = turn(url, Some(&on_b.0), 2).await;
     assert_eq!(worker, "b");

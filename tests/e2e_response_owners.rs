@@ -253,6 +253,25 @@ async fn chains_stay_on_their_owner_across_routers_through_a_drain_and_a_kill_is
             assert_eq!((r.worker.0, r.lost), (want, false), "{id}");
         }
     }
+    // What the drain leaves on w0, as the operator sees it.
+    let on_drained: usize = chains
+        .iter()
+        .filter(|c| c.owner == drained)
+        .map(|c| c.ids.len())
+        .sum();
+    let workers = admin_get(&format!("{}/admin/v1/workers", stack.router(1))).await;
+    let row = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["id"] == json!(drained))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (row["draining"].clone(), row["stored_responses"].clone()),
+        (json!(true), json!(on_drained)),
+        "{row}"
+    );
     kill_an_owner(&mut stack, &chains).await;
 }
 

@@ -34,6 +34,9 @@ pub const MAX_QUEUED: usize = 4096;
 pub struct Routed {
     pub worker: WorkerId,
     pub session: Option<String>,
+    /// The session's root session and parent agent, as its harness named them.
+    pub root: Option<String>,
+    pub parent: Option<String>,
     /// The prompt as the identity stage tokenized and hashed it.
     pub prompt: Arc<HashedPrompt>,
     pub effects: Effects,
@@ -178,7 +181,25 @@ fn commands_for(r: &Routed, lease: LeaseId, block_size: usize) -> Vec<Command> {
         }),
         (None, _) => {}
     }
+    if let Some(label) = label(r) {
+        out.push(label);
+    }
     out
+}
+
+/// The labels of a session step whose harness named a root other than the session, or
+/// a parent agent (a sub-agent): for the operator's view of the directory.
+fn label(r: &Routed) -> Option<Command> {
+    let session = r.session.as_deref().filter(|_| r.effects.fork.is_none())?;
+    let other_root = r.root.as_deref().filter(|root| *root != session);
+    if other_root.is_none() && r.parent.is_none() {
+        return None;
+    }
+    Some(Command::LabelSession {
+        session: SessionId(session.to_owned()),
+        root: other_root.map(|s| SessionId(s.to_owned())),
+        parent: r.parent.as_deref().map(|s| SessionId(s.to_owned())),
+    })
 }
 
 /// A session's owner claim for `lease`'s worker, committed before a step is dispatched:
@@ -324,6 +345,8 @@ mod tests {
         Routed {
             worker: WorkerId(3),
             session: session.map(str::to_owned),
+            root: None,
+            parent: None,
             prompt: Arc::new(HashedPrompt {
                 tokenized: Tokenized::from_tokens(tokens),
                 hashes,
@@ -471,5 +494,26 @@ mod tests {
             ("s1", "s1/kid", Epoch(4))
         );
         assert!(commands_for(&routed(8, None, Effects::default()), LeaseId(1), 16).is_empty());
+    }
+
+    #[test]
+    fn a_sub_agents_step_labels_its_session_with_its_root_and_parent() {
+        let mut r = routed(40, Some("kid"), Effects::default());
+        assert_eq!(
+            commands_for(&r, LeaseId(1), 16).len(),
+            2,
+            "a root agent: no label"
+        );
+        r.root = Some("root".into());
+        r.parent = Some("mid".into());
+        let commands = commands_for(&r, LeaseId(1), 16);
+        assert_eq!(
+            commands.last(),
+            Some(&Command::LabelSession {
+                session: SessionId("kid".into()),
+                root: Some(SessionId("root".into())),
+                parent: Some(SessionId("mid".into())),
+            })
+        );
     }
 }

@@ -412,11 +412,24 @@ async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {
-    Json(json!({"policy": st.cfg.policy, "workers": st.registry.describe()})).into_response()
+    let mut rows = serde_json::to_value(st.registry.describe()).unwrap_or_default();
+    // With a directory: the stored responses each worker holds (what a drain leaves).
+    if let (Some(held), Some(rows)) = (
+        crate::proxy::stored::held_per_worker(&st),
+        rows.as_array_mut(),
+    ) {
+        for (row, w) in rows.iter_mut().zip(st.registry.all()) {
+            row["stored_responses"] = json!(held.get(&w.id).copied().unwrap_or(0));
+        }
+    }
+    Json(json!({"policy": st.cfg.policy, "workers": rows})).into_response()
 }
 
 /// `POST /admin/v1/workers/{name}/drain`: the worker takes no new work; sessions it owns
 /// move off (migrate, fetch or recompute, as the planner prices them) on their next step.
+/// Stored responses it holds stay: their follow-ups, reads and cancels still go to it
+/// (the state exists in its engine alone); `stored_responses` in `/admin/v1/workers`
+/// counts them.
 async fn drain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
     set_draining(&st, &name, true)
 }

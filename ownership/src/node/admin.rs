@@ -161,8 +161,10 @@ fn session_row(d: &Directory, id: &SessionId, s: &Session) -> Value {
         .filter(|(_, c)| c.parent.as_ref() == Some(id))
         .map(|(c, _)| c.0.as_str())
         .collect();
+    let root = s.root.as_ref().unwrap_or(id);
     json!({"id": id.0, "owner": s.owner, "epoch": s.epoch, "prefix": s.prefix,
            "tail_tokens": s.tail_tokens, "parent": s.parent, "forks": forks,
+           "root": root, "agent_parent": s.agent_parent,
            "pinned": s.pinned, "predicted_tool_gap_ms": s.predicted_tool_gap_ms})
 }
 

@@ -121,15 +121,21 @@ fn session_cells(s: &Value) -> Vec<String> {
         cell(&s["epoch"]),
         cell(&s["prefix"]),
         cell(&s["tail_tokens"]),
-        cell(&s["parent"]),
+        cell(&s["root"]),
+        // A fork's parent session, else the agent that spawned it.
+        cell(if s["parent"].is_null() {
+            &s["agent_parent"]
+        } else {
+            &s["parent"]
+        }),
         cell(&s["forks"]),
         cell(&s["pinned"]),
         cell(&s["predicted_tool_gap_ms"]),
     ]
 }
 
-const SESSION_HEADERS: [&str; 9] = [
-    "ID", "WORKER", "EPOCH", "PREFIX", "TAIL", "PARENT", "FORKS", "PINNED", "GAP_MS",
+const SESSION_HEADERS: [&str; 10] = [
+    "ID", "WORKER", "EPOCH", "PREFIX", "TAIL", "ROOT", "PARENT", "FORKS", "PINNED", "GAP_MS",
 ];
 
 /// `GET /admin/v1/sessions`.

@@ -63,6 +63,8 @@ pub fn accepted(
         sync.record(Routed {
             worker: worker.id,
             session: id.session.map(str::to_owned),
+            root: id.root.map(str::to_owned),
+            parent: id.parent.map(str::to_owned),
             prompt: id.prompt.clone(),
             effects: effects(
                 decision,

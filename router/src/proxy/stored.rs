@@ -89,6 +89,19 @@ async fn live_owner(st: &AppState, id: &str) -> Result<Option<Arc<Worker>>, ApiE
     }
 }
 
+/// How many stored responses (not lost) the directory records on each worker; `None`
+/// without a directory.
+pub fn held_per_worker(st: &AppState) -> Option<std::collections::HashMap<WorkerId, usize>> {
+    let sync = st.ownership.as_ref()?;
+    let mut held = std::collections::HashMap::new();
+    sync.client().read_local(&mut |d| {
+        for r in d.responses.values().filter(|r| !r.lost) {
+            *held.entry(WorkerId(r.worker.0)).or_default() += 1;
+        }
+    });
+    Some(held)
+}
+
 /// The error of a follow-up whose previous response's owner refused the connection: it
 /// is down (retry; lost once its lease ends).
 pub fn owner_down(parsed: &ParsedRequest<'_>, worker: &str) -> ApiError {
