@@ -8,12 +8,22 @@
 # as OpenCode's title, make none).
 #
 # Usage: scripts/agents/check.sh [path/to/ownerserve]
+#
+# Against a router that is already running (real engines behind it:
+# scripts/real_vllm/suite.py), set OWNERSERVE_AGENTS_TARGET=http://HOST:PORT,
+# OWNERSERVE_AGENTS_MODEL (the served model's id) and OWNERSERVE_AGENTS_ADMIN_TOKEN (its
+# admin token; the router needs a directory for /admin/v1/sessions). A model with random
+# weights says nothing in particular, so a turn must then only end well with some text;
+# and its answers are capped at OWNERSERVE_AGENTS_MAX_OUTPUT (default 64) tokens through
+# each harness's own setting, or a CPU engine would decode until a random end-of-sequence.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-target/debug/ownerserve}
 cache=${OWNERSERVE_AGENTS_CACHE:-$HOME/.cache/ownerserve/agents}
 packages="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
-model="meta-llama/Llama-3.1-8B-Instruct"
+target=${OWNERSERVE_AGENTS_TARGET:-}
+model=${OWNERSERVE_AGENTS_MODEL:-meta-llama/Llama-3.1-8B-Instruct}
+max_output=${OWNERSERVE_AGENTS_MAX_OUTPUT:-64}
 
 if [ "$(cat "$cache/installed" 2>/dev/null)" != "$packages" ]; then
   mkdir -p "$cache"
@@ -23,26 +33,35 @@ fi
 export PATH="$cache/node_modules/.bin:$PATH"
 
 work=$(mktemp -d)
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-token=agents-check-token
-OWNERSERVE_ADMIN_TOKEN=$token OWNERSERVE_LOG=warn "$bin" up --port "$port" --time-scale 20 >"$work/up.log" 2>&1 &
-up_pid=$!
-trap 'kill $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true; rm -rf "$work"' EXIT
-for _ in $(seq 100); do grep -q "listening on" "$work/up.log" && break; sleep 0.2; done
-grep -q "listening on" "$work/up.log" || { cat "$work/up.log"; echo "ownerserve up did not start"; exit 1; }
-base="http://127.0.0.1:$port"
+if [ -n "$target" ]; then
+  token=${OWNERSERVE_AGENTS_ADMIN_TOKEN:?set it to the target router admin token}
+  base=$target
+  trap 'rm -rf "$work"' EXIT
+else
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  token=agents-check-token
+  OWNERSERVE_ADMIN_TOKEN=$token OWNERSERVE_LOG=warn "$bin" up --port "$port" --time-scale 20 >"$work/up.log" 2>&1 &
+  up_pid=$!
+  trap 'kill $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true; rm -rf "$work"' EXIT
+  for _ in $(seq 100); do grep -q "listening on" "$work/up.log" && break; sleep 0.2; done
+  grep -q "listening on" "$work/up.log" || { cat "$work/up.log"; echo "ownerserve up did not start"; exit 1; }
+  base="http://127.0.0.1:$port"
+fi
 
 # One turn; fails unless the agent exits 0 with text of the model's answer: words of the
 # passage the simulated engine samples its text from (workers-shim/src/sim/filler.rs). An
 # answer may start and end anywhere in it, so any of several words will do.
 answer_words="Lorem\|ipsum\|dolor\|amet\|consectetur\|adipiscing\|eiusmod\|tempor\|incididunt\|labore\|magna\|aliqua\|veniam\|nostrud\|exercitation\|ullamco\|laboris\|aliquip\|commodo\|consequat\|irure\|reprehenderit\|voluptate\|cillum\|fugiat\|pariatur"
+# Against real engines with random weights: any non-blank answer.
+if [ -n "$target" ]; then answer_words='[^[:space:]]'; fi
 turn() {
   local name=$1; shift
   local out="$work/$name.out"
-  if ! timeout 180 "$@" >"$out" 2>&1 || ! grep -q "$answer_words" "$out"; then
+  local started=$SECONDS
+  if ! timeout 300 "$@" >"$out" 2>&1 || ! grep -q "$answer_words" "$out"; then
     echo "$name failed:"; cat "$out"; exit 1
   fi
-  echo "$name: ok"
+  echo "$name: ok in $((SECONDS - started)) s"
 }
 
 # Claude Code: Anthropic Messages at /v1/messages?beta=true.
@@ -50,6 +69,7 @@ home="$work/claude"; mkdir -p "$home/proj"
 claude_env=(env HOME="$home" ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=any
   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
   DISABLE_AUTOUPDATER=1)
+if [ -n "$target" ]; then claude_env+=(CLAUDE_CODE_MAX_OUTPUT_TOKENS="$max_output"); fi
 (cd "$home/proj" && turn "claude turn 1" "${claude_env[@]}" claude -p "Say hi" --model "$model")
 (cd "$home/proj" && turn "claude turn 2" "${claude_env[@]}" claude -p "And again" --continue --model "$model")
 
@@ -66,16 +86,25 @@ env_key = "OWNERSERVE_KEY"
 [analytics]
 enabled = false
 TOML
+if [ -n "$target" ]; then
+  # Top-level keys must come before the tables.
+  { echo "model_max_output_tokens = $max_output"; cat "$home/.codex/config.toml"; } >"$home/.codex/c.toml"
+  mv "$home/.codex/c.toml" "$home/.codex/config.toml"
+fi
 codex_env=(env HOME="$home" OWNERSERVE_KEY=any)
 (cd "$home/proj" && turn "codex turn 1" "${codex_env[@]}" codex exec --skip-git-repo-check "Say hi")
 (cd "$home/proj" && turn "codex turn 2" "${codex_env[@]}" codex exec --skip-git-repo-check resume --last "And again")
 
 # OpenCode: chat completions at /v1/chat/completions.
 home="$work/opencode"; mkdir -p "$home/.config/opencode" "$home/proj"
+model_settings="{}"
+if [ -n "$target" ]; then
+  model_settings="{\"limit\": {\"context\": 65536, \"output\": $max_output}}"
+fi
 cat >"$home/.config/opencode/opencode.json" <<JSON
 {"autoupdate": false, "share": "disabled",
  "provider": {"ownerserve": {"npm": "@ai-sdk/openai-compatible", "name": "OwnerServe",
-   "options": {"baseURL": "$base/v1", "apiKey": "any"}, "models": {"$model": {}}}}}
+   "options": {"baseURL": "$base/v1", "apiKey": "any"}, "models": {"$model": $model_settings}}}}
 JSON
 opencode_env=(env HOME="$home")
 (cd "$home/proj" && turn "opencode turn 1" "${opencode_env[@]}" opencode run --model "ownerserve/$model" "Say hi")
@@ -87,6 +116,7 @@ curl -sf "$base/admin/v1/sessions" -H "authorization: Bearer $token" | python3 -
 import json, sys
 sessions = json.load(sys.stdin)["sessions"]
 ids = [s["id"] for s in sessions]
+# (A shared target may hold sessions of earlier checks; they are not ours.)
 assert len(ids) == 3, f"expected one session per conversation (3), got {ids}"
 assert sum(i.startswith("ses_") for i in ids) == 1, ids  # OpenCode names its sessions ses_...
 # An idle session is demoted when its lease lapses (owner null, its sealed prefix kept).

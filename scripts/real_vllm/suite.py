@@ -22,6 +22,15 @@ a prefill engine or as a decode engine. Routers come and go in front of them:
 4. `kill -9` of an engine mid-stream: the client gets an SSE error event and `[DONE]`, later
    requests go to the other engine, and the dead engine's blocks leave the index.
 
+Before 3, the coding agents' APIs, through a `kv_aware` router with an embedded directory in
+front of all three engines (started with vLLM's response store, `--enable-auto-tool-choice
+--tool-call-parser hermes`, and a context of 65,536 for Claude Code's ~88 KB first prompt):
+the official `openai` SDK's Responses (stream and not, a 5-turn `previous_response_id` chain
+with `store=True` on one engine, `retrieve`, `cancel`) and `anthropic` SDK's Messages (stream
+and not, system prompt, tool use) (`tests/agent_sdk_check.py --real`); then Claude Code,
+Codex and OpenCode, two turns each, one session per conversation
+(`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
+
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_vllm/suite.py --ownerserve target/debug/ownerserve --venv VENV
@@ -52,6 +61,8 @@ MODEL = "tiny"
 BLOCK = 32
 # Share of repeats that must land on the holder (the issue's acceptance).
 ROUTING_BAR = 0.95
+# The engines' context: Claude Code's first prompt is ~88 KB (the tiny model allows 131,072).
+MAX_MODEL_LEN = 65536
 
 
 def free_port():
@@ -106,14 +117,18 @@ class Engine:
         self.port, self.zmq, self.replay, self.side = (free_port() for _ in range(4))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(log_dir, f"{name}.log")
+        # The response store serves `store`, `previous_response_id`, GET and cancel.
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
-                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side), VLLM_LOGGING_LEVEL="WARNING")
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side), VLLM_LOGGING_LEVEL="WARNING",
+                   VLLM_ENABLE_RESPONSES_API_STORE="1")
         cmd = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
                "--model", model_dir, "--served-model-name", MODEL, "--load-format", "dummy",
-               "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", "8192",
+               "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN),
                "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager",
                "--enable-prefix-caching", "--block-size", str(BLOCK),
                "--enable-prompt-tokens-details", "--dtype", "float32",
+               # The agents send tools with `tool_choice: auto`.
+               "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--kv-events-config", json.dumps({
                    "enable_kv_cache_events": True, "publisher": "zmq",
                    "endpoint": f"tcp://*:{self.zmq}", "replay_endpoint": f"tcp://*:{self.replay}",
@@ -336,7 +351,7 @@ class Suite:
             ("negative max_tokens", lambda: client.chat.completions.create(
                 model=MODEL, messages=msgs, max_tokens=-1), openai.BadRequestError),
             ("prompt longer than the engine's max_model_len", lambda: client.completions.create(
-                model=MODEL, prompt=[7] * 9000, max_tokens=4), openai.BadRequestError),
+                model=MODEL, prompt=[7] * (MAX_MODEL_LEN + 1000), max_tokens=4), openai.BadRequestError),
         ]:
             try:
                 call()
@@ -355,7 +370,7 @@ class Suite:
             {"authorization": f"Bearer {TOKEN}"})
         self.check("pricing: the served model's spec from router.models, its context from "
                    "/v1/models", plan.get("inputs", {}).get("model") == "tiny-llama-cpu"
-                   and all(m.get("max_model_len") == 8192 for m in served) and served,
+                   and all(m.get("max_model_len") == MAX_MODEL_LEN for m in served) and served,
                    f"priced as {plan.get('inputs', {}).get('model')}; served {served}")
 
     # --- chat prefix routing ------------------------------------------------------------
@@ -410,6 +425,42 @@ class Suite:
                    f"cached_tokens", within >= bar,
                    f"{within}/{total} (reused - cached: min {min(gaps, default=None)}, "
                    f"max {max(gaps, default=None)})")
+
+    # --- the coding agents' APIs and harnesses -------------------------------------------
+
+    def agents(self, engines):
+        """The agents' SDKs and the three harnesses through a router with a directory."""
+        workers = "".join(e.worker_toml() for e in engines)
+        r = self.router("agents", "kv_aware", workers, TOKENIZER_FIXTURE,
+                        'directory = "embedded"\n')
+        started = time.time()
+        sdk = subprocess.run([sys.executable, os.path.join(ROOT, "tests/agent_sdk_check.py"),
+                              r.url, MODEL, "--real"], capture_output=True, text=True,
+                             timeout=600)
+        chain = [line.split()[2] for line in sdk.stdout.splitlines()
+                 if line.startswith("worker ")][2:]
+        self.check("agents: openai Responses (stream and not, a 5-turn store=True chain on "
+                   "one engine, retrieve, cancel) and anthropic Messages (stream and not, "
+                   "system, tools) SDKs through the router",
+                   sdk.returncode == 0 and "all agent SDK checks passed" in sdk.stdout,
+                   f"in {time.time() - started:.0f} s, chain served by {chain}; "
+                   f"{(sdk.stdout + sdk.stderr)[-1500:] if sdk.returncode else ''}")
+        started = time.time()
+        env = dict(os.environ, OWNERSERVE_AGENTS_TARGET=r.url, OWNERSERVE_AGENTS_MODEL=MODEL,
+                   OWNERSERVE_AGENTS_ADMIN_TOKEN=TOKEN)
+        try:
+            run = subprocess.run(["bash", os.path.join(ROOT, "scripts/agents/check.sh"),
+                                  self.args.ownerserve], capture_output=True, text=True,
+                                 env=env, timeout=1500)
+            out, ok = run.stdout + run.stderr, run.returncode == 0
+        except subprocess.TimeoutExpired as e:
+            out, ok = f"timed out: {e.stdout or ''}", False
+        turns = [line for line in out.splitlines() if ": ok in " in line]
+        self.check("agents: Claude Code, Codex and OpenCode complete two turns each, one "
+                   "session per conversation", ok,
+                   f"in {time.time() - started:.0f} s: {'; '.join(turns)}"
+                   + ("" if ok else f"\n{out[-3000:]}"))
+        r.stop()
 
     # --- KV events ------------------------------------------------------------------------
 
@@ -598,6 +649,7 @@ class Suite:
         self.chat_routing(builtin, "built-in approximate tokenizer, baseline", seed=4,
                           baseline=True)
         builtin.stop()
+        self.agents(engines)
         self.pd(e0, e1)
         # e0 is dead: `own` now fronts e1 and e2.
         wait_for("e0 marked down", lambda: http("GET", own.url + "/health")[2].get(
