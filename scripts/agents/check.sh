@@ -13,9 +13,10 @@
 # scripts/real_vllm/suite.py), set OWNERSERVE_AGENTS_TARGET=http://HOST:PORT,
 # OWNERSERVE_AGENTS_MODEL (the served model's id) and OWNERSERVE_AGENTS_ADMIN_TOKEN (its
 # admin token; the router needs a directory for /admin/v1/sessions). A model with random
-# weights says nothing in particular, so a turn must then only end well with some text;
-# and its answers are capped at OWNERSERVE_AGENTS_MAX_OUTPUT (default 64) tokens through
-# each harness's own setting, or a CPU engine would decode until a random end-of-sequence.
+# weights says nothing in particular, so a turn must then only end well with some text.
+# OWNERSERVE_AGENTS_MAX_OUTPUT caps answers through each harness's own setting (Claude Code
+# then fails an answer that reaches the cap; the real-engine suite instead gives its model
+# extra end-of-sequence tokens).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-target/debug/ownerserve}
@@ -23,7 +24,7 @@ cache=${OWNERSERVE_AGENTS_CACHE:-$HOME/.cache/ownerserve/agents}
 packages="@anthropic-ai/claude-code@2.1.328 @openai/codex@0.169.0 opencode-ai@1.18.33"
 target=${OWNERSERVE_AGENTS_TARGET:-}
 model=${OWNERSERVE_AGENTS_MODEL:-meta-llama/Llama-3.1-8B-Instruct}
-max_output=${OWNERSERVE_AGENTS_MAX_OUTPUT:-64}
+max_output=${OWNERSERVE_AGENTS_MAX_OUTPUT:-}
 
 if [ "$(cat "$cache/installed" 2>/dev/null)" != "$packages" ]; then
   mkdir -p "$cache"
@@ -69,7 +70,7 @@ home="$work/claude"; mkdir -p "$home/proj"
 claude_env=(env HOME="$home" ANTHROPIC_BASE_URL="$base" ANTHROPIC_API_KEY=any
   CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1
   DISABLE_AUTOUPDATER=1)
-if [ -n "$target" ]; then claude_env+=(CLAUDE_CODE_MAX_OUTPUT_TOKENS="$max_output"); fi
+if [ -n "$max_output" ]; then claude_env+=(CLAUDE_CODE_MAX_OUTPUT_TOKENS="$max_output"); fi
 (cd "$home/proj" && turn "claude turn 1" "${claude_env[@]}" claude -p "Say hi" --model "$model")
 (cd "$home/proj" && turn "claude turn 2" "${claude_env[@]}" claude -p "And again" --continue --model "$model")
 
@@ -86,7 +87,7 @@ env_key = "OWNERSERVE_KEY"
 [analytics]
 enabled = false
 TOML
-if [ -n "$target" ]; then
+if [ -n "$max_output" ]; then
   # Top-level keys must come before the tables.
   { echo "model_max_output_tokens = $max_output"; cat "$home/.codex/config.toml"; } >"$home/.codex/c.toml"
   mv "$home/.codex/c.toml" "$home/.codex/config.toml"
@@ -98,7 +99,7 @@ codex_env=(env HOME="$home" OWNERSERVE_KEY=any)
 # OpenCode: chat completions at /v1/chat/completions.
 home="$work/opencode"; mkdir -p "$home/.config/opencode" "$home/proj"
 model_settings="{}"
-if [ -n "$target" ]; then
+if [ -n "$max_output" ]; then
   model_settings="{\"limit\": {\"context\": 65536, \"output\": $max_output}}"
 fi
 cat >"$home/.config/opencode/opencode.json" <<JSON

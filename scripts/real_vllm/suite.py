@@ -658,7 +658,13 @@ class Suite:
 
 
 def write_model_config(model_dir):
-    """The tiny 2-layer Llama of make_tiny_model.py, for the fixture's 4,096-token BPE."""
+    """The tiny 2-layer Llama of make_tiny_model.py, for the fixture's 4,096-token BPE.
+
+    Its random weights sample nearly uniformly over the vocabulary, so an answer would reach
+    its end-of-sequence token after ~4,000 tokens (a minute of CPU decoding), and Claude Code
+    asks for up to 32,000 and fails an answer cut at its cap. The generation config names 31
+    ordinary tokens as end-of-sequence too: answers average ~128 tokens. Requests with
+    `ignore_eos` (every check that needs an exact length) are not affected."""
     ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
     with open(os.path.join(model_dir, "config.json"), "w") as f:
         json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -668,7 +674,7 @@ def write_model_config(model_dir):
                    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False,
                    "torch_dtype": "bfloat16", **ids}, f)
     with open(os.path.join(model_dir, "generation_config.json"), "w") as f:
-        json.dump(ids, f)
+        json.dump(dict(ids, eos_token_id=[2] + list(range(1000, 1031))), f)
 
 
 def main():
