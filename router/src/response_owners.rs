@@ -100,6 +100,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// Records in the directory of `sync` (when there is one), each waited for up to the
+    /// configured ownership claim timeout.
+    pub fn new(sync: &Option<OwnershipSync>, cfg: &crate::config::RouterConfig) -> Arc<Self> {
+        Arc::new(Self {
+            owners: Arc::default(),
+            directory: sync.clone(),
+            patience: cfg.ownership_claim_timeout,
+        })
+    }
+
     /// Records `worker` as the owner of response `id`, here and in the directory.
     async fn record(self: Arc<Self>, id: String, worker: WorkerId) {
         self.owners.record(&id, worker, Instant::now());

@@ -115,11 +115,7 @@ impl AppState {
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
-        let responses = Arc::new(crate::response_owners::Recorder {
-            owners: Arc::default(),
-            directory: ownership.clone(),
-            patience: cfg.ownership_claim_timeout,
-        });
+        let responses = crate::response_owners::Recorder::new(&ownership, &cfg);
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
         let state = Arc::new(AppState {

@@ -124,3 +124,12 @@ assert sum(i.startswith("ses_") for i in ids) == 1, ids  # OpenCode names its se
 assert all(s["prefix"] is not None for s in sessions), sessions
 print("one session per agent conversation:", ", ".join(ids))
 '
+# Every step of a session whose owner the directory knew ran on that owner (needs a
+# policy that reads the directory: `ownerserve`, as in `up`).
+curl -sf "$base/metrics" -H "authorization: Bearer $token" | python3 -c '
+import sys
+steps = {l.split("\"")[1]: float(l.split()[-1]) for l in sys.stdin
+         if l.startswith("ownerserve_session_steps_total{")}
+assert steps.get("owner", 0) >= 3 and steps.get("elsewhere", 0) == 0, steps
+print("session steps by placement:", steps)
+'

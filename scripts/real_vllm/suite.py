@@ -22,14 +22,14 @@ a prefill engine or as a decode engine. Routers come and go in front of them:
 4. `kill -9` of an engine mid-stream: the client gets an SSE error event and `[DONE]`, later
    requests go to the other engine, and the dead engine's blocks leave the index.
 
-Before 3, the coding agents' APIs, through a `kv_aware` router with an embedded directory in
+Before 3, the coding agents' APIs, through an `ownerserve` router with an embedded directory in
 front of all three engines (started with vLLM's response store, `--enable-auto-tool-choice
 --tool-call-parser hermes`, and a context of 65,536 for Claude Code's ~88 KB first prompt):
 the official `openai` SDK's Responses (stream and not, a 5-turn `previous_response_id` chain
 with `store=True` on one engine, `retrieve`, `cancel`) and `anthropic` SDK's Messages (stream
 and not, system prompt, tool use) (`tests/agent_sdk_check.py --real`); then Claude Code,
-Codex and OpenCode, two turns each, one session per conversation
-(`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
+Codex and OpenCode, two turns each, one session per conversation, every step of a session
+with an owner on it (`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
 
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
@@ -431,8 +431,11 @@ class Suite:
     def agents(self, engines):
         """The agents' SDKs and the three harnesses through a router with a directory."""
         workers = "".join(e.worker_toml() for e in engines)
-        r = self.router("agents", "kv_aware", workers, TOKENIZER_FIXTURE,
-                        'directory = "embedded"\n')
+        # The planner reads the directory, so a session's steps are counted against its
+        # owner (CPU engines: no calibration, as in pd_router).
+        r = self.router("agents", "ownerserve", workers, TOKENIZER_FIXTURE,
+                        'directory = "embedded"\nplanner_calibrate = false\n'
+                        f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
         started = time.time()
         sdk = subprocess.run([sys.executable, os.path.join(ROOT, "tests/agent_sdk_check.py"),
                               r.url, MODEL, "--real"], capture_output=True, text=True,
@@ -457,7 +460,7 @@ class Suite:
             out, ok = f"timed out: {e.stdout or ''}", False
         turns = [line for line in out.splitlines() if ": ok in " in line]
         self.check("agents: Claude Code, Codex and OpenCode complete two turns each, one "
-                   "session per conversation", ok,
+                   "session per conversation, its steps on its owner", ok,
                    f"in {time.time() - started:.0f} s: {'; '.join(turns)}"
                    + ("" if ok else f"\n{out[-3000:]}"))
         r.stop()
