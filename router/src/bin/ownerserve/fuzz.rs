@@ -528,6 +528,24 @@ fn envelopes() -> Vec<Envelope> {
             Some((1, 2)),
             Command::RevokeLease { lease: LeaseId(2) },
         ),
+        env(
+            12_003,
+            None,
+            Command::RecordResponse {
+                id: "resp_1".into(),
+                lease: LeaseId(1),
+                ttl_ms: 3_000,
+            },
+        ),
+        env(
+            12_004,
+            None,
+            Command::LabelSession {
+                session: session("t"),
+                root: Some(session("s")),
+                parent: Some(session("s")),
+            },
+        ),
     ]
 }
 
