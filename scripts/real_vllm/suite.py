@@ -441,7 +441,7 @@ class Suite:
                               r.url, MODEL, "--real"], capture_output=True, text=True,
                              timeout=600)
         chain = [line.split()[2] for line in sdk.stdout.splitlines()
-                 if line.startswith("worker ")][2:]
+                 if line.startswith("worker ")][1:]
         self.check("agents: openai Responses (stream and not, a 5-turn store=True chain on "
                    "one engine, retrieve, cancel) and anthropic Messages (stream and not, "
                    "system, tools) SDKs through the router",

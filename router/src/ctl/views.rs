@@ -166,6 +166,7 @@ pub fn workers(answer: &Value) -> String {
         "RUNNING",
         "WAITING",
         "KV_USAGE",
+        "STORED",
         "URL",
     ]);
     for w in rows(answer, "workers") {
@@ -182,6 +183,8 @@ pub fn workers(answer: &Value) -> String {
             cell(&w["load"]["running"]),
             cell(&w["load"]["waiting"]),
             usage,
+            // Stored responses it holds (with a directory): what a drain leaves there.
+            cell(&w["stored_responses"]),
             cell(&w["url"]),
         ]);
     }
