@@ -205,9 +205,14 @@ async fn chains_stay_on_their_owner_across_routers_through_a_drain_and_a_kill_is
                     .unwrap();
                 assert!(resp.status().is_success());
             }
+            // (They go on with the others from this turn.)
             for i in 0..6 {
-                let (_, w) = ok_turn(stack.router(i), None, 1000 + i).await;
-                assert_ne!(w, drained, "a new chain started on the drained worker");
+                let (id, owner) = ok_turn(stack.router(i), None, 1000 + i).await;
+                assert_ne!(owner, drained, "a new chain started on the drained worker");
+                chains.push(Chain {
+                    owner,
+                    ids: vec![id],
+                });
             }
         }
         for (i, c) in chains.iter_mut().enumerate() {
@@ -317,6 +322,32 @@ async fn kill_an_owner(stack: &mut Stack, chains: &[Chain]) {
             .unwrap();
         assert_eq!(r.status().as_u16(), 410);
     }
+    // The operator sees them in the directory's metrics.
+    let node = stack.nodes.url(1);
+    let lost_n = chains
+        .iter()
+        .filter(|c| c.owner == victim)
+        .map(|c| c.ids.len())
+        .sum::<usize>();
+    let text = client()
+        .get(format!("{node}/metrics"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let lost_metric = text
+        .lines()
+        .find(|l| l.starts_with("ownerserve_directory_stored_responses{state=\"lost\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert_eq!(
+        lost_metric,
+        Some(lost_n as f64),
+        "lost responses in the node's metrics"
+    );
     // The other workers' chains go on, the drained one's included.
     let mut served: HashMap<String, usize> = HashMap::new();
     for (i, c) in chains.iter().enumerate().filter(|(_, c)| c.owner != victim) {

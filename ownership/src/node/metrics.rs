@@ -81,6 +81,7 @@ pub struct DirectoryMetrics {
     prefixes: IntGaugeVec,
     sessions: IntGaugeVec,
     pinned: IntGauge,
+    responses: IntGaugeVec,
     changes: IntCounterVec,
     commands: IntCounterVec,
     rejections: IntCounterVec,
@@ -115,6 +116,12 @@ impl DirectoryMetrics {
                 registry,
                 "ownerserve_directory_pinned_sessions",
                 "Sessions an operator pinned to their decode owner.",
+            )?,
+            responses: int_gauge_vec(
+                registry,
+                "ownerserve_directory_stored_responses",
+                "Stored responses (OpenAI Responses, store: true) recorded in this node's directory state, by state: held (its worker has a live lease) or lost (its worker's last lease ended).",
+                &["state"],
             )?,
             changes: counter_vec(
                 registry,
@@ -164,6 +171,9 @@ impl DirectoryMetrics {
         }
         for r in REJECTIONS {
             m.rejections.with_label_values(&[r]);
+        }
+        for state in ["held", "lost"] {
+            m.responses.with_label_values(&[state]);
         }
         Ok(m)
     }
@@ -224,6 +234,10 @@ impl DirectoryMetrics {
             self.pinned
                 .set(count(d.sessions.values().filter(|x| x.pinned).count()));
             self.leases.set(count(d.leases.len()));
+            let lost = d.responses.values().filter(|r| r.lost).count();
+            for (state, n) in [("held", d.responses.len() - lost), ("lost", lost)] {
+                self.responses.with_label_values(&[state]).set(count(n));
+            }
             d.stats
         });
         for (change, total) in [
