@@ -13,7 +13,8 @@
 //!   the same stages without dispatching.
 //! - [`admission`]: per-model slots and a bounded queue in front of the request path;
 //!   `client_gate`: `/v1`'s API keys and per-key rate limits, before a body is read.
-//! - [`response_owners`]: which worker holds each stored Responses answer.
+//! - [`response_owners`]: which worker holds each stored Responses answer: recorded in the
+//!   directory as it is relayed, with this router's own records in front.
 //! - [`registry`] and `health`: the workers and their health.
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
