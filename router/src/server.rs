@@ -105,6 +105,17 @@ impl AppState {
                 shutdown,
             );
         }
+        if let Some(setup) = cfg.discovery.clone() {
+            let tasks = crate::worker_tasks::WorkerTasks {
+                client: client.clone(),
+                health: HealthSettings::of(&cfg),
+                scrape: cfg.scrape_interval.map(|every| (every, cfg.health_timeout)),
+                kv: kv.clone(),
+                tracker: tracker.clone(),
+                shutdown: shutdown.clone(),
+            };
+            crate::worker_tasks::discover(setup, &registry, tasks)?;
+        }
         let directories = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
         let ownership = directories.client.map(|c| {
             let settings = SyncSettings {
@@ -396,9 +407,10 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let healthy = st.registry.all().iter().filter(|w| w.is_healthy()).count();
-    let body =
-        json!({"status": "ok", "healthy_workers": healthy, "workers": st.registry.all().len()});
+    let fleet = st.registry.all();
+    let healthy = fleet.iter().filter(|w| w.is_healthy()).count();
+    let live = fleet.iter().filter(|w| !w.is_retired()).count();
+    let body = json!({"status": "ok", "healthy_workers": healthy, "workers": live});
     (StatusCode::OK, Json(body)).into_response()
 }
 
@@ -422,7 +434,7 @@ async fn undrain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> R
 }
 
 fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
-    match st.registry.all().iter().find(|w| w.spec.name == name) {
+    match st.registry.by_name(name) {
         Some(w) => {
             let was = w.set_draining(draining);
             Json(json!({"worker": name, "draining": draining, "was_draining": was})).into_response()

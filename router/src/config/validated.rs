@@ -79,6 +79,8 @@ pub struct RouterConfig {
     pub planner_calibrate: bool,
     /// Idle-session leases from predicted tool-call gaps.
     pub session_lease: GapLease,
+    /// Workers discovered from the Kubernetes API (`None`: static workers only).
+    pub discovery: Option<super::DiscoverySetup>,
 }
 
 /// The spec of each served model: every preset under its `served_name`, then
@@ -262,12 +264,23 @@ impl RouterConfig {
 
     /// Validates settings and a worker list into a config.
     pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> Result<Self, ConfigError> {
+        Self::validate_with(s, workers, &super::KubernetesSettings::default())
+    }
+
+    /// Validates settings, a worker list and the discovery table into a config; with
+    /// discovery on, the static worker list may be empty.
+    pub fn validate_with(
+        s: &RouterSettings,
+        workers: Vec<WorkerSpec>,
+        kubernetes: &super::KubernetesSettings,
+    ) -> Result<Self, ConfigError> {
         check_numbers(s)?;
-        if workers.is_empty() {
+        let discovery = kubernetes.validate()?;
+        if workers.is_empty() && discovery.is_none() {
             return Err(ConfigError::invalid(
                 "workers",
                 "url",
-                "no workers configured",
+                "no workers configured (list [[workers]], pass --worker, or discover them with [kubernetes])",
             ));
         }
         check_workers(&workers)?;
@@ -341,6 +354,7 @@ impl RouterConfig {
                 s.session_lease_min_ms,
                 s.session_lease_max_ms,
             ),
+            discovery,
         })
     }
 }
