@@ -536,17 +536,17 @@ mod tests {
         kv.record_routed(&b, &[1, 2]);
         let blocks = |w: &Worker| kv.index.lock().worker_blocks(w.id);
         let mut forgotten = HashSet::new();
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!((blocks(&a), blocks(&b)), (3, 2));
         a.mark_down("killed");
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!((blocks(&a), blocks(&b)), (0, 2));
         assert!(forgotten.contains(&a.id));
         a.mark_healthy(vec!["m".into()]);
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert!(forgotten.is_empty());
         kv.record_routed(&a, &[1]);
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!(blocks(&a), 1);
     }
 }

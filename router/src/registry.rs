@@ -637,7 +637,7 @@ mod tests {
     #[test]
     fn in_flight_guard_counts_and_candidates_respect_exclusions() {
         let r = registry();
-        for w in r.all() {
+        for w in r.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
         let mut g = r.all()[1].start_request(10, 320);
