@@ -44,8 +44,36 @@ fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
     let t: T = serde_json::from_value(doc.clone())
         .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", doc["kind"]));
     let back = serde_json::to_value(&t).unwrap();
-    assert_eq!(&back, doc, "{file}: a {} field was dropped or misspelt", doc["kind"]);
+    let mut lost = Vec::new();
+    differences("", doc, &back, &mut lost);
+    assert!(
+        lost.is_empty(),
+        "{file}: {} fields dropped or changed by the typed struct (misspelt or misplaced?): {lost:?}",
+        doc["kind"]
+    );
     t
+}
+
+/// The paths where `want` and `got` differ.
+fn differences(path: &str, want: &Value, got: &Value, out: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, v) in w {
+                let p = format!("{path}.{k}");
+                match g.get(k) {
+                    Some(gv) => differences(&p, v, gv, out),
+                    None => out.push(p),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(g)) if w.len() == g.len() => {
+            for (i, (a, b)) in w.iter().zip(g).enumerate() {
+                differences(&format!("{path}[{i}]"), a, b, out);
+            }
+        }
+        (w, g) if w != g => out.push(format!("{path}: {w} became {g}")),
+        _ => {}
+    }
 }
 
 #[test]
@@ -123,4 +151,17 @@ fn the_containers_flags_are_ones_the_binary_takes() {
             );
         }
     }
+}
+
+#[test]
+fn a_misspelt_field_is_caught() {
+    let doc = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+        "spec": {"replica": 2, "selector": {"matchLabels": {"a": "b"}},
+                 "template": {"spec": {"containers": [{"name": "c", "imagePullPolicy": "Always"}]}}}
+    });
+    let d: Deployment = serde_json::from_value(doc.clone()).unwrap();
+    let mut lost = Vec::new();
+    differences("", &doc, &serde_json::to_value(&d).unwrap(), &mut lost);
+    assert_eq!(lost, vec![".spec.replica".to_owned()]);
 }

@@ -312,7 +312,8 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
 
     // gRPC health on both ports.
     for addr in [&e.grpc, &e.health] {
-        let mut h = tonic_health::pb::health_client::HealthClient::connect(addr.clone()).await.unwrap();
+        let channel = tonic::transport::Channel::from_shared(addr.clone()).unwrap().connect().await.unwrap();
+        let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
         for service in ["liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"] {
             let r = h
                 .check(tonic_health::pb::HealthCheckRequest { service: service.into() })

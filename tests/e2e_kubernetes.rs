@@ -143,9 +143,10 @@ async fn discovered_pods_join_leave_and_hand_their_sessions_over() {
         served.push(step(&url, s, &long(s)).await);
     }
     assert!(served.iter().all(|w| w == "a" || w == "c"), "{served:?}");
+    let n = sessions.len();
     eventually(Duration::from_secs(10), "sessions recorded", || {
         let url = url.clone();
-        async move { owners(&url).await.len() == sessions.len() }
+        async move { owners(&url).await.len() == n }
     })
     .await;
     let before = owners(&url).await;

@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
+use axum::extract::{RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -187,7 +187,36 @@ fn selected(pod: &FakePod, selector: Option<&str>) -> bool {
     })
 }
 
-async fn pods(State(fake): State<FakeKube>, Query(q): Query<BTreeMap<String, String>>) -> Response {
+/// The query string's pairs, percent-decoded.
+fn query(raw: Option<&str>) -> BTreeMap<String, String> {
+    let decode = |s: &str| {
+        let b = s.replace('+', " ").into_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+                (b'%', Some(v)) => {
+                    out.push(v);
+                    i += 3;
+                }
+                (c, _) => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    raw.unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (decode(k), decode(v)))
+        .collect()
+}
+
+async fn pods(State(fake): State<FakeKube>, RawQuery(raw): RawQuery) -> Response {
+    let q = query(raw.as_deref());
     let selector = q.get("labelSelector").map(String::as_str);
     if q.get("watch").map(String::as_str) == Some("true") {
         return watch(&fake, &q, selector);
