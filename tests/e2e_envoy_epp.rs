@@ -83,7 +83,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         &format!(
             "[router]\npolicy = \"ownerserve\"\ndirectory = \"remote\"\ndirectory_urls = [\"{}\"]\n\
              directory_secret = \"{}\"\nhealth_interval_ms = 200\nworker_lease_ttl_ms = 6000\n",
-            nodes.url(0),
+            nodes.url(1),
             common::CLUSTER_SECRET
         ),
     );

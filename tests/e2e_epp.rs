@@ -362,7 +362,7 @@ async fn two_replicas_sharing_a_directory_pick_the_same_owner() {
         &format!(
             "[router]\npolicy = \"ownerserve\"\ndirectory = \"remote\"\ndirectory_urls = [\"{}\"]\n\
              directory_secret = \"{}\"\nhealth_interval_ms = 200\nworker_lease_ttl_ms = 6000\n",
-            nodes.url(0),
+            nodes.url(1),
             common::CLUSTER_SECRET
         ),
     );
