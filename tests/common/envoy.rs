@@ -102,8 +102,14 @@ fn ext_proc_filter(body_mode: &str) -> String {
                 envoy_grpc: {{ cluster_name: epp }}
                 timeout: 5s
                 retry_policy:
+                  retry_on: connect-failure,refused-stream,reset,unavailable
                   num_retries: 3
-                  retry_back_off: {{ base_interval: 0.05s, max_interval: 0.2s }}
+                  retry_back_off: {{ base_interval: 0.02s, max_interval: 0.1s }}
+                  retry_host_predicate:
+                  - name: envoy.retry_host_predicates.previous_hosts
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                  host_selection_retry_max_attempts: 3
               failure_mode_allow: false
               message_timeout: 5s
               processing_mode:
@@ -160,6 +166,7 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
     health_checks:
     - timeout: 0.25s
       interval: 0.2s
+      no_traffic_interval: 0.2s
       unhealthy_threshold: 1
       healthy_threshold: 1
       grpc_health_check: {{ service_name: envoy.service.ext_proc.v3.ExternalProcessor }}
