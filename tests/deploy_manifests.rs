@@ -34,7 +34,11 @@ fn documents() -> Vec<(String, Value)> {
         let docs: Vec<Value> = serde_saphyr::from_multiple(&text)
             .unwrap_or_else(|e| panic!("{}: not YAML: {e}", f.display()));
         let name = f.file_name().unwrap().to_string_lossy().into_owned();
-        out.extend(docs.into_iter().filter(|d| !d.is_null()).map(|d| (name.clone(), d)));
+        out.extend(
+            docs.into_iter()
+                .filter(|d| !d.is_null())
+                .map(|d| (name.clone(), d)),
+        );
     }
     out
 }
@@ -92,8 +96,9 @@ fn every_manifest_parses_into_typed_kubernetes_objects() {
                 let cm = typed::<ConfigMap>(&file, &doc);
                 for (key, text) in cm.data.unwrap_or_default() {
                     if key.ends_with(".toml") {
-                        toml::from_str::<RouterFile>(&text)
-                            .unwrap_or_else(|e| panic!("{file}: {key} is not a router config: {e}"));
+                        toml::from_str::<RouterFile>(&text).unwrap_or_else(|e| {
+                            panic!("{file}: {key} is not a router config: {e}")
+                        });
                     }
                 }
             }
@@ -106,7 +111,14 @@ fn every_manifest_parses_into_typed_kubernetes_objects() {
         }
         kinds.push(kind);
     }
-    for want in ["Deployment", "StatefulSet", "Role", "RoleBinding", "InferencePool", "Service"] {
+    for want in [
+        "Deployment",
+        "StatefulSet",
+        "Role",
+        "RoleBinding",
+        "InferencePool",
+        "Service",
+    ] {
         assert!(kinds.iter().any(|k| k == want), "no {want} in deploy/");
     }
 }
@@ -122,7 +134,9 @@ fn the_role_grants_what_discovery_reads() {
         role.rules.iter().flatten().any(|r| {
             r.api_groups.iter().flatten().any(|g| g == group)
                 && r.resources.iter().flatten().any(|x| x == resource)
-                && ["get", "list", "watch"].iter().all(|v| r.verbs.iter().any(|x| x == v))
+                && ["get", "list", "watch"]
+                    .iter()
+                    .all(|v| r.verbs.iter().any(|x| x == v))
         })
     };
     assert!(grants("", "pods"));

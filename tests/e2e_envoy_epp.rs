@@ -6,6 +6,11 @@
 //! configured failure mode (fail-closed: 500).
 #![cfg(feature = "kubernetes")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+#![allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "tests report timings and bench figures"
+)]
 
 mod common;
 
@@ -13,7 +18,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::envoy::{Envoy, GatewaySpec};
-use common::{chat_body, client, eventually, free_port, get_json, temp_config, DirectoryNodes, Proc};
+use common::{
+    chat_body, client, eventually, free_port, get_json, temp_config, DirectoryNodes, Proc,
+};
 use serde_json::Value;
 
 struct Replica {
@@ -25,8 +32,17 @@ fn replica(config: &str, workers: &[String]) -> Replica {
     let (g, h) = (free_port(), free_port());
     let (gs, hs) = (g.to_string(), h.to_string());
     let mut args = vec![
-        "epp", "--config", config, "--port", "0", "--grpc-port", &gs, "--grpc-health-port", &hs,
-        "--fallbacks", "0",
+        "epp",
+        "--config",
+        config,
+        "--port",
+        "0",
+        "--grpc-port",
+        &gs,
+        "--grpc-health-port",
+        &hs,
+        "--fallbacks",
+        "0",
     ];
     for w in workers {
         args.push("--worker");
@@ -40,7 +56,9 @@ fn replica(config: &str, workers: &[String]) -> Replica {
 
 /// One step through the gateway; the endpoint that served it.
 async fn step(gateway: &str, session: &str, i: usize) -> Result<String, u16> {
-    let text: String = (0..30).map(|w| format!("{session} turn {i} word {w} ")).collect();
+    let text: String = (0..30)
+        .map(|w| format!("{session} turn {i} word {w} "))
+        .collect();
     let resp = client()
         .post(format!("{gateway}/v1/chat/completions"))
         .header("x-session-id", session)
@@ -150,20 +168,37 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         }
     }
     assert_eq!(served.len(), 50);
-    let moved = served.values().filter(|at| at.iter().any(|a| *a != at[0])).count();
-    eprintln!("sessions the planner moved between steps: {moved} of {}", served.len());
+    let moved = served
+        .values()
+        .filter(|at| at.iter().any(|a| *a != at[0]))
+        .count();
+    eprintln!(
+        "sessions the planner moved between steps: {moved} of {}",
+        served.len()
+    );
     // Checked against the directory: the endpoint that served each session is its owner.
     let url = api.clone();
     let want = served.len();
     eventually(Duration::from_secs(10), "every session recorded", || {
         let url = url.clone();
-        async move { owners(&url).await.keys().filter(|k| k.starts_with("gw-")).count() == want }
+        async move {
+            owners(&url)
+                .await
+                .keys()
+                .filter(|k| k.starts_with("gw-"))
+                .count()
+                == want
+        }
     })
     .await;
     let owned = owners(&api).await;
     for (session, at) in &served {
         let owner = owned[session] as usize;
-        assert_eq!(&endpoints[owner], at.last().unwrap(), "{session} ends on its owner");
+        assert_eq!(
+            &endpoints[owner],
+            at.last().unwrap(),
+            "{session} ends on its owner"
+        );
     }
     let mut spread: BTreeMap<&String, usize> = BTreeMap::new();
     for at in served.values() {
@@ -180,13 +215,17 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
     }
     let url = api.clone();
     let only_id = 2u64;
-    eventually(Duration::from_secs(10), "subset sessions recorded on the served endpoint", || {
-        let url = url.clone();
-        async move {
-            let o = owners(&url).await;
-            (0..5).all(|s| o.get(&format!("gw-subset-{s}")) == Some(&only_id))
-        }
-    })
+    eventually(
+        Duration::from_secs(10),
+        "subset sessions recorded on the served endpoint",
+        || {
+            let url = url.clone();
+            async move {
+                let o = owners(&url).await;
+                (0..5).all(|s| o.get(&format!("gw-subset-{s}")) == Some(&only_id))
+            }
+        },
+    )
     .await;
 
     // Every replica gone: fail-closed, the gateway answers 500.
@@ -225,15 +264,27 @@ async fn bench_epp_hop() {
         }
     })
     .await;
-    let alone = Envoy::start(&GatewaySpec { epps: &[], body_mode: "BUFFERED", subset: None, direct: Some(endpoint) });
-    let with_epp = Envoy::start(&GatewaySpec { epps: &[epp.grpc], body_mode: "BUFFERED", subset: None, direct: None });
+    let alone = Envoy::start(&GatewaySpec {
+        epps: &[],
+        body_mode: "BUFFERED",
+        subset: None,
+        direct: Some(endpoint),
+    });
+    let with_epp = Envoy::start(&GatewaySpec {
+        epps: &[epp.grpc],
+        body_mode: "BUFFERED",
+        subset: None,
+        direct: None,
+    });
     let (rounds, per_round) = (5, 200);
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for round in 0..=rounds {
         for (gateway, out) in [(&alone.url, &mut a), (&with_epp.url, &mut b)] {
             for i in 0..per_round {
                 let t = std::time::Instant::now();
-                step(gateway, &format!("bench-{}", i % 20), round * per_round + i).await.unwrap();
+                step(gateway, &format!("bench-{}", i % 20), round * per_round + i)
+                    .await
+                    .unwrap();
                 // Round 0 warms the connections and the caches up.
                 if round > 0 {
                     out.push(t.elapsed().as_secs_f64() * 1e3);
@@ -246,5 +297,11 @@ async fn bench_epp_hop() {
     println!("EPP hop bench: {n} sequential chat requests per gateway, 1 sim worker (instant), same run, alternating rounds");
     println!("  Envoy alone          p50 {a50:.3} ms  p99 {a99:.3} ms");
     println!("  Envoy + ownerserve epp p50 {b50:.3} ms  p99 {b99:.3} ms");
-    println!("  added by the EPP hop  p50 {:.3} ms  p99 {:.3} ms  (x{:.2} / x{:.2})", b50 - a50, b99 - a99, b50 / a50, b99 / a99);
+    println!(
+        "  added by the EPP hop  p50 {:.3} ms  p99 {:.3} ms  (x{:.2} / x{:.2})",
+        b50 - a50,
+        b99 - a99,
+        b50 / a50,
+        b99 / a99
+    );
 }

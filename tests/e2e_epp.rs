@@ -36,7 +36,15 @@ struct Epp {
 fn epp(config: &str, workers: &[String], extra: &[&str]) -> Epp {
     let (g, h) = (free_port().to_string(), free_port().to_string());
     let mut args = vec![
-        "epp", "--config", config, "--port", "0", "--grpc-port", &g, "--grpc-health-port", &h,
+        "epp",
+        "--config",
+        config,
+        "--port",
+        "0",
+        "--grpc-port",
+        &g,
+        "--grpc-health-port",
+        &h,
     ];
     for w in workers {
         args.push("--worker");
@@ -58,7 +66,12 @@ fn header(k: &str, v: &str) -> HeaderValue {
     }
 }
 
-fn headers(session: &str, eos: bool, full_duplex: bool, subset: Option<Vec<&str>>) -> ProcessingRequest {
+fn headers(
+    session: &str,
+    eos: bool,
+    full_duplex: bool,
+    subset: Option<Vec<&str>>,
+) -> ProcessingRequest {
     let mut hs = vec![
         header(":method", "POST"),
         header(":path", "/v1/chat/completions"),
@@ -78,7 +91,13 @@ fn headers(session: &str, eos: bool, full_duplex: bool, subset: Option<Vec<&str>
             request_body_mode: if full_duplex { 4 } else { 2 },
             ..ProtocolConfiguration::default()
         }),
-        metadata_context: subset.map(|s| metadata("envoy.lb.subset_hint", "x-gateway-destination-endpoint-subset", list(&s))),
+        metadata_context: subset.map(|s| {
+            metadata(
+                "envoy.lb.subset_hint",
+                "x-gateway-destination-endpoint-subset",
+                list(&s),
+            )
+        }),
         ..ProcessingRequest::default()
     }
 }
@@ -88,7 +107,9 @@ fn list(items: &[&str]) -> Value {
         kind: Some(Kind::ListValue(ListValue {
             values: items
                 .iter()
-                .map(|s| Value { kind: Some(Kind::StringValue((*s).into())) })
+                .map(|s| Value {
+                    kind: Some(Kind::StringValue((*s).into())),
+                })
                 .collect(),
         })),
     }
@@ -98,7 +119,9 @@ fn metadata(namespace: &str, key: &str, v: Value) -> Metadata {
     Metadata {
         filter_metadata: HashMap::from([(
             namespace.to_owned(),
-            Struct { fields: HashMap::from([(key.to_owned(), v)]) },
+            Struct {
+                fields: HashMap::from([(key.to_owned(), v)]),
+            },
         )]),
         ..Metadata::default()
     }
@@ -118,13 +141,17 @@ fn body(bytes: &[u8], eos: bool) -> ProcessingRequest {
 fn served(endpoint: &str) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(Msg::ResponseHeaders(HttpHeaders {
-            headers: Some(HeaderMap { headers: vec![header(":status", "200")] }),
+            headers: Some(HeaderMap {
+                headers: vec![header(":status", "200")],
+            }),
             ..HttpHeaders::default()
         })),
         metadata_context: Some(metadata(
             "envoy.lb",
             "x-gateway-destination-endpoint-served",
-            Value { kind: Some(Kind::StringValue(endpoint.into())) },
+            Value {
+                kind: Some(Kind::StringValue(endpoint.into())),
+            },
         )),
         ..ProcessingRequest::default()
     }
@@ -137,7 +164,9 @@ fn chat(session: &str) -> Vec<u8> {
 
 /// Sends `messages` on one stream, then closes it; every answer.
 async fn exchange(grpc: &str, messages: Vec<ProcessingRequest>) -> Vec<ProcessingResponse> {
-    let mut client = ExternalProcessorClient::connect(grpc.to_owned()).await.unwrap();
+    let mut client = ExternalProcessorClient::connect(grpc.to_owned())
+        .await
+        .unwrap();
     let mut answers = client
         .process(futures_util::stream::iter(messages))
         .await
@@ -154,7 +183,9 @@ async fn exchange(grpc: &str, messages: Vec<ProcessingRequest>) -> Vec<Processin
 /// pick, then the response's headers naming the served endpoint. The endpoint picked.
 async fn step_served(grpc: &str, session: &str) -> String {
     let (tx, mut rx) = mpsc::channel(4);
-    let mut client = ExternalProcessorClient::connect(grpc.to_owned()).await.unwrap();
+    let mut client = ExternalProcessorClient::connect(grpc.to_owned())
+        .await
+        .unwrap();
     let outgoing = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     tx.send(headers(session, false, false, None)).await.unwrap();
     tx.send(body(&chat(session), true)).await.unwrap();
@@ -162,7 +193,11 @@ async fn step_served(grpc: &str, session: &str) -> String {
     answers.message().await.unwrap().expect("headers answered");
     let pick = pick_of(&answers.message().await.unwrap().expect("picked"));
     tx.send(served(&pick[0])).await.unwrap();
-    answers.message().await.unwrap().expect("response headers answered");
+    answers
+        .message()
+        .await
+        .unwrap()
+        .expect("response headers answered");
     drop(tx);
     while answers.message().await.ok().flatten().is_some() {}
     pick[0].clone()
@@ -178,13 +213,23 @@ fn pick_of(a: &ProcessingResponse) -> Vec<String> {
     }
     .expect("a common response");
     assert!(common.clear_route_cache, "the route cache is cleared");
-    let set = &common.header_mutation.expect("a header mutation").set_headers;
+    let set = &common
+        .header_mutation
+        .expect("a header mutation")
+        .set_headers;
     let h = set[0].header.as_ref().unwrap();
     assert_eq!(h.key, "x-gateway-destination-endpoint");
     let in_header = String::from_utf8(h.raw_value.clone()).unwrap();
-    let lb = &a.dynamic_metadata.as_ref().expect("dynamic metadata").fields["envoy.lb"];
-    let Some(Kind::StructValue(lb)) = &lb.kind else { panic!("envoy.lb") };
-    let Some(Kind::StringValue(in_metadata)) = &lb.fields["x-gateway-destination-endpoint"].kind else {
+    let lb = &a
+        .dynamic_metadata
+        .as_ref()
+        .expect("dynamic metadata")
+        .fields["envoy.lb"];
+    let Some(Kind::StructValue(lb)) = &lb.kind else {
+        panic!("envoy.lb")
+    };
+    let Some(Kind::StringValue(in_metadata)) = &lb.fields["x-gateway-destination-endpoint"].kind
+    else {
         panic!("a string")
     };
     assert_eq!(&in_header, in_metadata, "header and metadata agree");
@@ -247,9 +292,15 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
     healthy(&api, 3).await;
 
     // BUFFERED: the headers go on unchanged, the pick comes on the body.
-    let answers = exchange(&e.grpc, vec![headers("s1", false, false, None), body(&chat("s1"), true)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![headers("s1", false, false, None), body(&chat("s1"), true)],
+    )
+    .await;
     assert_eq!(answers.len(), 2, "{answers:?}");
-    assert!(matches!(&answers[0].response, Some(Answer::RequestHeaders(h)) if h.response.is_none()));
+    assert!(
+        matches!(&answers[0].response, Some(Answer::RequestHeaders(h)) if h.response.is_none())
+    );
     let first = pick_of(&answers[1]);
     assert_eq!(first.len(), 3, "the owner, then two fallbacks: {first:?}");
     let mut distinct = first.clone();
@@ -262,17 +313,40 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
     })
     .await;
     let owner_s1 = owner(&api, "s1").await.unwrap() as usize;
-    assert_eq!(first[0], endpoints[owner_s1], "the pick is the directory's owner");
+    assert_eq!(
+        first[0], endpoints[owner_s1],
+        "the pick is the directory's owner"
+    );
 
     // FULL_DUPLEX_STREAMED: headers and body chunks arrive at once; the pick comes on the
     // headers once the body is whole, then the body goes back as it came.
     let full = chat("s1");
     let (a, b) = full.split_at(full.len() / 2);
-    let answers = exchange(&e.grpc, vec![headers("s1", false, true, None), body(a, false), body(b, true)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![
+            headers("s1", false, true, None),
+            body(a, false),
+            body(b, true),
+        ],
+    )
+    .await;
     assert_eq!(answers.len(), 2, "{answers:?}");
-    assert_eq!(pick_of(&answers[0])[0], endpoints[owner_s1], "the same owner");
-    let Some(Answer::RequestBody(passed)) = &answers[1].response else { panic!("the body") };
-    let mutation = passed.response.as_ref().unwrap().body_mutation.as_ref().unwrap();
+    assert_eq!(
+        pick_of(&answers[0])[0],
+        endpoints[owner_s1],
+        "the same owner"
+    );
+    let Some(Answer::RequestBody(passed)) = &answers[1].response else {
+        panic!("the body")
+    };
+    let mutation = passed
+        .response
+        .as_ref()
+        .unwrap()
+        .body_mutation
+        .as_ref()
+        .unwrap();
     let Some(body_mutation::Mutation::StreamedResponse(streamed)) = &mutation.mutation else {
         panic!("a streamed body")
     };
@@ -280,17 +354,39 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
     assert!(streamed.end_of_stream);
 
     // The subset hint: only a non-owner is allowed, so the pick is in it.
-    let other = endpoints.iter().find(|e| **e != endpoints[owner_s1]).unwrap().clone();
-    let answers = exchange(&e.grpc, vec![headers("s1", false, false, Some(vec![&other])), body(&chat("s1"), true)]).await;
+    let other = endpoints
+        .iter()
+        .find(|e| **e != endpoints[owner_s1])
+        .unwrap()
+        .clone();
+    let answers = exchange(
+        &e.grpc,
+        vec![
+            headers("s1", false, false, Some(vec![&other])),
+            body(&chat("s1"), true),
+        ],
+    )
+    .await;
     assert_eq!(pick_of(&answers[1]), vec![other.clone()], "only the subset");
     // Nothing eligible in it: 503.
     for subset in [vec![], vec!["10.9.9.9:80"]] {
-        let answers = exchange(&e.grpc, vec![headers("s2", false, false, Some(subset)), body(&chat("s2"), true)]).await;
+        let answers = exchange(
+            &e.grpc,
+            vec![
+                headers("s2", false, false, Some(subset)),
+                body(&chat("s2"), true),
+            ],
+        )
+        .await;
         assert_eq!(immediate_status(&answers[1]), 503);
     }
 
     // Served elsewhere (a gateway retry): the directory records the endpoint that served.
-    let answers = exchange(&e.grpc, vec![headers("s3", false, false, None), body(&chat("s3"), true)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![headers("s3", false, false, None), body(&chat("s3"), true)],
+    )
+    .await;
     let picked = pick_of(&answers[1]);
     let url = api.clone();
     eventually(Duration::from_secs(5), "s3's owner claimed", || {
@@ -298,25 +394,50 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
         async move { owner(&url, "s3").await.is_some() }
     })
     .await;
-    assert_eq!(endpoints[owner(&api, "s3").await.unwrap() as usize], picked[0]);
+    assert_eq!(
+        endpoints[owner(&api, "s3").await.unwrap() as usize],
+        picked[0]
+    );
     let fallback = picked[1].clone();
-    let answers = exchange(&e.grpc, vec![headers("s3", false, false, None), body(&chat("s3"), true), served(&fallback)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![
+            headers("s3", false, false, None),
+            body(&chat("s3"), true),
+            served(&fallback),
+        ],
+    )
+    .await;
     assert_eq!(answers.len(), 3, "{answers:?}");
     let url = api.clone();
     let want = endpoints.iter().position(|e| *e == fallback).unwrap() as u64;
-    eventually(Duration::from_secs(5), "s3 recorded on the endpoint that served", || {
-        let url = url.clone();
-        async move { owner(&url, "s3").await == Some(want) }
-    })
+    eventually(
+        Duration::from_secs(5),
+        "s3 recorded on the endpoint that served",
+        || {
+            let url = url.clone();
+            async move { owner(&url, "s3").await == Some(want) }
+        },
+    )
     .await;
 
     // gRPC health on both ports.
     for addr in [&e.grpc, &e.health] {
-        let channel = tonic::transport::Channel::from_shared(addr.clone()).unwrap().connect().await.unwrap();
+        let channel = tonic::transport::Channel::from_shared(addr.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         let mut h = tonic_health::pb::health_client::HealthClient::new(channel);
-        for service in ["liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"] {
+        for service in [
+            "liveness",
+            "readiness",
+            "envoy.service.ext_proc.v3.ExternalProcessor",
+        ] {
             let r = h
-                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
                 .await
                 .unwrap()
                 .into_inner();
@@ -336,7 +457,9 @@ async fn a_full_model_sheds_with_429_while_a_request_holds_its_slot() {
     healthy(&e.proc.url, 1).await;
     // The first request is picked and its response has not ended: it holds the one slot.
     let (tx, mut rx) = mpsc::channel(4);
-    let mut client = ExternalProcessorClient::connect(e.grpc.clone()).await.unwrap();
+    let mut client = ExternalProcessorClient::connect(e.grpc.clone())
+        .await
+        .unwrap();
     let outgoing = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
     tx.send(headers("held", false, false, None)).await.unwrap();
     tx.send(body(&chat("held"), true)).await.unwrap();
@@ -344,12 +467,26 @@ async fn a_full_model_sheds_with_429_while_a_request_holds_its_slot() {
     held.message().await.unwrap().expect("headers answered");
     let pick = held.message().await.unwrap().expect("picked");
     pick_of(&pick);
-    let answers = exchange(&e.grpc, vec![headers("shed", false, false, None), body(&chat("shed"), true)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![
+            headers("shed", false, false, None),
+            body(&chat("shed"), true),
+        ],
+    )
+    .await;
     assert_eq!(immediate_status(&answers[1]), 429);
     drop(tx);
     // Once the held stream ends its slot is free again.
     while held.message().await.ok().flatten().is_some() {}
-    let answers = exchange(&e.grpc, vec![headers("after", false, false, None), body(&chat("after"), true)]).await;
+    let answers = exchange(
+        &e.grpc,
+        vec![
+            headers("after", false, false, None),
+            body(&chat("after"), true),
+        ],
+    )
+    .await;
     pick_of(&answers[1]);
 }
 

@@ -5,6 +5,11 @@
 //! sessions are served by a new owner on their next step.
 #![cfg(feature = "kubernetes")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+#![allow(
+    clippy::print_stderr,
+    clippy::print_stdout,
+    reason = "tests report timings and bench figures"
+)]
 
 mod common;
 
@@ -35,7 +40,12 @@ async fn workers(router: &str) -> Vec<(String, bool, bool)> {
 }
 
 /// Waits (at most [`WITHIN`] from `since`) until the worker list satisfies `check`.
-async fn shows(router: &str, since: Instant, what: &str, check: impl Fn(&[(String, bool, bool)]) -> bool) {
+async fn shows(
+    router: &str,
+    since: Instant,
+    what: &str,
+    check: impl Fn(&[(String, bool, bool)]) -> bool,
+) {
     let url = router.to_owned();
     let left = WITHIN.saturating_sub(since.elapsed());
     let check = &check;
@@ -168,13 +178,19 @@ async fn discovered_pods_join_leave_and_hand_their_sessions_over() {
         .filter(|(_, w)| **w == gone)
         .map(|(s, _)| s.clone())
         .collect();
-    eventually(Duration::from_secs(10), "the deleted pod's sessions have new owners", || {
-        let (url, before, moved) = (url2.clone(), before.clone(), moved.clone());
-        async move {
-            let after = owners(&url).await;
-            moved.iter().all(|s| after.get(s).is_some_and(|o| Some(o) != before.get(s)))
-        }
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the deleted pod's sessions have new owners",
+        || {
+            let (url, before, moved) = (url2.clone(), before.clone(), moved.clone());
+            async move {
+                let after = owners(&url).await;
+                moved
+                    .iter()
+                    .all(|s| after.get(s).is_some_and(|o| Some(o) != before.get(s)))
+            }
+        },
+    )
     .await;
 
     // Behind a 410 Gone: c vanished and d appeared while no event said so.

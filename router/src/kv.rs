@@ -157,9 +157,7 @@ impl KvRouting {
                 .all()
                 .iter()
                 .map(|w| {
-                    let events = self
-                        .stats_of(w.id)
-                        .map(|s| EventCounters::from(s.as_ref()));
+                    let events = self.stats_of(w.id).map(|s| EventCounters::from(s.as_ref()));
                     WorkerKv {
                         id: w.spec.name.clone(),
                         blocks: ix.worker_blocks(w.id),
@@ -461,7 +459,14 @@ pub fn subscribe_joined(
             () = stopper.cancelled() => {}
         }
     });
-    tracker.spawn(supervise(cfg, stats, sink, stop, w.spec.name.clone(), tracker.clone()));
+    tracker.spawn(supervise(
+        cfg,
+        stats,
+        sink,
+        stop,
+        w.spec.name.clone(),
+        tracker.clone(),
+    ));
 }
 
 /// Starts one `/metrics` scraper per worker: its load, and the KV capacity its engine

@@ -60,6 +60,6 @@ pub mod response_owners;
 pub mod server;
 mod sessions;
 pub mod state;
-mod worker_tasks;
 pub mod up;
 pub mod upstream;
+mod worker_tasks;

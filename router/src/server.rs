@@ -105,17 +105,7 @@ impl AppState {
                 shutdown,
             );
         }
-        if let Some(setup) = cfg.discovery.clone() {
-            let tasks = crate::worker_tasks::WorkerTasks {
-                client: client.clone(),
-                health: HealthSettings::of(&cfg),
-                scrape: cfg.scrape_interval.map(|every| (every, cfg.health_timeout)),
-                kv: kv.clone(),
-                tracker: tracker.clone(),
-                shutdown: shutdown.clone(),
-            };
-            crate::worker_tasks::discover(setup, &registry, tasks)?;
-        }
+        start_discovery(&cfg, client, &kv, &registry, (tracker, shutdown))?;
         let directories = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
         let ownership = directories.client.map(|c| {
             let settings = SyncSettings {
@@ -161,6 +151,28 @@ impl AppState {
         }
         Ok(state)
     }
+}
+
+/// Starts Kubernetes discovery when configured, each joining worker with its tasks.
+fn start_discovery(
+    cfg: &RouterConfig,
+    client: &upstream::HttpClient,
+    kv: &Arc<KvRouting>,
+    registry: &Arc<Registry>,
+    (tracker, shutdown): (&TaskTracker, &CancellationToken),
+) -> anyhow::Result<()> {
+    let Some(setup) = cfg.discovery.clone() else {
+        return Ok(());
+    };
+    let tasks = crate::worker_tasks::WorkerTasks {
+        client: client.clone(),
+        health: HealthSettings::of(cfg),
+        scrape: cfg.scrape_interval.map(|every| (every, cfg.health_timeout)),
+        kv: kv.clone(),
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    };
+    crate::worker_tasks::discover(setup, registry, tasks)
 }
 
 /// Says so when the fleet serves models the planner does not price as themselves: its

@@ -16,8 +16,15 @@ pub fn binary() -> PathBuf {
         return p.into();
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/envoy/setup.sh");
-    let out = Command::new("bash").arg(script).output().expect("run scripts/envoy/setup.sh");
-    assert!(out.status.success(), "envoy setup failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run scripts/envoy/setup.sh");
+    assert!(
+        out.status.success(),
+        "envoy setup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).expect("utf-8");
     text.lines().last().expect("a path").trim().into()
 }
@@ -201,10 +208,20 @@ impl Envoy {
              static_resources:\n  listeners:\n{listeners}{}",
             clusters(spec)
         );
-        let path = std::env::temp_dir().join(format!("ownerserve-envoy-{}-{port}.yaml", std::process::id()));
+        let path = std::env::temp_dir().join(format!(
+            "ownerserve-envoy-{}-{port}.yaml",
+            std::process::id()
+        ));
         std::fs::write(&path, &config).expect("write envoy config");
         let child = Command::new(binary())
-            .args(["-c", path.to_str().expect("path"), "--log-level", "error", "--concurrency", "1"])
+            .args([
+                "-c",
+                path.to_str().expect("path"),
+                "--log-level",
+                "error",
+                "--concurrency",
+                "1",
+            ])
             .args(["--base-id", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

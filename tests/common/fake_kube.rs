@@ -84,6 +84,8 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct FakeKube {
     inner: Arc<Mutex<Inner>>,
+    /// The server's task (it ends with the test's runtime).
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl FakeKube {
@@ -95,7 +97,8 @@ impl FakeKube {
             .with_state(fake.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        fake.tasks
+            .spawn(async move { axum::serve(listener, app).await });
         (fake, url)
     }
 
@@ -132,8 +135,11 @@ impl FakeKube {
     /// Changes the pods without any event (what only a re-list shows).
     pub fn silently(&self, change: impl FnOnce(&mut BTreeMap<String, FakePod>)) {
         let mut s = self.lock();
-        let mut pods: BTreeMap<String, FakePod> =
-            s.pods.values().map(|(_, p)| (p.name.clone(), p.clone())).collect();
+        let mut pods: BTreeMap<String, FakePod> = s
+            .pods
+            .values()
+            .map(|(_, p)| (p.name.clone(), p.clone()))
+            .collect();
         change(&mut pods);
         s.rv += 1;
         let rv = s.rv;
@@ -194,7 +200,9 @@ fn query(raw: Option<&str>) -> BTreeMap<String, String> {
         let mut out = Vec::with_capacity(b.len());
         let mut i = 0;
         while i < b.len() {
-            let hex = b.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            let hex = b
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok());
             match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
                 (b'%', Some(v)) => {
                     out.push(v);

@@ -275,14 +275,7 @@ impl RouterConfig {
         kubernetes: &super::KubernetesSettings,
     ) -> Result<Self, ConfigError> {
         check_numbers(s)?;
-        let discovery = kubernetes.validate()?;
-        if workers.is_empty() && discovery.is_none() {
-            return Err(ConfigError::invalid(
-                "workers",
-                "url",
-                "no workers configured (list [[workers]], pass --worker, or discover them with [kubernetes])",
-            ));
-        }
+        let discovery = discovery_setup(&workers, kubernetes)?;
         check_workers(&workers)?;
         let planner = planner_setup(s, &workers)?;
         let policy_settings = policy_settings(s, &planner);
@@ -357,6 +350,22 @@ impl RouterConfig {
             discovery,
         })
     }
+}
+
+/// The discovery setup; with none, static workers are required.
+fn discovery_setup(
+    workers: &[WorkerSpec],
+    kubernetes: &super::KubernetesSettings,
+) -> Result<Option<super::DiscoverySetup>, ConfigError> {
+    let discovery = kubernetes.validate()?;
+    if workers.is_empty() && discovery.is_none() {
+        return Err(ConfigError::invalid(
+            "workers",
+            "url",
+            "no workers configured (list [[workers]], pass --worker, or discover them with [kubernetes])",
+        ));
+    }
+    Ok(discovery)
 }
 
 /// The numeric and URL settings that have a valid range.

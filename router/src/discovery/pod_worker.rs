@@ -118,12 +118,8 @@ pub fn workers_of(pod: &Pod, mapping: &PodMapping) -> Result<Vec<PodWorker>, Not
             } else {
                 name.to_owned()
             };
-            let mut spec = WorkerSpec::new(
-                &worker_name,
-                &format!("http://{host}:{port}"),
-                role,
-                engine,
-            );
+            let mut spec =
+                WorkerSpec::new(&worker_name, &format!("http://{host}:{port}"), role, engine);
             spec.bootstrap_port = bootstrap.and_then(|b| nth_port(b, i));
             spec.kv_events = kv_events.map(|t| {
                 t.replace("{podIP}", &host)
@@ -240,38 +236,81 @@ mod tests {
 
     /// (case, pod, ports, expected: Err, or per worker (name, url, role, engine,
     /// bootstrap, kv_events, eligible)).
+    type Row = (
+        &'static str,
+        String,
+        Role,
+        EngineKind,
+        Option<u16>,
+        Option<String>,
+        bool,
+    );
+    type Case = (&'static str, Pod, Vec<u16>, Result<Vec<Row>, NotAWorker>);
+
     #[test]
+    #[expect(clippy::too_many_lines, reason = "a table of cases")]
     fn pods_map_to_workers() {
-        type Row = (&'static str, String, Role, EngineKind, Option<u16>, Option<String>, bool);
         let deleting = {
             let mut p = pod("d", Some("10.0.0.4"), "Running", "True");
             p.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
             p
         };
-        let cases: Vec<(&str, Pod, Vec<u16>, Result<Vec<Row>, NotAWorker>)> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "ready vllm pod, defaults",
                 pod("a", Some("10.0.0.1"), "Running", "True"),
                 vec![8000],
-                Ok(vec![("a", "http://10.0.0.1:8000".into(), Role::Hybrid, EngineKind::Vllm, None, None, true)]),
+                Ok(vec![(
+                    "a",
+                    "http://10.0.0.1:8000".into(),
+                    Role::Hybrid,
+                    EngineKind::Vllm,
+                    None,
+                    None,
+                    true,
+                )]),
             ),
             (
                 "not ready",
                 pod("b", Some("10.0.0.2"), "Running", "False"),
                 vec![8000],
-                Ok(vec![("b", "http://10.0.0.2:8000".into(), Role::Hybrid, EngineKind::Vllm, None, None, false)]),
+                Ok(vec![(
+                    "b",
+                    "http://10.0.0.2:8000".into(),
+                    Role::Hybrid,
+                    EngineKind::Vllm,
+                    None,
+                    None,
+                    false,
+                )]),
             ),
             (
                 "pending",
                 pod("c", Some("10.0.0.3"), "Pending", "True"),
                 vec![8000],
-                Ok(vec![("c", "http://10.0.0.3:8000".into(), Role::Hybrid, EngineKind::Vllm, None, None, false)]),
+                Ok(vec![(
+                    "c",
+                    "http://10.0.0.3:8000".into(),
+                    Role::Hybrid,
+                    EngineKind::Vllm,
+                    None,
+                    None,
+                    false,
+                )]),
             ),
             (
                 "being deleted",
                 deleting,
                 vec![8000],
-                Ok(vec![("d", "http://10.0.0.4:8000".into(), Role::Hybrid, EngineKind::Vllm, None, None, false)]),
+                Ok(vec![(
+                    "d",
+                    "http://10.0.0.4:8000".into(),
+                    Role::Hybrid,
+                    EngineKind::Vllm,
+                    None,
+                    None,
+                    false,
+                )]),
             ),
             (
                 "no IP yet",
@@ -283,13 +322,35 @@ mod tests {
                 "sglang prefill with per-port bootstrap ports and kv events, two ports",
                 labelled(
                     pod("p", Some("10.0.0.5"), "Running", "True"),
-                    &[("llm-d.ai/role", "prefill"), ("ownerserve.io/engine", "sglang")],
-                    &[("sglang.ai/bootstrap-port", "8998, 8999"), ("ownerserve.io/kv-events", "tcp://{podIP}:5557")],
+                    &[
+                        ("llm-d.ai/role", "prefill"),
+                        ("ownerserve.io/engine", "sglang"),
+                    ],
+                    &[
+                        ("sglang.ai/bootstrap-port", "8998, 8999"),
+                        ("ownerserve.io/kv-events", "tcp://{podIP}:5557"),
+                    ],
                 ),
                 vec![30000, 30001],
                 Ok(vec![
-                    ("p-30000", "http://10.0.0.5:30000".into(), Role::Prefill, EngineKind::Sglang, Some(8998), Some("tcp://10.0.0.5:5557".into()), true),
-                    ("p-30001", "http://10.0.0.5:30001".into(), Role::Prefill, EngineKind::Sglang, Some(8999), Some("tcp://10.0.0.5:5557".into()), true),
+                    (
+                        "p-30000",
+                        "http://10.0.0.5:30000".into(),
+                        Role::Prefill,
+                        EngineKind::Sglang,
+                        Some(8998),
+                        Some("tcp://10.0.0.5:5557".into()),
+                        true,
+                    ),
+                    (
+                        "p-30001",
+                        "http://10.0.0.5:30001".into(),
+                        Role::Prefill,
+                        EngineKind::Sglang,
+                        Some(8999),
+                        Some("tcp://10.0.0.5:5557".into()),
+                        true,
+                    ),
                 ]),
             ),
             (
@@ -297,16 +358,36 @@ mod tests {
                 labelled(
                     pod("q", Some("fd00::7"), "Running", "True"),
                     &[("llm-d.ai/role", "both")],
-                    &[("sglang.ai/bootstrap-port", "8998"), ("ownerserve.io/kv-events", "tcp://{podIP}:{port}")],
+                    &[
+                        ("sglang.ai/bootstrap-port", "8998"),
+                        ("ownerserve.io/kv-events", "tcp://{podIP}:{port}"),
+                    ],
                 ),
                 vec![8000],
-                Ok(vec![("q", "http://[fd00::7]:8000".into(), Role::Hybrid, EngineKind::Vllm, Some(8998), Some("tcp://[fd00::7]:8000".into()), true)]),
+                Ok(vec![(
+                    "q",
+                    "http://[fd00::7]:8000".into(),
+                    Role::Hybrid,
+                    EngineKind::Vllm,
+                    Some(8998),
+                    Some("tcp://[fd00::7]:8000".into()),
+                    true,
+                )]),
             ),
             (
                 "unknown role",
-                labelled(pod("r", Some("10.0.0.8"), "Running", "True"), &[("llm-d.ai/role", "encode")], &[]),
+                labelled(
+                    pod("r", Some("10.0.0.8"), "Running", "True"),
+                    &[("llm-d.ai/role", "encode")],
+                    &[],
+                ),
                 vec![8000],
-                Err(NotAWorker::BadLabel { pod: "r".into(), label: "llm-d.ai/role".into(), value: "encode".into(), what: "role (prefill, decode, both, hybrid)" }),
+                Err(NotAWorker::BadLabel {
+                    pod: "r".into(),
+                    label: "llm-d.ai/role".into(),
+                    value: "encode".into(),
+                    what: "role (prefill, decode, both, hybrid)",
+                }),
             ),
         ];
         for (case, pod, ports, expected) in cases {
@@ -315,7 +396,15 @@ mod tests {
                     .map(|w| {
                         let s = w.spec;
                         let name: &'static str = Box::leak(s.name.into_boxed_str());
-                        (name, s.base_url, s.role, s.engine, s.bootstrap_port, s.kv_events, w.eligible)
+                        (
+                            name,
+                            s.base_url,
+                            s.role,
+                            s.engine,
+                            s.bootstrap_port,
+                            s.kv_events,
+                            w.eligible,
+                        )
                     })
                     .collect::<Vec<Row>>()
             });

@@ -16,7 +16,7 @@ use crate::registry::{Registry, Worker};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     /// A new pod (or a pod on a new IP): a new worker.
-    Join(PodWorker),
+    Join(Box<PodWorker>),
     /// Its pod is gone (or moved): drained through the existing path, then retired.
     Retire(WorkerId),
     /// Its pod turned ready (`true`: no longer drained) or not ready (`false`: drained).
@@ -37,10 +37,10 @@ pub fn diff(desired: &[PodWorker], joined: &BTreeMap<WorkerKey, JoinedWorker>) -
     for w in desired {
         wanted.insert(&w.key, w);
         match joined.get(&w.key) {
-            None => out.push(Change::Join(w.clone())),
+            None => out.push(Change::Join(Box::new(w.clone()))),
             Some(j) if j.id != w.id => {
                 out.push(Change::Retire(j.id));
-                out.push(Change::Join(w.clone()));
+                out.push(Change::Join(Box::new(w.clone())));
             }
             Some(j) if j.eligible != w.eligible => out.push(Change::Eligible(j.id, w.eligible)),
             Some(_) => {}
@@ -73,7 +73,7 @@ impl Joined {
         let n = changes.len();
         for change in changes {
             match change {
-                Change::Join(w) => self.join(w, registry, started),
+                Change::Join(w) => self.join(*w, registry, started),
                 Change::Retire(id) => {
                     registry.retire(id);
                     self.workers.retain(|_, j| j.id != id);
@@ -98,7 +98,8 @@ impl Joined {
                 // A pod that is not ready joins drained: no work until it turns ready.
                 worker.set_draining(!eligible);
                 started(&worker);
-                self.workers.insert(w.key, JoinedWorker { id: w.id, eligible });
+                self.workers
+                    .insert(w.key, JoinedWorker { id: w.id, eligible });
             }
             Err(e) => tracing::warn!(error = %e, "discovered worker not joined"),
         }
@@ -151,7 +152,9 @@ mod tests {
         // `a` deleted, `b` recreated under a new UID: a new worker.
         let third = [pw("b2", 0x8000_0003, true)];
         joined.apply(&third, &registry, &none);
-        let a = registry.get(WorkerId(0x8000_0001)).expect("kept for its id");
+        let a = registry
+            .get(WorkerId(0x8000_0001))
+            .expect("kept for its id");
         assert!(a.is_retired() && a.is_draining() && !a.is_healthy());
         let names: Vec<String> = registry.describe().into_iter().map(|w| w.id).collect();
         assert_eq!(names, vec!["static", "b2"]);

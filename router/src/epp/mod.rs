@@ -42,11 +42,19 @@ pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor"
 #[derive(Debug, Clone, clap::Args)]
 pub struct EppFlags {
     /// The ext_proc gRPC port (GIE's convention: 9002).
-    #[arg(long = "grpc-port", env = "OWNERSERVE_EPP_GRPC_PORT", default_value_t = 9002)]
+    #[arg(
+        long = "grpc-port",
+        env = "OWNERSERVE_EPP_GRPC_PORT",
+        default_value_t = 9002
+    )]
     pub grpc_port: u16,
     /// The gRPC health port (GIE's convention: 9003); health is also served on the
     /// ext_proc port.
-    #[arg(long = "grpc-health-port", env = "OWNERSERVE_EPP_HEALTH_PORT", default_value_t = 9003)]
+    #[arg(
+        long = "grpc-health-port",
+        env = "OWNERSERVE_EPP_HEALTH_PORT",
+        default_value_t = 9003
+    )]
     pub health_port: u16,
     /// Endpoints after the decision's in `x-gateway-destination-endpoint` (the gateway
     /// retries them in order). 0 for gateways whose load balancer reads one address
@@ -84,9 +92,11 @@ impl ExternalProcessor for Picker {
             }
             exchange.finish();
         });
-        let answers = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|a| (a, rx))
-        });
+        let answers =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|a| (a, rx)) },
+            );
         Ok(Response::new(Box::pin(answers)))
     }
 }
@@ -156,7 +166,10 @@ async fn report_readiness(st: Arc<AppState>, reporter: HealthReporter, cancel: C
 }
 
 /// Binds the two gRPC listeners on `host`.
-pub async fn bind(host: std::net::IpAddr, f: &EppFlags) -> anyhow::Result<(TcpListener, TcpListener)> {
+pub async fn bind(
+    host: std::net::IpAddr,
+    f: &EppFlags,
+) -> anyhow::Result<(TcpListener, TcpListener)> {
     let grpc = TcpListener::bind(SocketAddr::new(host, f.grpc_port)).await?;
     let health = TcpListener::bind(SocketAddr::new(host, f.health_port)).await?;
     Ok((grpc, health))

@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::config::core::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse,
-    HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
+    body_mutation, processing_response, BodyMutation, BodyResponse, CommonResponse, HeaderMutation,
+    HeadersResponse, ImmediateResponse, ProcessingRequest, ProcessingResponse,
     StreamedBodyResponse, TrailersResponse,
 };
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
@@ -202,15 +202,19 @@ pub fn continue_headers(response_side: bool) -> ProcessingResponse {
 /// "Go on unchanged" for a buffered response body chunk.
 pub fn continue_response_body() -> ProcessingResponse {
     ProcessingResponse {
-        response: Some(processing_response::Response::ResponseBody(
-            BodyResponse { response: None },
-        )),
+        response: Some(processing_response::Response::ResponseBody(BodyResponse {
+            response: None,
+        })),
         ..ProcessingResponse::default()
     }
 }
 
 /// A body chunk passed back in full-duplex streaming (`response_side`: the response's).
-pub fn streamed_body(body: Vec<u8>, end_of_stream: bool, response_side: bool) -> ProcessingResponse {
+pub fn streamed_body(
+    body: Vec<u8>,
+    end_of_stream: bool,
+    response_side: bool,
+) -> ProcessingResponse {
     let common = CommonResponse {
         body_mutation: Some(BodyMutation {
             mutation: Some(body_mutation::Mutation::StreamedResponse(
@@ -300,17 +304,29 @@ mod tests {
     fn the_subset_hint_is_a_list_or_a_comma_string_and_absent_is_none() {
         let list = Value {
             kind: Some(Kind::ListValue(ListValue {
-                values: vec![string_value("10.0.0.1:8000".into()), string_value("10.0.0.2:8000".into())],
+                values: vec![
+                    string_value("10.0.0.1:8000".into()),
+                    string_value("10.0.0.2:8000".into()),
+                ],
             })),
         };
         let got = subset_hint(&with_lb(SUBSET_NAMESPACE, SUBSET, list));
-        assert_eq!(got, Some(vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()]));
+        assert_eq!(
+            got,
+            Some(vec!["10.0.0.1:8000".into(), "10.0.0.2:8000".into()])
+        );
         let s = string_value("10.0.0.1:8000, 10.0.0.3:8000".into());
         let got = subset_hint(&with_lb(SUBSET_NAMESPACE, SUBSET, s));
-        assert_eq!(got, Some(vec!["10.0.0.1:8000".into(), "10.0.0.3:8000".into()]));
+        assert_eq!(
+            got,
+            Some(vec!["10.0.0.1:8000".into(), "10.0.0.3:8000".into()])
+        );
         assert_eq!(subset_hint(&ProcessingRequest::default()), None);
         let empty = string_value(String::new());
-        assert_eq!(subset_hint(&with_lb(SUBSET_NAMESPACE, SUBSET, empty)), Some(vec![]));
+        assert_eq!(
+            subset_hint(&with_lb(SUBSET_NAMESPACE, SUBSET, empty)),
+            Some(vec![])
+        );
     }
 
     #[test]
@@ -321,11 +337,23 @@ mod tests {
         };
         let common = b.response.as_ref().expect("common");
         assert!(common.clear_route_cache);
-        let header = &common.header_mutation.as_ref().expect("mutation").set_headers[0];
+        let header = &common
+            .header_mutation
+            .as_ref()
+            .expect("mutation")
+            .set_headers[0];
         let header = header.header.as_ref().expect("header");
         assert_eq!(header.key, DESTINATION);
-        let lb = r.dynamic_metadata.as_ref().expect("metadata").fields.get(LB_NAMESPACE);
-        let Some(Value { kind: Some(Kind::StructValue(lb)) }) = lb else {
+        let lb = r
+            .dynamic_metadata
+            .as_ref()
+            .expect("metadata")
+            .fields
+            .get(LB_NAMESPACE);
+        let Some(Value {
+            kind: Some(Kind::StructValue(lb)),
+        }) = lb
+        else {
             panic!("envoy.lb struct");
         };
         assert_eq!(
@@ -337,9 +365,15 @@ mod tests {
     #[test]
     fn the_served_endpoint_comes_from_metadata_then_header() {
         let r = with_lb(LB_NAMESPACE, SERVED, string_value("10.0.0.9:8000".into()));
-        assert_eq!(served_endpoint(&r, &HeaderMap::new()).as_deref(), Some("10.0.0.9:8000"));
+        assert_eq!(
+            served_endpoint(&r, &HeaderMap::new()).as_deref(),
+            Some("10.0.0.9:8000")
+        );
         let mut h = HeaderMap::new();
         h.insert(SERVED, HttpValue::from_static("10.0.0.8:8000"));
-        assert_eq!(served_endpoint(&ProcessingRequest::default(), &h).as_deref(), Some("10.0.0.8:8000"));
+        assert_eq!(
+            served_endpoint(&ProcessingRequest::default(), &h).as_deref(),
+            Some("10.0.0.8:8000")
+        );
     }
 }

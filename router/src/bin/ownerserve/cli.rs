@@ -139,13 +139,13 @@ impl RouterArgs {
     fn threads(&self) -> Option<usize> {
         let args = self;
         args.overrides
-                .worker_threads
-                .or_else(|| match &args.config {
-                    Some(path) => read_toml::<RouterFile>(path)
-                        .ok()
-                        .map(|f| f.router.worker_threads),
-                    None => None,
-                })
+            .worker_threads
+            .or_else(|| match &args.config {
+                Some(path) => read_toml::<RouterFile>(path)
+                    .ok()
+                    .map(|f| f.router.worker_threads),
+                None => None,
+            })
     }
 }
 
