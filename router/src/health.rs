@@ -87,7 +87,7 @@ pub async fn check(client: &HttpClient, worker: &Worker, s: &HealthSettings) {
 /// Probes every worker once, concurrently, so the router starts with a current view.
 pub async fn check_all(client: &HttpClient, registry: &Registry, s: &HealthSettings) {
     let tracker = TaskTracker::new();
-    for w in registry.all() {
+    for w in registry.all().iter() {
         let (client, w, s) = (client.clone(), w.clone(), s.clone());
         tracker.spawn(async move { check(&client, &w, &s).await });
     }
@@ -103,15 +103,27 @@ pub fn spawn(
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) {
-    for w in registry.all() {
-        let (client, w, cancel, s) = (client.clone(), w.clone(), cancel.clone(), s.clone());
-        tracker.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(s.interval) => check(&client, &w, &s).await,
-                    () = cancel.cancelled() => return,
-                }
-            }
-        });
+    for w in registry.all().iter() {
+        spawn_one(client, w, s.clone(), tracker, cancel);
     }
+}
+
+/// Starts `w`'s probe loop; it stops when `cancel` fires or the worker is retired.
+pub fn spawn_one(
+    client: &HttpClient,
+    w: &Arc<Worker>,
+    s: HealthSettings,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let (client, w, cancel) = (client.clone(), w.clone(), cancel.clone());
+    tracker.spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(s.interval) => check(&client, &w, &s).await,
+                () = cancel.cancelled() => return,
+                () = w.retired().cancelled() => return,
+            }
+        }
+    });
 }

@@ -32,7 +32,7 @@ pub struct KvRouting {
     approx_ttl_ms: u64,
     started: Instant,
     /// Event counters per worker with a subscriber.
-    subscribers: Vec<(WorkerId, Arc<SubscriberStats>)>,
+    subscribers: std::sync::RwLock<Vec<(WorkerId, Arc<SubscriberStats>)>>,
 }
 
 impl KvRouting {
@@ -42,12 +42,14 @@ impl KvRouting {
             block_size: cfg.block_size,
             approx_ttl_ms: approx_ttl.as_millis() as u64,
             started: Instant::now(),
-            subscribers: registry
-                .all()
-                .iter()
-                .filter(|w| w.spec.kv_events.is_some())
-                .map(|w| (w.id, Arc::default()))
-                .collect(),
+            subscribers: std::sync::RwLock::new(
+                registry
+                    .all()
+                    .iter()
+                    .filter(|w| w.spec.kv_events.is_some())
+                    .map(|w| (w.id, Arc::default()))
+                    .collect(),
+            ),
         }
     }
 
@@ -114,7 +116,7 @@ impl KvRouting {
                 ix.clear_worker(w.id);
                 n
             };
-            if let Some((_, stats)) = self.subscribers.iter().find(|(id, _)| *id == w.id) {
+            if let Some(stats) = self.stats_of(w.id) {
                 stats
                     .forgotten
                     .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -126,8 +128,21 @@ impl KvRouting {
     }
 
     /// Each event-fed worker's subscriber counters.
-    pub fn event_stats(&self) -> impl Iterator<Item = (WorkerId, &SubscriberStats)> {
-        self.subscribers.iter().map(|(id, s)| (*id, s.as_ref()))
+    pub fn event_stats(&self) -> Vec<(WorkerId, Arc<SubscriberStats>)> {
+        self.subscribers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `worker`'s subscriber counters, if its events are subscribed to.
+    fn stats_of(&self, worker: WorkerId) -> Option<Arc<SubscriberStats>> {
+        self.subscribers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(id, _)| *id == worker)
+            .map(|(_, s)| s.clone())
     }
 
     /// The admin API's view.
@@ -142,11 +157,7 @@ impl KvRouting {
                 .all()
                 .iter()
                 .map(|w| {
-                    let events = self
-                        .subscribers
-                        .iter()
-                        .find(|(id, _)| *id == w.id)
-                        .map(|(_, s)| EventCounters::from(s.as_ref()));
+                    let events = self.stats_of(w.id).map(|s| EventCounters::from(s.as_ref()));
                     WorkerKv {
                         id: w.spec.name.clone(),
                         blocks: ix.worker_blocks(w.id),
@@ -236,12 +247,13 @@ impl From<&SubscriberStats> for EventCounters {
 /// and the expiry tick.
 pub fn spawn(
     kv: &Arc<KvRouting>,
-    registry: &Registry,
+    registry: &Arc<Registry>,
     fanout: Option<&(FanoutConfig, FanoutRole)>,
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let with_events = || registry.all().iter().filter(|w| w.spec.kv_events.is_some());
+    let fleet = registry.all();
+    let with_events = || fleet.iter().filter(|w| w.spec.kv_events.is_some());
     // Where the ZMQ subscribers put events: the local index, the Redis streams, or nowhere
     // (a consuming replica takes everything from the streams).
     let sink: Option<Arc<dyn EventSink>> = match fanout {
@@ -270,12 +282,7 @@ pub fn spawn(
         let (Some(sink), Some(endpoint)) = (sink.clone(), w.spec.kv_events.clone()) else {
             continue;
         };
-        let Some(stats) = kv
-            .subscribers
-            .iter()
-            .find(|(id, _)| *id == w.id)
-            .map(|(_, s)| s.clone())
-        else {
+        let Some(stats) = kv.stats_of(w.id) else {
             continue;
         };
         let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
@@ -283,7 +290,7 @@ pub fn spawn(
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
         tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
-    let (kv, cancel, workers) = (kv.clone(), cancel.clone(), registry.all().to_vec());
+    let (kv, cancel, registry) = (kv.clone(), cancel.clone(), registry.clone());
     tracker.spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut forgotten = HashSet::new();
@@ -292,7 +299,7 @@ pub fn spawn(
                 _ = tick.tick() => {
                     let now = kv.now_ms();
                     kv.index.lock().expire(now);
-                    kv.forget_down_workers(&workers, &mut forgotten);
+                    kv.forget_down_workers(&registry.all(), &mut forgotten);
                 }
                 () = cancel.cancelled() => return,
             }
@@ -424,6 +431,44 @@ async fn reported_block_size(
     usize::try_from(b).ok()
 }
 
+/// Subscribes to the KV events of `w`, a worker that joined at run time, into the local
+/// index (with the Redis fan-out, a joined worker's blocks are approximate); the
+/// subscriber stops when `cancel` fires or the worker is retired.
+pub fn subscribe_joined(
+    kv: &Arc<KvRouting>,
+    w: &Arc<Worker>,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let Some(endpoint) = w.spec.kv_events.clone() else {
+        return;
+    };
+    let stats: Arc<SubscriberStats> = Arc::default();
+    kv.subscribers
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((w.id, stats.clone()));
+    let sink: Arc<dyn EventSink> = kv.index.clone();
+    let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
+        .named(&w.spec.name);
+    let stop = cancel.child_token();
+    let (retired, stopper) = (w.retired().clone(), stop.clone());
+    tracker.spawn(async move {
+        tokio::select! {
+            () = retired.cancelled() => stopper.cancel(),
+            () = stopper.cancelled() => {}
+        }
+    });
+    tracker.spawn(supervise(
+        cfg,
+        stats,
+        sink,
+        stop,
+        w.spec.name.clone(),
+        tracker.clone(),
+    ));
+}
+
 /// Starts one `/metrics` scraper per worker: its load, and the KV capacity its engine
 /// reports.
 pub fn spawn_scrapers(
@@ -434,30 +479,41 @@ pub fn spawn_scrapers(
     tracker: &TaskTracker,
     cancel: &CancellationToken,
 ) {
-    for w in registry.all() {
-        let (w, client, cancel) = (w.clone(), client.clone(), cancel.clone());
-        tracker.spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = cancel.cancelled() => return,
-                }
-                let text = match get_small(&client, &w.spec.base_url, "/metrics", timeout).await {
-                    Ok((status, body)) if status.is_success() => {
-                        String::from_utf8(body.to_vec()).ok()
-                    }
-                    _ => None,
-                };
-                w.set_load(text.as_deref().and_then(|t| parse_load(t).ok()));
-                // The capacity an engine reports changes only with a restart: a failed
-                // scrape keeps the last one.
-                if let Some(t) = &text {
-                    w.set_reported_kv_tokens(kv_capacity_tokens(t));
-                }
-            }
-        });
+    for w in registry.all().iter() {
+        spawn_scraper(w, client, (interval, timeout), tracker, cancel);
     }
+}
+
+/// Starts `w`'s `/metrics` scraper (every `interval`, each within `timeout`); it stops when
+/// `cancel` fires or the worker is retired.
+pub fn spawn_scraper(
+    w: &Arc<Worker>,
+    client: &HttpClient,
+    (interval, timeout): (Duration, Duration),
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    let (w, client, cancel) = (w.clone(), client.clone(), cancel.clone());
+    tracker.spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = cancel.cancelled() => return,
+                () = w.retired().cancelled() => return,
+            }
+            let text = match get_small(&client, &w.spec.base_url, "/metrics", timeout).await {
+                Ok((status, body)) if status.is_success() => String::from_utf8(body.to_vec()).ok(),
+                _ => None,
+            };
+            w.set_load(text.as_deref().and_then(|t| parse_load(t).ok()));
+            // The capacity an engine reports changes only with a restart: a failed
+            // scrape keeps the last one.
+            if let Some(t) = &text {
+                w.set_reported_kv_tokens(kv_capacity_tokens(t));
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -485,17 +541,17 @@ mod tests {
         kv.record_routed(&b, &[1, 2]);
         let blocks = |w: &Worker| kv.index.lock().worker_blocks(w.id);
         let mut forgotten = HashSet::new();
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!((blocks(&a), blocks(&b)), (3, 2));
         a.mark_down("killed");
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!((blocks(&a), blocks(&b)), (0, 2));
         assert!(forgotten.contains(&a.id));
         a.mark_healthy(vec!["m".into()]);
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert!(forgotten.is_empty());
         kv.record_routed(&a, &[1]);
-        kv.forget_down_workers(registry.all(), &mut forgotten);
+        kv.forget_down_workers(&registry.all(), &mut forgotten);
         assert_eq!(blocks(&a), 1);
     }
 }

@@ -15,7 +15,9 @@
 //!   `client_gate`: `/v1`'s API keys and per-key rate limits, before a body is read.
 //! - [`response_owners`]: which worker holds each stored Responses answer: recorded in the
 //!   directory as it is relayed, with this router's own records in front.
-//! - [`registry`] and `health`: the workers and their health.
+//! - [`registry`] and `health`: the workers and their health; `discovery` (feature
+//!   `kubernetes`): workers found from the Kubernetes API joining and leaving it at run
+//!   time, each with its probe and scrape tasks (`worker_tasks`).
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers.
 //! - [`up`]: the whole stack in one process; [`ha_directory`]: `up --ha`'s directory, a
@@ -26,6 +28,8 @@
 //!   cluster from this router's live replica.
 //! - [`metrics`]: the router's Prometheus metrics; [`logging`] text or JSON logs.
 //! - [`ctl`]: `ownerserve ctl`, the operator API from the command line.
+//! - `epp` (feature `kubernetes`): `ownerserve epp`, the Gateway API Inference Extension
+//!   endpoint picker (Envoy ext_proc), planning through the proxy's own stages.
 #![forbid(unsafe_code)]
 // Every function of the request path fits on a screen (issue 14); the threshold is in
 // clippy.toml.
@@ -36,6 +40,10 @@ mod client_gate;
 pub mod config;
 pub mod ctl;
 mod demotion;
+#[cfg(feature = "kubernetes")]
+pub mod discovery;
+#[cfg(feature = "kubernetes")]
+pub mod epp;
 pub mod error;
 pub mod explain;
 pub mod ha_directory;
@@ -55,3 +63,4 @@ mod sessions;
 pub mod state;
 pub mod up;
 pub mod upstream;
+mod worker_tasks;

@@ -1,11 +1,17 @@
 //! The router's view of its workers: identity, health, the models each serves and the
 //! requests in flight there. Shared by handlers, the health checker and the admin API.
+//!
+//! Configured workers are numbered in configuration order; workers found at run time
+//! (Kubernetes discovery) join with an id every replica derives alike from their pod, so
+//! replicas sharing a directory name a worker the same. A worker that goes away is
+//! retired: drained, down and out of the listings, its tasks stopped, its id never reused.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::policy::{EngineLoad, WorkerView};
@@ -34,6 +40,9 @@ pub struct Worker {
     load: Mutex<Option<EngineLoad>>,
     /// KV capacity in tokens, as the engine reports it in its metrics (0: not reported).
     reported_kv_tokens: AtomicU64,
+    /// Fires when the worker is retired (its pod went away): its probe, scrape and event
+    /// tasks end.
+    retired: CancellationToken,
 }
 
 /// A model a worker serves, as its `/v1/models` lists it.
@@ -60,6 +69,35 @@ impl From<&str> for ServedModel {
 }
 
 impl Worker {
+    fn new(id: WorkerId, spec: WorkerSpec, clock: Instant) -> Self {
+        Self {
+            id,
+            spec,
+            healthy: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            consecutive_failures: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+            last_progress_ms: AtomicU64::new(0),
+            clock,
+            active_blocks: AtomicU64::new(0),
+            active_prefill_tokens: AtomicU64::new(0),
+            models: RwLock::new(Arc::from(Vec::new())),
+            load: Mutex::new(None),
+            reported_kv_tokens: AtomicU64::new(0),
+            retired: CancellationToken::new(),
+        }
+    }
+
+    /// Whether the worker went away for good (its pod was deleted).
+    pub fn is_retired(&self) -> bool {
+        self.retired.is_cancelled()
+    }
+
+    /// Fires when the worker is retired.
+    pub fn retired(&self) -> &CancellationToken {
+        &self.retired
+    }
+
     /// Whether the last health checks passed.
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
@@ -240,54 +278,112 @@ pub enum ModelAvailability {
     Unknown,
 }
 
-/// All workers, in configuration order (`WorkerId` is the index).
+/// All workers: the configured ones in configuration order (`WorkerId` is the index),
+/// then those found at run time.
 #[derive(Debug)]
 pub struct Registry {
+    fleet: RwLock<Arc<Fleet>>,
+    clock: Instant,
+}
+
+/// One snapshot of the workers: in the order they joined, and by id.
+#[derive(Debug, Default)]
+pub struct Fleet {
     workers: Vec<Arc<Worker>>,
+    by_id: std::collections::HashMap<WorkerId, usize>,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = [Arc<Worker>];
+    fn deref(&self) -> &[Arc<Worker>] {
+        &self.workers
+    }
+}
+
+impl<'a> IntoIterator for &'a Fleet {
+    type Item = &'a Arc<Worker>;
+    type IntoIter = std::slice::Iter<'a, Arc<Worker>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.workers.iter()
+    }
+}
+
+/// Why a worker could not join.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum JoinError {
+    #[error("worker id {0:?} is taken (by `{1}`)")]
+    IdTaken(WorkerId, String),
 }
 
 impl Registry {
     /// Workers from their specs, all unhealthy until their first health check.
     pub fn new(specs: Vec<WorkerSpec>) -> Self {
         let clock = Instant::now();
-        let workers = specs
-            .into_iter()
-            .enumerate()
-            .map(|(i, spec)| {
-                Arc::new(Worker {
-                    id: WorkerId(i as u32),
-                    spec,
-                    healthy: AtomicBool::new(false),
-                    draining: AtomicBool::new(false),
-                    consecutive_failures: AtomicU32::new(0),
-                    in_flight: AtomicU32::new(0),
-                    last_progress_ms: AtomicU64::new(0),
-                    clock,
-                    active_blocks: AtomicU64::new(0),
-                    active_prefill_tokens: AtomicU64::new(0),
-                    models: RwLock::new(Arc::from(Vec::new())),
-                    load: Mutex::new(None),
-                    reported_kv_tokens: AtomicU64::new(0),
-                })
-            })
-            .collect();
-        Self { workers }
+        let mut fleet = Fleet::default();
+        for (i, spec) in specs.into_iter().enumerate() {
+            let id = WorkerId(i as u32);
+            fleet.by_id.insert(id, fleet.workers.len());
+            fleet.workers.push(Arc::new(Worker::new(id, spec, clock)));
+        }
+        Self {
+            fleet: RwLock::new(Arc::new(fleet)),
+            clock,
+        }
     }
 
-    /// Every worker.
-    pub fn all(&self) -> &[Arc<Worker>] {
-        &self.workers
+    /// Every worker (a snapshot: workers that join later are not in it), retired ones
+    /// included.
+    pub fn all(&self) -> Arc<Fleet> {
+        self.fleet
+            .read()
+            .map_or_else(|e| e.into_inner().clone(), |f| f.clone())
     }
 
     /// A worker by id.
-    pub fn get(&self, id: WorkerId) -> Option<&Arc<Worker>> {
-        self.workers.get(id.0 as usize)
+    pub fn get(&self, id: WorkerId) -> Option<Arc<Worker>> {
+        let fleet = self.all();
+        fleet.by_id.get(&id).map(|&i| fleet.workers[i].clone())
+    }
+
+    /// Adds a worker found at run time under `id` (unhealthy until its first check).
+    pub fn join(&self, id: WorkerId, spec: WorkerSpec) -> Result<Arc<Worker>, JoinError> {
+        let mut guard = self.fleet.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&i) = guard.by_id.get(&id) {
+            return Err(JoinError::IdTaken(id, guard.workers[i].spec.name.clone()));
+        }
+        let worker = Arc::new(Worker::new(id, spec, self.clock));
+        let mut workers = guard.workers.clone();
+        let mut by_id = guard.by_id.clone();
+        by_id.insert(id, workers.len());
+        workers.push(worker.clone());
+        *guard = Arc::new(Fleet { workers, by_id });
+        tracing::info!(worker = %worker.spec.name, url = %worker.spec.base_url, "worker joined");
+        Ok(worker)
+    }
+
+    /// Retires a worker that went away: drained (the existing drain path: the planner
+    /// hands its sessions to another worker on their next step) and down (its KV cannot
+    /// be read), out of the listings, its tasks stopped. Its id is never reused.
+    pub fn retire(&self, id: WorkerId) {
+        let Some(w) = self.get(id) else { return };
+        w.set_draining(true);
+        w.mark_down("gone");
+        w.retired.cancel();
+        tracing::info!(worker = %w.spec.name, "worker retired");
+    }
+
+    /// A live (not retired) worker by its name.
+    pub fn by_name(&self, name: &str) -> Option<Arc<Worker>> {
+        self.all()
+            .iter()
+            .find(|w| w.spec.name == name && !w.is_retired())
+            .cloned()
     }
 
     /// Whether `model` can be served now.
     pub fn availability(&self, model: &str) -> ModelAvailability {
         let mut maybe = false;
-        for w in &self.workers {
+        for w in self.all().iter() {
             if w.serves(model) && w.is_healthy() {
                 return ModelAvailability::Available;
             }
@@ -303,7 +399,7 @@ impl Registry {
     /// Policy views of the workers that serve `model`, minus `excluded` ones (workers that
     /// already failed this request).
     pub fn candidates(&self, model: &str, excluded: &[WorkerId]) -> Vec<WorkerView> {
-        self.workers
+        self.all()
             .iter()
             .filter(|w| w.serves(model) && !excluded.contains(&w.id))
             .map(|w| WorkerView {
@@ -322,7 +418,7 @@ impl Registry {
 
     /// Healthy workers serving `model`.
     pub fn healthy_serving(&self, model: &str) -> usize {
-        self.workers
+        self.all()
             .iter()
             .filter(|w| w.is_healthy() && w.serves(model))
             .count()
@@ -331,7 +427,7 @@ impl Registry {
     /// Distinct models served by healthy workers, in first-seen order.
     pub fn healthy_models(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for w in self.workers.iter().filter(|w| w.is_healthy()) {
+        for w in self.all().iter().filter(|w| w.is_healthy()) {
             for m in w.models().iter() {
                 if !out.contains(&m.id) {
                     out.push(m.id.clone());
@@ -345,7 +441,7 @@ impl Registry {
     /// and the base model if it is a LoRA adapter.
     pub fn served(&self, model: &str) -> Option<ServedModel> {
         let mut out: Option<ServedModel> = None;
-        for w in self.workers.iter().filter(|w| w.is_healthy()) {
+        for w in self.all().iter().filter(|w| w.is_healthy()) {
             for m in w.models().iter().filter(|m| m.id == model) {
                 let o = out.get_or_insert_with(|| m.clone());
                 o.max_model_len = match (o.max_model_len, m.max_model_len) {
@@ -361,6 +457,7 @@ impl Registry {
     /// `text` (a plan's reason, written by the planner, which knows workers only by id)
     /// with each worker id (`w0`, `w1`, ...) replaced by the worker's configured name.
     pub fn name_workers(&self, text: &str) -> String {
+        let fleet = self.all();
         let mut out = String::with_capacity(text.len());
         let mut rest = text;
         while let Some(at) = rest.find('w') {
@@ -371,10 +468,10 @@ impl Registry {
             let word_end =
                 !from[1 + digits..].starts_with(|c: char| c.is_alphanumeric() || c == '_');
             let worker = from[1..1 + digits]
-                .parse::<usize>()
+                .parse::<u32>()
                 .ok()
                 .filter(|_| digits > 0 && word_start && word_end)
-                .and_then(|i| self.workers.get(i));
+                .and_then(|i| fleet.by_id.get(&WorkerId(i)).map(|&at| &fleet.workers[at]));
             match worker {
                 Some(w) => out.push_str(&w.spec.name),
                 None => out.push_str(&from[..1 + digits]),
@@ -385,10 +482,11 @@ impl Registry {
         out
     }
 
-    /// The admin API's view of every worker.
+    /// The admin API's view of every worker that is not retired.
     pub fn describe(&self) -> Vec<WorkerInfo> {
-        self.workers
+        self.all()
             .iter()
+            .filter(|w| !w.is_retired())
             .map(|w| WorkerInfo {
                 id: w.spec.name.clone(),
                 url: w.spec.base_url.clone(),
@@ -539,7 +637,7 @@ mod tests {
     #[test]
     fn in_flight_guard_counts_and_candidates_respect_exclusions() {
         let r = registry();
-        for w in r.all() {
+        for w in r.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
         let mut g = r.all()[1].start_request(10, 320);

@@ -105,6 +105,7 @@ impl AppState {
                 shutdown,
             );
         }
+        start_discovery(&cfg, client, &kv, &registry, (tracker, shutdown))?;
         let directories = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
         let ownership = directories.client.map(|c| {
             let settings = SyncSettings {
@@ -151,6 +152,28 @@ impl AppState {
         }
         Ok(state)
     }
+}
+
+/// Starts Kubernetes discovery when configured, each joining worker with its tasks.
+fn start_discovery(
+    cfg: &RouterConfig,
+    client: &upstream::HttpClient,
+    kv: &Arc<KvRouting>,
+    registry: &Arc<Registry>,
+    (tracker, shutdown): (&TaskTracker, &CancellationToken),
+) -> anyhow::Result<()> {
+    let Some(setup) = cfg.discovery.clone() else {
+        return Ok(());
+    };
+    let tasks = crate::worker_tasks::WorkerTasks {
+        client: client.clone(),
+        health: HealthSettings::of(cfg),
+        scrape: cfg.scrape_interval.map(|every| (every, cfg.health_timeout)),
+        kv: kv.clone(),
+        tracker: tracker.clone(),
+        shutdown: shutdown.clone(),
+    };
+    crate::worker_tasks::discover(setup, registry, tasks)
 }
 
 /// Says so when the fleet serves models the planner does not price as themselves: its
@@ -397,9 +420,10 @@ async fn models(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {
-    let healthy = st.registry.all().iter().filter(|w| w.is_healthy()).count();
-    let body =
-        json!({"status": "ok", "healthy_workers": healthy, "workers": st.registry.all().len()});
+    let fleet = st.registry.all();
+    let healthy = fleet.iter().filter(|w| w.is_healthy()).count();
+    let live = fleet.iter().filter(|w| !w.is_retired()).count();
+    let body = json!({"status": "ok", "healthy_workers": healthy, "workers": live});
     (StatusCode::OK, Json(body)).into_response()
 }
 
@@ -436,7 +460,7 @@ async fn undrain(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> R
 }
 
 fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
-    match st.registry.all().iter().find(|w| w.spec.name == name) {
+    match st.registry.by_name(name) {
         Some(w) => {
             let was = w.set_draining(draining);
             Json(json!({"worker": name, "draining": draining, "was_draining": was})).into_response()

@@ -3,6 +3,8 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 #![allow(clippy::unwrap_used, reason = "test harness: a failure should panic")]
 
+pub mod envoy;
+pub mod fake_kube;
 pub mod linearizable;
 
 use std::io::{BufRead, BufReader};

@@ -8,6 +8,7 @@
 //! - `validated`: [`RouterConfig`], the settings checked into types that cannot hold
 //!   bad values, and the planner's figures;
 //! - `workers`: worker specs, `--worker` flags and worker URLs;
+//! - `kubernetes`: the `[kubernetes]` table (worker discovery) and its flags;
 //! - `error`: [`ConfigError`], which names the section and key at fault.
 
 use std::net::IpAddr;
@@ -21,10 +22,12 @@ use ownerserve_planner::plan::Weights;
 use ownerserve_shim::sim::config::SimSettings;
 
 mod error;
+mod kubernetes;
 mod validated;
 mod workers;
 
 pub use error::ConfigError;
+pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, PodSource};
 pub use validated::{
     BodySettings, DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig,
     DEFAULT_KV_BLOCK_SIZE,
@@ -365,6 +368,8 @@ fn one() -> u32 {
 pub struct RouterFile {
     pub router: RouterSettings,
     pub workers: Vec<WorkerSettings>,
+    /// Workers discovered from the Kubernetes API, beside the static ones.
+    pub kubernetes: KubernetesSettings,
 }
 
 /// The `up.toml` file: a router plus a fleet of simulated workers.

@@ -79,6 +79,8 @@ pub struct RouterConfig {
     pub planner_calibrate: bool,
     /// Idle-session leases from predicted tool-call gaps.
     pub session_lease: GapLease,
+    /// Workers discovered from the Kubernetes API (`None`: static workers only).
+    pub discovery: Option<super::DiscoverySetup>,
 }
 
 /// The spec of each served model: every preset under its `served_name`, then
@@ -262,14 +264,18 @@ impl RouterConfig {
 
     /// Validates settings and a worker list into a config.
     pub fn validate(s: &RouterSettings, workers: Vec<WorkerSpec>) -> Result<Self, ConfigError> {
+        Self::validate_with(s, workers, &super::KubernetesSettings::default())
+    }
+
+    /// Validates settings, a worker list and the discovery table into a config; with
+    /// discovery on, the static worker list may be empty.
+    pub fn validate_with(
+        s: &RouterSettings,
+        workers: Vec<WorkerSpec>,
+        kubernetes: &super::KubernetesSettings,
+    ) -> Result<Self, ConfigError> {
         check_numbers(s)?;
-        if workers.is_empty() {
-            return Err(ConfigError::invalid(
-                "workers",
-                "url",
-                "no workers configured",
-            ));
-        }
+        let discovery = discovery_setup(&workers, kubernetes)?;
         check_workers(&workers)?;
         let planner = planner_setup(s, &workers)?;
         let policy_settings = policy_settings(s, &planner);
@@ -341,8 +347,25 @@ impl RouterConfig {
                 s.session_lease_min_ms,
                 s.session_lease_max_ms,
             ),
+            discovery,
         })
     }
+}
+
+/// The discovery setup; with none, static workers are required.
+fn discovery_setup(
+    workers: &[WorkerSpec],
+    kubernetes: &super::KubernetesSettings,
+) -> Result<Option<super::DiscoverySetup>, ConfigError> {
+    let discovery = kubernetes.validate()?;
+    if workers.is_empty() && discovery.is_none() {
+        return Err(ConfigError::invalid(
+            "workers",
+            "url",
+            "no workers configured (list [[workers]], pass --worker, or discover them with [kubernetes])",
+        ));
+    }
+    Ok(discovery)
 }
 
 /// The numeric and URL settings that have a valid range.

@@ -173,7 +173,7 @@ impl FleetMetrics {
     /// Reads the workers and the KV index into the metrics.
     pub fn refresh(&self, workers: &Workers, kv: &KvRouting) {
         let ix = kv.index.lock();
-        for w in workers.all() {
+        for w in workers.all().iter() {
             let labels = [w.spec.name.as_str(), w.spec.role.as_str()];
             self.healthy
                 .with_label_values(&labels)
@@ -226,7 +226,7 @@ impl FleetMetrics {
             for (vec, (_, _, read)) in self.events.iter().zip(EVENT_COUNTERS) {
                 sync_counter(
                     &vec.with_label_values(&[&w.spec.name]),
-                    read(s).load(Ordering::Relaxed),
+                    read(&s).load(Ordering::Relaxed),
                 );
             }
         }

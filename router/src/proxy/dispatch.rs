@@ -188,7 +188,7 @@ impl Dispatcher<'_> {
         prefill: WorkerId,
         out: &mut Prepared,
     ) {
-        let Some(p) = self.registry.get(prefill).cloned() else {
+        let Some(p) = self.registry.get(prefill) else {
             out.fell_back = true;
             return;
         };

@@ -103,7 +103,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             stores_response: parsed.store,
             endpoint,
         };
-        match attempt.run(&decision, worker, cached).await {
+        match attempt.run(&decision, &worker, cached).await {
             // The slot is held until the response body ends.
             Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
             // Nothing reached the worker: mark it down and try the next one (unless it
@@ -130,17 +130,17 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 if matches!(e, ForwardError::Timeout(_) | ForwardError::Failed) {
                     worker.record_failure(st.cfg.health_failure_threshold, &e.to_string());
                 }
-                return Err(e.into_api(worker));
+                return Err(e.into_api(&worker));
             }
         }
     }
 }
 
-/// What a step's decision is made from.
-struct Planned<'a> {
-    view: &'a view::StepView<'a>,
-    candidates: &'a [ownerserve_planner::policy::WorkerView],
-    failed: &'a [ownerserve_planner::ids::WorkerId],
+/// What a step's decision is made from (the proxy's and the endpoint picker's).
+pub(crate) struct Planned<'a> {
+    pub view: &'a view::StepView<'a>,
+    pub candidates: &'a [ownerserve_planner::policy::WorkerView],
+    pub failed: &'a [ownerserve_planner::ids::WorkerId],
 }
 
 impl Planned<'_> {
@@ -148,7 +148,7 @@ impl Planned<'_> {
     /// step `pinned` to a worker (its previous response's owner) runs there whole. An
     /// endpoint without prefill/decode legs (the agents' APIs: no engine defines them)
     /// runs whole on its decode worker, counted as a fallback.
-    async fn decide<'i>(
+    pub(crate) async fn decide<'i>(
         &self,
         st: &AppState,
         id: &'i identity::Identity<'_>,
@@ -178,19 +178,19 @@ impl Planned<'_> {
 
 /// A step's decision, the lookup it is dispatched under, and a fork's committed child to
 /// fence it as.
-type Decided<'i> = (
+pub(crate) type Decided<'i> = (
     Decision,
     ownerserve_ownership::node::Lookup,
     Option<(&'i str, ownerserve_ownership::ids::Epoch)>,
 );
 
 /// The decision's worker and the blocks of the prompt it caches, or no healthy worker.
-fn serving<'s>(
-    st: &'s AppState,
+fn serving(
+    st: &AppState,
     decision: &Decision,
     candidates: &[ownerserve_planner::policy::WorkerView],
     model: &str,
-) -> Result<(&'s Arc<Worker>, u64), ApiError> {
+) -> Result<(Arc<Worker>, u64), ApiError> {
     let Some(worker) = st.registry.get(decision.worker) else {
         return Err(ApiError::NoHealthyWorker {
             model: model.to_string(),
@@ -207,7 +207,7 @@ fn serving<'s>(
 const MAX_REPLANS: u32 = 2;
 
 /// A slot for a request of `model`, or the 429 that sheds it (counted by reason).
-async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError> {
+pub(crate) async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError> {
     let healthy = st.registry.healthy_serving(model);
     st.admission.admit(model, healthy).await.map_err(|r| {
         st.metrics.shed(r.reason());

