@@ -4,6 +4,8 @@
 //!
 //! `cargo run --release -p ownerserve-eval --example eval_cli -- report --matrix ...`
 
+use std::io::Write as _;
+
 use clap::{Parser, Subcommand};
 use ownerserve_eval::commands::{self, ReportArgs, SimulateArgs};
 
@@ -29,7 +31,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            let _ = writeln!(std::io::stderr(), "error: {e}");
             std::process::ExitCode::FAILURE
         }
     }
