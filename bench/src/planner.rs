@@ -60,9 +60,11 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             roofline: Roofline::new(&gpu, 1, Efficiency::default()),
             queue_s: (rng.next_u64() % 1000) as f64 / 1e4,
             decoding: rng.next_u64() % 64,
+            queued: rng.next_u64() % 8,
             cached_tokens: rng.next_u64() % tokens.max(1) / u64::from(BLOCK) * u64::from(BLOCK),
             prefill_scale: 1.0,
             kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),
+            kv_free_tokens: Some(rng.next_u64() % (4 * tokens.max(1))),
         })
         .collect();
     let links = Links {

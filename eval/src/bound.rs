@@ -69,6 +69,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
                         prompt_tokens: st.input_tokens,
                         cached_tokens: t.cached_tokens,
                         rejected: false,
+                        placement: Default::default(),
                     }
                 }
                 _ => StepRecord {
@@ -81,6 +82,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
                     prompt_tokens: st.input_tokens,
                     cached_tokens: 0,
                     rejected: true,
+                    placement: Default::default(),
                 },
             };
             steps.push(record);

@@ -51,6 +51,10 @@ pub struct SimulateArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Also write every step's record (where it ran, the plan's terms, its TTFT) to
+    /// `<path>-<policy>.csv`, for diagnosing a policy step by step.
+    #[arg(long)]
+    steps_csv: Option<PathBuf>,
 }
 
 /// Which fleets to compare policies on, and where the report goes.
@@ -85,6 +89,10 @@ pub struct ReportArgs {
     /// Model presets of the matrix, comma-separated.
     #[arg(long, default_value = "llama-3.1-8b,qwen3-30b-a3b")]
     models: String,
+    /// Workloads of the matrix, comma-separated (`swe-smith`, `coding-agent`, `forked`,
+    /// `long-doc`, `mooncake`), or `all`; each keeps its fixed parameters.
+    #[arg(long, default_value = "all")]
+    workloads: String,
     /// Policies the matrix's capacity search runs (with `--capacity-slo-s`), comma-separated.
     #[arg(
         long,
@@ -207,6 +215,13 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     }
     say("");
     say(&markdown_table(&runs));
+    if let Some(stem) = &args.steps_csv {
+        for r in &runs {
+            let path = PathBuf::from(format!("{}-{}.csv", stem.display(), r.policy));
+            std::fs::write(&path, report::steps_csv(r))
+                .map_err(|source| CommandError::Write { path, source })?;
+        }
+    }
     Ok(())
 }
 
@@ -297,7 +312,12 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
             model: model.clone(),
             ..args.engine.clone()
         };
-        for (spec, agentic) in matrix_workloads(&args.workload.traces_dir) {
+        for (spec, agentic) in matrix_workloads(&args.workload.traces_dir)
+            .into_iter()
+            .filter(|(spec, _)| {
+                args.workloads == "all" || list(&args.workloads).contains(&spec.workload)
+            })
+        {
             let wl = spec.build()?;
             for c in list(&args.clusters) {
                 let cluster = Cluster::parse(&c, &engine)?;

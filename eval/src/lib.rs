@@ -9,11 +9,14 @@
 //!   scheduler (`ownerserve_shim::sim`, without its `io` feature) and every policy.
 //! - [`bound`]: a per-step lower bound on TTFT; [`oracle`]: a clairvoyant heuristic.
 //! - [`report`] and [`plot`]: Markdown tables, capacity searches, the evaluation matrix's
-//!   per-row acceptance checks (`report::matrix`) and PNG charts;
+//!   per-row acceptance checks (`report::matrix`), every step's placement as CSV
+//!   (`report::steps_csv`, for diagnosing a policy) and PNG charts;
 //!   [`progress`]: progress bars; [`console`]: printed lines.
 //! - [`commands`]: `ownerserve simulate`, `report` and `replay`.
 //! - `replay` (feature `replay`): the live replay client, which drives a running router
 //!   over HTTP; [`agreement`]: how a replay and a simulation of one workload agree.
+//! - `examples/eval_cli.rs`: `simulate` and `report` without the router, a release binary
+//!   that builds in minutes for iterating on the simulator.
 #![forbid(unsafe_code)]
 
 pub mod agreement;

@@ -109,6 +109,7 @@ impl Shared {
             prompt_tokens: prompt.len() as u32,
             cached_tokens: 0,
             rejected: true,
+            placement: Default::default(),
         };
         match self.stream(req, sent, st.samples.max(1)).await {
             Ok((ttft, last, events)) => {

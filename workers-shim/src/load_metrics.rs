@@ -105,6 +105,7 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
         kv_usage,
         // The router adds it from the capacity (`kv_capacity_tokens`) and its KV index.
         kv_room_tokens: None,
+        kv_free_tokens: None,
     })
 }
 
@@ -213,7 +214,8 @@ process_cpu_seconds_total 12.5 1700000000000
                 running: 5.0,
                 waiting: 1.0,
                 kv_usage: 0.375,
-                kv_room_tokens: None
+                kv_room_tokens: None,
+                kv_free_tokens: None
             })
         );
     }
@@ -233,7 +235,8 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
                 running: 4.0,
                 waiting: 7.0,
                 kv_usage: 0.8,
-                kv_room_tokens: None
+                kv_room_tokens: None,
+                kv_free_tokens: None
             })
         );
     }

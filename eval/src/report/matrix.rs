@@ -186,6 +186,7 @@ mod tests {
                 prompt_tokens: 100,
                 cached_tokens: 50,
                 rejected: false,
+                placement: Default::default(),
             }],
             session_e2e_s: vec![e2e],
             duplicate_factor: 1.0,

@@ -3,9 +3,11 @@
 
 mod capacity;
 pub mod matrix;
+mod steps_csv;
 mod table;
 
 pub use capacity::{max_sessions, meets, CapacitySearch};
+pub use steps_csv::steps_csv;
 pub use table::{markdown_table, summary_line};
 
 use std::path::{Path, PathBuf};

@@ -61,6 +61,9 @@ impl Engine {
                 running: self.sched.num_running() as f64,
                 waiting: self.sched.num_waiting() as f64,
                 kv_usage: self.sched.pool().usage(),
+                kv_free_tokens: Some(
+                    self.sched.pool().num_free() as u64 * u64::from(self.sched.config().block_size),
+                ),
                 kv_room_tokens: Some(
                     (self.sched.pool().capacity() - self.sched.pool().holding()) as u64
                         * u64::from(self.sched.config().block_size),

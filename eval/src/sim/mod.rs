@@ -14,7 +14,7 @@ mod run;
 mod stats;
 
 pub use cluster::{Cluster, ClusterError, ClusterWorker};
-pub use stats::{mean, percentile, KvBytes, RunResult, StepRecord};
+pub use stats::{mean, percentile, KvBytes, Placement, RunResult, StepRecord};
 
 use ownerserve_planner::policy::Policy;
 

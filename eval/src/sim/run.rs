@@ -17,7 +17,7 @@ use super::directory::SimDirectory;
 use super::engine::Engine;
 use super::events::{Event, Queue};
 use super::residency::Residency;
-use super::stats::{KvBytes, RunResult, StepRecord};
+use super::stats::{KvBytes, Placement, RunResult, StepRecord};
 use super::SimOptions;
 use crate::workload::{prompt_tokens, Loop, Workload};
 
@@ -76,6 +76,8 @@ struct Req {
     predicted_prefill_s: Option<f64>,
     /// The prefix key a migration moves in the directory.
     artifact_key: Option<u64>,
+    /// Where it runs and what its plan predicted (completed at first admission).
+    placement: Placement,
 }
 
 /// Idle tracking of one session (the router's `Sessions`).
@@ -350,6 +352,7 @@ impl<'w> Sim<'w> {
         self.record_directory(session, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
 
+        let placement = placement_of(&decision, worker, self.engines[worker].sched.num_running());
         let e = &mut self.engines[worker];
         e.in_flight += 1;
         e.active_blocks += route.prompt_blocks();
@@ -377,6 +380,7 @@ impl<'w> Sim<'w> {
             transit: None,
             predicted_prefill_s: decision.plan.as_ref().map(|p| p.chosen.cost.compute_s),
             artifact_key: found.artifact_key,
+            placement,
         }));
         match decision.dispatch {
             Dispatch::Single => self.submit(id, worker, false),
@@ -421,6 +425,7 @@ impl<'w> Sim<'w> {
             prompt_tokens,
             cached_tokens: 0,
             rejected: true,
+            placement: Default::default(),
         });
         self.step_completed(session, step, now);
     }
@@ -615,9 +620,11 @@ impl<'w> Sim<'w> {
                         Phase::Prefill { prefill, .. } if prefill == worker => {
                             r.cached_tokens = a.cached_tokens;
                             r.prefilled_remotely = true;
+                            r.placement.admit_wait_s = a.queue_s;
                         }
                         _ if r.worker == worker && !r.prefilled_remotely => {
                             r.cached_tokens = r.cached_tokens.max(a.cached_tokens);
+                            r.placement.admit_wait_s = a.queue_s;
                         }
                         _ => {}
                     }
@@ -695,6 +702,7 @@ impl<'w> Sim<'w> {
             prompt_tokens: r.prompt.len() as u32,
             cached_tokens: r.cached_tokens,
             rejected: false,
+            placement: r.placement,
         });
         let e = &mut self.engines[r.worker];
         e.in_flight = e.in_flight.saturating_sub(1);
@@ -779,5 +787,23 @@ impl<'w> Sim<'w> {
                 );
             }
         }
+    }
+}
+
+/// What a step's record says about where it ran and what its plan predicted.
+fn placement_of(d: &Decision, worker: usize, running: usize) -> Placement {
+    let cost = d.plan.as_ref().map(|p| p.chosen.cost);
+    Placement {
+        action: Some(d.action().name()),
+        decode_on: Some(worker),
+        prefill_on: match d.dispatch {
+            Dispatch::Disaggregated { prefill } => Some(prefill.0 as usize),
+            _ => None,
+        },
+        admit_wait_s: 0.0,
+        planned_queue_s: cost.map_or(0.0, |c| c.queue_s),
+        planned_compute_s: cost.map_or(0.0, |c| c.compute_s),
+        planned_interference_s: cost.map_or(0.0, |c| c.interference_s),
+        running_there: running as u32,
     }
 }

@@ -59,6 +59,29 @@ pub struct StepRecord {
     /// Prompt tokens the engine found cached (summed over the legs that ran it).
     pub cached_tokens: u32,
     pub rejected: bool,
+    /// Where the simulator placed the step (a live client does not know: default).
+    pub placement: Placement,
+}
+
+/// Where a step ran and what its plan predicted, for per-step diagnosis
+/// (`ownerserve simulate --steps-csv`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Placement {
+    /// The policy's action (`Action::name`), if it decided one.
+    pub action: Option<&'static str>,
+    /// The worker the step decoded on.
+    pub decode_on: Option<usize>,
+    /// The worker that prefilled it remotely, if one did.
+    pub prefill_on: Option<usize>,
+    /// Virtual seconds between the step reaching its computing engine and that engine
+    /// first admitting it (the engine's own queue).
+    pub admit_wait_s: f64,
+    /// The plan's queue, compute and interference terms (0 for policies without a plan).
+    pub planned_queue_s: f64,
+    pub planned_compute_s: f64,
+    pub planned_interference_s: f64,
+    /// Sequences running on the decode worker when the step was placed.
+    pub running_there: u32,
 }
 
 /// Everything one policy's run produced.

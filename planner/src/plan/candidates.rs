@@ -4,6 +4,7 @@ use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepWork};
 
+use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
 /// Every candidate `(action, workers)` for the step, except remote prefills that are
@@ -36,9 +37,21 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             let work = p.work(w, p.to_compute(w.cached_tokens));
             let computed =
                 p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
-            Prefiller { w, work, computed }
+            let interference_s = p.interference_s(w, work);
+            Prefiller {
+                w,
+                work,
+                computed,
+                interference_s,
+            }
         })
         .collect();
+    // The soonest any remote prefill's KV can reach a decoder: its decode leg then waits
+    // behind what the decoder has queued for longer than that (first come, first served).
+    let earliest_leg_s = prefillers
+        .iter()
+        .map(|pre| pre.w.queue_s + pre.work.compute_s)
+        .fold(f64::INFINITY, f64::min);
     let partners = (!input.exhaustive && input.links.pairs.is_empty())
         .then(|| best_partners(&prefillers, input.weights));
     // At most a colocation, the remote prefills and a fetch per decoder, a tail recompute
@@ -56,8 +69,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         if input.decode_owner == Some(d.id) || artifact_owner.is_none_or(|o| o.id != d.id) {
             out.push(p.colocate(d, dup));
         }
+        let leg_wait_s = decode_leg_wait_s(d, earliest_leg_s);
         let remote = |pre: &Prefiller<'_>| {
-            p.candidate(
+            let mut c = p.candidate(
                 Action::RemotePrefill,
                 pre.w,
                 d,
@@ -65,7 +79,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 pre.work,
                 lacks,
                 dup + pre.computed,
-            )
+            );
+            c.cost = c.cost.with_decode_leg_wait(leg_wait_s);
+            c
         };
         match partners {
             // Worker ids are unique, so one of the best two is not d.
@@ -108,6 +124,29 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     out
 }
 
+/// How long a remote prefill's decode leg waits on decoder `d` after its KV arrives: what
+/// `d` has queued beyond `earliest_leg_s`, the soonest any prefill worker can finish the
+/// leg (the decoder's queue drains meanwhile). Depends on the decoder alone, so the
+/// cheapest prefill partner stays the same for every decoder ([`best_partners`]). A remote
+/// prefill to a decoder whose queue is long waits there anyway: without this it looked
+/// as fast as on an idle decoder.
+fn decode_leg_wait_s(d: &PlanWorker, earliest_leg_s: f64) -> f64 {
+    if earliest_leg_s.is_finite() {
+        (d.queue_s - earliest_leg_s).max(0.0)
+    } else {
+        0.0
+    }
+}
+
+/// KV tokens of running sequences a step of `prompt` tokens pushes out of a worker with
+/// `free` tokens not held by running sequences: every block of the prompt is held while
+/// it runs (cached ones included), so past the free ones the engine preempts running
+/// sequences, which recompute at least that much later (vLLM's recompute preemption).
+/// 0 when the free room is unknown.
+fn preempted_tokens(prompt: u64, free: Option<u64>) -> u64 {
+    free.map_or(0, |f| prompt.saturating_sub(f))
+}
+
 /// A prefill worker's share of any remote prefill it runs.
 #[derive(Debug, Clone, Copy)]
 struct Prefiller<'a> {
@@ -115,6 +154,8 @@ struct Prefiller<'a> {
     work: Work,
     /// Bytes it computes, and so keeps a copy of.
     computed: f64,
+    /// Decode-seconds it stalls there ([`Pricing::interference_s`]).
+    interference_s: f64,
 }
 
 impl Prefiller<'_> {
@@ -126,7 +167,8 @@ impl Prefiller<'_> {
         self.w.queue_s
             + self.work.compute_s
             + weights.lambda_s_per_gb * self.computed / 1e9
-            + weights.mu * self.work.compute_s * self.w.decoding as f64
+            + weights.mu * self.interference_s
+            + weights.nu * self.work.compute_s * self.w.queued as f64
     }
 }
 
@@ -249,17 +291,32 @@ impl Pricing<'_, '_> {
     /// at its own prefill rate. Evicting another session's prefix is a cost even when
     /// this step does not pay it; 0 while `d` has room or its capacity is unknown.
     fn eviction_s(&self, d: &PlanWorker) -> f64 {
-        let Some(room) = d.kv_room_tokens else {
-            return 0.0;
-        };
-        let evicted = self
-            .prompt()
-            .saturating_sub(d.cached_tokens)
-            .saturating_sub(room);
-        if evicted == 0 {
-            return 0.0;
+        let evicted = d.kv_room_tokens.map_or(0, |room| {
+            self.prompt()
+                .saturating_sub(d.cached_tokens)
+                .saturating_sub(room)
+        });
+        let preempted = preempted_tokens(self.prompt(), d.kv_free_tokens);
+        let mut s = 0.0;
+        if evicted > 0 {
+            s += self.prefill_s(d, evicted, 1);
         }
-        self.prefill_s(d, evicted, 1)
+        if preempted > 0 {
+            s += self.prefill_s(d, preempted, 1);
+        }
+        s
+    }
+
+    /// Decode-seconds `work` on `w` stalls the sequences decoding there: the marginal
+    /// interference of the prefill on its running batch (`interference.rs`).
+    fn interference_s(&self, w: &PlanWorker, work: Work) -> f64 {
+        marginal_interference_s(
+            &w.roofline,
+            self.input.model,
+            stalled_decodes(w.role, w.decoding),
+            work.tokens,
+            work.compute_s,
+        )
     }
 
     fn transfer_s(&self, from: WorkerId, to: &PlanWorker, bytes: f64) -> (f64, f64) {
@@ -312,9 +369,10 @@ impl Pricing<'_, '_> {
             network_s,
             restore_s,
             hbm_bytes,
-            compute_s * compute_on.decoding as f64,
+            self.interference_s(compute_on, work),
         )
-        .with_eviction(self.eviction_s(decode_on));
+        .with_eviction(self.eviction_s(decode_on))
+        .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64);
         Candidate {
             action,
             compute_on: compute_on.id,

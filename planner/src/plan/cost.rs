@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::Weights;
 
-/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict (+ H_migrate)`, with each
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue (+ H_migrate)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -21,9 +21,15 @@ pub struct CostTerms {
     /// Decode-seconds stalled by a prefill on a worker that is decoding.
     pub interference_s: f64,
     /// Prefill someone will redo because the decode worker must evict cached prefixes to
-    /// hold this step's KV (the prompt tokens it lacks beyond its free room, at its own
-    /// prefill rate), seconds; 0 while it has room or its capacity is unknown.
+    /// hold this step's KV (the prompt tokens it lacks beyond its free room), or preempt
+    /// running sequences (the prompt's tokens beyond what running sequences leave free),
+    /// at its own prefill rate, seconds; 0 while it has room or its capacity is unknown.
     pub evict_s: f64,
+    /// Prefill-seconds this step's compute adds to the waits of the prefills that will
+    /// queue behind it on its compute worker (compute × prefills queued there now); weighted
+    /// by ν. A worker whose backlog keeps growing charges more for each step it takes,
+    /// which is what lets its queue drain instead of setting the tail.
+    pub queue_delay_s: f64,
     /// Hysteresis charged on a migration off an owner that could keep the session,
     /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
     pub hysteresis_s: f64,
@@ -56,6 +62,7 @@ impl CostTerms {
             hbm_bytes,
             interference_s,
             evict_s: 0.0,
+            queue_delay_s: 0.0,
             hysteresis_s: 0.0,
             total,
         }
@@ -65,6 +72,21 @@ impl CostTerms {
     pub fn with_eviction(mut self, evict_s: f64) -> Self {
         self.evict_s = evict_s;
         self.total += evict_s;
+        self
+    }
+
+    /// The same terms with `queue_delay_s` seconds of delay to later prefills added, at ν.
+    pub fn with_queue_delay(mut self, weights: Weights, queue_delay_s: f64) -> Self {
+        self.queue_delay_s = queue_delay_s;
+        self.total += weights.nu * queue_delay_s;
+        self
+    }
+
+    /// The same terms with a remote prefill's decode leg waiting `wait_s` behind the
+    /// decoder's queue after its KV arrives (added to `queue_s`).
+    pub fn with_decode_leg_wait(mut self, wait_s: f64) -> Self {
+        self.queue_s += wait_s;
+        self.total += wait_s;
         self
     }
 

@@ -1,6 +1,9 @@
 //! The cost planner: for one agent step, price every candidate action on every worker
 //! that could run it and pick the cheapest (MISSION.md, B2):
-//! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode`.
+//! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
+//! ν·D_queue` (`cost.rs`), where `I_decode` is the marginal stall of the decodes running
+//! beside the prefill (`interference.rs`) and `D_queue` the delay its compute adds to the
+//! prefills that will queue behind it.
 //!
 //! Pure: everything the planner knows (workers' load and caches, the directory's owners,
 //! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
@@ -9,6 +12,7 @@
 mod candidates;
 mod classify;
 mod cost;
+mod interference;
 
 use std::collections::BTreeMap;
 
@@ -20,6 +24,7 @@ use crate::spec::ModelSpec;
 
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
+pub use interference::{marginal_interference_s, stalled_decodes, CHUNK_TOKENS};
 
 /// The five things the planner can do with a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,8 +76,13 @@ pub struct PlanWorker {
     pub roofline: Roofline,
     /// Predicted wait before a new prefill starts there, seconds.
     pub queue_s: f64,
-    /// Sequences decoding there now: a prefill there stalls each of them.
+    /// Sequences running there now: on a worker that decodes, a prefill there stalls each
+    /// of them (`interference.rs`); a prefill worker's are prefill legs.
     pub decoding: u64,
+    /// Prefills waiting there now (the engine's queue): the steps that arrived while its
+    /// backlog built up, so about as many as will arrive behind this step's compute before
+    /// the backlog clears (Little's law), each of which then waits for it.
+    pub queued: u64,
     /// Leading tokens of this step's prompt the worker holds in GPU memory (KV index).
     pub cached_tokens: u64,
     /// Observed prefill time over the preset's (`ewma::PrefillCalibration::scale`).
@@ -80,6 +90,9 @@ pub struct PlanWorker {
     /// KV tokens it can take without evicting a cached prefix (`EngineLoad::kv_room_tokens`);
     /// `None` when unknown (no memory term then).
     pub kv_room_tokens: Option<u64>,
+    /// KV tokens not held by running sequences (`EngineLoad::kv_free_tokens`): past them,
+    /// a step's KV preempts someone running there. `None` when unknown.
+    pub kv_free_tokens: Option<u64>,
 }
 
 impl PlanWorker {
@@ -115,7 +128,12 @@ impl Links {
 pub struct Weights {
     /// λ: seconds charged per GB of HBM an action duplicates.
     pub lambda_s_per_gb: f64,
-    /// μ: seconds charged per second a prefill stalls one running decode.
+    /// μ: seconds charged per second a prefill stalls one running decode (the marginal
+    /// stall, `interference.rs`). The default 0.1 was chosen on runs held out of the
+    /// evaluation matrix (SWE-smith seeds 7 and 11 with 160 and 240 sessions on 2p6d, the
+    /// coding-agent generator with seed 7 on 4p4d; the matrix uses seed 1): against 0.5 it
+    /// cut p99 TTFT from 1.00 s to 0.46 s and from 1.53 s to 1.34 s for 1–2% longer
+    /// sessions, and was no worse on the overloaded 240-session run.
     pub mu: f64,
     /// Hysteresis of a migration off an owner that could keep the session: its one-off
     /// transfer (network + restore) is charged `1 + migrate_hysteresis` times. A move
@@ -126,14 +144,18 @@ pub struct Weights {
     /// and 13, 160 and 240 sessions; the report uses seed 1 and 200): it cut migrated KV
     /// 2–4× against 3 with the same p99 TTFT and session time.
     pub migrate_hysteresis: f64,
+    /// ν: seconds charged per second a step's compute delays a prefill that will queue
+    /// behind it on the worker (`CostTerms::queue_delay_s`).
+    pub nu: f64,
 }
 
 impl Default for Weights {
     fn default() -> Self {
         Self {
             lambda_s_per_gb: 0.01,
-            mu: 0.5,
+            mu: 0.1,
             migrate_hysteresis: 10.0,
+            nu: 1.0,
         }
     }
 }

@@ -14,9 +14,11 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         roofline: Roofline::new(&GpuSpec::preset("h100").unwrap(), 1, Efficiency::default()),
         queue_s: 0.0,
         decoding: 0,
+        queued: 0,
         cached_tokens: 0,
         prefill_scale: 1.0,
         kv_room_tokens: None,
+        kv_free_tokens: None,
     }
 }
 
@@ -422,6 +424,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 rng.next_f64() * 2.0
             },
             decoding: rng.next_u64() % 128,
+            queued: rng.next_u64() % 8,
             cached_tokens: match pick(rng, 3) {
                 0 => 0,
                 _ => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
@@ -430,6 +433,10 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             kv_room_tokens: match pick(rng, 3) {
                 0 => None,
                 _ => Some(rng.next_u64() % (prompt_tokens + 2_000)),
+            },
+            kv_free_tokens: match pick(rng, 3) {
+                0 => None,
+                _ => Some(rng.next_u64() % (2 * prompt_tokens + 2_000)),
             },
         });
     }
@@ -455,6 +462,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             lambda_s_per_gb: rng.next_f64() * 0.5,
             mu: rng.next_f64() * 2.0,
             migrate_hysteresis: rng.next_f64() * 4.0,
+            nu: rng.next_f64() * 2.0,
         };
     }
     s
@@ -609,4 +617,66 @@ fn uniform_links_list_one_remote_prefill_per_decoder() {
     assert_eq!(remote(&s), 4);
     s.exhaustive = true;
     assert_eq!(remote(&s), 4 * 4 - 2);
+}
+
+#[test]
+fn a_remote_prefill_waits_for_the_decoder_s_queue_too() {
+    // Both decoders are equally far from the prefill worker; one has 5 s of prefills
+    // queued. Its decode leg would wait behind them after the KV arrives.
+    let mut busy = worker(1, Role::Decode);
+    busy.queue_s = 5.0;
+    busy.decoding = 30;
+    let mut idle = worker(2, Role::Decode);
+    idle.decoding = 30;
+    let s = Scenario::new(16_000, vec![worker(0, Role::Prefill), busy, idle]);
+    let p = s.plan();
+    let remote_to = |d: u32| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::RemotePrefill && c.decode_on == WorkerId(d))
+            .unwrap()
+            .cost
+    };
+    let (b, i) = (remote_to(1), remote_to(2));
+    let leg = i.queue_s + i.compute_s;
+    assert!((b.queue_s - (5.0 - leg)).abs() < 1e-9, "{b:?} vs {i:?}");
+    assert_eq!(i.queue_s, 0.0);
+    assert_chosen(&p, Action::RemotePrefill, 2);
+}
+
+#[test]
+fn a_decoder_whose_running_sequences_fill_its_kv_is_priced_for_the_preemption() {
+    let mut full = worker(1, Role::Decode);
+    full.kv_free_tokens = Some(2_000);
+    let mut roomy = worker(2, Role::Decode);
+    roomy.kv_free_tokens = Some(200_000);
+    let s = Scenario::new(10_000, vec![full, roomy]);
+    let p = s.plan();
+    let on = |d: u32| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
+            .unwrap()
+            .cost
+    };
+    // 8,000 running tokens are pushed out of the full one: their recompute is charged.
+    assert!(on(1).evict_s > 0.0 && on(2).evict_s == 0.0, "{:?}", on(1));
+    let expected = s.workers[0]
+        .roofline
+        .step_time(
+            &s.model,
+            &crate::roofline::StepWork {
+                prefill_tokens: 8_000,
+                prefill_attention_pairs: crate::roofline::prefill_pairs(8_000, 2_000),
+                prefill_context_tokens: 2_000,
+                ..Default::default()
+            },
+        )
+        .total_s;
+    assert!(
+        (on(1).evict_s - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        on(1).evict_s
+    );
+    assert_chosen(&p, Action::Colocate, 2);
 }

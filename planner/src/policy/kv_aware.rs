@@ -221,6 +221,7 @@ mod tests {
             waiting: 6.0,
             kv_usage: 0.5,
             kv_room_tokens: None,
+            kv_free_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws).unwrap().worker, WorkerId(1));
         ws[1].load = Some(EngineLoad {
@@ -228,6 +229,7 @@ mod tests {
             waiting: 0.0,
             kv_usage: 0.99,
             kv_room_tokens: None,
+            kv_free_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws), Err(PolicyError::AllBusy));
         for x in &mut ws {

@@ -163,6 +163,7 @@ mod tests {
                 waiting,
                 kv_usage: kv,
                 kv_room_tokens: None,
+                kv_free_tokens: None,
             }),
             ..WorkerView::idle(WorkerId(id), role)
         }

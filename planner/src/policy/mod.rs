@@ -47,6 +47,10 @@ pub struct EngineLoad {
     /// the engine reports it, or configured) minus the blocks the KV index says it holds.
     /// `None` while its capacity is unknown.
     pub kv_room_tokens: Option<u64>,
+    /// KV tokens not held by running sequences (capacity × (1 − `kv_usage`)): what a new
+    /// sequence can take, evicting cached prefixes if it must, before the engine preempts
+    /// a running one. `None` while its capacity is unknown.
+    pub kv_free_tokens: Option<u64>,
 }
 
 /// What the router knows about one worker when it routes a request.

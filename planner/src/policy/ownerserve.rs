@@ -9,7 +9,7 @@ use super::{Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView};
 use crate::ewma::PrefillCalibration;
 use crate::ids::WorkerId;
 use crate::plan::{
-    plan, Action, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
+    plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
 };
 use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepWork};
 use crate::spec::{GpuSpec, ModelSpec, SpecError};
@@ -87,29 +87,21 @@ impl OwnerServe {
     /// The planner's view of `w`: its roofline, calibration, queue and decode batch.
     fn plan_worker(&self, w: &WorkerView, model: &ModelSpec, block_size: u32) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
-        // Prompt tokens sent there and not prefilled yet are the queue ahead of this step.
-        let waiting = w.active_prefill_tokens;
-        let queue_s = if waiting == 0 {
-            0.0
-        } else {
-            let work = StepWork {
-                prefill_tokens: waiting,
-                prefill_attention_pairs: prefill_pairs(waiting, 0),
-                ..StepWork::default()
-            };
-            roofline.step_time(model, &work).total_s
-        };
+        // Prefills the engine has queued (its gauge once scraped; else none known).
+        let queued = w.load.map_or(0, |l| l.waiting.max(0.0) as u64);
         PlanWorker {
             id: w.id,
             role: w.role,
             healthy: w.healthy,
             draining: w.draining,
+            queue_s: queue_s(&roofline, model, w.active_prefill_tokens, queued),
             roofline,
-            queue_s,
             decoding: w.decoding(),
+            queued,
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
+            kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
         }
     }
 
@@ -150,7 +142,7 @@ impl OwnerServe {
             block_size,
             prompt_tokens: u64::from(req.prompt_tokens),
             decode_owner: req.decode_owner,
-            artifact: req.artifact,
+            artifact: longest_copy(req.artifact, &plan_workers),
             workers: &plan_workers,
             links: &self.cfg.links,
             weights: self.cfg.weights,
@@ -161,6 +153,52 @@ impl OwnerServe {
         };
         plan(&input).map_err(|_| PolicyError::NoHealthyWorker)
     }
+}
+
+/// The prefix copy a step can fetch or move to: the directory's sealed artifact, or the
+/// longest prefix of the prompt any healthy worker holds in HBM (the KV index) when that
+/// one is longer. Another session's identical context (a shared repository, the same
+/// tool output) is a peer's prefix the directory never filed under this session; fetching
+/// it at link speed beats recomputing it, and without it the only choices for a long
+/// prompt are recompute on the owner or on a prefill worker. Ties keep the directory's
+/// artifact, then the first worker.
+pub fn longest_copy(
+    artifact: Option<ArtifactView>,
+    workers: &[PlanWorker],
+) -> Option<ArtifactView> {
+    let known = artifact.map_or(0, |a| a.tokens);
+    let mut best: Option<&PlanWorker> = None;
+    for w in workers.iter().filter(|w| w.healthy) {
+        if w.cached_tokens > best.map_or(known, |b| b.cached_tokens) {
+            best = Some(w);
+        }
+    }
+    best.map_or(artifact, |w| {
+        Some(ArtifactView {
+            owner: w.id,
+            tokens: w.cached_tokens,
+        })
+    })
+}
+
+/// Predicted wait before a new prefill starts on a worker that has `waiting` prompt tokens
+/// sent there and not prefilled yet, in about `queued` prompts (at least one): their
+/// compute, each prompt attending only to itself. (Pricing the backlog as one prompt of
+/// all its tokens counted the attention of prompts to each other and overstated a long
+/// queue by up to 2×, which made busy workers look busier than they are.)
+pub fn queue_s(roofline: &Roofline, model: &ModelSpec, waiting: u64, queued: u64) -> f64 {
+    if waiting == 0 {
+        return 0.0;
+    }
+    let prompts = queued.clamp(1, waiting);
+    let each = waiting / prompts;
+    let work = StepWork {
+        prefill_tokens: waiting,
+        prefill_attention_pairs: prefill_pairs(each, 0) * prompts
+            + prefill_pairs(waiting - each * prompts, 0),
+        ..StepWork::default()
+    };
+    roofline.step_time(model, &work).total_s
 }
 
 /// The dispatch that carries out a plan.
@@ -228,7 +266,6 @@ impl Policy for OwnerServe {
 mod tests {
     use super::*;
     use crate::ids::Role;
-    use crate::plan::ArtifactView;
     use crate::policy::EngineLoad;
 
     fn policy() -> OwnerServe {
@@ -354,6 +391,120 @@ mod tests {
             matches!(d.dispatch, Dispatch::Migrate { source: WorkerId(1), tokens } if tokens >= 8_000),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn a_long_prompt_a_peer_holds_is_fetched_not_recomputed() {
+        let p = policy();
+        let busy = Some(EngineLoad {
+            running: 20.0,
+            ..EngineLoad::default()
+        });
+        // The session's owner holds its system prompt; another decoder holds 48K tokens of
+        // this prompt from another session that read the same repository.
+        let ws = [
+            WorkerView::idle(WorkerId(0), Role::Prefill),
+            WorkerView {
+                cached_blocks: 60,
+                load: busy,
+                ..WorkerView::idle(WorkerId(1), Role::Decode)
+            },
+            WorkerView {
+                cached_blocks: 3_000,
+                load: busy,
+                ..WorkerView::idle(WorkerId(2), Role::Decode)
+            },
+        ];
+        let r = RouteRequest {
+            decode_owner: Some(WorkerId(1)),
+            ..req(52_000)
+        };
+        let plan = p.plan(&r, &ws).unwrap();
+        let fetch = plan
+            .candidates
+            .iter()
+            .find(|c| c.action == Action::ArtifactFetch && c.source == Some(WorkerId(2)))
+            .expect("a fetch from the peer that holds the prefix");
+        assert!(fetch.reused_tokens >= 48_000, "{fetch:?}");
+        let ttft = |c: &crate::plan::Candidate| {
+            c.cost.queue_s + c.cost.compute_s + c.cost.network_s + c.cost.restore_s
+        };
+        let remote = plan
+            .candidates
+            .iter()
+            .find(|c| c.action == Action::RemotePrefill)
+            .unwrap();
+        assert!(ttft(fetch) < 0.2 * ttft(remote), "{fetch:?} vs {remote:?}");
+        // Where decode stalls are priced low against a step's own wait, it is chosen.
+        let mut cfg = p.config().clone();
+        cfg.weights.mu = 0.02;
+        let d = OwnerServe::new(cfg).choose(&r, &ws).unwrap();
+        assert!(
+            matches!(d.dispatch, Dispatch::Fetch { source: WorkerId(2), tokens } if tokens >= 48_000)
+                || (d.worker == WorkerId(2) && d.action() == Action::TailRecompute),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn the_longest_copy_is_the_directory_s_unless_a_worker_holds_more() {
+        let p = policy();
+        let view = |id: u32, blocks: u32| {
+            let v = WorkerView {
+                cached_blocks: blocks,
+                ..WorkerView::idle(WorkerId(id), Role::Decode)
+            };
+            p.plan_worker(&v, &p.config().model, 16)
+        };
+        let dir = Some(ArtifactView {
+            owner: WorkerId(1),
+            tokens: 1_600,
+        });
+        let ws = [view(1, 100), view(2, 100)];
+        assert_eq!(longest_copy(dir, &ws), dir);
+        let ws = [view(1, 100), view(2, 101), view(3, 101)];
+        assert_eq!(
+            longest_copy(dir, &ws),
+            Some(ArtifactView {
+                owner: WorkerId(2),
+                tokens: 1_616
+            })
+        );
+        assert_eq!(longest_copy(None, &[view(1, 0)]), None);
+        let mut sick = view(4, 500);
+        sick.healthy = false;
+        assert_eq!(longest_copy(dir, &[sick]), dir);
+    }
+
+    #[test]
+    fn a_queue_of_several_prompts_waits_less_than_one_prompt_of_all_their_tokens() {
+        let p = policy();
+        let (m, r) = (&p.config().model, &p.config().roofline);
+        let one = queue_s(r, m, 64_000, 1);
+        let eight = queue_s(r, m, 64_000, 8);
+        assert!(eight < one, "{eight} vs {one}");
+        // Linear work is the same; only the attention across prompts is gone.
+        assert!(eight > 0.5 * one, "{eight} vs {one}");
+        assert_eq!(queue_s(r, m, 0, 3), 0.0);
+        // More prompts than tokens cannot happen; it is clamped, not a panic.
+        assert!(queue_s(r, m, 2, 10) > 0.0);
+    }
+
+    #[test]
+    fn the_engine_queue_is_what_the_planner_sees_queued() {
+        let p = policy();
+        let view = WorkerView {
+            active_prefill_tokens: 20_000,
+            load: Some(EngineLoad {
+                waiting: 4.0,
+                running: 9.0,
+                ..EngineLoad::default()
+            }),
+            ..WorkerView::idle(WorkerId(3), Role::Decode)
+        };
+        let w = p.plan_worker(&view, &p.config().model, 16);
+        assert_eq!((w.queued, w.decoding), (4, 9));
+        assert!(w.queue_s > 0.0);
     }
 
     #[test]

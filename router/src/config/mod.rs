@@ -177,6 +177,9 @@ pub struct RouterSettings {
     pub planner_lambda_s_per_gb: f64,
     /// μ: seconds charged per second a prefill stalls one running decode.
     pub planner_mu: f64,
+    /// ν: seconds charged per second a step's compute delays a prefill that will queue
+    /// behind it on its worker.
+    pub planner_nu: f64,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill times are scaled by it before calibrating the planner.
     pub planner_time_scale: f64,
@@ -290,6 +293,7 @@ impl Default for RouterSettings {
             planner_link_latency_us: 20.0,
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
+            planner_nu: Weights::default().nu,
             planner_time_scale: 1.0,
             planner_calibrate: true,
             planner_links: Vec::new(),

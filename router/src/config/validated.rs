@@ -118,12 +118,14 @@ fn planner_setup(
     let weights = Weights {
         lambda_s_per_gb: s.planner_lambda_s_per_gb,
         mu: s.planner_mu,
+        nu: s.planner_nu,
         ..Weights::default()
     };
     for (field, v) in [
         ("planner_link_latency_us", s.planner_link_latency_us),
         ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
         ("planner_mu", weights.mu),
+        ("planner_nu", weights.nu),
     ] {
         if !(v >= 0.0 && v.is_finite()) {
             return Err(ConfigError::router(field, "must be zero or positive"));

@@ -1,0 +1,142 @@
+//! What a prefill costs the sequences already decoding where it runs: the marginal
+//! interference of one more prefill on a worker's running batch.
+//!
+//! A chunked prefill shares each engine step with the worker's running decodes (vLLM V1:
+//! running sequences are scheduled first, the prefill gets the rest of the token budget).
+//! Every decode still gets its one token per step, but that step now takes the mixed
+//! batch's time instead of the decode-only batch's, so each decoding sequence loses the
+//! difference once per chunk step:
+//!
+//! `I = decoding × Σ_chunks (t(chunk + decodes) − t(decodes))`
+//!
+//! Only sequences that decode count: a prefill worker's running sequences are prefill legs
+//! that end at their first token (they queue behind this prefill, which `T_queue` of the
+//! steps after it carries), and a prefill leg on a prefill worker stalls no one. Sequences
+//! queued ahead of this prefill are not delayed by it (first come, first served); this
+//! step waits for them, which its own `T_queue` carries.
+
+use crate::ids::Role;
+use crate::roofline::{Roofline, StepWork};
+use crate::spec::ModelSpec;
+
+/// Token budget of one engine step the planner assumes when it splits a prefill into
+/// chunks (vLLM's `max_num_batched_tokens` default with chunked prefill, and the
+/// simulated engine's).
+pub const CHUNK_TOKENS: u64 = 8_192;
+
+/// The sequences a prefill on a worker of `role` with `running` sequences stalls: its
+/// decodes. A prefill worker's running sequences are prefill legs, not decodes.
+pub fn stalled_decodes(role: Role, running: u64) -> u64 {
+    match role {
+        Role::Prefill => 0,
+        _ => running,
+    }
+}
+
+/// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds alone, chunked
+/// by [`CHUNK_TOKENS`] less one token per decode) costs the `decoding` sequences decoding
+/// beside it: each loses, per chunk step, the mixed step's time minus the decode-only
+/// step's. The decode-only step is priced at the weights read alone (the decodes' KV reads
+/// are in both steps and cancel), so this is what the decodes lose, never more than
+/// `decoding × compute_s`.
+pub fn marginal_interference_s(
+    roofline: &Roofline,
+    model: &ModelSpec,
+    decoding: u64,
+    tokens: u64,
+    compute_s: f64,
+) -> f64 {
+    if decoding == 0 || tokens == 0 {
+        return 0.0;
+    }
+    let budget = CHUNK_TOKENS.saturating_sub(decoding).max(1);
+    let chunks = tokens.div_ceil(budget);
+    let decode_only = roofline
+        .step_time(
+            model,
+            &StepWork {
+                decode_seqs: decoding,
+                ..StepWork::default()
+            },
+        )
+        .total_s;
+    // The chunk steps' own overhead is in `compute_s` once; the decodes would have paid
+    // it per decode-only step anyway, so it cancels with `decode_only`'s.
+    let lost = (compute_s - chunks as f64 * decode_only).max(0.0);
+    decoding as f64 * lost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::roofline::{prefill_pairs, Efficiency};
+    use crate::spec::GpuSpec;
+
+    fn llama_h100() -> (ModelSpec, Roofline) {
+        let m = ModelSpec::preset("llama-3.1-8b").unwrap_or_else(|e| panic!("{e}"));
+        let g = GpuSpec::preset("h100").unwrap_or_else(|e| panic!("{e}"));
+        (m, Roofline::new(&g, 1, Efficiency::default()))
+    }
+
+    fn prefill_s(r: &Roofline, m: &ModelSpec, tokens: u64) -> f64 {
+        r.step_time(
+            m,
+            &StepWork {
+                prefill_tokens: tokens,
+                prefill_attention_pairs: prefill_pairs(tokens, 0),
+                ..StepWork::default()
+            },
+        )
+        .total_s
+    }
+
+    #[test]
+    fn a_prefill_worker_stalls_no_decode() {
+        assert_eq!(stalled_decodes(Role::Prefill, 12), 0);
+        assert_eq!(stalled_decodes(Role::Decode, 12), 12);
+        assert_eq!(stalled_decodes(Role::Hybrid, 3), 3);
+    }
+
+    #[test]
+    fn no_decodes_no_interference() {
+        let (m, r) = llama_h100();
+        assert_eq!(marginal_interference_s(&r, &m, 0, 8_000, 0.5), 0.0);
+    }
+
+    #[test]
+    fn the_decodes_lose_the_mixed_step_minus_the_step_they_would_have_run() {
+        let (m, r) = llama_h100();
+        // One chunk: each of 10 decodes loses exactly the prefill time minus one
+        // decode-only step (the weights read at batch 10).
+        let c = prefill_s(&r, &m, 4_000);
+        let dec = r
+            .step_time(
+                &m,
+                &StepWork {
+                    decode_seqs: 10,
+                    ..StepWork::default()
+                },
+            )
+            .total_s;
+        let i = marginal_interference_s(&r, &m, 10, 4_000, c);
+        assert!((i - 10.0 * (c - dec)).abs() < 1e-12, "{i}");
+        assert!(i < 10.0 * c);
+    }
+
+    #[test]
+    fn a_short_prefill_costs_the_decodes_about_nothing() {
+        let (m, r) = llama_h100();
+        // 16 new tokens ride a memory-bound decode step almost for free.
+        let c = prefill_s(&r, &m, 16);
+        let i = marginal_interference_s(&r, &m, 32, 16, c);
+        assert!(i < 0.1 * 32.0 * c, "{i} vs {}", 32.0 * c);
+    }
+
+    #[test]
+    fn a_long_prefill_stalls_each_decode_for_nearly_its_whole_time() {
+        let (m, r) = llama_h100();
+        let c = prefill_s(&r, &m, 32_000);
+        let i = marginal_interference_s(&r, &m, 8, 32_000, c);
+        assert!(i > 0.9 * 8.0 * c && i <= 8.0 * c, "{i} vs {}", 8.0 * c);
+    }
+}
