@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue};
 
 use bytes::Bytes;
 use ownerserve_planner::hash::{
-    block_seed, prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED,
+    block_seed, prompt_hashes, prompt_hashes_extending, HashedPrompt, XXH3_SEED,
 };
 use ownerserve_planner::tokenized::Tokenized;
 
@@ -142,11 +142,9 @@ impl PromptHasher {
             return Ok(None);
         };
         let kept = self.kept(&parsed.model, session, hashing, InputDigest::default());
-        let hashes = hashes_of(kept.prev.as_deref(), &tokens, self.block_size, kept.seed);
-        let hashed = Arc::new(HashedPrompt {
-            tokenized: Tokenized::from_tokens(tokens),
-            hashes,
-        });
+        let tokenized = Tokenized::from_tokens(tokens);
+        let hashes = hashes_of(kept.prev.as_deref(), &tokenized, self.block_size, kept.seed);
+        let hashed = Arc::new(HashedPrompt { tokenized, hashes });
         self.remember(kept.key, &hashed, InputDigest::default());
         Ok(Some(hashed))
     }
@@ -239,7 +237,7 @@ impl PromptHasher {
             if keep {
                 tokenized.shrink_to_fit();
             }
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
+            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
         let hashed = offload(size, work)
@@ -282,7 +280,7 @@ impl PromptHasher {
             } else {
                 Tokenized::from_tokens(prompt.into_tokens())
             };
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
+            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
             HashedPrompt { tokenized, hashes }
         };
         let hashed = Arc::new(offload(prompt_len, work).await?);
@@ -355,16 +353,16 @@ struct Kept {
     same: bool,
 }
 
-/// Block hashes of `tokens`, reusing those of the previous prompt where they agree.
+/// Block hashes of `tokenized`, reusing those of the previous prompt where they agree.
 fn hashes_of(
     prev: Option<&HashedPrompt>,
-    tokens: &[u32],
+    tokenized: &Tokenized,
     block_size: usize,
     seed: u64,
 ) -> Vec<u64> {
     match prev {
-        Some(prev) => prompt_hashes_after(prev, tokens, block_size, seed),
-        None => prompt_hashes(tokens, block_size, seed),
+        Some(prev) => prompt_hashes_extending(prev, tokenized, block_size, seed),
+        None => prompt_hashes(&tokenized.tokens, block_size, seed),
     }
 }
 

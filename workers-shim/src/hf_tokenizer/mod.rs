@@ -203,7 +203,7 @@ impl HfTokenizer {
         all.extend(tail);
         let mut checkpoints = prev.checkpoints()[..keep].to_vec();
         checkpoints.extend(tail_checkpoints);
-        Ok(Tokenized::from_parts(text, all, checkpoints))
+        Ok(Tokenized::from_parts(text, all, checkpoints).with_reused(tokens))
     }
 
     /// Tokens of `text[from..]` and the restart points among them (just past each added
