@@ -6,6 +6,9 @@
 //! # Layout
 //! - [`proxy`]: the router's added latency and throughput against a sim worker driven
 //!   directly (wrk).
+//! - [`peers`]: OwnerServe next to nginx and SMG on the same static backends
+//!   (`bench proxy --peers`); [`peer_fleet`] starts those processes, [`peer_load`] makes the
+//!   bodies and wrk scripts and reads wrk's figures.
 //! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
@@ -25,6 +28,9 @@ pub mod directory;
 pub mod fuzz;
 pub mod kv;
 pub mod overload;
+pub mod peer_fleet;
+pub mod peer_load;
+pub mod peers;
 pub mod planner;
 pub mod proxy;
 pub mod replica;

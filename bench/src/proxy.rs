@@ -30,6 +30,8 @@ pub struct BenchArgs {
     /// Routing policy of the router under test.
     #[arg(long, default_value = "round_robin")]
     policy: String,
+    #[command(flatten)]
+    peers: crate::peers::PeerArgs,
 }
 
 /// A child process killed on drop.
@@ -172,6 +174,9 @@ fn chat_body(bytes: usize, max_tokens: u32) -> String {
 
 /// Runs the benchmark and prints a Markdown table.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.peers.peers {
+        return crate::peers::run(&args.peers, args.duration_s.max(1));
+    }
     Command::new("wrk")
         .arg("--version")
         .output()

@@ -6,7 +6,7 @@
 use std::hint::black_box;
 use std::path::PathBuf;
 
-use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED};
+use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_extending, HashedPrompt, XXH3_SEED};
 use ownerserve_planner::tokenized::Tokenized;
 use ownerserve_shim::hf_tokenizer::HfTokenizer;
 use ownerserve_shim::openai::{parse, Endpoint};
@@ -112,7 +112,7 @@ pub fn run(args: TokenizeBenchArgs) -> anyhow::Result<()> {
     let step = time_us(n, || {
         let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
         if let Ok(t) = hf.encode_after(&prev.tokenized, text) {
-            black_box(prompt_hashes_after(&prev, &t.tokens, bs, XXH3_SEED));
+            black_box(prompt_hashes_extending(&prev, &t, bs, XXH3_SEED));
         }
     });
     let (hf_step, _) = line(
@@ -143,7 +143,7 @@ pub fn run(args: TokenizeBenchArgs) -> anyhow::Result<()> {
     let b_step = time_us(n, || {
         if let Some(p) = rendered(&body_next) {
             let t = p.into_tokenized(Some(&builtin_prev.tokenized));
-            black_box(prompt_hashes_after(&builtin_prev, &t.tokens, bs, XXH3_SEED));
+            black_box(prompt_hashes_extending(&builtin_prev, &t, bs, XXH3_SEED));
         }
     });
     let (b_step_p50, _) = line("built-in tokenizer, session step", &b_step);

@@ -16,13 +16,25 @@ const CHECKPOINT_BYTES: usize = 256;
 const LOOKAHEAD_BYTES: usize = 16;
 
 /// A text, its tokens, and pre-token boundaries to restart from.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Tokenized {
     pub text: String,
     pub tokens: Vec<u32>,
     /// `(byte, tokens before it)` at pre-token boundaries, ascending, about every
     /// [`CHECKPOINT_BYTES`].
     checkpoints: Vec<(usize, usize)>,
+    /// Leading tokens taken as they were from the text this was tokenized after (so equal
+    /// to that text's): whoever hashes this next to it need not compare them. 0 when
+    /// tokenized whole. Not part of equality.
+    reused: usize,
+}
+
+impl PartialEq for Tokenized {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+            && self.tokens == other.tokens
+            && self.checkpoints == other.checkpoints
+    }
 }
 
 impl Tokenized {
@@ -32,6 +44,7 @@ impl Tokenized {
             tokens: Vec::with_capacity(text.len() / 3 + 1),
             text,
             checkpoints: Vec::new(),
+            reused: 0,
         };
         t.encode_from(0);
         t
@@ -45,7 +58,20 @@ impl Tokenized {
             text,
             tokens,
             checkpoints,
+            reused: 0,
         }
+    }
+
+    /// This, with its first `tokens` taken as they were from the text it was tokenized
+    /// after (`tokens` must be that text's tokens; clamped to this one's length).
+    pub fn with_reused(mut self, tokens: usize) -> Self {
+        self.reused = tokens.min(self.tokens.len());
+        self
+    }
+
+    /// Leading tokens taken as they were from the previous text (see [`Self::with_reused`]).
+    pub fn reused(&self) -> usize {
+        self.reused
     }
 
     /// The restart points.
@@ -71,6 +97,7 @@ impl Tokenized {
             text: String::new(),
             tokens,
             checkpoints: Vec::new(),
+            reused: 0,
         }
     }
 
@@ -84,6 +111,7 @@ impl Tokenized {
             tokens: Vec::with_capacity(tokens + (text.len() - byte) / 3 + 1),
             text,
             checkpoints: prev.checkpoints[..keep].to_vec(),
+            reused: tokens,
         };
         t.tokens.extend_from_slice(&prev.tokens[..tokens]);
         t.encode_from(byte);
@@ -109,6 +137,7 @@ impl Tokenized {
             text,
             tokens,
             checkpoints,
+            ..
         } = self;
         let mut at = start;
         let mut next_mark = checkpoints.last().map_or(0, |&(b, _)| b) + CHECKPOINT_BYTES;

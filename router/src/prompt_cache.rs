@@ -1,6 +1,8 @@
 //! Each session's last prompt (text, tokens and block hashes), so that its next step,
 //! which almost always extends it, tokenizes and hashes only what it adds. Bounded by bytes, least
-//! recently used out first.
+//! recently used out first. Each entry also holds a digest of the request input it was
+//! computed from, so a request whose input is the same (a retry, a stateless prompt sent
+//! again) takes the kept prompt as it is, without rendering or tokenizing anything.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -8,6 +10,28 @@ use std::sync::{Arc, Mutex};
 use ownerserve_planner::hash::HashedPrompt;
 #[cfg(test)]
 use ownerserve_planner::tokenized::Tokenized;
+
+/// A 128-bit digest of what a prompt was computed from (model input and hash seed); `0`
+/// when unknown (never equal to a real one, see [`InputDigest::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InputDigest(pub u128);
+
+impl InputDigest {
+    /// The digest of `parts`, in order, each length-prefixed (never `0`).
+    pub fn of(parts: &[&[u8]]) -> Self {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        for p in parts {
+            h.update(&(p.len() as u64).to_le_bytes());
+            h.update(p);
+        }
+        Self(h.digest128().max(1))
+    }
+
+    /// Whether both are known and equal.
+    pub fn matches(self, other: Self) -> bool {
+        self.0 != 0 && self == other
+    }
+}
 
 /// Session → last prompt, within a byte budget.
 #[derive(Debug)]
@@ -18,7 +42,7 @@ pub struct PromptCache {
 
 #[derive(Debug, Default)]
 struct Lru {
-    entries: HashMap<String, (u64, Arc<HashedPrompt>)>,
+    entries: HashMap<String, (u64, Arc<HashedPrompt>, InputDigest)>,
     /// Last use → session, oldest first.
     order: BTreeMap<u64, String>,
     tick: u64,
@@ -35,22 +59,34 @@ impl PromptCache {
     }
 
     /// The session's last prompt, if kept.
+    #[cfg(test)]
     pub fn get(&self, session: &str) -> Option<Arc<HashedPrompt>> {
+        self.lookup(session).map(|(p, _)| p)
+    }
+
+    /// The session's last prompt and the digest of its input, if kept.
+    pub fn lookup(&self, session: &str) -> Option<(Arc<HashedPrompt>, InputDigest)> {
         let mut lru = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let lru = &mut *lru;
         lru.tick += 1;
         let tick = lru.tick;
-        let (used, prompt) = lru.entries.get_mut(session)?;
+        let (used, prompt, input) = lru.entries.get_mut(session)?;
         if let Some(name) = lru.order.remove(used) {
             lru.order.insert(tick, name);
         }
         *used = tick;
-        Some(Arc::clone(prompt))
+        Some((Arc::clone(prompt), *input))
     }
 
     /// Keeps `prompt` as the session's last, evicting the least recently used sessions
     /// beyond the budget (a prompt larger than the whole budget is not kept).
+    #[cfg(test)]
     pub fn put(&self, session: &str, prompt: Arc<HashedPrompt>) {
+        self.keep(session, prompt, InputDigest::default());
+    }
+
+    /// [`Self::put`], with the digest of the prompt's input.
+    pub fn keep(&self, session: &str, prompt: Arc<HashedPrompt>, input: InputDigest) {
         let size = prompt.heap_bytes() + session.len();
         if size > self.budget_bytes {
             return;
@@ -59,7 +95,7 @@ impl PromptCache {
         let lru = &mut *lru;
         lru.tick += 1;
         let tick = lru.tick;
-        if let Some((used, old)) = lru.entries.remove(session) {
+        if let Some((used, old, _)) = lru.entries.remove(session) {
             lru.order.remove(&used);
             lru.bytes -= old.heap_bytes() + session.len();
         }
@@ -67,13 +103,14 @@ impl PromptCache {
             let Some((_, oldest)) = lru.order.pop_first() else {
                 break;
             };
-            if let Some((_, old)) = lru.entries.remove(&oldest) {
+            if let Some((_, old, _)) = lru.entries.remove(&oldest) {
                 lru.bytes -= old.heap_bytes() + oldest.len();
             }
         }
         lru.bytes += size;
         lru.order.insert(tick, session.to_owned());
-        lru.entries.insert(session.to_owned(), (tick, prompt));
+        lru.entries
+            .insert(session.to_owned(), (tick, prompt, input));
     }
 
     /// Bytes held now.

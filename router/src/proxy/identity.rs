@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, HeaderValue};
 
 use bytes::Bytes;
 use ownerserve_planner::hash::{
-    block_seed, prompt_hashes, prompt_hashes_after, HashedPrompt, XXH3_SEED,
+    block_seed, prompt_hashes, prompt_hashes_extending, HashedPrompt, XXH3_SEED,
 };
 use ownerserve_planner::tokenized::Tokenized;
 
@@ -23,7 +23,7 @@ use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput, RenderedPrompt
 use crate::config::ModelTokenizer;
 use crate::error::ApiError;
 use crate::headers;
-use crate::prompt_cache::PromptCache;
+use crate::prompt_cache::{InputDigest, PromptCache};
 use crate::registry::{Registry, ServedModel};
 use crate::upstream::EngineCalls;
 
@@ -141,13 +141,11 @@ impl PromptHasher {
         let Some(tokens) = self.engine_tokens(parsed).await else {
             return Ok(None);
         };
-        let kept = self.kept(&parsed.model, session, hashing);
-        let hashes = hashes_of(kept.prev.as_deref(), &tokens, self.block_size, kept.seed);
-        let hashed = Arc::new(HashedPrompt {
-            tokenized: Tokenized::from_tokens(tokens),
-            hashes,
-        });
-        self.remember(kept.key, &hashed);
+        let kept = self.kept(&parsed.model, session, hashing, InputDigest::default());
+        let tokenized = Tokenized::from_tokens(tokens);
+        let hashes = hashes_of(kept.prev.as_deref(), &tokenized, self.block_size, kept.seed);
+        let hashed = Arc::new(HashedPrompt { tokenized, hashes });
+        self.remember(kept.key, &hashed, InputDigest::default());
         Ok(Some(hashed))
     }
 
@@ -208,9 +206,19 @@ impl PromptHasher {
         parsed: &ParsedRequest<'_>,
         session: Option<&str>,
         hashing: Hashing,
+        digest: InputDigest,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
+        let Kept {
+            key,
+            prev,
+            seed,
+            same,
+        } = self.kept(&parsed.model, session, hashing, digest);
+        if let (true, Some(prev)) = (same, prev.as_ref()) {
+            self.remember(key, prev, digest);
+            return Ok(prev.clone());
+        }
         let input = model_input(tokenizer, parsed)?;
-        let Kept { key, prev, seed } = self.kept(&parsed.model, session, hashing);
         let keep = key.is_some();
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
         let size = match &input {
@@ -229,14 +237,14 @@ impl PromptHasher {
             if keep {
                 tokenized.shrink_to_fit();
             }
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
+            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
         let hashed = offload(size, work)
             .await?
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         let hashed = Arc::new(hashed);
-        self.remember(key, &hashed);
+        self.remember(key, &hashed, digest);
         Ok(hashed)
     }
 
@@ -247,8 +255,18 @@ impl PromptHasher {
         model: &str,
         session: Option<&str>,
         hashing: Hashing,
+        digest: InputDigest,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
-        let Kept { key, prev, seed } = self.kept(model, session, hashing);
+        let Kept {
+            key,
+            prev,
+            seed,
+            same,
+        } = self.kept(model, session, hashing, digest);
+        if let (true, Some(prev)) = (same, prev.as_ref()) {
+            self.remember(key, prev, digest);
+            return Ok(prev.clone());
+        }
         let keep = key.is_some();
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
@@ -262,24 +280,32 @@ impl PromptHasher {
             } else {
                 Tokenized::from_tokens(prompt.into_tokens())
             };
-            let hashes = hashes_of(prev.as_deref(), &tokenized.tokens, block_size, seed);
+            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
             HashedPrompt { tokenized, hashes }
         };
         let hashed = Arc::new(offload(prompt_len, work).await?);
-        self.remember(key, &hashed);
+        self.remember(key, &hashed, digest);
         Ok(hashed)
     }
 
     /// The session's last prompt of this model, and the key to keep this step's under
     /// (`None`: nothing is kept). Kept per model: a prompt tokenized by another
     /// tokenizer is no base to extend.
-    fn kept(&self, model: &str, session: Option<&str>, hashing: Hashing) -> Kept {
+    fn kept(
+        &self,
+        model: &str,
+        session: Option<&str>,
+        hashing: Hashing,
+        digest: InputDigest,
+    ) -> Kept {
         let key = session.map(|s| format!("{model}\u{1f}{s}"));
-        let prev = key.as_deref().and_then(|k| self.cache.get(k));
+        let found = key.as_deref().and_then(|k| self.cache.lookup(k));
+        let same = found.as_ref().is_some_and(|(_, d)| d.matches(digest));
         Kept {
             key: key.filter(|_| hashing == Hashing::Keep),
-            prev,
+            prev: found.map(|(p, _)| p),
             seed: self.seed_of(model),
+            same,
         }
     }
 
@@ -310,9 +336,9 @@ impl PromptHasher {
     }
 
     /// Keeps `hashed` as the session's last prompt, under a key from [`Self::kept`].
-    fn remember(&self, key: Option<String>, hashed: &Arc<HashedPrompt>) {
+    fn remember(&self, key: Option<String>, hashed: &Arc<HashedPrompt>, digest: InputDigest) {
         if let Some(k) = key {
-            self.cache.put(&k, hashed.clone());
+            self.cache.keep(&k, hashed.clone(), digest);
         }
     }
 }
@@ -323,18 +349,20 @@ struct Kept {
     prev: Option<Arc<HashedPrompt>>,
     /// The model's hash seed ([`PromptHasher::seed_of`]).
     seed: u64,
+    /// `prev` was computed from this request's very input: it is this prompt.
+    same: bool,
 }
 
-/// Block hashes of `tokens`, reusing those of the previous prompt where they agree.
+/// Block hashes of `tokenized`, reusing those of the previous prompt where they agree.
 fn hashes_of(
     prev: Option<&HashedPrompt>,
-    tokens: &[u32],
+    tokenized: &Tokenized,
     block_size: usize,
     seed: u64,
 ) -> Vec<u64> {
     match prev {
-        Some(prev) => prompt_hashes_after(prev, tokens, block_size, seed),
-        None => prompt_hashes(tokens, block_size, seed),
+        Some(prev) => prompt_hashes_extending(prev, tokenized, block_size, seed),
+        None => prompt_hashes(&tokenized.tokens, block_size, seed),
     }
 }
 
@@ -402,6 +430,20 @@ pub async fn identify<'a>(
     // The prompt kept for the next step: per context window (a Codex compaction starts a
     // new one, whose prefix shares nothing with the old).
     let kept_as = ids.window.or(session).filter(|_| !ids.side);
+    // Without a session, a prompt is kept under its first bytes: the next one starting
+    // the same way (a shared system prompt, the same prompt again) reuses it.
+    let input = match hashing {
+        Hashing::Skip => None,
+        _ => prompt_input(parsed),
+    };
+    let content_key = match (kept_as, &input) {
+        (None, Some(i)) => Some(content_key(i)),
+        _ => None,
+    };
+    let kept_as = kept_as.or(content_key.as_deref());
+    let digest = input.as_ref().map_or(InputDigest::default(), |i| {
+        InputDigest::of(&[parsed.model.as_bytes(), i.0, i.1, &[u8::from(i.2)]])
+    });
     let fork = fork_of(headers);
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
@@ -412,9 +454,11 @@ pub async fn identify<'a>(
         .and_then(|e| e.registry.served(&parsed.model));
     let by_model = match (hashing, hasher.tokenizer_of(&parsed.model, served.as_ref())) {
         (Hashing::Skip, _) => Some(Arc::default()),
-        (hashing, Some(ModelTokenizer::Own(t))) => {
-            Some(hasher.hash_with(t, parsed, kept_as, hashing).await?)
-        }
+        (hashing, Some(ModelTokenizer::Own(t))) => Some(
+            hasher
+                .hash_with(t, parsed, kept_as, hashing, digest)
+                .await?,
+        ),
         (hashing, Some(ModelTokenizer::Engine)) => {
             hasher.hash_by_engine(parsed, kept_as, hashing).await?
         }
@@ -427,7 +471,16 @@ pub async fn identify<'a>(
     let prompt = match by_model {
         Some(prompt) => prompt,
         None => match parsed.rendered_prompts().into_iter().next() {
-            Some(prompt) => hasher.hash(prompt, &parsed.model, kept_as, hashing).await?,
+            // An engine model's stand-in tokens are not its engine's: kept, never reused whole.
+            Some(prompt) => {
+                let digest = match hasher.tokenizer_of(&parsed.model, served.as_ref()) {
+                    Some(ModelTokenizer::Engine) => InputDigest::default(),
+                    _ => digest,
+                };
+                hasher
+                    .hash(prompt, &parsed.model, kept_as, hashing, digest)
+                    .await?
+            }
             None => Arc::default(),
         },
     };
@@ -449,6 +502,37 @@ pub async fn identify<'a>(
         child,
         prompt,
     })
+}
+
+/// Bytes of a sessionless prompt's input its cache key is made of.
+const CONTENT_KEY_BYTES: usize = 2048;
+
+/// What a prompt is computed from: chat's messages and tools (as sent) and whether the
+/// generation prompt is added, or the first completions prompt's text; `None` for token
+/// ids (nothing to render or tokenize).
+fn prompt_input<'p>(parsed: &'p ParsedRequest<'_>) -> Option<(&'p [u8], &'p [u8], bool)> {
+    match &parsed.prompt {
+        Prompt::Chat(_) => {
+            let t = &parsed.template;
+            let messages = t.messages_json.as_deref()?;
+            let tools = t.tools_json.as_deref().unwrap_or_default();
+            Some((
+                messages.as_bytes(),
+                tools.as_bytes(),
+                t.add_generation_prompt,
+            ))
+        }
+        Prompt::Completion(prompts) => match prompts.first()? {
+            PromptInput::Text(t) => Some((t.as_bytes(), &[], false)),
+            PromptInput::Tokens(_) => None,
+        },
+    }
+}
+
+/// The prompt cache's key for a sessionless prompt: its first bytes' hash.
+fn content_key(input: &(&[u8], &[u8], bool)) -> String {
+    let head = &input.0[..input.0.len().min(CONTENT_KEY_BYTES)];
+    format!("#{:016x}", xxhash_rust::xxh3::xxh3_64(head))
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -520,6 +604,50 @@ mod tests {
             assert_eq!(id.hashes(), prompt_hashes(&whole, 16, XXH3_SEED));
             assert_eq!(hasher.cache.get("m\u{1f}s1").as_deref(), Some(&*id.prompt));
         }
+    }
+
+    #[tokio::test]
+    async fn a_sessionless_prompt_sent_again_is_reused_whole_and_one_starting_alike_extends_it() {
+        let hasher = PromptHasher::new(16, 1 << 20, BTreeMap::new(), None);
+        let (h, rid) = (headers(&[]), HeaderValue::from_static("r1"));
+        let system = "You are a coding agent. ".repeat(200);
+        let first = chat(&format!("{system} fix the bug"), 1);
+        let parsed = parse(&first, Endpoint::ChatCompletions).unwrap();
+        let a = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        let b = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        assert!(
+            Arc::ptr_eq(&a.prompt, &b.prompt),
+            "the same input is not computed again"
+        );
+        // Another prompt with the same start: computed (from the kept one), as from scratch.
+        for text in [
+            format!("{system} add a test"),
+            format!("{system} fix the bug "),
+        ] {
+            let body = chat(&text, 1);
+            let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+            let c = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+                .await
+                .unwrap();
+            let whole = parsed.prompt_tokens().remove(0);
+            assert_eq!(c.prompt.tokenized.tokens, whole);
+            assert_eq!(c.hashes(), prompt_hashes(&whole, 16, XXH3_SEED));
+            assert!(!Arc::ptr_eq(&a.prompt, &c.prompt));
+        }
+        // Another model's same input is its own.
+        let other = serde_json::to_vec(&serde_json::json!({
+            "model": "m2", "messages": [{"role": "user", "content": format!("{system} fix the bug")}]
+        }))
+        .unwrap();
+        let parsed = parse(&other, Endpoint::ChatCompletions).unwrap();
+        let d = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        assert!(!Arc::ptr_eq(&a.prompt, &d.prompt));
     }
 
     #[tokio::test]

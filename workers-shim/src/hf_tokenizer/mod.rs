@@ -77,9 +77,12 @@ pub struct HfTokenizer {
     template: Option<ChatTemplate>,
     /// Ids of the added tokens, after which tokenizing restarts.
     added: HashSet<u32>,
-    /// Bytes of the longest added token: how far past a restart point two texts must
-    /// agree for the tokenizer to have matched the same added tokens before it.
-    longest_added: usize,
+    /// How far past a restart point two texts must agree for the tokenizer to have matched
+    /// the same added tokens before it: the longest added token's bytes, or none when no
+    /// added token contains another nor takes in what follows it (`rstrip`,
+    /// `single_word`): then the match that ends at a restart point is decided by the bytes
+    /// before it (leftmost-longest matching finds it, and nothing longer, in both texts).
+    lookahead: usize,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -88,6 +91,22 @@ impl std::fmt::Debug for HfTokenizer {
             .field("vocab", &self.tokenizer.get_vocab_size(true))
             .field("chat_template", &self.template.is_some())
             .finish()
+    }
+}
+
+/// [`HfTokenizer::lookahead`] for these added tokens.
+fn added_token_lookahead<'t>(added: impl Iterator<Item = &'t tokenizers::AddedToken>) -> usize {
+    let added: Vec<&tokenizers::AddedToken> = added.collect();
+    let longest = added.iter().map(|t| t.content.len()).max().unwrap_or(0);
+    let absorbs = added.iter().any(|t| t.rstrip || t.single_word);
+    let nested = added.iter().any(|a| {
+        added
+            .iter()
+            .any(|b| b.content.len() > a.content.len() && b.content.contains(a.content.as_str()))
+    });
+    match absorbs || nested {
+        true => longest,
+        false => 0,
     }
 }
 
@@ -149,12 +168,12 @@ impl HfTokenizer {
             _ => None,
         };
         let decoder = tokenizer.get_added_tokens_decoder();
-        let longest_added = decoder.values().map(|t| t.content.len()).max().unwrap_or(0);
+        let lookahead = added_token_lookahead(decoder.values());
         Ok(Self {
             tokenizer,
             template,
             added: decoder.into_keys().collect(),
-            longest_added,
+            lookahead,
         })
     }
 
@@ -194,7 +213,7 @@ impl HfTokenizer {
         prev: &Tokenized,
         text: String,
     ) -> Result<Tokenized, HfTokenizerError> {
-        let Some((byte, tokens, keep)) = prev.resume_point(&text, self.longest_added) else {
+        let Some((byte, tokens, keep)) = prev.resume_point(&text, self.lookahead) else {
             return self.encode(text, false);
         };
         let (tail, tail_checkpoints) = self.encode_part(&text, byte, tokens, false)?;
@@ -203,7 +222,7 @@ impl HfTokenizer {
         all.extend(tail);
         let mut checkpoints = prev.checkpoints()[..keep].to_vec();
         checkpoints.extend(tail_checkpoints);
-        Ok(Tokenized::from_parts(text, all, checkpoints))
+        Ok(Tokenized::from_parts(text, all, checkpoints).with_reused(tokens))
     }
 
     /// Tokens of `text[from..]` and the restart points among them (just past each added
