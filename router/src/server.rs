@@ -438,8 +438,15 @@ async fn workers(State(st): State<Arc<AppState>>) -> Response {
         crate::proxy::stored::held_per_worker(&st),
         rows.as_array_mut(),
     ) {
-        for (row, w) in rows.iter_mut().zip(st.registry.all()) {
-            row["stored_responses"] = json!(held.get(&w.id).copied().unwrap_or(0));
+        // Rows are named by worker name (describe() leaves retired workers out).
+        let fleet = st.registry.all();
+        for row in rows.iter_mut() {
+            let id = fleet
+                .iter()
+                .find(|w| row["id"].as_str() == Some(w.spec.name.as_str()))
+                .map(|w| w.id);
+            let count = id.and_then(|id| held.get(&id).copied()).unwrap_or(0);
+            row["stored_responses"] = json!(count);
         }
     }
     Json(json!({"policy": st.cfg.policy, "workers": rows})).into_response()

@@ -101,6 +101,40 @@ fn served_model_specs(
     Ok(models)
 }
 
+/// The operator's per-pair links (`planner_links`), keyed by the registry's worker ids.
+fn planner_link_pairs(
+    s: &RouterSettings,
+    workers: &[WorkerSpec],
+) -> Result<std::collections::BTreeMap<(WorkerId, WorkerId), Link>, ConfigError> {
+    let index = |name: &str| {
+        workers
+            .iter()
+            .position(|w| w.name == name)
+            .map(|i| WorkerId(i as u32))
+            .ok_or_else(|| {
+                ConfigError::router("planner_links", format!("no worker named `{name}`"))
+            })
+    };
+    let mut pairs = std::collections::BTreeMap::new();
+    for l in &s.planner_links {
+        if !(l.gbs > 0.0 && l.gbs.is_finite() && l.latency_us >= 0.0 && l.latency_us.is_finite()) {
+            return Err(ConfigError::router(
+                "planner_links",
+                format!(
+                    "{} -> {}: gbs must be positive, latency_us >= 0",
+                    l.from, l.to
+                ),
+            ));
+        }
+        let link = Link {
+            bytes_per_s: l.gbs * 1e9,
+            latency_s: l.latency_us / 1e6,
+        };
+        pairs.insert((index(&l.from)?, index(&l.to)?), link);
+    }
+    Ok(pairs)
+}
+
 /// Builds the cost planner's figures for `workers` (indexed as the registry numbers them).
 fn planner_setup(
     s: &RouterSettings,
@@ -131,32 +165,7 @@ fn planner_setup(
             return Err(ConfigError::router(field, "must be zero or positive"));
         }
     }
-    let index = |name: &str| {
-        workers
-            .iter()
-            .position(|w| w.name == name)
-            .map(|i| WorkerId(i as u32))
-            .ok_or_else(|| {
-                ConfigError::router("planner_links", format!("no worker named `{name}`"))
-            })
-    };
-    let mut pairs = std::collections::BTreeMap::new();
-    for l in &s.planner_links {
-        if !(l.gbs > 0.0 && l.gbs.is_finite() && l.latency_us >= 0.0 && l.latency_us.is_finite()) {
-            return Err(ConfigError::router(
-                "planner_links",
-                format!(
-                    "{} -> {}: gbs must be positive, latency_us >= 0",
-                    l.from, l.to
-                ),
-            ));
-        }
-        let link = Link {
-            bytes_per_s: l.gbs * 1e9,
-            latency_s: l.latency_us / 1e6,
-        };
-        pairs.insert((index(&l.from)?, index(&l.to)?), link);
-    }
+    let pairs = planner_link_pairs(s, workers)?;
     let mut rooflines = std::collections::BTreeMap::new();
     for (i, w) in workers.iter().enumerate() {
         if w.gpu.is_none() && w.gpus.is_none() {

@@ -149,6 +149,8 @@ pub async fn pick(
     let record = st.ownership.as_ref().map(|_| Routed {
         worker: worker.id,
         session: id.tracked().map(str::to_owned),
+        root: id.root.map(str::to_owned),
+        parent: id.parent.map(str::to_owned),
         prompt: id.prompt.clone(),
         effects: Effects::default(),
     });

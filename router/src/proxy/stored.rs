@@ -75,7 +75,9 @@ async fn live_owner(st: &AppState, id: &str) -> Result<Option<Arc<Worker>>, ApiE
         return Ok(None);
     };
     let worker = st.registry.get(owner);
-    let name = worker.map_or_else(|| owner.to_string(), |w| w.spec.name.clone());
+    let name = worker
+        .as_ref()
+        .map_or_else(|| owner.to_string(), |w| w.spec.name.clone());
     match worker {
         Some(w) if !lost && w.is_healthy() => Ok(Some(w.clone())),
         Some(_) if !lost => Err(ApiError::ResponseOwnerDown {
