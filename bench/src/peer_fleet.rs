@@ -4,7 +4,6 @@
 //! pinned to the router CPU; backends (and wrk) to the other. Every process runs in its
 //! own process group, killed whole when dropped.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -261,18 +260,8 @@ pub fn ownerserve(
     let conf = conf.display().to_string();
     let mut group = spawn(ROUTER_CPU, &exe, &["router", "--config", &conf], true)?;
     let out = group.0.stdout.take().context("no stdout")?;
-    let mut lines = BufReader::new(out).lines();
-    while let Some(line) = lines.next().transpose()? {
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            let url = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            // Keep draining stdout so the router never blocks on a full pipe.
-            std::thread::spawn(move || lines.for_each(drop));
-            return Ok((group, url));
-        }
+    if let Some(url) = crate::proxy::url_after(out, "listening on ")? {
+        return Ok((group, url));
     }
     bail!("ownerserve router ({name}) exited before listening; its config: {conf}")
 }

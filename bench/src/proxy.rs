@@ -63,6 +63,15 @@ pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
         .with_context(|| format!("cannot start ownerserve {args:?}"))?;
     let out = child.stdout.take().context("no stdout")?;
     let child = Reaped(child);
+    if let Some(url) = url_after(out, marker)? {
+        return Ok((child, url));
+    }
+    bail!("ownerserve {args:?} exited before printing `{marker}`")
+}
+
+/// The first word after `marker` in a child's stdout (`None`: it closed first); the rest
+/// of the stream is drained on a thread so the child never blocks on a full pipe.
+pub fn url_after(out: std::process::ChildStdout, marker: &str) -> anyhow::Result<Option<String>> {
     let mut lines = BufReader::new(out).lines();
     while let Some(line) = lines.next().transpose()? {
         if let Some(rest) = line.split(marker).nth(1) {
@@ -71,12 +80,11 @@ pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
                 .next()
                 .unwrap_or_default()
                 .to_owned();
-            // Keep draining stdout so the child never blocks on a full pipe.
             std::thread::spawn(move || lines.for_each(drop));
-            return Ok((child, url));
+            return Ok(Some(url));
         }
     }
-    bail!("ownerserve {args:?} exited before printing `{marker}`")
+    Ok(None)
 }
 
 /// One wrk measurement.
@@ -100,17 +108,6 @@ fn wrk_script(body: &str) -> anyhow::Result<PathBuf> {
         "wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.body = [==[{body}]==]"
     )?;
     Ok(path)
-}
-
-fn parse_duration_us(s: &str) -> Option<f64> {
-    let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic())?);
-    let v: f64 = num.parse().ok()?;
-    Some(match unit {
-        "us" => v,
-        "ms" => v * 1e3,
-        "s" => v * 1e6,
-        _ => return None,
-    })
 }
 
 fn wrk(
@@ -139,26 +136,22 @@ fn wrk(
     if !out.status.success() {
         bail!("wrk failed: {}", String::from_utf8_lossy(&out.stderr));
     }
-    if let Some(line) = text.lines().find(|l| l.contains("Non-2xx")) {
-        bail!("the server answered errors under load: {line}");
+    // One reading of wrk's output, shared with `bench proxy --peers` (peer_load.rs).
+    let m = crate::peer_load::parse_wrk(&text)?;
+    if m.non_2xx > 0 {
+        bail!(
+            "the server answered errors under load: {} non-2xx answers",
+            m.non_2xx
+        );
     }
-    let field = |prefix: &str| {
-        text.lines()
-            .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_owned()))
-    };
-    let rps = field("Requests/sec:")
-        .and_then(|v| v.parse().ok())
-        .with_context(|| format!("no Requests/sec in wrk output:\n{text}"))?;
-    let p50_us = field("50%").and_then(|v| parse_duration_us(&v));
-    let p99_us = field("99%").and_then(|v| parse_duration_us(&v));
-    match (p50_us, p99_us) {
-        (Some(p50_us), Some(p99_us)) => Ok(Measured {
-            rps,
-            p50_us,
-            p99_us,
-        }),
-        _ => bail!("no latency distribution in wrk output:\n{text}"),
+    if m.p50_us.is_nan() {
+        bail!("no latency distribution in wrk output:\n{text}");
     }
+    Ok(Measured {
+        rps: m.rps,
+        p50_us: m.p50_us,
+        p99_us: m.p99_us,
+    })
 }
 
 fn chat_body(bytes: usize, max_tokens: u32) -> String {
@@ -236,14 +229,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_wrk_durations() {
-        assert_eq!(parse_duration_us("210.00us"), Some(210.0));
-        assert_eq!(parse_duration_us("1.50ms"), Some(1500.0));
-        assert_eq!(parse_duration_us("2.00s"), Some(2e6));
-        assert_eq!(parse_duration_us("x"), None);
-    }
 
     #[test]
     fn bodies_have_the_requested_size_and_are_valid_requests() {
