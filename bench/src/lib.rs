@@ -9,6 +9,7 @@
 //! - [`peers`]: OwnerServe next to nginx and SMG on the same static backends
 //!   (`bench proxy --peers`); [`peer_fleet`] starts those processes, [`peer_load`] makes the
 //!   bodies and wrk scripts and reads wrk's figures.
+//! - [`child_output`]: the address a started child prints, its other output drained.
 //! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
@@ -24,6 +25,7 @@
 //! errors are only printed), so they use `anyhow`, as STYLE.md allows for main glue.
 #![forbid(unsafe_code)]
 
+pub mod child_output;
 pub mod directory;
 pub mod fuzz;
 pub mod kv;

@@ -260,7 +260,7 @@ pub fn ownerserve(
     let conf = conf.display().to_string();
     let mut group = spawn(ROUTER_CPU, &exe, &["router", "--config", &conf], true)?;
     let out = group.0.stdout.take().context("no stdout")?;
-    if let Some(url) = crate::proxy::url_after(out, "listening on ")? {
+    if let Some(url) = crate::child_output::url_after(out, "listening on ")? {
         return Ok((group, url));
     }
     bail!("ownerserve router ({name}) exited before listening; its config: {conf}")

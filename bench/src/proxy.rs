@@ -3,7 +3,7 @@
 //! drives both with `wrk` under the same load and prints req/s, p50/p99 and the ratios.
 //! The baseline (the worker driven directly) is always measured in the same run.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -63,28 +63,10 @@ pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
         .with_context(|| format!("cannot start ownerserve {args:?}"))?;
     let out = child.stdout.take().context("no stdout")?;
     let child = Reaped(child);
-    if let Some(url) = url_after(out, marker)? {
+    if let Some(url) = crate::child_output::url_after(out, marker)? {
         return Ok((child, url));
     }
     bail!("ownerserve {args:?} exited before printing `{marker}`")
-}
-
-/// The first word after `marker` in a child's stdout (`None`: it closed first); the rest
-/// of the stream is drained on a thread so the child never blocks on a full pipe.
-pub fn url_after(out: std::process::ChildStdout, marker: &str) -> anyhow::Result<Option<String>> {
-    let mut lines = BufReader::new(out).lines();
-    while let Some(line) = lines.next().transpose()? {
-        if let Some(rest) = line.split(marker).nth(1) {
-            let url = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            std::thread::spawn(move || lines.for_each(drop));
-            return Ok(Some(url));
-        }
-    }
-    Ok(None)
 }
 
 /// One wrk measurement.
