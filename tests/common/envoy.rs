@@ -192,6 +192,42 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
 }
 
 impl Envoy {
+    /// How many EPP replicas the gateway counts healthy now (its gRPC health checks, read
+    /// off its admin `/clusters`).
+    pub async fn healthy_epps(&self) -> usize {
+        let Ok(resp) = super::client()
+            .get(format!("{}/clusters", self.admin))
+            .send()
+            .await
+        else {
+            return 0;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("epp::") && l.ends_with("::health_flags::healthy"))
+            .count()
+    }
+
+    /// Waits until the gateway counts `n` EPP replicas healthy (ready: workers healthy, the
+    /// directory copy synced), so the first requests do not race the replicas' start.
+    pub async fn wait_healthy_epps(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.healthy_epps().await != n {
+            if Instant::now() > deadline {
+                let clusters = super::client()
+                    .get(format!("{}/clusters", self.admin))
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                panic!("the gateway never counted {n} EPP replicas healthy:\n{clusters}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts Envoy with `spec` and waits until its listeners answer.
     pub fn start(spec: &GatewaySpec<'_>) -> Envoy {
         let (port, admin) = (free_port(), free_port());

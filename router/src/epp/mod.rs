@@ -139,7 +139,8 @@ pub async fn serve(
 }
 
 /// Readiness (and the ext_proc service's status): serving while some worker is healthy,
-/// which is when a pick can succeed. Every replica is ready at once: the directory, not a
+/// which is when a pick can succeed, once the local copy of the directory has synced (before
+/// that no pick could be claimed). Every replica is ready at once: the directory, not a
 /// leader election, keeps their picks consistent.
 async fn report_readiness(st: Arc<AppState>, reporter: HealthReporter, cancel: CancellationToken) {
     let mut last = None;
@@ -149,7 +150,8 @@ async fn report_readiness(st: Arc<AppState>, reporter: HealthReporter, cancel: C
             _ = tick.tick() => {}
             () = cancel.cancelled() => return,
         }
-        let ready = st.registry.all().iter().any(|w| w.is_healthy());
+        let synced = st.ownership.as_ref().is_none_or(|s| s.client().synced());
+        let ready = synced && st.registry.all().iter().any(|w| w.is_healthy());
         if last == Some(ready) {
             continue;
         }
