@@ -254,22 +254,44 @@ fn shared_lease(client: &dyn DirectoryClient, worker: DirWorkerId) -> Option<Lea
     found
 }
 
-/// Renews the worker's shared lease (or the one this router knows), or grants one.
+/// Every live lease of `worker` in the local copy of the directory, lowest id first.
+fn live_leases(client: &dyn DirectoryClient, worker: DirWorkerId) -> Vec<LeaseId> {
+    let mut found = Vec::new();
+    client.read_local(&mut |d| {
+        found = d
+            .leases
+            .iter()
+            .filter(|(id, l)| l.worker == worker && d.lease_live(**id))
+            .map(|(id, _)| *id)
+            .collect();
+    });
+    found
+}
+
+/// Renews the worker's leases (or the one this router knows), or grants one; answers the
+/// shared one (the lowest id renewed). Routers that started at once may each have granted
+/// the worker a lease before seeing the other's: every live one is renewed, not only the
+/// shared one, because sessions were claimed under each, and a lease left to expire would
+/// demote them while their worker is healthy.
 async fn keep_or_grant(
     client: &dyn DirectoryClient,
     known: Option<LeaseId>,
     worker: WorkerId,
     ttl_ms: u64,
 ) -> Option<LeaseId> {
-    let shared = shared_lease(client, dir_worker(worker));
-    for lease in shared
-        .into_iter()
-        .chain(known.filter(|k| Some(*k) != shared))
-    {
-        let kept = client.write(Command::KeepAlive { lease }).await;
-        if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
-            return Some(lease);
+    let mut live = live_leases(client, dir_worker(worker));
+    if let Some(k) = known.filter(|k| !live.contains(k)) {
+        live.push(k);
+    }
+    let mut kept = None;
+    for lease in live {
+        let renewed = client.write(Command::KeepAlive { lease }).await;
+        if matches!(renewed, Ok(Outcome::LeaseRenewed { .. })) && kept.is_none() {
+            kept = Some(lease);
         }
+    }
+    if kept.is_some() {
+        return kept;
     }
     let granted = client
         .write(Command::GrantLease {

@@ -208,6 +208,24 @@ impl Envoy {
             .count()
     }
 
+    /// A per-host counter of the EPP replica on `port` as the gateway keeps it (`rq_active`:
+    /// its ext_proc streams open now; `rq_total`: streams it was sent).
+    pub async fn epp_stat(&self, port: u16, stat: &str) -> u64 {
+        let text = super::client()
+            .get(format!("{}/clusters", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let key = format!("epp::127.0.0.1:{port}::{stat}::");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Waits until the gateway counts `n` EPP replicas healthy (ready: workers healthy, the
     /// directory copy synced), so the first requests do not race the replicas' start.
     pub async fn wait_healthy_epps(&self, n: usize) {

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "test harness: a failure should panic")]
 
 pub mod envoy;
+pub mod epp;
 pub mod fake_kube;
 pub mod linearizable;
 

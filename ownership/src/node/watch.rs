@@ -215,7 +215,10 @@ mod tests {
         });
         assert!(matches!(
             WatchLine::parse(beat.trim_ascii_end()).unwrap(),
-            WatchLine::Heartbeat { heartbeat: 4, sent_ms: 9 }
+            WatchLine::Heartbeat {
+                heartbeat: 4,
+                sent_ms: 9
+            }
         ));
     }
 }

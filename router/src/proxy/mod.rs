@@ -165,8 +165,7 @@ impl Planned<'_> {
             Some(owner) => (Decision::single(owner), view.lookup, None),
             None => {
                 let decision = st.policy.choose(&view.route, self.candidates)?;
-                let settled =
-                    claim::settle(st, id, &view.lookup, &decision, self.dispatches).await;
+                let settled = claim::settle(st, id, &view.lookup, &decision, self.dispatches).await;
                 let fork_fence = claim::fork_fence(id, settled.0);
                 let (decision, lookup) =
                     claim::route(st, settled, &view.lookup, decision, self.failed);
