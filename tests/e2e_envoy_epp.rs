@@ -38,7 +38,8 @@ async fn step(gateway: &str, session: &str, i: usize) -> Result<String, u16> {
         .await
         .unwrap();
     if resp.status() != 200 {
-        return Err(resp.status().as_u16());
+        let status = resp.status().as_u16();
+        return Err(status);
     }
     Ok(resp.headers()["x-served-by"].to_str().unwrap().to_owned())
 }
@@ -141,7 +142,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
     // A simulated engine step costs 20 ms: a step takes tens of ms, so streams are open
     // when the replica is told to stop.
     let (_sims, flags, endpoints) = epp::sims(3, &["--step-overhead-s", "0.02"]);
-    let extra = ["--fallbacks", "0", "--shutdown-delay-ms", "600"];
+    let extra = ["--fallbacks", "0", "--shutdown-delay-ms", "1000"];
     let mut replicas = two_replicas("envoy-epp.toml", &nodes, &flags, &extra).await;
     // The directory's own operator API lists every session and its owner.
     let api = nodes.url(1);
@@ -156,8 +157,8 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
 
     // 50 sessions × 5 steps in five waves of ten concurrent sessions. In the third wave
     // replica 1 gets SIGTERM (Kubernetes deleting its pod) while the gateway has streams
-    // open on it: it reports NOT_SERVING, answers for its shutdown delay while the
-    // gateway's health check (every 200 ms) takes it out of rotation, finishes its open
+    // open on it: it reports NOT_SERVING, answers for its shutdown delay (1 s) while the
+    // gateway's health checks (two failed, 200 ms apart) take it out of rotation, finishes its open
     // streams and exits; no client sees an error (`wave` panics on any non-200).
     let gateway = envoy.url.clone();
     let mut served: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -325,6 +326,42 @@ async fn a_replica_killed_outright_fails_exactly_the_streams_it_held() {
     }
 }
 
+/// FULL_DUPLEX_STREAMED bodies (llm-d's chart) through a real Envoy: the EPP holds the
+/// headers' answer until the body has ended, picks from it, passes the body back whole
+/// (the worker answers 200 to it), and every step of a session lands on its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_duplex_streamed_bodies_are_picked_whole_through_envoy() {
+    let (_sims, flags, endpoints) = epp::sims(2, &["--instant"]);
+    let cfg = temp_config(
+        "envoy-epp-duplex.toml",
+        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nhealth_interval_ms = 200\n",
+    );
+    let e = epp::spawn(&cfg, &flags, &["--fallbacks", "0"]);
+    epp::healthy(&e.proc.url, 2).await;
+    let envoy = Envoy::start(&GatewaySpec {
+        epps: &[e.grpc_port],
+        body_mode: "FULL_DUPLEX_STREAMED",
+        subset: None,
+        direct: None,
+    });
+    envoy.wait_healthy_epps(1).await;
+    for s in 0..4 {
+        let session = format!("duplex-{s}");
+        for i in 0..3 {
+            let served = step(&envoy.url, &session, i).await;
+            let row = get_json(&format!("{}/admin/v1/sessions/{session}", e.proc.url)).await;
+            let owner = row["owner"]["worker"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{session} step {i}: no owner: {row}"));
+            assert_eq!(
+                served,
+                Ok(endpoints[owner as usize].clone()),
+                "{session} step {i}"
+            );
+        }
+    }
+}
+
 /// p50 and p99 of `samples` (ms).
 fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
     samples.sort_by(f64::total_cmp);
@@ -366,31 +403,66 @@ async fn bench_epp_hop() {
     });
     with_epp.wait_healthy_epps(1).await;
     let (rounds, per_round) = (5, 200);
+    // Per round and gateway: (p50, p99) in ms.
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for round in 0..=rounds {
         for (gateway, out) in [(&alone.url, &mut a), (&with_epp.url, &mut b)] {
+            let mut samples = Vec::with_capacity(per_round);
             for i in 0..per_round {
-                let t = std::time::Instant::now();
+                let t = Instant::now();
                 step(gateway, &format!("bench-{}", i % 20), round * per_round + i)
                     .await
                     .unwrap();
-                // Round 0 warms the connections and the caches up.
-                if round > 0 {
-                    out.push(t.elapsed().as_secs_f64() * 1e3);
-                }
+                samples.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            // Round 0 warms the connections and the caches up.
+            if round > 0 {
+                out.push(percentiles(samples));
             }
         }
     }
-    let ((a50, a99), (b50, b99)) = (percentiles(a), percentiles(b));
-    let n = rounds * per_round;
-    println!("EPP hop bench: {n} sequential chat requests per gateway, 1 sim worker (instant), same run, alternating rounds");
-    println!("  Envoy alone          p50 {a50:.3} ms  p99 {a99:.3} ms");
-    println!("  Envoy + ownerserve epp p50 {b50:.3} ms  p99 {b99:.3} ms");
+    println!("EPP hop bench: {rounds} rounds x {per_round} sequential chat requests per gateway, 1 sim worker (instant), same run, alternating; min / median / max over rounds");
+    let spread = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        format!(
+            "{:.3} / {:.3} / {:.3}",
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        )
+    };
+    let col = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).collect::<Vec<_>>();
+    let added = |f: fn(&(f64, f64)) -> f64| {
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| f(y) - f(x))
+            .collect::<Vec<_>>()
+    };
+    let ratio = |f: fn(&(f64, f64)) -> f64| {
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| f(y) / f(x))
+            .collect::<Vec<_>>()
+    };
+    let (p50, p99): (fn(&(f64, f64)) -> f64, fn(&(f64, f64)) -> f64) = (|p| p.0, |p| p.1);
     println!(
-        "  added by the EPP hop  p50 {:.3} ms  p99 {:.3} ms  (x{:.2} / x{:.2})",
-        b50 - a50,
-        b99 - a99,
-        b50 / a50,
-        b99 / a99
+        "  Envoy alone             p50 {} ms   p99 {} ms",
+        spread(col(&a, p50)),
+        spread(col(&a, p99))
+    );
+    println!(
+        "  Envoy + ownerserve epp  p50 {} ms   p99 {} ms",
+        spread(col(&b, p50)),
+        spread(col(&b, p99))
+    );
+    println!(
+        "  added by the EPP hop    p50 {} ms   p99 {} ms",
+        spread(added(p50)),
+        spread(added(p99))
+    );
+    println!(
+        "  ratio (same round)      p50 x{}   p99 x{}",
+        spread(ratio(p50)),
+        spread(ratio(p99))
     );
 }

@@ -101,6 +101,12 @@ fn listener(name: &str, port: u16, ext_proc: Option<&str>, subset: Option<&[Stri
 }
 
 fn ext_proc_filter(body_mode: &str) -> String {
+    // Envoy accepts a FULL_DUPLEX_STREAMED body only with its trailers sent as well.
+    let trailers = if body_mode == "FULL_DUPLEX_STREAMED" {
+        "SEND"
+    } else {
+        "SKIP"
+    };
     format!(
         "          - name: envoy.filters.http.ext_proc
             typed_config:
@@ -124,7 +130,7 @@ fn ext_proc_filter(body_mode: &str) -> String {
                 response_header_mode: SEND
                 request_body_mode: {body_mode}
                 response_body_mode: NONE
-                request_trailer_mode: SKIP
+                request_trailer_mode: {trailers}
                 response_trailer_mode: SKIP
               metadata_options:
                 forwarding_namespaces:
@@ -170,11 +176,16 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{ http2_protocol_options: {{}} }}
+    # Never in panic mode: a replica the checks call unhealthy gets no stream, even when
+    # it is the last one (then the gateway's failure mode applies).
+    common_lb_config: {{ healthy_panic_threshold: {{ value: 0 }} }}
+    # Two failed checks 200 ms apart take a replica out (a refused connection fails at
+    # once; a timeout of 1 s leaves room for a loaded CI machine).
     health_checks:
-    - timeout: 0.25s
+    - timeout: 1s
       interval: 0.2s
       no_traffic_interval: 0.2s
-      unhealthy_threshold: 1
+      unhealthy_threshold: 2
       healthy_threshold: 1
       grpc_health_check: {{ service_name: envoy.service.ext_proc.v3.ExternalProcessor }}
     load_assignment:

@@ -160,7 +160,7 @@ pub async fn serve(
     let main = tonic::transport::Server::builder()
         .add_service(picker)
         .add_service(health_service.clone())
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), closing);
+        .serve_with_incoming_shutdown(incoming(grpc), closing);
     let main = async {
         let bound = async {
             stop.signal.cancelled().await;
@@ -177,10 +177,7 @@ pub async fn serve(
     let health_down = CancellationToken::new();
     let side = tonic::transport::Server::builder()
         .add_service(health_service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(health),
-            health_down.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming(health), health_down.clone().cancelled_owned());
     let (a, b) = tokio::join!(
         async {
             let served = main.await;
@@ -192,6 +189,12 @@ pub async fn serve(
     a?;
     b?;
     Ok(())
+}
+
+/// Accepted connections with Nagle off: an ext_proc exchange is small messages each way,
+/// and with Nagle on, each answer waited for the gateway's delayed ACK (about 40 ms).
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Readiness (and the ext_proc service's status): serving while some worker is healthy,
