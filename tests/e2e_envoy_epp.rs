@@ -421,6 +421,15 @@ async fn bench_epp_hop() {
             }
         }
     }
+    report(&a, &b, rounds, per_round);
+}
+
+/// Picks p50 or p99 out of a round's `(p50, p99)`.
+type Quantile = fn(&(f64, f64)) -> f64;
+
+/// Prints the bench's rounds (`(p50, p99)` of Envoy alone `a` and with the EPP `b`, per
+/// round): min / median / max of each, of the hop's added latency and of the ratio.
+fn report(a: &[(f64, f64)], b: &[(f64, f64)], rounds: usize, per_round: usize) {
     println!("EPP hop bench: {rounds} rounds x {per_round} sequential chat requests per gateway, 1 sim worker (instant), same run, alternating; min / median / max over rounds");
     let spread = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -431,29 +440,29 @@ async fn bench_epp_hop() {
             v[v.len() - 1]
         )
     };
-    let col = |v: &[(f64, f64)], f: fn(&(f64, f64)) -> f64| v.iter().map(f).collect::<Vec<_>>();
-    let added = |f: fn(&(f64, f64)) -> f64| {
+    let col = |v: &[(f64, f64)], f: Quantile| v.iter().map(f).collect::<Vec<_>>();
+    let added = |f: Quantile| {
         a.iter()
-            .zip(&b)
+            .zip(b)
             .map(|(x, y)| f(y) - f(x))
             .collect::<Vec<_>>()
     };
-    let ratio = |f: fn(&(f64, f64)) -> f64| {
+    let ratio = |f: Quantile| {
         a.iter()
-            .zip(&b)
+            .zip(b)
             .map(|(x, y)| f(y) / f(x))
             .collect::<Vec<_>>()
     };
-    let (p50, p99): (fn(&(f64, f64)) -> f64, fn(&(f64, f64)) -> f64) = (|p| p.0, |p| p.1);
+    let (p50, p99): (Quantile, Quantile) = (|p| p.0, |p| p.1);
     println!(
         "  Envoy alone             p50 {} ms   p99 {} ms",
-        spread(col(&a, p50)),
-        spread(col(&a, p99))
+        spread(col(a, p50)),
+        spread(col(a, p99))
     );
     println!(
         "  Envoy + ownerserve epp  p50 {} ms   p99 {} ms",
-        spread(col(&b, p50)),
-        spread(col(&b, p99))
+        spread(col(b, p50)),
+        spread(col(b, p99))
     );
     println!(
         "  added by the EPP hop    p50 {} ms   p99 {} ms",
