@@ -319,7 +319,10 @@ async fn a_replica_killed_outright_fails_exactly_the_streams_it_held() {
         vec![500; held as usize],
         "exactly the streams it held fail, with 500"
     );
-    envoy.wait_healthy_epps(1).await;
+    // The other replica answers from then on, once the gateway has taken the dead one out
+    // and counts the survivor in.
+    envoy.wait_epp(replicas[victim].grpc_port, false).await;
+    envoy.wait_epp(replicas[1 - victim].grpc_port, true).await;
     for s in 0..4 {
         let after = step(&gateway, &format!("after-kill-{s}"), 0).await;
         assert!(after.is_ok(), "after the kill: {after:?}");

@@ -237,6 +237,30 @@ impl Envoy {
             .unwrap_or(0)
     }
 
+    /// Waits until the gateway calls the EPP replica on `port` healthy (`true`) or not.
+    pub async fn wait_epp(&self, port: u16, healthy: bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let flag = format!("epp::127.0.0.1:{port}::health_flags::healthy");
+        loop {
+            let text = super::client()
+                .get(format!("{}/clusters", self.admin))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if text.lines().any(|l| l == flag) == healthy {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{flag} never became {healthy}:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until the gateway counts `n` EPP replicas healthy (ready: workers healthy, the
     /// directory copy synced), so the first requests do not race the replicas' start.
     pub async fn wait_healthy_epps(&self, n: usize) {
