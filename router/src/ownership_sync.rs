@@ -89,17 +89,19 @@ impl OwnershipSync {
         }
     }
 
-    /// The worker's directory lease: the one this router renews, else the live one another
-    /// router renews (seen in the local copy of the directory), so a router that has not
-    /// renewed yet can still claim for the worker.
+    /// The worker's directory lease: the shared one (the lowest live one in the local copy
+    /// of the directory, which every router renews), else the one this router renews, so a
+    /// router that has not renewed yet can still claim for the worker.
     pub fn lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
-        let renewed = self
-            .leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&worker)
-            .copied();
-        renewed.or_else(|| shared_lease(&*self.client, dir_worker(worker)))
+        // The shared lease first: routers that granted at once converge on it, and a
+        // session claimed under the other one would lose its owner when that one lapses.
+        shared_lease(&*self.client, dir_worker(worker)).or_else(|| {
+            self.leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&worker)
+                .copied()
+        })
     }
 
     /// The worker's lease ([`OwnershipSync::lease_of`]), else one granted now, bounded by a
@@ -254,44 +256,32 @@ fn shared_lease(client: &dyn DirectoryClient, worker: DirWorkerId) -> Option<Lea
     found
 }
 
-/// Every live lease of `worker` in the local copy of the directory, lowest id first.
-fn live_leases(client: &dyn DirectoryClient, worker: DirWorkerId) -> Vec<LeaseId> {
-    let mut found = Vec::new();
-    client.read_local(&mut |d| {
-        found = d
-            .leases
-            .iter()
-            .filter(|(id, l)| l.worker == worker && d.lease_live(**id))
-            .map(|(id, _)| *id)
-            .collect();
-    });
-    found
-}
-
-/// Renews the worker's leases (or the one this router knows), or grants one; answers the
-/// shared one (the lowest id renewed). Routers that started at once may each have granted
-/// the worker a lease before seeing the other's: every live one is renewed, not only the
-/// shared one, because sessions were claimed under each, and a lease left to expire would
-/// demote them while their worker is healthy.
+/// Renews the worker's shared lease (or the one this router knows), or grants one.
 async fn keep_or_grant(
     client: &dyn DirectoryClient,
     known: Option<LeaseId>,
     worker: WorkerId,
     ttl_ms: u64,
 ) -> Option<LeaseId> {
-    let mut live = live_leases(client, dir_worker(worker));
-    if let Some(k) = known.filter(|k| !live.contains(k)) {
-        live.push(k);
-    }
-    let mut kept = None;
-    for lease in live {
-        let renewed = client.write(Command::KeepAlive { lease }).await;
-        if matches!(renewed, Ok(Outcome::LeaseRenewed { .. })) && kept.is_none() {
-            kept = Some(lease);
+    let shared = shared_lease(client, dir_worker(worker));
+    for lease in shared
+        .into_iter()
+        .chain(known.filter(|k| Some(*k) != shared))
+    {
+        let kept = client.write(Command::KeepAlive { lease }).await;
+        if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
+            return Some(lease);
         }
     }
-    if kept.is_some() {
-        return kept;
+    // Another router may have granted one since the local copy was read: catch up and
+    // look again before granting a second.
+    if client.catch_up().await {
+        if let Some(lease) = shared_lease(client, dir_worker(worker)) {
+            let kept = client.write(Command::KeepAlive { lease }).await;
+            if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
+                return Some(lease);
+            }
+        }
     }
     let granted = client
         .write(Command::GrantLease {
