@@ -76,8 +76,6 @@ pub struct OwnershipSync {
     client: Arc<dyn DirectoryClient>,
     /// Records dropped because the queue was full (`ownerserve_ownership_records_dropped_total`).
     dropped: prometheus::IntCounter,
-    /// The TTL of a lease granted on demand ([`OwnershipSync::lease_or_grant`]).
-    lease_ttl_ms: u64,
 }
 
 impl OwnershipSync {
@@ -104,25 +102,6 @@ impl OwnershipSync {
         })
     }
 
-    /// The worker's lease ([`OwnershipSync::lease_of`]), else one granted now, bounded by a
-    /// renewal period: a worker that turned healthy since the last renewal round has none
-    /// yet, and a session's first step claimed for it must not wait for the next round
-    /// (its owner would be committed only by the step's batched record, after the
-    /// response). The sync task renews it from then on.
-    pub async fn lease_or_grant(&self, worker: WorkerId) -> Option<LeaseId> {
-        if let Some(lease) = self.lease_of(worker) {
-            return Some(lease);
-        }
-        let every = Duration::from_millis(self.lease_ttl_ms / 3).max(Duration::from_millis(50));
-        let granted = keep_or_grant(&*self.client, None, worker, self.lease_ttl_ms);
-        let lease = tokio::time::timeout(every, granted).await.ok().flatten()?;
-        self.leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(worker, lease);
-        Some(lease)
-    }
-
     /// The directory, for commands that must commit before the request goes on (a
     /// migration's owner flip) and for lookups.
     pub fn client(&self) -> &Arc<dyn DirectoryClient> {
@@ -140,7 +119,6 @@ impl OwnershipSync {
         let (tx, rx) = mpsc::channel(MAX_QUEUED);
         let leases = Leases::default();
         let dropped = s.dropped.clone();
-        let lease_ttl_ms = s.lease_ttl.as_millis() as u64;
         let sync = run(client.clone(), registry, s, rx, leases.clone());
         // Cancelled wherever it waits: a hung directory must not hold up shutdown.
         tracker.spawn(async move {
@@ -154,7 +132,6 @@ impl OwnershipSync {
             leases,
             client,
             dropped,
-            lease_ttl_ms,
         }
     }
 }
@@ -340,10 +317,6 @@ async fn run(
             _ = flush.tick() => {
                 if pending.is_empty() {
                     continue;
-                }
-                // A lease granted on demand (a claim) since the last renewal round counts.
-                for (w, l) in shared.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                    leases.entry(*w).or_insert(*l);
                 }
                 // Records of a worker whose lease is not granted yet (the directory may still
                 // be electing a leader) wait for it, up to a bound.

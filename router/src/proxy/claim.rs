@@ -11,8 +11,6 @@
 //! batched in `ownership_sync`), and a migration commits its own flip once the KV is
 //! copied (`dispatch`) when this process dispatches it; the endpoint picker, which only
 //! answers where the gateway sends the request, claims a migration like any other move.
-//! A worker without a directory lease yet (it turned healthy since the last renewal) is
-//! granted one on the spot, so a session's first step is claimed, not left to its record.
 //!
 //! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
 //! it the step goes where it was planned, unrecorded, and is counted.
@@ -81,7 +79,7 @@ pub async fn settle(
     if !needed {
         return (Settled::Unclaimed, *lookup);
     }
-    let Some(lease) = sync.lease_or_grant(decision.worker).await else {
+    let Some(lease) = sync.lease_of(decision.worker) else {
         return (Settled::Failed, *lookup);
     };
     let claim = |expect_epoch| owner_claim(session, lease, expect_epoch);
@@ -142,7 +140,7 @@ async fn fork(
     let (Some(sync), Some(parent_epoch)) = (&st.ownership, lookup.epoch) else {
         return Settled::Unclaimed;
     };
-    let Some(lease) = sync.lease_or_grant(decision.worker).await else {
+    let Some(lease) = sync.lease_of(decision.worker) else {
         return Settled::Failed;
     };
     let command = Command::Fork {
