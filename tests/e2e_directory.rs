@@ -514,6 +514,30 @@ async fn a_follower_forwards_writes_to_the_leader() {
     assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
 }
 
+/// Peers named by DNS (`--peer 2=localhost:PORT`, as a StatefulSet's pods name theirs:
+/// `ownerserve-directory-1.ownerserve-directory:7000`): the nodes reach each other by name,
+/// elect a leader and a follower forwards a write to it.
+#[tokio::test]
+async fn peers_named_by_dns_form_a_cluster() {
+    let c = Cluster {
+        nodes: DirectoryNodes::start_naming_peers(3, "dns-peers", &[], "localhost"),
+        http: client(),
+        client_id: 7,
+        seq: 0,
+    };
+    let leader = c.leader().await;
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let resp = client()
+        .post(format!("{}/directory/v1/commands", c.url(follower)))
+        .json(&json!({"command": {"GrantLease": {"worker": 3, "ttl_ms": 60_000}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
+}
+
 /// The Raft term node `i` reports (through the cluster secret).
 async fn term(c: &Cluster, i: usize) -> u64 {
     let v: Value = c

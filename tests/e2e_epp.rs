@@ -13,7 +13,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{chat_body, eventually, free_port, get_json, temp_config, DirectoryNodes, Proc};
+use common::epp::{healthy, remote_config, sims, spawn as epp};
+use common::{chat_body, eventually, get_json, temp_config, DirectoryNodes};
 use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
@@ -25,38 +26,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
-
-/// A running `ownerserve epp`: its operator API and its ext_proc address.
-struct Epp {
-    proc: Proc,
-    grpc: String,
-    health: String,
-}
-
-fn epp(config: &str, workers: &[String], extra: &[&str]) -> Epp {
-    let (g, h) = (free_port().to_string(), free_port().to_string());
-    let mut args = vec![
-        "epp",
-        "--config",
-        config,
-        "--port",
-        "0",
-        "--grpc-port",
-        &g,
-        "--grpc-health-port",
-        &h,
-    ];
-    for w in workers {
-        args.push("--worker");
-        args.push(w);
-    }
-    args.extend_from_slice(extra);
-    Epp {
-        proc: Proc::spawn(&args, &[], "operator API on"),
-        grpc: format!("http://127.0.0.1:{g}"),
-        health: format!("http://127.0.0.1:{h}"),
-    }
-}
 
 fn header(k: &str, v: &str) -> HeaderValue {
     HeaderValue {
@@ -253,36 +222,9 @@ async fn owner(api: &str, session: &str) -> Option<u64> {
         .and_then(|r| r["owner"]["worker"].as_u64())
 }
 
-async fn healthy(api: &str, n: usize) {
-    let api = api.to_owned();
-    eventually(Duration::from_secs(10), "workers healthy", || {
-        let api = api.clone();
-        async move {
-            get_json(&format!("{api}/admin/v1/workers")).await["workers"]
-                .as_array()
-                .is_some_and(|w| w.iter().filter(|w| w["healthy"] == true).count() == n)
-        }
-    })
-    .await;
-}
-
-fn sims(n: usize) -> (Vec<Proc>, Vec<String>, Vec<String>) {
-    let procs: Vec<Proc> = (0..n).map(|_| Proc::sim_worker(&["--instant"])).collect();
-    let flags = procs
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{},engine=sim,name=w{i}", p.url))
-        .collect();
-    let endpoints = procs
-        .iter()
-        .map(|p| p.url.trim_start_matches("http://").to_owned())
-        .collect();
-    (procs, flags, endpoints)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded_as_served() {
-    let (_sims, flags, endpoints) = sims(3);
+    let (_sims, flags, endpoints) = sims(3, &["--instant"]);
     let cfg = temp_config(
         "epp.toml",
         "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nhealth_interval_ms = 200\n",
@@ -448,7 +390,7 @@ async fn the_pick_is_the_owner_in_both_body_modes_within_the_subset_and_recorded
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_model_sheds_with_429_while_a_request_holds_its_slot() {
-    let (_sims, flags, _) = sims(1);
+    let (_sims, flags, _) = sims(1, &["--instant"]);
     let cfg = temp_config(
         "epp-shed.toml",
         "[router]\nhealth_interval_ms = 200\nmax_inflight_per_worker = 1\nmax_queued_per_model = 0\n",
@@ -493,16 +435,8 @@ async fn a_full_model_sheds_with_429_while_a_request_holds_its_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_sharing_a_directory_pick_the_same_owner() {
     let nodes = DirectoryNodes::start(1, "epp", &[]);
-    let (_sims, flags, endpoints) = sims(3);
-    let cfg = temp_config(
-        "epp-remote.toml",
-        &format!(
-            "[router]\npolicy = \"ownerserve\"\ndirectory = \"remote\"\ndirectory_urls = [\"{}\"]\n\
-             directory_secret = \"{}\"\nhealth_interval_ms = 200\nworker_lease_ttl_ms = 6000\n",
-            nodes.url(1),
-            common::CLUSTER_SECRET
-        ),
-    );
+    let (_sims, flags, endpoints) = sims(3, &["--instant"]);
+    let cfg = remote_config("epp-remote.toml", &nodes);
     let replicas = [epp(&cfg, &flags, &[]), epp(&cfg, &flags, &[])];
     for r in &replicas {
         healthy(&r.proc.url, 3).await;

@@ -87,17 +87,19 @@ impl OwnershipSync {
         }
     }
 
-    /// The worker's directory lease: the one this router renews, else the live one another
-    /// router renews (seen in the local copy of the directory), so a router that has not
-    /// renewed yet can still claim for the worker.
+    /// The worker's directory lease: the shared one (the lowest live one in the local copy
+    /// of the directory, which every router renews), else the one this router renews, so a
+    /// router that has not renewed yet can still claim for the worker.
     pub fn lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
-        let renewed = self
-            .leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&worker)
-            .copied();
-        renewed.or_else(|| shared_lease(&*self.client, dir_worker(worker)))
+        // The shared lease first: routers that granted at once converge on it, and a
+        // session claimed under the other one would lose its owner when that one lapses.
+        shared_lease(&*self.client, dir_worker(worker)).or_else(|| {
+            self.leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&worker)
+                .copied()
+        })
     }
 
     /// The directory, for commands that must commit before the request goes on (a
@@ -246,6 +248,16 @@ async fn keep_or_grant(
         let kept = client.write(Command::KeepAlive { lease }).await;
         if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
             return Some(lease);
+        }
+    }
+    // Another router may have granted one since the local copy was read: catch up and
+    // look again before granting a second.
+    if client.catch_up().await {
+        if let Some(lease) = shared_lease(client, dir_worker(worker)) {
+            let kept = client.write(Command::KeepAlive { lease }).await;
+            if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
+                return Some(lease);
+            }
         }
     }
     let granted = client

@@ -4,7 +4,9 @@
 //! Configured workers are numbered in configuration order; workers found at run time
 //! (Kubernetes discovery) join with an id every replica derives alike from their pod, so
 //! replicas sharing a directory name a worker the same. A worker that goes away is
-//! retired: drained, down and out of the listings, its tasks stopped, its id never reused.
+//! retired: drained, down and out of the listings, its tasks stopped, its id not reused (a
+//! pod that comes back has a new UID, so a new id). Past `MAX_RETIRED` retired workers the
+//! oldest are dropped, so pods that come and go do not pile up in memory.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -308,6 +310,9 @@ impl<'a> IntoIterator for &'a Fleet {
     }
 }
 
+/// Retired workers kept (listed nowhere, found by id) before the oldest are dropped.
+pub const MAX_RETIRED: usize = 256;
+
 /// Why a worker could not join.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum JoinError {
@@ -370,6 +375,28 @@ impl Registry {
         w.mark_down("gone");
         w.retired.cancel();
         tracing::info!(worker = %w.spec.name, "worker retired");
+        self.forget_retired();
+    }
+
+    /// Drops the oldest retired workers past [`MAX_RETIRED`], so a fleet whose pods come
+    /// and go for months does not keep every one it has seen (requests still running on
+    /// one hold their own handle).
+    fn forget_retired(&self) {
+        let mut guard = self.fleet.write().unwrap_or_else(|e| e.into_inner());
+        let retired = guard.workers.iter().filter(|w| w.is_retired()).count();
+        let Some(mut excess) = retired.checked_sub(MAX_RETIRED).filter(|&n| n > 0) else {
+            return;
+        };
+        let mut workers = Vec::with_capacity(guard.workers.len() - excess);
+        for w in &guard.workers {
+            if excess > 0 && w.is_retired() {
+                excess -= 1;
+                continue;
+            }
+            workers.push(w.clone());
+        }
+        let by_id = workers.iter().enumerate().map(|(i, w)| (w.id, i)).collect();
+        *guard = Arc::new(Fleet { workers, by_id });
     }
 
     /// A live (not retired) worker by its name.
@@ -581,6 +608,39 @@ mod tests {
         r.all()[0].record_failure(2, "test");
         assert_eq!(r.availability("m"), ModelAvailability::Unavailable);
         assert_eq!(r.healthy_models(), vec!["other".to_owned()]);
+    }
+
+    #[test]
+    fn retired_workers_are_kept_up_to_a_bound_the_oldest_dropped_first() {
+        let r = registry();
+        let spec = |i: u32| {
+            WorkerSpec::new(
+                &format!("pod-{i}"),
+                "http://127.0.0.1:1",
+                Role::Hybrid,
+                EngineKind::Sim,
+            )
+        };
+        let n = MAX_RETIRED as u32 + 10;
+        for i in 0..n {
+            let id = WorkerId(1_000 + i);
+            r.join(id, spec(i)).unwrap();
+            r.retire(id);
+        }
+        let fleet = r.all();
+        assert_eq!(
+            fleet.workers.len(),
+            2 + MAX_RETIRED,
+            "the static two and the bound"
+        );
+        assert!(
+            r.get(WorkerId(1_000)).is_none(),
+            "the oldest retired one is gone"
+        );
+        assert!(r
+            .get(WorkerId(1_000 + n - 1))
+            .is_some_and(|w| w.is_retired()));
+        assert!(r.get(WorkerId(0)).is_some_and(|w| !w.is_retired()));
     }
 
     #[test]

@@ -101,6 +101,12 @@ fn listener(name: &str, port: u16, ext_proc: Option<&str>, subset: Option<&[Stri
 }
 
 fn ext_proc_filter(body_mode: &str) -> String {
+    // Envoy accepts a FULL_DUPLEX_STREAMED body only with its trailers sent as well.
+    let trailers = if body_mode == "FULL_DUPLEX_STREAMED" {
+        "SEND"
+    } else {
+        "SKIP"
+    };
     format!(
         "          - name: envoy.filters.http.ext_proc
             typed_config:
@@ -124,7 +130,7 @@ fn ext_proc_filter(body_mode: &str) -> String {
                 response_header_mode: SEND
                 request_body_mode: {body_mode}
                 response_body_mode: NONE
-                request_trailer_mode: SKIP
+                request_trailer_mode: {trailers}
                 response_trailer_mode: SKIP
               metadata_options:
                 forwarding_namespaces:
@@ -170,11 +176,16 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{ http2_protocol_options: {{}} }}
+    # Never in panic mode: a replica the checks call unhealthy gets no stream, even when
+    # it is the last one (then the gateway's failure mode applies).
+    common_lb_config: {{ healthy_panic_threshold: {{ value: 0 }} }}
+    # Two failed checks 200 ms apart take a replica out (a refused connection fails at
+    # once; a timeout of 1 s leaves room for a loaded CI machine).
     health_checks:
-    - timeout: 0.25s
+    - timeout: 1s
       interval: 0.2s
       no_traffic_interval: 0.2s
-      unhealthy_threshold: 1
+      unhealthy_threshold: 2
       healthy_threshold: 1
       grpc_health_check: {{ service_name: envoy.service.ext_proc.v3.ExternalProcessor }}
     load_assignment:
@@ -192,6 +203,84 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
 }
 
 impl Envoy {
+    /// How many EPP replicas the gateway counts healthy now (its gRPC health checks, read
+    /// off its admin `/clusters`).
+    pub async fn healthy_epps(&self) -> usize {
+        let Ok(resp) = super::client()
+            .get(format!("{}/clusters", self.admin))
+            .send()
+            .await
+        else {
+            return 0;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with("epp::") && l.ends_with("::health_flags::healthy"))
+            .count()
+    }
+
+    /// A per-host counter of the EPP replica on `port` as the gateway keeps it (`rq_active`:
+    /// its ext_proc streams open now; `rq_total`: streams it was sent).
+    pub async fn epp_stat(&self, port: u16, stat: &str) -> u64 {
+        let text = super::client()
+            .get(format!("{}/clusters", self.admin))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let key = format!("epp::127.0.0.1:{port}::{stat}::");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits until the gateway calls the EPP replica on `port` healthy (`true`) or not.
+    pub async fn wait_epp(&self, port: u16, healthy: bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let flag = format!("epp::127.0.0.1:{port}::health_flags::healthy");
+        loop {
+            let text = super::client()
+                .get(format!("{}/clusters", self.admin))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if text.lines().any(|l| l == flag) == healthy {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{flag} never became {healthy}:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the gateway counts `n` EPP replicas healthy (ready: workers healthy, the
+    /// directory copy synced), so the first requests do not race the replicas' start.
+    pub async fn wait_healthy_epps(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.healthy_epps().await != n {
+            if Instant::now() > deadline {
+                let clusters = super::client()
+                    .get(format!("{}/clusters", self.admin))
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                panic!("the gateway never counted {n} EPP replicas healthy:\n{clusters}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts Envoy with `spec` and waits until its listeners answer.
     pub fn start(spec: &GatewaySpec<'_>) -> Envoy {
         let (port, admin) = (free_port(), free_port());

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, reason = "test harness: a failure should panic")]
 
 pub mod envoy;
+pub mod epp;
 pub mod fake_kube;
 pub mod linearizable;
 
@@ -286,11 +287,24 @@ pub struct DirectoryNodes {
     base: std::path::PathBuf,
     extra: Vec<String>,
     procs: Vec<Option<Proc>>,
+    /// How the nodes name each other in `--peer` (an IP address, or a DNS name).
+    peer_host: String,
 }
 
 impl DirectoryNodes {
     /// Starts the nodes with `extra` flags each; `tag` names their data folder.
     pub fn start(n: usize, tag: &str, extra: &[&str]) -> DirectoryNodes {
+        DirectoryNodes::start_naming_peers(n, tag, extra, "127.0.0.1")
+    }
+
+    /// Starts the nodes naming each other `peer_host:PORT` (a DNS name such as
+    /// `localhost`, as a StatefulSet's pods name theirs).
+    pub fn start_naming_peers(
+        n: usize,
+        tag: &str,
+        extra: &[&str],
+        peer_host: &str,
+    ) -> DirectoryNodes {
         let base =
             std::env::temp_dir().join(format!("ownerserve-dir-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
@@ -299,6 +313,7 @@ impl DirectoryNodes {
             base,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             procs: Vec::new(),
+            peer_host: peer_host.to_owned(),
         };
         for i in 1..=n {
             let p = nodes.spawn(i);
@@ -314,7 +329,7 @@ impl DirectoryNodes {
             .ports
             .iter()
             .enumerate()
-            .map(|(j, p)| format!("{}=127.0.0.1:{p}", j + 1))
+            .map(|(j, p)| format!("{}={}:{p}", j + 1, self.peer_host))
             .collect();
         let mut args = vec![
             "directory",

@@ -123,6 +123,14 @@ pub trait DirectoryClient: Send + Sync {
     /// Whether the local copy can be read without catching up first: it heard from the
     /// cluster lately.
     fn fresh(&self) -> bool;
+
+    /// Whether the local copy has read the cluster's state at least once (a remote
+    /// cluster's replica starts empty; an embedded node is its own copy). Until then a
+    /// lookup consults nothing and no step can be claimed, so an endpoint picker reports
+    /// itself not ready (GIE: not ready until the datastore has synced).
+    fn synced(&self) -> bool {
+        true
+    }
 }
 
 /// A directory node in this process.
@@ -327,9 +335,13 @@ impl DirectoryClient for Remote {
         })
     }
 
-    /// Heard from a node within two heartbeats.
+    /// Heard from a node within two heartbeats, and read its state once.
     fn fresh(&self) -> bool {
-        self.replica.heard_within(2 * super::watch::HEARTBEAT)
+        self.replica.synced() && self.replica.heard_within(2 * super::watch::HEARTBEAT)
+    }
+
+    fn synced(&self) -> bool {
+        self.replica.synced()
     }
 
     fn read_local(&self, f: &mut dyn FnMut(&Directory)) {

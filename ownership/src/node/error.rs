@@ -50,12 +50,8 @@ pub enum NodeError {
         #[source]
         source: std::num::ParseIntError,
     },
-    #[error("--peer `{peer}`: bad address")]
-    PeerAddr {
-        peer: String,
-        #[source]
-        source: std::net::AddrParseError,
-    },
+    #[error("--peer `{peer}`: bad address (HOST:PORT, HOST an IP address or a DNS name)")]
+    PeerAddr { peer: String },
     #[error("cannot register the node's metrics")]
     Metrics(#[from] prometheus::Error),
     #[error("cannot make an admin token")]

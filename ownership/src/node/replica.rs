@@ -188,8 +188,7 @@ impl Replica {
 
     /// Applies one line of the stream.
     fn take(&self, line: &[u8]) -> Result<(), Broken> {
-        let parsed: WatchLine =
-            serde_json::from_slice(line).map_err(|e| Broken::Line(e.to_string()))?;
+        let parsed = WatchLine::parse(line).map_err(|e| Broken::Line(e.to_string()))?;
         // Heard from the cluster as of when the line was written, not read: lines buffered
         // while this process was paused are old news, and the replica must catch up
         // before it is read as current. (Clocks of different machines differ; the node's

@@ -37,7 +37,9 @@ pub struct DirectoryArgs {
     #[arg(long, env = "OWNERSERVE_DIRECTORY_DATA_DIR")]
     data_dir: PathBuf,
     /// Cluster members `ID=HOST:PORT`, this node included: repeat `--peer`, or give a
-    /// comma-separated list to `--peers`.
+    /// comma-separated list to `--peers`. HOST is an IP address or a DNS name (a
+    /// StatefulSet's `ownerserve-directory-0.ownerserve-directory`), resolved at each
+    /// connection, so a peer that comes back on another pod IP is found again.
     #[arg(
         long = "peer",
         visible_alias = "peers",
@@ -90,14 +92,35 @@ fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeErro
                 peer: peer(),
                 source,
             })?;
-            addr.parse::<SocketAddr>()
-                .map_err(|source| NodeError::PeerAddr {
-                    peer: peer(),
-                    source,
-                })?;
+            if !host_port(addr) {
+                return Err(NodeError::PeerAddr { peer: peer() });
+            }
             Ok((id, BasicNode::new(addr)))
         })
         .collect()
+}
+
+/// Whether `addr` is `IP:PORT` (`[v6]:PORT` too) or `NAME:PORT` with NAME a DNS name
+/// (letters, digits, `-` in dot-separated labels of at most 63 characters, not starting or
+/// ending with `-`).
+fn host_port(addr: &str) -> bool {
+    if addr.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return false;
+    };
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    port.parse::<u16>().is_ok_and(|p| p > 0)
+        && host.len() <= 253
+        && host.split('.').all(label)
+        && !host.bytes().all(|b| b.is_ascii_digit() || b == b'.')
 }
 
 /// Runs a directory node until Ctrl-C.
@@ -239,6 +262,29 @@ mod tests {
             format!("{bad:#}").contains("`2=nowhere`: bad address"),
             "{bad:#}"
         );
+        // A StatefulSet's stable names, and IPv6.
+        let named = parse_peers(&[
+            "1=ownerserve-directory-0.ownerserve-directory:7000".to_string(),
+            "2=localhost:7002".to_string(),
+            "3=[::1]:7003".to_string(),
+        ])
+        .unwrap();
+        assert_eq!(
+            named[&1].addr,
+            "ownerserve-directory-0.ownerserve-directory:7000"
+        );
+        for bad in [
+            "2=host:0",
+            "2=host:99999",
+            "2=-host:7000",
+            "2=ho_st:7000",
+            "2=a..b:7000",
+            "2=300.1.1.1:7000",
+            "2=host",
+            "2=:7000",
+        ] {
+            assert!(parse_peers(&[bad.to_string()]).is_err(), "{bad}");
+        }
         for (peer, message) in [
             ("2", "--peer `2`: expected ID=HOST:PORT"),
             ("x=127.0.0.1:7002", "--peer `x=127.0.0.1:7002`: bad id"),

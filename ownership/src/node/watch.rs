@@ -55,6 +55,32 @@ pub enum WatchLine {
     },
 }
 
+impl WatchLine {
+    /// Reads one line of the stream. A snapshot line is read apart from the untagged enum:
+    /// serde reads an untagged variant from a buffered copy of the line, which cannot turn
+    /// the directory's map keys (JSON strings such as `"12288"`) back into the integer ids
+    /// they stand for, so a snapshot with any lease in it failed as a snapshot and was read
+    /// as an entry without one (`{"index": I}`): a replica that started, or came back, after
+    /// the first lease was granted never synced.
+    pub fn parse(line: &[u8]) -> Result<Self, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Probe<'a> {
+            #[serde(borrow, default)]
+            snapshot: Option<&'a serde_json::value::RawValue>,
+            #[serde(default)]
+            index: u64,
+        }
+        let probe: Probe<'_> = serde_json::from_slice(line)?;
+        match probe.snapshot {
+            Some(raw) => Ok(WatchLine::Snapshot {
+                snapshot: serde_json::from_str(raw.get())?,
+                index: probe.index,
+            }),
+            None => serde_json::from_slice(line),
+        }
+    }
+}
+
 /// The `after` of a watch's query (0 when absent or not a number: from the start).
 fn after(uri: &Uri) -> u64 {
     uri.query()
@@ -149,4 +175,50 @@ fn line(l: &WatchLine) -> Bytes {
     let mut v = serde_json::to_vec(l).unwrap_or_default();
     v.push(b'\n');
     v.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::Envelope;
+    use crate::ids::WorkerId;
+    use crate::Command;
+
+    #[test]
+    fn a_snapshot_line_with_leases_is_read_as_a_snapshot() {
+        let mut d = Directory::new(500);
+        d.apply(
+            1,
+            &Envelope {
+                now_ms: 1_000,
+                client: None,
+                command: Command::GrantLease {
+                    worker: WorkerId(2),
+                    ttl_ms: 6_000,
+                },
+            },
+        );
+        assert_eq!(d.leases.len(), 1);
+        let sent = line(&WatchLine::Snapshot {
+            snapshot: Box::new(d.clone()),
+            index: 1,
+        });
+        match WatchLine::parse(sent.trim_ascii_end()).unwrap() {
+            WatchLine::Snapshot { snapshot, index } => {
+                assert_eq!((*snapshot, index), (d, 1));
+            }
+            other => panic!("read as {other:?}"),
+        }
+        let beat = line(&WatchLine::Heartbeat {
+            heartbeat: 4,
+            sent_ms: 9,
+        });
+        assert!(matches!(
+            WatchLine::parse(beat.trim_ascii_end()).unwrap(),
+            WatchLine::Heartbeat {
+                heartbeat: 4,
+                sent_ms: 9
+            }
+        ));
+    }
 }

@@ -61,6 +61,33 @@ pub struct EppFlags {
     /// (Envoy's `ORIGINAL_DST` with `use_http_header`).
     #[arg(long, env = "OWNERSERVE_EPP_FALLBACKS", default_value_t = 2)]
     pub fallbacks: usize,
+    /// On SIGTERM (Kubernetes deleting the pod), how long the picker goes on answering new
+    /// streams while its gRPC health already says NOT_SERVING, so every gateway's health
+    /// check (and the endpoints controller) takes it out of rotation before it stops
+    /// accepting; then it finishes the streams in flight (bounded by the router's drain)
+    /// and exits. Keep it under the pod's `terminationGracePeriodSeconds`.
+    #[arg(
+        long = "shutdown-delay-ms",
+        env = "OWNERSERVE_EPP_SHUTDOWN_DELAY_MS",
+        default_value_t = 5000
+    )]
+    pub shutdown_delay_ms: u64,
+}
+
+impl EppFlags {
+    /// How long the picker answers after SIGTERM, NOT_SERVING.
+    pub fn shutdown_delay(&self) -> Duration {
+        Duration::from_millis(self.shutdown_delay_ms)
+    }
+}
+
+/// How the picker stops: `signal` (SIGTERM) turns its health NOT_SERVING, `delay` later it
+/// stops accepting and finishes the streams in flight, `drain` at most.
+#[derive(Clone)]
+pub struct Stopping {
+    pub signal: CancellationToken,
+    pub delay: Duration,
+    pub drain: Duration,
 }
 
 /// The ext_proc service.
@@ -101,55 +128,99 @@ impl ExternalProcessor for Picker {
     }
 }
 
-/// Serves ext_proc (with health) on `grpc` and health alone on `health` until `shutdown`.
+/// Serves ext_proc (with health) on `grpc` and health alone on `health` until `stop`
+/// fires, then drains: NOT_SERVING at once, new streams still answered for `stop.delay`
+/// (gateways take the replica out of rotation meanwhile), then the listener closes, the
+/// streams in flight finish (`stop.drain` at most: a gateway that keeps one open does not
+/// hold the exit), and health goes down last.
 pub async fn serve(
     st: Arc<AppState>,
     grpc: TcpListener,
     health: TcpListener,
     fallbacks: usize,
-    shutdown: CancellationToken,
+    stop: Stopping,
 ) -> anyhow::Result<()> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("liveness", ServingStatus::Serving)
         .await;
     st.tasks
-        .spawn(report_readiness(st.clone(), reporter, shutdown.clone()));
+        .spawn(report_readiness(st.clone(), reporter, stop.signal.clone()));
     let picker = ExternalProcessorServer::new(Picker {
         st: st.clone(),
         fallbacks,
     });
+    let closing = {
+        let (signal, delay) = (stop.signal.clone(), stop.delay);
+        async move {
+            signal.cancelled().await;
+            tokio::time::sleep(delay).await;
+        }
+    };
     let main = tonic::transport::Server::builder()
         .add_service(picker)
         .add_service(health_service.clone())
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(grpc),
-            shutdown.clone().cancelled_owned(),
-        );
+        .serve_with_incoming_shutdown(incoming(grpc), closing);
+    let main = async {
+        let bound = async {
+            stop.signal.cancelled().await;
+            tokio::time::sleep(stop.delay + stop.drain).await;
+        };
+        tokio::select! {
+            served = main => served,
+            () = bound => {
+                tracing::warn!(after = ?stop.drain, "ext_proc streams still open at shutdown were cut");
+                Ok(())
+            }
+        }
+    };
+    let health_down = CancellationToken::new();
     let side = tonic::transport::Server::builder()
         .add_service(health_service)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(health),
-            shutdown.clone().cancelled_owned(),
-        );
-    let (a, b) = tokio::join!(main, side);
+        .serve_with_incoming_shutdown(incoming(health), health_down.clone().cancelled_owned());
+    let (a, b) = tokio::join!(
+        async {
+            let served = main.await;
+            health_down.cancel();
+            served
+        },
+        side
+    );
     a?;
     b?;
     Ok(())
 }
 
+/// Accepted connections with Nagle off: an ext_proc exchange is small messages each way,
+/// and with Nagle on, each answer waited for the gateway's delayed ACK (about 40 ms).
+fn incoming(listener: TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// Readiness (and the ext_proc service's status): serving while some worker is healthy,
-/// which is when a pick can succeed. Every replica is ready at once: the directory, not a
-/// leader election, keeps their picks consistent.
-async fn report_readiness(st: Arc<AppState>, reporter: HealthReporter, cancel: CancellationToken) {
+/// which is when a pick can succeed, once the local copy of the directory has synced (before
+/// that no pick could be claimed). Every replica is ready at once: the directory, not a
+/// leader election, keeps their picks consistent. From `stopping` on: NOT_SERVING for good.
+async fn report_readiness(
+    st: Arc<AppState>,
+    reporter: HealthReporter,
+    stopping: CancellationToken,
+) {
     let mut last = None;
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            () = cancel.cancelled() => return,
+            () = stopping.cancelled() => {
+                for service in ["readiness", EXT_PROC_SERVICE, ""] {
+                    reporter.set_service_status(service, ServingStatus::NotServing).await;
+                }
+                tracing::info!("stopping: ext_proc reports NOT_SERVING, draining");
+                return;
+            }
         }
-        let ready = st.registry.all().iter().any(|w| w.is_healthy());
+        let synced = st.ownership.as_ref().is_none_or(|s| s.client().synced());
+        let ready = synced && st.registry.all().iter().any(|w| w.is_healthy());
         if last == Some(ready) {
             continue;
         }
@@ -176,26 +247,35 @@ pub async fn bind(
 }
 
 /// Runs the router's state and HTTP API on `listener` (the operator API, `/metrics`, the
-/// proxy too) and the endpoint picker on `grpc` and `health`, until `shutdown` fires.
+/// proxy too) and the endpoint picker on `grpc` and `health`. When `shutdown` fires
+/// (SIGTERM) the picker drains first (`flags.shutdown_delay`, then its streams in flight),
+/// while the state it picks with (workers, the directory client, the records' sync) and
+/// the HTTP API keep running; then they stop.
 pub async fn run(
     listener: TcpListener,
     (grpc, health): (TcpListener, TcpListener),
     cfg: crate::config::RouterConfig,
-    fallbacks: usize,
+    flags: &EppFlags,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tracker = tokio_util::task::TaskTracker::new();
-    let state = AppState::start(cfg, &tracker, &shutdown).await?;
+    let state_stop = CancellationToken::new();
+    let state = AppState::start(cfg, &tracker, &state_stop).await?;
     let limits = state.cfg.conn_limits;
     let app = crate::server::app(state.clone());
-    let http = ownerserve_edge::serve::serve(listener, app, limits, shutdown.clone());
-    let picker = serve(state.clone(), grpc, health, fallbacks, shutdown.clone());
+    let http = ownerserve_edge::serve::serve(listener, app, limits, state_stop.clone());
+    let stop = Stopping {
+        signal: shutdown.clone(),
+        delay: flags.shutdown_delay(),
+        drain: limits.drain,
+    };
+    let picker = serve(state.clone(), grpc, health, flags.fallbacks, stop);
     let (served, picked) = tokio::join!(http, async {
         let r = picker.await;
-        shutdown.cancel();
+        state_stop.cancel();
         r
     });
-    shutdown.cancel();
+    state_stop.cancel();
     tracker.close();
     tracker.wait().await;
     if let Some(node) = &state.directory {

@@ -130,6 +130,11 @@ pub async fn pick(
         view: &view,
         candidates: &candidates,
         failed: &excluded,
+        // The gateway sends the request whole: no KV copy, no flip after it. A planned
+        // migration (the planner moves a session off its owner, past its hysteresis) is
+        // claimed before the pick is answered, so the endpoint the gateway is told is the
+        // owner the directory records.
+        dispatches: false,
     };
     let (decision, lookup, _) = planned.decide(st, &id, None, endpoint).await?;
     let Some(worker) = st.registry.get(decision.worker) else {

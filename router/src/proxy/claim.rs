@@ -9,7 +9,8 @@
 //! second owner. A fork commits its child session (fenced by the parent's epoch) the same
 //! way. A step that stays on its owner adds no round trip (its record stays
 //! batched in `ownership_sync`), and a migration commits its own flip once the KV is
-//! copied (`dispatch`).
+//! copied (`dispatch`) when this process dispatches it; the endpoint picker, which only
+//! answers where the gateway sends the request, claims a migration like any other move.
 //!
 //! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
 //! it the step goes where it was planned, unrecorded, and is counted.
@@ -53,11 +54,14 @@ impl Settled {
 
 /// Claims the session for `decision`'s worker if that is not its owner, and answers how it
 /// went and the lookup the step is dispatched under (the won or winning owner and epoch).
+/// A migration is left to its dispatch (`dispatches`), which flips the owner after the KV
+/// copy; without one (the endpoint picker) it is claimed here like any move.
 pub async fn settle(
     st: &AppState,
     id: &Identity<'_>,
     lookup: &Lookup,
     decision: &Decision,
+    dispatches: bool,
 ) -> (Settled, Lookup) {
     let (Some(sync), Some(session)) = (&st.ownership, id.session) else {
         return (Settled::Unclaimed, *lookup);
@@ -70,7 +74,7 @@ pub async fn settle(
         // (`fork_fence`) once the child is committed, else as the parent.
         return (fork(st, session, child, lookup, decision).await, *lookup);
     }
-    let migrates = matches!(decision.dispatch, Dispatch::Migrate { .. });
+    let migrates = dispatches && matches!(decision.dispatch, Dispatch::Migrate { .. });
     let needed = !migrates && lookup.owner != Some(decision.worker);
     if !needed {
         return (Settled::Unclaimed, *lookup);

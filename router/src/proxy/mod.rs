@@ -79,6 +79,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             view: &view,
             candidates: &candidates,
             failed: &failed,
+            dispatches: true,
         };
         let (decision, lookup, fork_fence) = planned.decide(st, &id, pinned, endpoint).await?;
         let step = dispatch::Step {
@@ -141,6 +142,10 @@ pub(crate) struct Planned<'a> {
     pub view: &'a view::StepView<'a>,
     pub candidates: &'a [ownerserve_planner::policy::WorkerView],
     pub failed: &'a [ownerserve_planner::ids::WorkerId],
+    /// Whether this process dispatches the step (the proxy), so a migration's owner flip
+    /// commits after its KV copy; the endpoint picker only answers where the gateway sends
+    /// the request, so a migration there is claimed before the answer like any move.
+    pub dispatches: bool,
 }
 
 impl Planned<'_> {
@@ -160,7 +165,7 @@ impl Planned<'_> {
             Some(owner) => (Decision::single(owner), view.lookup, None),
             None => {
                 let decision = st.policy.choose(&view.route, self.candidates)?;
-                let settled = claim::settle(st, id, &view.lookup, &decision).await;
+                let settled = claim::settle(st, id, &view.lookup, &decision, self.dispatches).await;
                 let fork_fence = claim::fork_fence(id, settled.0);
                 let (decision, lookup) =
                     claim::route(st, settled, &view.lookup, decision, self.failed);

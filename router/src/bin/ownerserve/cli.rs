@@ -251,8 +251,7 @@ async fn run_epp(args: EppArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
         if cfg.discovery.is_some() { ", discovering from kubernetes" } else { "" },
     ));
     let served =
-        ownerserve_router::epp::run(listener, grpc, cfg, args.epp.fallbacks, shutdown.clone())
-            .await;
+        ownerserve_router::epp::run(listener, grpc, cfg, &args.epp, shutdown.clone()).await;
     shutdown.cancel();
     signals.close();
     signals.wait().await;
