@@ -51,6 +51,25 @@ fn best_by(runs: &[RunResult], f: impl Fn(&RunResult) -> f64) -> Option<(&str, f
         })
 }
 
+/// The policies a row's capacity search runs: `ownerserve` and the `baselines` baselines
+/// with the lowest p99 TTFT in the row's own run (ties: the first listed).
+pub fn capacity_candidates(runs: &[RunResult], baselines: usize) -> Vec<String> {
+    let mut ranked: Vec<(&str, f64)> = runs
+        .iter()
+        .filter(|r| is_baseline(&r.policy))
+        .map(|r| (r.policy.as_str(), p99(r)))
+        .collect();
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut out = vec![OWNERSERVE.to_owned()];
+    out.extend(
+        ranked
+            .into_iter()
+            .take(baselines)
+            .map(|(n, _)| n.to_owned()),
+    );
+    out
+}
+
 /// One acceptance check of a row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -225,5 +244,28 @@ mod tests {
         assert!(by("sessions held ≥ 1.2× best").pass, "120 ≥ 1.2 × 100");
         assert!(by("KV migrated ≤ 10% of prompt KV").pass);
         assert!(summary(&[row]).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+    }
+
+    #[test]
+    fn the_capacity_search_takes_ownerserve_and_the_lowest_p99_baselines() {
+        let runs = vec![
+            run(BOUND, 0.05, 5.0),
+            run("round_robin", 3.0, 100.0),
+            run(OWNERSERVE, 2.0, 90.0),
+            run("dynamo_kv", 1.5, 100.0),
+            run("oracle", 0.1, 10.0),
+            run("llm_d", 0.9, 120.0),
+            run("static_pd", 2.5, 120.0),
+        ];
+        assert_eq!(
+            capacity_candidates(&runs, 2),
+            vec![OWNERSERVE, "llm_d", "dynamo_kv"]
+        );
+        assert_eq!(capacity_candidates(&runs, 0), vec![OWNERSERVE]);
+        assert_eq!(
+            capacity_candidates(&runs, 9).len(),
+            5,
+            "every baseline, once"
+        );
     }
 }

@@ -50,6 +50,8 @@ pub enum ReportError {
     Plot(#[from] plot::PlotError),
     #[error(transparent)]
     Workload(#[from] crate::workload::WorkloadError),
+    #[error("the capacity search of `{0}` stopped with a panic")]
+    SearchPanicked(String),
 }
 
 /// Builds `name` for a run of `workload` on a fleet with these engine configs.
