@@ -442,6 +442,7 @@ fn matrix_capacity(
         .build()
     };
     let count = wl.sessions.iter().filter(|s| s.fork_of.is_none()).count();
+    let unservable = report::unservable_steps(wl, cluster)?;
     let results: Vec<Result<usize, ReportError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = names
             .iter()
@@ -449,7 +450,7 @@ fn matrix_capacity(
                 let known = runs
                     .iter()
                     .find(|r| &r.policy == name)
-                    .map(|r| (count, report::meets(r, slo_s)));
+                    .map(|r| (count, report::meets_serving(r, slo_s, unservable)));
                 let build = &build;
                 scope.spawn(move || {
                     report::max_sessions(

@@ -109,9 +109,10 @@ pub fn checks(row: &MatrixRow) -> Vec<Check> {
             .filter(|(n, _)| is_baseline(n))
             .max_by_key(|(_, c)| *c);
         if let (Some((_, ours)), Some((name, best))) = (ours, best) {
+            // Holding no session is never a pass, even against a baseline that holds none.
             out.push(Check {
                 what: "sessions held ≥ 1.2× best",
-                pass: *ours as f64 >= 1.2 * *best as f64,
+                pass: *ours > 0 && *ours as f64 >= 1.2 * *best as f64,
                 detail: format!("{ours} vs {best} ({name})"),
             });
         }
@@ -243,7 +244,12 @@ mod tests {
         assert!(by("mean session E2E ≤ 0.95× best").pass, "90 ≤ 95");
         assert!(by("sessions held ≥ 1.2× best").pass, "120 ≥ 1.2 × 100");
         assert!(by("KV migrated ≤ 10% of prompt KV").pass);
-        assert!(summary(&[row]).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        assert!(summary(&[row.clone()]).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        let mut none = row;
+        none.capacity = vec![(OWNERSERVE.into(), 0), ("dynamo_kv".into(), 0)];
+        let held = checks(&none);
+        let held = held.iter().find(|c| c.what == "sessions held ≥ 1.2× best");
+        assert!(!held.unwrap().pass, "0 sessions is no pass, even against 0");
     }
 
     #[test]

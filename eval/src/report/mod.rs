@@ -6,7 +6,7 @@ pub mod matrix;
 mod steps_csv;
 mod table;
 
-pub use capacity::{max_sessions, meets, CapacitySearch};
+pub use capacity::{max_sessions, meets, meets_serving, unservable_steps, CapacitySearch};
 pub use steps_csv::steps_csv;
 pub use table::{markdown_table, summary_line};
 
