@@ -204,7 +204,7 @@ mod tests {
         for known in [(1, true), (16, false)] {
             let n = max_sessions(&build, &cluster, "round_robin", search, &opts, Some(known))
                 .expect("runs");
-            assert!(n >= 1 && n < 16, "{known:?}: {n}");
+            assert!((1..16).contains(&n), "{known:?}: {n}");
             assert!(runs(n), "{known:?}: {n} misses the SLO");
             assert!(!runs(n + 1), "{known:?}: {} still meets it", n + 1);
         }

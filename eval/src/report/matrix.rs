@@ -244,7 +244,7 @@ mod tests {
         assert!(by("mean session E2E ≤ 0.95× best").pass, "90 ≤ 95");
         assert!(by("sessions held ≥ 1.2× best").pass, "120 ≥ 1.2 × 100");
         assert!(by("KV migrated ≤ 10% of prompt KV").pass);
-        assert!(summary(&[row.clone()]).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        assert!(summary(std::slice::from_ref(&row)).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
         let mut none = row;
         none.capacity = vec![(OWNERSERVE.into(), 0), ("dynamo_kv".into(), 0)];
         let held = checks(&none);
