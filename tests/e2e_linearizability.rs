@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -140,15 +141,18 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
     let origin = Instant::now();
     let history = Arc::new(Mutex::new(Vec::<Event>::new()));
     let run_for = Duration::from_secs(10);
+    // The clients run until the faults are done: at least `run_for` and at least three faults,
+    // however slow a loaded machine makes each fault.
+    let done = Arc::new(AtomicBool::new(false));
     let mut clients = tokio::task::JoinSet::new();
     for (n, &lease) in leases.iter().enumerate() {
-        let (urls, history) = (urls.clone(), history.clone());
+        let (urls, history, done) = (urls.clone(), history.clone(), done.clone());
         clients.spawn(async move {
             let c = http();
             let mut rng = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(n as u64 + 1);
             let mut known = [0u64; KEYS as usize + 1];
             let mut seq = 0;
-            while origin.elapsed() < run_for {
+            while !done.load(Ordering::Relaxed) {
                 rng ^= rng << 13;
                 rng ^= rng >> 7;
                 rng ^= rng << 17;
@@ -186,21 +190,24 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
     // Faults while the clients run.
     let mut faults = 0;
     let mut rng = 7u64;
-    while origin.elapsed() < run_for {
+    while (origin.elapsed() < run_for || faults < 3) && origin.elapsed() < run_for * 4 {
         tokio::time::sleep(Duration::from_millis(900)).await;
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
-        match (rng >> 33) % 3 {
-            0 => {
+        // A kill needs a known leader; without one (an election under way) the round
+        // partitions instead.
+        let leader = match (rng >> 33) % 3 {
+            0 => leader_index(&c, &urls).await,
+            _ => None,
+        };
+        match (leader, (rng >> 33) % 3) {
+            (Some(i), _) => {
                 // Kill -9 whoever leads, then bring it back.
-                let leader = leader_index(&c, &urls).await;
-                if let Some(i) = leader {
-                    nodes.kill(i + 1);
-                    tokio::time::sleep(Duration::from_millis(1200)).await;
-                    nodes.restart(i + 1);
-                    faults += 1;
-                }
+                nodes.kill(i + 1);
+                tokio::time::sleep(Duration::from_millis(1200)).await;
+                nodes.restart(i + 1);
+                faults += 1;
             }
-            1 => {
+            (None, 0 | 1) => {
                 let victim = ((rng >> 40) % NODES as u64) as usize;
                 partition(&c, &urls, Some(victim)).await;
                 tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -211,6 +218,7 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
         }
     }
     partition(&c, &urls, None).await;
+    done.store(true, Ordering::Relaxed);
     while let Some(r) = clients.join_next().await {
         r.unwrap();
     }
