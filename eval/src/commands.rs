@@ -93,12 +93,20 @@ pub struct ReportArgs {
     /// `long-doc`, `mooncake`), or `all`; each keeps its fixed parameters.
     #[arg(long, default_value = "all")]
     workloads: String,
-    /// Policies the matrix's capacity search runs (with `--capacity-slo-s`), comma-separated.
-    #[arg(
-        long,
-        default_value = "ownerserve,dynamo_kv,dynamo_disagg,llm_d,smg_cache_aware,session_affinity"
-    )]
+    /// Policies the matrix's capacity search runs (with `--capacity-slo-s`), comma-separated,
+    /// or `auto`: `ownerserve` and the `--capacity-baselines` baselines with the lowest p99
+    /// TTFT in the row's own run (the criterion is p99 TTFT, so the baseline that holds the
+    /// most sessions is among the best at the row's count unless the order flips with load).
+    #[arg(long, default_value = "auto")]
     capacity_policies: String,
+    /// How many baselines `--capacity-policies auto` searches.
+    #[arg(long, default_value_t = 3)]
+    capacity_baselines: usize,
+    /// The matrix's capacity search stops once the failing count is within this share of
+    /// the held one (1/8 by default: each search starts from the row's own run and takes
+    /// about half the runs of a 1/16 search).
+    #[arg(long, default_value_t = 0.125)]
+    capacity_tolerance: f64,
     #[command(flatten)]
     engine: SimSettings,
     #[arg(long)]
@@ -341,30 +349,12 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
                         })
                         .sum()
                 });
-                let mut capacity = Vec::new();
-                if let (Some(slo_s), true) = (args.capacity_slo_s, agentic) {
-                    let search = report::CapacitySearch {
-                        slo_s,
-                        max_sessions: args.capacity_max.max(1),
-                    };
-                    let build = |n: usize| {
-                        WorkloadSpec {
-                            sessions: Some(n),
-                            ..spec.clone()
-                        }
-                        .build()
-                    };
-                    for name in list(&args.capacity_policies) {
-                        let n = report::max_sessions(
-                            &build,
-                            &cluster,
-                            &name,
-                            search,
-                            &SimOptions::default(),
-                        )?;
-                        capacity.push((name, n));
+                let capacity = match (args.capacity_slo_s, agentic) {
+                    (Some(slo_s), true) => {
+                        matrix_capacity(args, &spec, &wl, &cluster, &runs, slo_s)?
                     }
-                }
+                    _ => Vec::new(),
+                };
                 let _ = writeln!(
                     detail,
                     "### {} on {} with {}\n\nWorkload: {}\n\n{}",
@@ -419,12 +409,80 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
     Ok(())
 }
 
+/// Sessions held at the SLO on one matrix row, per searched policy (`--capacity-policies`):
+/// each search starts from the policy's own run of the row (`wl`, its session count),
+/// in parallel threads, one per policy.
+fn matrix_capacity(
+    args: &ReportArgs,
+    spec: &WorkloadSpec,
+    wl: &crate::workload::Workload,
+    cluster: &Cluster,
+    runs: &[crate::sim::RunResult],
+    slo_s: f64,
+) -> Result<Vec<(String, usize)>, CommandError> {
+    let search = report::CapacitySearch {
+        tolerance: args.capacity_tolerance.clamp(1e-3, 1.0),
+        ..report::CapacitySearch::new(slo_s, args.capacity_max)
+    };
+    let names = if args.capacity_policies == "auto" {
+        report::matrix::capacity_candidates(runs, args.capacity_baselines)
+    } else {
+        args.capacity_policies
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let build = |n: usize| {
+        WorkloadSpec {
+            sessions: Some(n),
+            ..spec.clone()
+        }
+        .build()
+    };
+    let count = wl.sessions.iter().filter(|s| s.fork_of.is_none()).count();
+    let unservable = report::unservable_steps(wl, cluster)?;
+    let results: Vec<Result<usize, ReportError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let known = runs
+                    .iter()
+                    .find(|r| &r.policy == name)
+                    .map(|r| (count, report::meets_serving(r, slo_s, unservable)));
+                let build = &build;
+                scope.spawn(move || {
+                    report::max_sessions(
+                        build,
+                        cluster,
+                        name,
+                        search,
+                        &SimOptions::default(),
+                        known,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .zip(&names)
+            .map(|(h, name)| {
+                h.join()
+                    .unwrap_or_else(|_| Err(ReportError::SearchPanicked(name.clone())))
+            })
+            .collect()
+    });
+    let mut out = Vec::new();
+    for (name, n) in names.into_iter().zip(results) {
+        out.push((name, n?));
+    }
+    Ok(out)
+}
+
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
 fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, CommandError> {
-    let search = report::CapacitySearch {
-        slo_s,
-        max_sessions: args.capacity_max.max(1),
-    };
+    let search = report::CapacitySearch::new(slo_s, args.capacity_max);
     let build = |n: usize| {
         WorkloadSpec {
             sessions: Some(n),
@@ -444,7 +502,7 @@ fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, 
         search.max_sessions
     );
     for name in &names {
-        let n = report::max_sessions(&build, cluster, name, search, &SimOptions::default())?;
+        let n = report::max_sessions(&build, cluster, name, search, &SimOptions::default(), None)?;
         let shown = if n >= search.max_sessions {
             format!("≥ {n}")
         } else {

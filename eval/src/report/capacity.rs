@@ -14,51 +14,116 @@ pub struct CapacitySearch {
     pub slo_s: f64,
     /// Largest session count tried.
     pub max_sessions: usize,
+    /// Bisection stops once the failing count is within this share of the held one (at
+    /// least one session): 1/16 is ~6%; the matrix uses 1/8 to halve the runs.
+    pub tolerance: f64,
+}
+
+impl CapacitySearch {
+    /// A search to within ~6% (1/16).
+    pub fn new(slo_s: f64, max_sessions: usize) -> Self {
+        Self {
+            slo_s,
+            max_sessions: max_sessions.max(1),
+            tolerance: 1.0 / 16.0,
+        }
+    }
 }
 
 /// Whether a run met the SLO (every step served, p99 TTFT within it).
 pub fn meets(r: &RunResult, slo_s: f64) -> bool {
-    r.rejected() == 0 && percentile(&r.ttfts(), 0.99) <= slo_s
+    meets_serving(r, slo_s, 0)
 }
 
-/// The most sessions (to within ~6%) `policy` holds on `cluster` under the SLO; 0 if even
-/// one session misses it. `workload(n)` builds the workload with `n` sessions.
+/// Whether a run met the SLO with `unservable` steps rejected that no worker of the fleet
+/// could ever take ([`unservable_steps`]): every policy rejects those alike, so they do not
+/// count against it; any other rejection does.
+pub fn meets_serving(r: &RunResult, slo_s: f64, unservable: usize) -> bool {
+    r.rejected() <= unservable && percentile(&r.ttfts(), 0.99) <= slo_s
+}
+
+/// Steps of `wl` that no worker of `cluster` can run (prompt and output beyond the model's
+/// context or a worker's whole KV cache; `SchedulerConfig::check`). Qwen3-30B-A3B's 32K
+/// context rejects the longest SWE-smith and coding-agent turns on every policy, the bound
+/// included: without this no policy would hold a single session of those workloads.
+pub fn unservable_steps(wl: &Workload, cluster: &Cluster) -> Result<usize, ReportError> {
+    let configs = cluster.build()?;
+    Ok(wl
+        .sessions
+        .iter()
+        .flat_map(|s| &s.steps)
+        .filter(|st| {
+            // The prompt the simulator sends (`prompt_tokens`): its ids' blocks, cut at
+            // `input_tokens`.
+            let prompt = (st.input_tokens as usize).min(st.hash_ids.len() * wl.hash_block as usize);
+            configs
+                .iter()
+                .all(|c| c.scheduler.check(prompt, st.output_tokens.max(1)).is_err())
+        })
+        .count())
+}
+
+/// The most sessions (to within `search.tolerance`) `policy` holds on `cluster` under the
+/// SLO; 0 if even one session misses it. `workload(n)` builds the workload with `n`
+/// sessions. `known` is a count already run and whether it met the SLO (the matrix's own
+/// run): the search starts there, doubling up from a pass or halving down from a fail,
+/// instead of doubling up from 8, which saves the runs below a passing count.
 pub fn max_sessions(
     workload: &dyn Fn(usize) -> Result<Workload, WorkloadError>,
     cluster: &Cluster,
     policy: &str,
     search: CapacitySearch,
     opts: &SimOptions,
+    known: Option<(usize, bool)>,
 ) -> Result<usize, ReportError> {
     let ok = |n: usize| -> Result<bool, ReportError> {
         let wl = workload(n)?;
-        Ok(meets(
+        Ok(meets_serving(
             &run_one(policy, &wl, cluster, opts, &|_| {})?,
             search.slo_s,
+            unservable_steps(&wl, cluster)?,
         ))
     };
-    let (mut good, mut bad) = (0usize, None);
-    let mut n = 8usize.min(search.max_sessions.max(1));
+    let max = search.max_sessions.max(1);
+    let (mut good, mut bad) = match known {
+        Some((n, true)) if n >= 1 => (n.min(max), None),
+        Some((n, false)) if n >= 1 => (0, Some(n)),
+        _ => {
+            let first = 8usize.min(max);
+            if ok(first)? {
+                (first, None)
+            } else {
+                (0, Some(first))
+            }
+        }
+    };
+    // Up from a pass: double until a fail or the ceiling.
     while bad.is_none() {
+        if good >= max {
+            return Ok(good);
+        }
+        let n = (good * 2).min(max);
         if ok(n)? {
             good = n;
-            if n >= search.max_sessions {
-                return Ok(n);
-            }
-            n = (n * 2).min(search.max_sessions);
         } else {
             bad = Some(n);
         }
     }
-    let mut bad = bad.unwrap_or(n);
-    if good == 0 {
-        // Below the first probe: bisect from one session.
-        if !ok(1)? {
+    let mut bad = bad.unwrap_or(max + 1);
+    // Down from a fail: halve until a pass or one session.
+    while good == 0 {
+        let n = bad / 2;
+        if n == 0 {
             return Ok(0);
         }
-        good = 1;
+        if ok(n)? {
+            good = n;
+        } else {
+            bad = n;
+        }
     }
-    while bad - good > (good / 16).max(1) {
+    let step = |good: usize| ((good as f64 * search.tolerance).floor() as usize).max(1);
+    while bad - good > step(good) {
         let mid = good + (bad - good) / 2;
         if ok(mid)? {
             good = mid;
@@ -92,15 +157,13 @@ mod tests {
             Ok(wl)
         };
         let opts = SimOptions::default();
-        let search = |slo_s| CapacitySearch {
-            slo_s,
-            max_sessions: 16,
-        };
-        let none = max_sessions(&build, &cluster, "round_robin", search(1e-6), &opts);
+        let search = |slo_s| CapacitySearch::new(slo_s, 16);
+        let none = max_sessions(&build, &cluster, "round_robin", search(1e-6), &opts, None);
         assert_eq!(none.expect("runs"), 0);
-        let all = max_sessions(&build, &cluster, "round_robin", search(1e6), &opts);
+        let all = max_sessions(&build, &cluster, "round_robin", search(1e6), &opts, None);
         assert_eq!(all.expect("runs"), 16);
-        let some = max_sessions(&build, &cluster, "round_robin", search(0.5), &opts).expect("runs");
+        let some =
+            max_sessions(&build, &cluster, "round_robin", search(0.5), &opts, None).expect("runs");
         assert!(some < 16, "{some}");
         // The answer meets the SLO and (unless it is 0) one more session's worth does not
         // by much: it is a real boundary, not a default.
@@ -109,5 +172,82 @@ mod tests {
             let r = run_one("round_robin", &wl, &cluster, &opts, &|_| {}).expect("runs");
             assert!(meets(&r, 0.5));
         }
+    }
+
+    #[test]
+    fn a_known_count_starts_the_search_at_a_real_boundary() {
+        let cluster = Cluster::parse("1h", &SimSettings::default()).expect("cluster");
+        let build = |n: usize| {
+            let mut wl = WorkloadSpec {
+                workload: "swe-smith".into(),
+                sessions: Some(n),
+                rate: 50.0,
+                ..WorkloadSpec::default()
+            }
+            .build()?;
+            for s in &mut wl.sessions {
+                s.steps.truncate(3);
+            }
+            Ok(wl)
+        };
+        let opts = SimOptions::default();
+        let search = CapacitySearch::new(0.5, 16);
+        let runs = |n: usize| {
+            let wl = build(n).expect("builds");
+            meets(
+                &run_one("round_robin", &wl, &cluster, &opts, &|_| {}).expect("runs"),
+                0.5,
+            )
+        };
+        // From a pass at one session and from a fail at the ceiling, the answer passes and
+        // one more session fails (the step is one session below 16).
+        for known in [(1, true), (16, false)] {
+            let n = max_sessions(&build, &cluster, "round_robin", search, &opts, Some(known))
+                .expect("runs");
+            assert!((1..16).contains(&n), "{known:?}: {n}");
+            assert!(runs(n), "{known:?}: {n} misses the SLO");
+            assert!(!runs(n + 1), "{known:?}: {} still meets it", n + 1);
+        }
+        // A known fail at one session is the answer 0 without a run.
+        let none = max_sessions(
+            &build,
+            &cluster,
+            "round_robin",
+            search,
+            &opts,
+            Some((1, false)),
+        );
+        assert_eq!(none.expect("runs"), 0);
+    }
+
+    #[test]
+    fn steps_beyond_the_model_s_context_are_unservable_for_every_policy() {
+        let cluster = Cluster::parse("1p1d", &SimSettings::default()).expect("cluster");
+        let mut wl = WorkloadSpec {
+            workload: "swe-smith".into(),
+            sessions: Some(2),
+            ..WorkloadSpec::default()
+        }
+        .build()
+        .expect("builds");
+        for s in &mut wl.sessions {
+            s.steps.truncate(2);
+        }
+        assert_eq!(unservable_steps(&wl, &cluster).expect("builds"), 0);
+        let step = &mut wl.sessions[0].steps[1];
+        step.input_tokens = 10_000_000;
+        step.hash_ids = (0..10_000_000 / u64::from(wl.hash_block)).collect();
+        assert_eq!(unservable_steps(&wl, &cluster).expect("builds"), 1);
+        let r = run_one(
+            "round_robin",
+            &wl,
+            &cluster,
+            &SimOptions::default(),
+            &|_| {},
+        )
+        .expect("runs");
+        assert_eq!(r.rejected(), 1, "the engine rejects it as the count says");
+        assert!(!meets(&r, 1e6), "a rejection misses the SLO");
+        assert!(meets_serving(&r, 1e6, 1), "unless no worker could serve it");
     }
 }

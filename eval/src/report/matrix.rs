@@ -51,6 +51,25 @@ fn best_by(runs: &[RunResult], f: impl Fn(&RunResult) -> f64) -> Option<(&str, f
         })
 }
 
+/// The policies a row's capacity search runs: `ownerserve` and the `baselines` baselines
+/// with the lowest p99 TTFT in the row's own run (ties: the first listed).
+pub fn capacity_candidates(runs: &[RunResult], baselines: usize) -> Vec<String> {
+    let mut ranked: Vec<(&str, f64)> = runs
+        .iter()
+        .filter(|r| is_baseline(&r.policy))
+        .map(|r| (r.policy.as_str(), p99(r)))
+        .collect();
+    ranked.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut out = vec![OWNERSERVE.to_owned()];
+    out.extend(
+        ranked
+            .into_iter()
+            .take(baselines)
+            .map(|(n, _)| n.to_owned()),
+    );
+    out
+}
+
 /// One acceptance check of a row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
@@ -90,9 +109,10 @@ pub fn checks(row: &MatrixRow) -> Vec<Check> {
             .filter(|(n, _)| is_baseline(n))
             .max_by_key(|(_, c)| *c);
         if let (Some((_, ours)), Some((name, best))) = (ours, best) {
+            // Holding no session is never a pass, even against a baseline that holds none.
             out.push(Check {
                 what: "sessions held ≥ 1.2× best",
-                pass: *ours as f64 >= 1.2 * *best as f64,
+                pass: *ours > 0 && *ours as f64 >= 1.2 * *best as f64,
                 detail: format!("{ours} vs {best} ({name})"),
             });
         }
@@ -224,6 +244,34 @@ mod tests {
         assert!(by("mean session E2E ≤ 0.95× best").pass, "90 ≤ 95");
         assert!(by("sessions held ≥ 1.2× best").pass, "120 ≥ 1.2 × 100");
         assert!(by("KV migrated ≤ 10% of prompt KV").pass);
-        assert!(summary(&[row]).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        assert!(summary(std::slice::from_ref(&row)).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        let mut none = row;
+        none.capacity = vec![(OWNERSERVE.into(), 0), ("dynamo_kv".into(), 0)];
+        let held = checks(&none);
+        let held = held.iter().find(|c| c.what == "sessions held ≥ 1.2× best");
+        assert!(!held.unwrap().pass, "0 sessions is no pass, even against 0");
+    }
+
+    #[test]
+    fn the_capacity_search_takes_ownerserve_and_the_lowest_p99_baselines() {
+        let runs = vec![
+            run(BOUND, 0.05, 5.0),
+            run("round_robin", 3.0, 100.0),
+            run(OWNERSERVE, 2.0, 90.0),
+            run("dynamo_kv", 1.5, 100.0),
+            run("oracle", 0.1, 10.0),
+            run("llm_d", 0.9, 120.0),
+            run("static_pd", 2.5, 120.0),
+        ];
+        assert_eq!(
+            capacity_candidates(&runs, 2),
+            vec![OWNERSERVE, "llm_d", "dynamo_kv"]
+        );
+        assert_eq!(capacity_candidates(&runs, 0), vec![OWNERSERVE]);
+        assert_eq!(
+            capacity_candidates(&runs, 9).len(),
+            5,
+            "every baseline, once"
+        );
     }
 }

@@ -6,7 +6,7 @@ pub mod matrix;
 mod steps_csv;
 mod table;
 
-pub use capacity::{max_sessions, meets, CapacitySearch};
+pub use capacity::{max_sessions, meets, meets_serving, unservable_steps, CapacitySearch};
 pub use steps_csv::steps_csv;
 pub use table::{markdown_table, summary_line};
 
@@ -50,6 +50,8 @@ pub enum ReportError {
     Plot(#[from] plot::PlotError),
     #[error(transparent)]
     Workload(#[from] crate::workload::WorkloadError),
+    #[error("the capacity search of `{0}` stopped with a panic")]
+    SearchPanicked(String),
 }
 
 /// Builds `name` for a run of `workload` on a fleet with these engine configs.

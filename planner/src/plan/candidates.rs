@@ -80,7 +80,10 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 lacks,
                 dup + pre.computed,
             );
-            c.cost = c.cost.with_decode_leg_wait(leg_wait_s);
+            c.cost = c
+                .cost
+                .with_decode_leg_wait(leg_wait_s)
+                .with_duplicate(p.duplicate_s(d, dup));
             c
         };
         match partners {
@@ -389,7 +392,24 @@ impl Pricing<'_, '_> {
     /// ([`Pricing::duplicated`]).
     fn colocate(&self, d: &PlanWorker, dup: f64) -> Candidate {
         let new = self.to_compute(d.cached_tokens);
-        self.candidate(Action::Colocate, d, d, None, self.work(d, new), 0.0, dup)
+        let mut c = self.candidate(Action::Colocate, d, d, None, self.work(d, new), 0.0, dup);
+        c.cost = c.cost.with_duplicate(self.duplicate_s(d, dup));
+        c
+    }
+
+    /// What the copy of `dup` bytes of another worker's prefix that `d` keeps for a fork's
+    /// branch is worth in HBM: the prefill it would take `d` to recompute as many bytes of
+    /// this prompt, at κ. The prefix owner serves every branch from one copy (copy-on-write
+    /// block refs), so a branch placed elsewhere holds a second copy for as long as it lives
+    /// and after (an LRU cache keeps it until something evicts it); that room would otherwise
+    /// hold a prefix whose reuse saves as much prefill. 0 for steps that are not forks.
+    fn duplicate_s(&self, d: &PlanWorker, dup: f64) -> f64 {
+        let w = self.input.weights;
+        if dup <= 0.0 || w.kappa <= 0.0 || !self.input.is_fork() {
+            return 0.0;
+        }
+        let tokens = (self.prompt() as f64 * dup / self.prompt_bytes.max(1.0)).ceil() as u64;
+        w.kappa * self.prefill_s(d, tokens.min(self.prompt()), 1)
     }
 
     /// `w`, whose cached tokens' bytes are `cached`, fetches the rest of the artifact from
@@ -408,7 +428,7 @@ impl Pricing<'_, '_> {
         let fetched = self.artifact_lacked(w, cached);
         let reused = self.input.model.resume_point(sealed).max(w.cached_tokens);
         let new = self.to_compute(reused);
-        Some(self.candidate(
+        let mut c = self.candidate(
             Action::ArtifactFetch,
             w,
             w,
@@ -416,7 +436,9 @@ impl Pricing<'_, '_> {
             self.work(w, new),
             fetched,
             fetched,
-        ))
+        );
+        c.cost = c.cost.with_duplicate(self.duplicate_s(w, fetched));
+        Some(c)
     }
 
     fn tail_recompute(&self, o: &PlanWorker) -> Candidate {

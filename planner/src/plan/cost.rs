@@ -4,7 +4,8 @@ use serde::Serialize;
 
 use super::Weights;
 
-/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue (+ H_migrate)`, with each
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue
+/// (+ H_migrate) (+ κ·R_dup for a fork's copy)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -30,6 +31,9 @@ pub struct CostTerms {
     /// by ν. A worker whose backlog keeps growing charges more for each step it takes,
     /// which is what lets its queue drain instead of setting the tail.
     pub queue_delay_s: f64,
+    /// The recompute value of the copy of the prefix a fork's branch makes its decode worker
+    /// hold (κ applied; 0 on the prefix owner and for steps that are not forks), seconds.
+    pub duplicate_s: f64,
     /// Hysteresis charged on a migration off an owner that could keep the session,
     /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
     pub hysteresis_s: f64,
@@ -64,6 +68,7 @@ impl CostTerms {
             evict_s: 0.0,
             queue_delay_s: 0.0,
             hysteresis_s: 0.0,
+            duplicate_s: 0.0,
             total,
         }
     }
@@ -87,6 +92,13 @@ impl CostTerms {
     pub fn with_decode_leg_wait(mut self, wait_s: f64) -> Self {
         self.queue_s += wait_s;
         self.total += wait_s;
+        self
+    }
+
+    /// The same terms with `duplicate_s` seconds of duplicate value added to the total.
+    pub fn with_duplicate(mut self, duplicate_s: f64) -> Self {
+        self.duplicate_s = duplicate_s;
+        self.total += duplicate_s;
         self
     }
 

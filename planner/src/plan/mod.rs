@@ -1,9 +1,10 @@
 //! The cost planner: for one agent step, price every candidate action on every worker
 //! that could run it and pick the cheapest (MISSION.md, B2):
 //! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
-//! ν·D_queue` (`cost.rs`), where `I_decode` is the marginal stall of the decodes running
+//! ν·D_queue (+ κ·R_dup)` (`cost.rs`), where `I_decode` is the marginal stall of the decodes running
 //! beside the prefill (`interference.rs`) and `D_queue` the delay its compute adds to the
-//! prefills that will queue behind it.
+//! prefills that will queue behind it. `R_dup` is the recompute value of the second copy
+//! of a shared prefix a fork's branch holds off the prefix owner.
 //!
 //! Pure: everything the planner knows (workers' load and caches, the directory's owners,
 //! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
@@ -147,6 +148,15 @@ pub struct Weights {
     /// ν: seconds charged per second a step's compute delays a prefill that will queue
     /// behind it on the worker (`CostTerms::queue_delay_s`).
     pub nu: f64,
+    /// κ: share of a duplicate's recompute value charged when a fork's branch would make
+    /// its decode worker hold its own copy of the prefix the owner keeps serving to the
+    /// other branches copy-on-write (`CostTerms::duplicate_s`). 1: a GB of HBM is worth
+    /// the prefill it saves, so a branch spills off the prefix owner only when the owner's
+    /// load costs more than recomputing the copy. Checked on forked seed 7 (held out of the
+    /// matrix): the duplicate factor fell from 1.68–2.65 to 1.00–1.01 on 2p6d and 8h for
+    /// both models at the same p99 TTFT; 0.5 chose the same. Applied to every step it
+    /// helped some held-out SWE-smith runs and hurt others, so it applies to forks only.
+    pub kappa: f64,
 }
 
 impl Default for Weights {
@@ -156,6 +166,7 @@ impl Default for Weights {
             mu: 0.1,
             migrate_hysteresis: 10.0,
             nu: 1.0,
+            kappa: 1.0,
         }
     }
 }

@@ -177,6 +177,53 @@ fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
     );
 }
 
+/// Three branches of a fork just landed on the prefix owner; the fourth sees its short
+/// queue. A copy on the idle worker would start ~30 ms sooner but hold a second 12K-token
+/// prefix: at κ = 1 the branch stays with the prefix (copy-on-write there); without the
+/// duplicate's price it spilled (the forked rows' duplicate factor of 1.7–2.6).
+#[test]
+fn a_fork_stays_with_its_prefix_unless_load_forces_a_spill() {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 12_480;
+    o.queue_s = 0.03;
+    o.queued = 3;
+    o.decoding = 3;
+    let mut s = Scenario {
+        artifact: Some((0, 12_480)),
+        decode_owner: Some(0),
+        fork: true,
+        ..Scenario::new(12_700, vec![o, worker(1, Role::Hybrid)])
+    };
+    let p = s.plan();
+    assert_chosen(&p, Action::Colocate, 0);
+    assert_eq!(p.chosen.cost.duplicate_s, 0.0, "no copy on the owner");
+    let spill = p
+        .candidates
+        .iter()
+        .find(|c| c.decode_on == WorkerId(1))
+        .unwrap();
+    assert!(spill.cost.duplicate_s > 0.1, "{spill:#?}");
+    s.weights.kappa = 0.0;
+    assert_eq!(
+        s.plan().chosen.decode_on,
+        WorkerId(1),
+        "unpriced, it spills"
+    );
+    // A long queue on the owner is load that forces the spill, duplicate and all.
+    s.weights.kappa = 1.0;
+    s.workers[0].queue_s = 2.0;
+    assert_eq!(s.plan().chosen.decode_on, WorkerId(1));
+    // A session's own step (not a fork) pays no duplicate price.
+    s.fork = false;
+    s.workers[0].queue_s = 0.03;
+    s.decode_owner = None;
+    assert!(s
+        .plan()
+        .candidates
+        .iter()
+        .all(|c| c.cost.duplicate_s == 0.0));
+}
+
 #[test]
 fn a_resume_after_the_owner_died_recomputes_the_tail_where_the_copy_is() {
     let mut dead = worker(0, Role::Hybrid);
@@ -463,6 +510,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             mu: rng.next_f64() * 2.0,
             migrate_hysteresis: rng.next_f64() * 4.0,
             nu: rng.next_f64() * 2.0,
+            kappa: rng.next_f64() * 2.0,
         };
     }
     s

@@ -180,6 +180,9 @@ pub struct RouterSettings {
     /// ν: seconds charged per second a step's compute delays a prefill that will queue
     /// behind it on its worker.
     pub planner_nu: f64,
+    /// κ: share of its recompute value charged for the second copy of a shared prefix a
+    /// fork's branch holds off the prefix owner.
+    pub planner_kappa: f64,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill times are scaled by it before calibrating the planner.
     pub planner_time_scale: f64,
@@ -294,6 +297,7 @@ impl Default for RouterSettings {
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
             planner_nu: Weights::default().nu,
+            planner_kappa: Weights::default().kappa,
             planner_time_scale: 1.0,
             planner_calibrate: true,
             planner_links: Vec::new(),

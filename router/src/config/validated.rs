@@ -153,6 +153,7 @@ fn planner_setup(
         lambda_s_per_gb: s.planner_lambda_s_per_gb,
         mu: s.planner_mu,
         nu: s.planner_nu,
+        kappa: s.planner_kappa,
         ..Weights::default()
     };
     for (field, v) in [
@@ -160,6 +161,7 @@ fn planner_setup(
         ("planner_lambda_s_per_gb", weights.lambda_s_per_gb),
         ("planner_mu", weights.mu),
         ("planner_nu", weights.nu),
+        ("planner_kappa", weights.kappa),
     ] {
         if !(v >= 0.0 && v.is_finite()) {
             return Err(ConfigError::router(field, "must be zero or positive"));
