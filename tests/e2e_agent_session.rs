@@ -56,10 +56,15 @@ fn start() -> Fleet {
             w.url
         )
     };
+    // `planner_kappa = 0`: step 5 exercises the router's artifact-fetch path with a fork.
+    // At the default κ a fork pays for the second copy of its prefix and stays with the
+    // owner unless the owner's queue costs more than recomputing that copy, which this
+    // three-worker fleet cannot build within the test's time (that choice is the planner's
+    // unit test `a_fork_stays_with_its_prefix_unless_load_forces_a_spill`).
     let cfg = temp_config(
         "agent-session",
         &format!(
-            "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\n\
+            "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nplanner_kappa = 0\n\
              planner_gpu = \"h20\"\nplanner_link_gbs = 50\nplanner_time_scale = 10\n\
              scrape_interval_ms = 100\nownership_flush_ms = 10\n\
              session_lease_min_ms = 1000\nsession_lease_max_ms = 1000\n\n{}{}{}",
