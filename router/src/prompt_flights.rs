@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
+use tokio_util::task::TaskTracker;
 
 /// How computations run.
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +62,8 @@ pub struct PromptFlights<T, E> {
     settings: FlightSettings,
     threads: Arc<Semaphore>,
     state: Arc<Mutex<State<T, E>>>,
+    /// The computations' tasks (they outlive the requests that started them).
+    tasks: TaskTracker,
 }
 
 struct State<T, E> {
@@ -83,6 +86,7 @@ where
                 by_digest: HashMap::new(),
                 in_flight: 0,
             })),
+            tasks: TaskTracker::new(),
         }
     }
 
@@ -139,7 +143,7 @@ where
         D: FnOnce(&Arc<T>) + Send + 'static,
     {
         let (threads, state) = (self.threads.clone(), self.state.clone());
-        tokio::spawn(async move {
+        self.tasks.spawn(async move {
             let outcome = match threads.acquire_owned().await {
                 Ok(permit) => match tokio::task::spawn_blocking(move || {
                     let out = work();
@@ -207,7 +211,7 @@ mod tests {
         let mut waiting = Vec::new();
         for _ in 0..16 {
             let (f, runs, kept) = (f.clone(), runs.clone(), kept.clone());
-            waiting.push(tokio::spawn(async move {
+            waiting.push(TaskTracker::new().spawn(async move {
                 let done = move |_: &Arc<u64>| {
                     kept.fetch_add(1, Ordering::SeqCst);
                 };
@@ -273,8 +277,9 @@ mod tests {
         let f = flights(1, 2, 5_000);
         let runs = Arc::new(AtomicUsize::new(0));
         let (fa, fb, ra, rb) = (f.clone(), f.clone(), runs.clone(), runs.clone());
-        let a = tokio::spawn(async move { fa.run(1, slow(&ra, 100, 1), |_| ()).await });
-        let b = tokio::spawn(async move { fb.run(2, slow(&rb, 100, 2), |_| ()).await });
+        let tasks = TaskTracker::new();
+        let a = tasks.spawn(async move { fa.run(1, slow(&ra, 100, 1), |_| ()).await });
+        let b = tasks.spawn(async move { fb.run(2, slow(&rb, 100, 2), |_| ()).await });
         tokio::task::yield_now().await;
         assert_eq!(f.in_flight(), 2);
         let started = Instant::now();

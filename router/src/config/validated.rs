@@ -257,6 +257,21 @@ fn body_settings(s: &RouterSettings) -> BodySettings {
     }
 }
 
+/// How long prompts are computed: `tokenize_threads` (0: one per core),
+/// `max_tokenizing_prompts`, `tokenize_timeout_ms`.
+fn prompt_flights(
+    s: &RouterSettings,
+) -> Result<crate::prompt_flights::FlightSettings, ConfigError> {
+    Ok(crate::prompt_flights::FlightSettings {
+        threads: match s.tokenize_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        },
+        max: s.max_tokenizing_prompts.max(1),
+        timeout: millis("tokenize_timeout_ms", s.tokenize_timeout_ms)?,
+    })
+}
+
 fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
         return Err(ConfigError::router(field, "must be positive"));
@@ -322,14 +337,7 @@ impl RouterConfig {
                 burst: s.rate_limit_burst,
             }),
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
-            prompt_flights: crate::prompt_flights::FlightSettings {
-                threads: match s.tokenize_threads {
-                    0 => std::thread::available_parallelism().map_or(1, usize::from),
-                    n => n,
-                },
-                max: s.max_tokenizing_prompts.max(1),
-                timeout: millis("tokenize_timeout_ms", s.tokenize_timeout_ms)?,
-            },
+            prompt_flights: prompt_flights(s)?,
             tokenizers: load_tokenizers(s)?,
             workers,
             policy_settings,

@@ -101,6 +101,9 @@ impl SplitRegex {
     }
 }
 
+/// Ids, and `(byte just past, tokens up to)` per added token.
+type Encoded = (Vec<u32>, Vec<(usize, usize)>);
+
 /// The fast path for one tokenizer, when its pipeline is one this reproduces.
 #[derive(Debug)]
 pub(super) struct FastEncode {
@@ -197,7 +200,7 @@ impl FastEncode {
         tokenizer: &Tokenizer,
         text: &str,
         is_added: impl Fn(u32) -> bool,
-    ) -> tokenizers::Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    ) -> tokenizers::Result<Encoded> {
         let pre = tokenizer
             .get_added_vocabulary()
             .extract_and_normalize(tokenizer.get_normalizer(), text);
