@@ -246,3 +246,92 @@ async fn saturated_workers_get_429_with_retry_after() {
     })
     .await;
 }
+
+/// A router in front of one instant sim worker whose model `MODEL` is tokenized by the
+/// test model's own tokenizer, with long prompts computed under these limits.
+fn router_tokenizing_with(max: usize, timeout_ms: u64) -> (Proc, Proc) {
+    let worker = Proc::sim_worker(&["--instant"]);
+    let tokenizer = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../workers-shim/tests/fixtures/tokenizers/local"
+    );
+    let cfg = temp_config(
+        &format!("tokenizing-{max}-{timeout_ms}.toml"),
+        &format!(
+            "[router]\npolicy = \"kv_aware\"\ntokenize_threads = 1\nmax_tokenizing_prompts = {max}\n\
+             tokenize_timeout_ms = {timeout_ms}\n\n[router.tokenizers]\n\"{}\" = \"{tokenizer}\"\n\n\
+             [[workers]]\nurl = \"{}\"\nrole = \"decode\"\n",
+            common::MODEL,
+            worker.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    (worker, router)
+}
+
+async fn post_chat(router: &str, content: &str) -> (u16, Value) {
+    let resp = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .json(&chat_body(content, 2))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// ~170 KB of varied text: tens of milliseconds of the model tokenizer's time at least.
+fn agent_sized(tag: &str) -> String {
+    (0..6000)
+        .map(|i| format!("{tag} src/mod_{i}.rs: fn step_{i}() {{}} "))
+        .collect()
+}
+
+/// Many clients sending the same long prompt at once share one computation: with room
+/// for a single computation in flight, every one of them is served.
+#[tokio::test]
+async fn identical_long_prompts_at_once_are_tokenized_once() {
+    let (_worker, router) = router_tokenizing_with(1, 30_000);
+    let prompt = agent_sized("same");
+    let sends = (0..8).map(|_| post_chat(&router.url, &prompt));
+    for (status, body) in futures_util::future::join_all(sends).await {
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
+/// A request waits for its prompt's computation within `tokenize_timeout_ms` (then a 503
+/// `tokenize_timeout`); one more computation than `max_tokenizing_prompts` is refused at
+/// once (503 `overloaded`); and a computation whose client gave up is kept, so the retry
+/// is served at once.
+#[tokio::test]
+async fn long_prompts_wait_for_tokenizing_within_limits_and_a_given_up_one_is_kept() {
+    let (_worker, router) = router_tokenizing_with(1, 1);
+    let first = agent_sized("first");
+    let (status, body) = post_chat(&router.url, &first).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "tokenize_timeout", "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("tokenizing the prompt did not finish within 1ms"));
+    // The first computation is still running: another prompt finds no room.
+    let (status, body) = post_chat(&router.url, &agent_sized("second")).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("too many long prompts are being tokenized"));
+    // The first one's result was kept: sent again, it is served (computing it anew could
+    // not finish within 1 ms).
+    let router_url = router.url.clone();
+    eventually(
+        Duration::from_secs(30),
+        "the first prompt served from its kept computation",
+        || {
+            let (url, prompt) = (router_url.clone(), first.clone());
+            async move { post_chat(&url, &prompt).await.0 == 200 }
+        },
+    )
+    .await;
+}

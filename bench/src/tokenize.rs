@@ -109,6 +109,25 @@ pub fn run(args: TokenizeBenchArgs) -> anyhow::Result<()> {
         black_box(prompt_hashes(&t, bs, XXH3_SEED));
     });
     let (hf_scratch, _) = line("model tokenizer, from scratch", &scratch);
+    if hf.is_fast() {
+        let by_crate = time_us(n, || {
+            let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
+            let t = hf.encode_by_crate(&text, false).unwrap_or_default();
+            black_box(prompt_hashes(&t, bs, XXH3_SEED));
+        });
+        let (crate_p50, _) = line(
+            "model tokenizer by the tokenizers crate's pipeline, from scratch",
+            &by_crate,
+        );
+        say(&format!(
+            "(fast pipeline / crate's pipeline, from scratch, p50: {:.2}x)",
+            hf_scratch / crate_p50
+        ));
+    }
+    let render = time_us(n, || {
+        black_box(hf.render_chat(&json_next, None, true).unwrap_or_default());
+    });
+    line("model tokenizer, chat template render alone", &render);
     let step = time_us(n, || {
         let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
         if let Ok(t) = hf.encode_after(&prev.tokenized, text) {

@@ -25,6 +25,8 @@ pub enum ApiError {
     BodySlow { min_bytes_per_s: u64 },
     #[error("the router is overloaded: {why}; retry shortly")]
     RouterBusy { why: &'static str },
+    #[error("the router is overloaded: tokenizing the prompt did not finish within {after:?}; retry shortly")]
+    TokenizeTimeout { after: Duration },
     #[error("rate limit exceeded for this API key; retry in {retry_after_s} s")]
     RateLimited { retry_after_s: u64 },
     #[error("the model `{0}` does not exist")]
@@ -104,6 +106,12 @@ impl ApiError {
                 "server_error",
                 None,
                 "overloaded",
+            ),
+            TokenizeTimeout { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                "tokenize_timeout",
             ),
             RateLimited { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,

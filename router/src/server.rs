@@ -132,7 +132,8 @@ impl AppState {
                     calls: engines.clone(),
                     registry: registry.clone(),
                 }),
-            ),
+            )
+            .with_flights(cfg.prompt_flights),
             kv,
             cfg,
             ownership,

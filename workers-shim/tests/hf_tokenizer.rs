@@ -165,3 +165,67 @@ fn a_session_step_tokenized_from_the_last_one_equals_tokenizing_it_whole_local()
 fn a_session_step_tokenized_from_the_last_one_equals_tokenizing_it_whole_deepseek() {
     differential(&deepseek(), "deepseek");
 }
+
+/// Random text from pieces that exercise every alternative of the split patterns: words,
+/// digit runs, CJK, punctuation, whitespace runs of every kind before all of these, and
+/// added tokens.
+fn random_text(rng: &mut SplitMix64, pieces: usize) -> String {
+    const PARTS: [&str; 24] = [
+        "word",
+        " word",
+        "  word",
+        "\tword",
+        "123456",
+        " 42",
+        "日本語",
+        "ひらがな",
+        "カタカナ",
+        "!?",
+        " ...",
+        "\n",
+        "\r\n",
+        "  \n  ",
+        " \n\n",
+        "   ",
+        "\t\t",
+        "é",
+        "🚀",
+        "'s",
+        "don't",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "\u{a0}\u{2028} x",
+    ];
+    (0..pieces)
+        .map(|_| PARTS[below(rng, PARTS.len())])
+        .collect()
+}
+
+/// The faster pipeline gives the `tokenizers` crate's own ids on every text.
+fn fast_equals_crate(tok: &HfTokenizer, name: &str) {
+    assert!(tok.is_fast(), "{name}: expected the fast pipeline");
+    let mut rng = SplitMix64::new(11);
+    let mut texts: Vec<String> = (0..3000)
+        .map(|i| random_text(&mut rng, 1 + i % 40))
+        .collect();
+    texts.extend(
+        cases(name)
+            .iter()
+            .map(|c| c["text"].as_str().unwrap_or("").to_owned()),
+    );
+    for text in texts {
+        let fast = tok.encode(text.clone(), false).unwrap().tokens;
+        let slow = tok.encode_by_crate(&text, false).unwrap();
+        assert_eq!(fast, slow, "{name}: ids differ for {text:?}");
+    }
+}
+
+#[test]
+fn the_fast_pipeline_gives_the_crates_ids_local() {
+    fast_equals_crate(&local(), "local");
+}
+
+#[test]
+fn the_fast_pipeline_gives_the_crates_ids_deepseek() {
+    fast_equals_crate(&deepseek(), "deepseek");
+}

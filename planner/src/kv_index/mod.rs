@@ -482,21 +482,29 @@ impl KvIndex {
         };
         self.tick += 1;
         let tick = self.tick;
-        if let Some(node) = self.nodes.get_mut(&last) {
-            let held = node.holders.iter().any(|h| {
-                h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires)
-            });
-            if held {
+        let held = |ix: &Self, seq: u64| {
+            ix.nodes.get(&seq).is_some_and(|node| {
+                node.holders.iter().any(|h| {
+                    h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires)
+                })
+            })
+        };
+        if held(self, last) {
+            if let Some(node) = self.nodes.get_mut(&last) {
                 if node.children.is_empty() {
                     self.leaves.remove(&(node.last_used, last));
                     self.leaves.insert((tick, last));
                 }
                 node.last_used = tick;
-                return;
             }
+            return;
         }
-        let mut prev = None;
-        for &seq in hashes {
+        // A block held until `expires` was put there by an insert that refreshed its whole
+        // chain, so the blocks held so form a prefix: found in O(log n) lookups, and only
+        // the rest (a session step's new blocks) is inserted, not the whole prompt again.
+        let start = hashes.partition_point(|&seq| held(self, seq));
+        let mut prev = start.checked_sub(1).map(|i| hashes[i]);
+        for &seq in &hashes[start..] {
             let previous = self.add_holder(prev, seq, worker, Tier::Gpu, seq, Some(expires));
             if previous != Some(Some(expires)) {
                 self.expiries.push_back((expires, worker, seq));

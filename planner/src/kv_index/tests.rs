@@ -450,3 +450,26 @@ fn pruning_a_full_index_of_long_chains_touches_only_what_it_evicts() {
     // The newest chains survive whole. (The cost is measured by `ownerserve bench kv`.)
     assert_eq!(matches(&ix, &query(39, 6_250)), vec![m(W0, 6_250, 6_250)]);
 }
+
+#[test]
+fn a_session_steps_routed_insert_touches_only_its_new_blocks() {
+    let mut ix = index();
+    let step = query(5, 2000);
+    ix.insert_routed(W0, &step[..1900], 10_100, 120_000);
+    let before = ix.tick;
+    // The next step (the same prompt and 100 blocks more) within the same expiry grain:
+    // the 1,900 held blocks are found by a binary search, not walked again.
+    ix.insert_routed(W0, &step, 10_200, 120_000);
+    assert!(
+        ix.tick - before <= 101,
+        "{} blocks touched",
+        ix.tick - before
+    );
+    assert_eq!(matches(&ix, &step), vec![m(W0, 2000, 2000)]);
+    // In a later grain, the whole chain is refreshed (each block's expiry moves).
+    ix.insert_routed(W0, &step, 15_000, 120_000);
+    ix.expire(131_000);
+    assert_eq!(matches(&ix, &step), vec![m(W0, 2000, 2000)]);
+    ix.expire(136_000);
+    assert!(ix.is_empty());
+}

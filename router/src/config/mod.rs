@@ -90,6 +90,15 @@ pub struct RouterSettings {
     /// Each session's last prompt (tokens and block hashes) is kept, within this many MiB
     /// in all, so its next step hashes only the blocks it adds (0: keep none).
     pub prompt_cache_mb: usize,
+    /// Threads rendering, tokenizing and hashing long prompts (over 16 KiB) at once; 0: one
+    /// per core the router may run on.
+    pub tokenize_threads: usize,
+    /// Long prompts being tokenized or waiting for a thread at most; one more gets a 503
+    /// `overloaded` at once. Requests with the same prompt share one computation.
+    pub max_tokenizing_prompts: usize,
+    /// Longest a request waits for its prompt to be tokenized (a 503 `tokenize_timeout`
+    /// after it; the computation goes on and is kept for the next request).
+    pub tokenize_timeout_ms: u64,
     /// Per served model, the tokenizer whose tokens (and so block hashes) the router
     /// computes: a model directory with `tokenizer.json` and `tokenizer_config.json` (the
     /// engine's own), `engine` (ask the engine's `POST /tokenize` per request), or
@@ -261,6 +270,9 @@ impl Default for RouterSettings {
             rate_limit_per_s: 0.0,
             rate_limit_burst: 20.0,
             prompt_cache_mb: 256,
+            tokenize_threads: 0,
+            max_tokenizing_prompts: 256,
+            tokenize_timeout_ms: 10_000,
             tokenizers: std::collections::BTreeMap::new(),
             models: std::collections::BTreeMap::new(),
             kv_block_size: None,

@@ -47,6 +47,8 @@ pub struct RouterConfig {
     /// Per-API-key token buckets (`None`: no rate limit).
     pub rate_limit: Option<RateLimit>,
     pub prompt_cache_bytes: usize,
+    /// How long prompts are computed ([`crate::prompt_flights`]).
+    pub prompt_flights: crate::prompt_flights::FlightSettings,
     /// Models not tokenized with the built-in tokenizer, and how they are.
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
     pub workers: Vec<WorkerSpec>,
@@ -257,6 +259,21 @@ fn body_settings(s: &RouterSettings) -> BodySettings {
     }
 }
 
+/// How long prompts are computed: `tokenize_threads` (0: one per core),
+/// `max_tokenizing_prompts`, `tokenize_timeout_ms`.
+fn prompt_flights(
+    s: &RouterSettings,
+) -> Result<crate::prompt_flights::FlightSettings, ConfigError> {
+    Ok(crate::prompt_flights::FlightSettings {
+        threads: match s.tokenize_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        },
+        max: s.max_tokenizing_prompts.max(1),
+        timeout: millis("tokenize_timeout_ms", s.tokenize_timeout_ms)?,
+    })
+}
+
 fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
     if v == 0 {
         return Err(ConfigError::router(field, "must be positive"));
@@ -322,6 +339,7 @@ impl RouterConfig {
                 burst: s.rate_limit_burst,
             }),
             prompt_cache_bytes: s.prompt_cache_mb.saturating_mul(1 << 20),
+            prompt_flights: prompt_flights(s)?,
             tokenizers: load_tokenizers(s)?,
             workers,
             policy_settings,

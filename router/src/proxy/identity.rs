@@ -4,7 +4,8 @@
 //! dispatch legs, and the ownership records of the feedback stage).
 //!
 //! A session's prompt is kept for its next step, which then tokenizes and hashes only
-//! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are tokenized on the blocking pool.
+//! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
+//! hashed on the blocking pool, one computation per input at a time ([`PromptFlights`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::config::ModelTokenizer;
 use crate::error::ApiError;
 use crate::headers;
 use crate::prompt_cache::{InputDigest, PromptCache};
+use crate::prompt_flights::{FlightError, FlightSettings, PromptFlights};
 use crate::registry::{Registry, ServedModel};
 use crate::upstream::EngineCalls;
 
@@ -82,7 +84,9 @@ pub enum Hashing {
 /// Tokenizes and hashes prompts, keeping each session's last one.
 pub struct PromptHasher {
     block_size: usize,
-    cache: PromptCache,
+    cache: Arc<PromptCache>,
+    /// Long prompts' computations: one per input at a time, bounded, waited for within a limit.
+    flights: PromptFlights<HashedPrompt, PromptError>,
     /// Models not tokenized with the built-in tokenizer.
     tokenizers: BTreeMap<String, ModelTokenizer>,
     /// How `engine` models reach an engine's `/tokenize`.
@@ -106,11 +110,29 @@ struct TokenizeAnswer {
 
 /// What a model's own tokenizer is asked to tokenize.
 enum ModelInput {
-    /// A rendered chat template (its special tokens are in the text).
-    Chat(String),
+    /// A chat, to render through the template (its special tokens are in the text).
+    Chat(ChatInput),
     /// A completions prompt (the tokenizer adds its special tokens).
     Text(String),
     Tokens(Vec<u32>),
+}
+
+/// A chat's messages and tools as JSON arrays, and whether the generation prompt is added.
+struct ChatInput {
+    messages: String,
+    tools: Option<String>,
+    generation: bool,
+}
+
+impl ModelInput {
+    /// Bytes of input, what the work grows with.
+    fn size(&self) -> usize {
+        match self {
+            ModelInput::Chat(c) => c.messages.len() + c.tools.as_ref().map_or(0, String::len),
+            ModelInput::Text(t) => t.len(),
+            ModelInput::Tokens(t) => t.len() * 4,
+        }
+    }
 }
 
 impl PromptHasher {
@@ -124,10 +146,17 @@ impl PromptHasher {
     ) -> Self {
         Self {
             block_size,
-            cache: PromptCache::new(cache_bytes),
+            cache: Arc::new(PromptCache::new(cache_bytes)),
+            flights: PromptFlights::new(FlightSettings::default()),
             tokenizers,
             engines,
         }
+    }
+
+    /// Long prompts computed with these settings.
+    pub fn with_flights(mut self, settings: FlightSettings) -> Self {
+        self.flights = PromptFlights::new(settings);
+        self
     }
 
     /// The prompt's tokens as an engine serving the model tokenizes them (its
@@ -221,17 +250,22 @@ impl PromptHasher {
         let input = model_input(tokenizer, parsed)?;
         let keep = key.is_some();
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
-        let size = match &input {
-            ModelInput::Chat(t) | ModelInput::Text(t) => t.len(),
-            ModelInput::Tokens(t) => t.len() * 4,
-        };
-        let work = move || -> Result<HashedPrompt, HfTokenizerError> {
+        let size = input.size();
+        let work = move || -> Result<HashedPrompt, PromptError> {
             let mut tokenized = match (input, &prev) {
-                (ModelInput::Chat(text), Some(prev)) => {
-                    tokenizer.encode_after(&prev.tokenized, text)?
+                (ModelInput::Chat(chat), prev) => {
+                    let text = tokenizer
+                        .render_chat(&chat.messages, chat.tools.as_deref(), chat.generation)
+                        .map_err(|e| PromptError::Template(e.to_string()))?;
+                    match prev {
+                        Some(prev) => tokenizer.encode_after(&prev.tokenized, text),
+                        None => tokenizer.encode(text, false),
+                    }
+                    .map_err(PromptError::encode)?
                 }
-                (ModelInput::Chat(text), None) => tokenizer.encode(text, false)?,
-                (ModelInput::Text(text), _) => tokenizer.encode(text, true)?,
+                (ModelInput::Text(text), _) => {
+                    tokenizer.encode(text, true).map_err(PromptError::encode)?
+                }
                 (ModelInput::Tokens(tokens), _) => Tokenized::from_tokens(tokens),
             };
             if keep {
@@ -240,12 +274,7 @@ impl PromptHasher {
             let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
-        let hashed = offload(size, work)
-            .await?
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let hashed = Arc::new(hashed);
-        self.remember(key, &hashed, digest);
-        Ok(hashed)
+        self.compute(size, digest, key, work).await
     }
 
     /// The prompt's tokens and block hashes by the built-in tokenizer.
@@ -281,9 +310,38 @@ impl PromptHasher {
                 Tokenized::from_tokens(prompt.into_tokens())
             };
             let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
-            HashedPrompt { tokenized, hashes }
+            Ok(HashedPrompt { tokenized, hashes })
         };
-        let hashed = Arc::new(offload(prompt_len, work).await?);
+        self.compute(prompt_len, digest, key, work).await
+    }
+
+    /// Runs `work` (a prompt of `size` bytes) and keeps its result under `key`: here for a
+    /// small prompt, else as the one computation of its input in flight
+    /// ([`PromptFlights`]), which keeps its result even when this request has gone.
+    async fn compute(
+        &self,
+        size: usize,
+        digest: InputDigest,
+        key: Option<String>,
+        work: impl FnOnce() -> Result<HashedPrompt, PromptError> + Send + 'static,
+    ) -> Result<Arc<HashedPrompt>, ApiError> {
+        if size < OFFLOAD_PROMPT_BYTES {
+            let hashed = Arc::new(work().map_err(PromptError::into_api)?);
+            self.remember(key, &hashed, digest);
+            return Ok(hashed);
+        }
+        let (cache, leader) = (self.cache.clone(), key.clone());
+        let done = move |hashed: &Arc<HashedPrompt>| {
+            if let Some(k) = leader {
+                cache.keep(&k, hashed.clone(), digest);
+            }
+        };
+        let hashed = self
+            .flights
+            .run(digest.0, work, done)
+            .await
+            .map_err(flight_error)?;
+        // A request that joined another's computation keeps it under its own key.
         self.remember(key, &hashed, digest);
         Ok(hashed)
     }
@@ -366,17 +424,39 @@ fn hashes_of(
     }
 }
 
-/// Runs `work` here for a small prompt, on the blocking pool for a large one.
-async fn offload<T: Send + 'static>(
-    size: usize,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    if size < OFFLOAD_PROMPT_BYTES {
-        return Ok(work());
+/// Why a prompt's computation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PromptError {
+    /// The chat template refused the request (the client's error, as the engine's would be).
+    #[error("{0}")]
+    Template(String),
+    #[error("{0}")]
+    Encode(String),
+}
+
+impl PromptError {
+    fn encode(e: HfTokenizerError) -> Self {
+        PromptError::Encode(e.to_string())
     }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))
+
+    fn into_api(self) -> ApiError {
+        match self {
+            PromptError::Template(e) => ApiError::BadRequest(RequestError::chat_template(e)),
+            PromptError::Encode(e) => ApiError::Internal(e),
+        }
+    }
+}
+
+/// A computation in flight that gave no prompt, as the client's error.
+fn flight_error(e: FlightError<PromptError>) -> ApiError {
+    match e {
+        FlightError::Full { .. } => ApiError::RouterBusy {
+            why: "too many long prompts are being tokenized or waiting to be",
+        },
+        FlightError::TimedOut { after } => ApiError::TokenizeTimeout { after },
+        FlightError::Lost(e) => ApiError::Internal(format!("tokenizing failed: {e}")),
+        FlightError::Work(e) => e.into_api(),
+    }
 }
 
 /// What the model's own tokenizer tokenizes for `parsed`: its chat template rendered, or
@@ -388,14 +468,11 @@ fn model_input(
     Ok(match &parsed.prompt {
         Prompt::Chat(_) => {
             let t = &parsed.template;
-            let text = tokenizer
-                .render_chat(
-                    t.messages_json.as_deref().unwrap_or("[]"),
-                    t.tools_json.as_deref(),
-                    t.add_generation_prompt,
-                )
-                .map_err(|e| ApiError::BadRequest(RequestError::chat_template(e.to_string())))?;
-            ModelInput::Chat(text)
+            ModelInput::Chat(ChatInput {
+                messages: t.messages_json.as_deref().unwrap_or("[]").to_owned(),
+                tools: t.tools_json.as_deref().map(str::to_owned),
+                generation: t.add_generation_prompt,
+            })
         }
         Prompt::Completion(prompts) => {
             // Every token-id prompt of the batch must be in the vocabulary (the engine

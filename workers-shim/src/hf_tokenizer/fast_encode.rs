@@ -1,0 +1,302 @@
+//! A faster `encode` for byte-level BPE tokenizers whose pre-tokenizer is regex splits
+//! (DeepSeek, Llama 3, Qwen, GPT-2 and their kin), with the same ids as the `tokenizers`
+//! crate's own pipeline.
+//!
+//! That pipeline spends most of a long prompt's time in `fancy-regex` (the pattern's
+//! `\s+(?!\S)` lookahead makes it backtrack) and in the per-byte offset bookkeeping of
+//! every split. Here the added tokens are still split off by the crate itself (its
+//! `AddedVocabulary`), but the text between them is split by the `regex` crate (a DFA) and
+//! each piece goes straight to the BPE model (with its cache).
+//!
+//! The lookahead is the one construct `regex` lacks. A pattern `A|\s+(?!\S)|\s+` is run as
+//! `A|\s+`: where `A` does not match and `\s+` takes a whitespace run that a non-space
+//! follows, `\s+(?!\S)` would have given back the run's last character (unless the run is
+//! that one character, which `\s+` then takes), so the match is shortened by it. Patterns
+//! with other lookarounds, other pre-tokenizers, normalizers, truncation or padding keep
+//! the crate's pipeline. Differential tests compare both on random text.
+
+use regex::Regex;
+use regex_automata::{meta, Anchored, Input};
+use serde_json::Value;
+use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
+
+/// The crate's `ByteLevel` pre-tokenizer's own split pattern (`use_regex: true`).
+const BYTE_LEVEL_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+
+/// The whitespace lookahead this emulates, at the end of a pattern.
+const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
+
+/// One `Split` pre-tokenizer (behavior `Isolated`): every match and every gap a piece.
+#[derive(Debug)]
+struct SplitRegex {
+    /// The pattern, its lookahead tail run as `|\s+`.
+    regex: Regex,
+    /// For a pattern with the lookahead tail: its alternatives before it (`A`), to tell
+    /// whether a whitespace match is `A`'s (kept) or the tail's (maybe shortened).
+    head: Option<meta::Regex>,
+}
+
+impl SplitRegex {
+    fn new(pattern: &str) -> Option<Self> {
+        let (body, head) = match pattern.strip_suffix(LOOKAHEAD_TAIL) {
+            Some(head) => (format!(r"{head}|\s+"), Some(head)),
+            None => (pattern.to_owned(), None),
+        };
+        if ["(?=", "(?!", "(?<=", "(?<!"]
+            .iter()
+            .any(|look| body.contains(look))
+        {
+            return None;
+        }
+        Some(Self {
+            regex: Regex::new(&body).ok()?,
+            head: match head {
+                Some(h) => Some(meta::Regex::new(h).ok()?),
+                None => None,
+            },
+        })
+    }
+
+    /// Calls `f` with each piece of `s`, in order.
+    fn pieces<'s>(&self, s: &'s str, f: &mut dyn FnMut(&'s str)) {
+        let (mut prev, mut at) = (0, 0);
+        while at < s.len() {
+            let Some(m) = self.regex.find_at(s, at) else {
+                break;
+            };
+            let (start, mut end) = (m.start(), m.end());
+            if start == end {
+                // An empty match splits nothing; search on past the next character.
+                at = end + s[end..].chars().next().map_or(1, char::len_utf8);
+                continue;
+            }
+            if end < s.len() && self.tail_match(s, start, end) {
+                let last = s[start..end].chars().next_back().map_or(0, char::len_utf8);
+                if end - last > start {
+                    end -= last;
+                }
+            }
+            if prev < start {
+                f(&s[prev..start]);
+            }
+            f(&s[start..end]);
+            (prev, at) = (end, end);
+        }
+        if prev < s.len() {
+            f(&s[prev..]);
+        }
+    }
+
+    /// Whether `s[start..end]` is the lookahead tail's match (all whitespace, and `A`
+    /// matches nothing at `start`).
+    fn tail_match(&self, s: &str, start: usize, end: usize) -> bool {
+        let Some(head) = &self.head else {
+            return false;
+        };
+        s[start..end].chars().all(char::is_whitespace)
+            && head
+                .search(&Input::new(s).range(start..).anchored(Anchored::Yes))
+                .is_none()
+    }
+}
+
+/// Ids, and `(byte just past, tokens up to)` per added token.
+type Encoded = (Vec<u32>, Vec<(usize, usize)>);
+
+/// The fast path for one tokenizer, when its pipeline is one this reproduces.
+#[derive(Debug)]
+pub(super) struct FastEncode {
+    splits: Vec<SplitRegex>,
+    /// GPT-2's byte → character table of the byte-level alphabet.
+    byte_char: [char; 256],
+}
+
+/// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
+/// the characters from U+0100 on, in byte order.
+fn byte_chars() -> [char; 256] {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut out = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        out[usize::from(b)] = if printable(b) {
+            char::from(b)
+        } else {
+            let c = char::from_u32(next).unwrap_or('\0');
+            next += 1;
+            c
+        };
+    }
+    out
+}
+
+/// The split patterns of a pre-tokenizer made of `Split`s (`Isolated`, not inverted) and
+/// one final `ByteLevel` without a prefix space; `None` for anything else.
+fn split_patterns(pre: &Value) -> Option<Vec<String>> {
+    let steps = match pre.get("type")?.as_str()? {
+        "Sequence" => pre.get("pretokenizers")?.as_array()?.clone(),
+        _ => vec![pre.clone()],
+    };
+    let (last, splits) = steps.split_last()?;
+    let byte_level =
+        last.get("type")?.as_str()? == "ByteLevel" && !last.get("add_prefix_space")?.as_bool()?;
+    if !byte_level {
+        return None;
+    }
+    let mut patterns = Vec::new();
+    for s in splits {
+        let isolated = s.get("type")?.as_str()? == "Split"
+            && s.get("behavior")?.as_str()? == "Isolated"
+            && !s.get("invert")?.as_bool()?;
+        if !isolated {
+            return None;
+        }
+        patterns.push(s.get("pattern")?.get("Regex")?.as_str()?.to_owned());
+    }
+    if last.get("use_regex")?.as_bool()? {
+        patterns.push(BYTE_LEVEL_PATTERN.to_owned());
+    }
+    Some(patterns)
+}
+
+impl FastEncode {
+    /// The fast path for the tokenizer read from `json` (its `tokenizer.json`), if its
+    /// pipeline is one this reproduces: no normalizer (or an empty sequence), a BPE model
+    /// without dropout, no truncation or padding, and regex splits then byte-level.
+    pub(super) fn for_tokenizer(json: &Value) -> Option<Self> {
+        let no_normalizer = match json.get("normalizer") {
+            None | Some(Value::Null) => true,
+            Some(n) => {
+                n.get("type")?.as_str()? == "Sequence"
+                    && n.get("normalizers")?.as_array()?.is_empty()
+            }
+        };
+        let model = json.get("model")?;
+        let bpe = model.get("type")?.as_str()? == "BPE"
+            && model.get("dropout").is_none_or(Value::is_null)
+            && !model
+                .get("byte_fallback")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+        let plain = json.get("truncation").is_none_or(Value::is_null)
+            && json.get("padding").is_none_or(Value::is_null);
+        if !(no_normalizer && bpe && plain) {
+            return None;
+        }
+        let splits = split_patterns(json.get("pre_tokenizer")?)?
+            .iter()
+            .map(|p| SplitRegex::new(p))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self {
+            splits,
+            byte_char: byte_chars(),
+        })
+    }
+
+    /// The ids of `text` (no special tokens added) and, per added token, the byte just
+    /// past it and the tokens up to it (`is_added` tells which ids are added tokens).
+    pub(super) fn encode(
+        &self,
+        tokenizer: &Tokenizer,
+        text: &str,
+        is_added: impl Fn(u32) -> bool,
+    ) -> tokenizers::Result<Encoded> {
+        let pre = tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        let model = tokenizer.get_model();
+        let mut ids = Vec::with_capacity(text.len() / 3 + 1);
+        let mut checkpoints = Vec::new();
+        let mut mapped = String::new();
+        let mut failed = None;
+        for (part, (_, end), tokens) in
+            pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            if let Some(tokens) = tokens {
+                for t in tokens {
+                    ids.push(t.id);
+                    if is_added(t.id) {
+                        checkpoints.push((end, ids.len()));
+                    }
+                }
+                continue;
+            }
+            self.each_piece(part, 0, &mut |piece| {
+                mapped.clear();
+                mapped.extend(piece.bytes().map(|b| self.byte_char[usize::from(b)]));
+                match model.tokenize(&mapped) {
+                    Ok(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                    Err(e) => failed = failed.take().or(Some(e)),
+                }
+            });
+            if let Some(e) = failed.take() {
+                return Err(e);
+            }
+        }
+        Ok((ids, checkpoints))
+    }
+
+    /// Splits `s` by the patterns from `level` on, calling `f` with each final piece.
+    fn each_piece<'s>(&self, s: &'s str, level: usize, f: &mut dyn FnMut(&'s str)) {
+        match self.splits.get(level) {
+            None => f(s),
+            Some(split) => split.pieces(s, &mut |p| self.each_piece(p, level + 1, f)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces(pattern: &str, s: &str) -> Vec<String> {
+        let split = SplitRegex::new(pattern).unwrap();
+        let mut out = Vec::new();
+        split.pieces(s, &mut |p| out.push(p.to_owned()));
+        out
+    }
+
+    #[test]
+    fn the_whitespace_lookahead_gives_back_a_runs_last_space_to_the_next_word() {
+        let p = BYTE_LEVEL_PATTERN;
+        assert_eq!(pieces(p, "a   b"), ["a", "  ", " b"]);
+        assert_eq!(pieces(p, "a \tb"), ["a", " ", "\t", "b"]);
+        assert_eq!(pieces(p, "a b"), ["a", " b"]);
+        assert_eq!(pieces(p, "a   "), ["a", "   "]);
+        assert_eq!(pieces(p, "  1"), [" ", " 1"]);
+        // `\s*[\r\n]+` (DeepSeek's) takes a run ending in a newline as it is.
+        let ds =
+            r"[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        assert_eq!(pieces(ds, "x  \n  y"), ["x", "  \n", " ", " y"]);
+        assert_eq!(pieces(ds, "x \n\n"), ["x", " \n\n"]);
+    }
+
+    #[test]
+    fn other_lookarounds_and_other_pipelines_keep_the_crates_own() {
+        assert!(SplitRegex::new(r"a(?=b)|\s+").is_none());
+        assert!(SplitRegex::new(r"\p{N}{1,3}").is_some());
+        let json = |pre: Value| serde_json::json!({"model": {"type": "BPE"}, "pre_tokenizer": pre});
+        let metaspace = json(serde_json::json!({"type": "Metaspace"}));
+        assert!(FastEncode::for_tokenizer(&metaspace).is_none());
+        let gpt2 = json(
+            serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}),
+        );
+        assert!(FastEncode::for_tokenizer(&gpt2).is_some());
+        let prefixed = json(
+            serde_json::json!({"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}),
+        );
+        assert!(FastEncode::for_tokenizer(&prefixed).is_none());
+    }
+
+    #[test]
+    fn the_byte_alphabet_is_gpt2s() {
+        let table = byte_chars();
+        assert_eq!(table[usize::from(b'a')], 'a');
+        assert_eq!(table[usize::from(b' ')], 'Ġ');
+        assert_eq!(table[usize::from(b'\n')], 'Ċ');
+        let mut sorted = table.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 256);
+    }
+}
