@@ -65,10 +65,30 @@ ROUTING_BAR = 0.95
 MAX_MODEL_LEN = 65536
 
 
+_PORTS_GIVEN = set()
+
+
+class EngineExited(Exception):
+    """An engine process ended while the suite waited for it."""
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up on Linux), never handed
+    out twice. A port the kernel hands out (bind to 0) can be taken again, by any outgoing
+    connection, in the minutes before a starting engine binds it: a NIXL side-channel port
+    was lost that way (`Address already in use`, the engine hung)."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port in _PORTS_GIVEN:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("0.0.0.0", port))
+        except OSError:
+            continue
+        _PORTS_GIVEN.add(port)
+        return port
 
 
 def http(method, url, body=None, headers=None, timeout=120):
@@ -99,6 +119,8 @@ def wait_for(what, probe, deadline_s, every_s=1.0):
             last = probe()
             if last:
                 return last
+        except EngineExited:
+            raise
         except Exception as e:  # a server still starting refuses connections
             last = e
         time.sleep(every_s)
@@ -139,6 +161,12 @@ class Engine:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+
+    def up_or_exited(self):
+        """True once `/health` answers 200; raises at once if the engine process exited."""
+        if self.proc.poll() is not None:
+            raise EngineExited(f"engine {self.name} exited with {self.proc.returncode}")
+        return ok_status(self.url + "/health")()
 
     def worker_toml(self, role="hybrid"):
         return (f'[[workers]]\nname = "{self.name}"\nurl = "{self.url}"\nrole = "{role}"\n'
@@ -612,7 +640,7 @@ class Suite:
         engines = [Engine(f"e{i}", self.args.venv, model_dir, self.log_dir) for i in range(3)]
         try:
             for e in engines:
-                wait_for(f"engine {e.name}", ok_status(e.url + "/health"), 900, 2)
+                wait_for(f"engine {e.name}", e.up_or_exited, 900, 2)
             print(f"3 real vLLM engines up in {time.time() - started:.0f} s "
                   f"(logs in {self.log_dir})", flush=True)
             self.steps(engines)
