@@ -432,7 +432,9 @@ class Suite:
                     "cached_tokens") or 0
                 ids = {w["name"]: w["id"] for w in plan.get("workers", [])}
                 reused = max((c2.get("reused_tokens", 0) for c2 in plan.get("candidates", [])
-                              if c2.get("action") == "colocate"
+                              # Computed on the holder from its own cache: colocate, or a
+                              # tail recompute when the planner names the reuse so.
+                              if c2.get("action") in ("colocate", "tail_recompute")
                               and c2.get("compute_on") == ids.get(holder)), default=None)
                 total += 1
                 on_holder += h.get("x-ownerserve-worker") == holder

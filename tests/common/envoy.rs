@@ -203,18 +203,25 @@ fn clusters(spec: &GatewaySpec<'_>) -> String {
 }
 
 impl Envoy {
-    /// How many EPP replicas the gateway counts healthy now (its gRPC health checks, read
-    /// off its admin `/clusters`).
-    pub async fn healthy_epps(&self) -> usize {
+    /// The gateway's admin `/clusters` text: per-host health flags and counters (empty
+    /// while the admin port does not answer).
+    pub async fn clusters(&self) -> String {
         let Ok(resp) = super::client()
             .get(format!("{}/clusters", self.admin))
             .send()
             .await
         else {
-            return 0;
+            return String::new();
         };
-        let text = resp.text().await.unwrap_or_default();
-        text.lines()
+        resp.text().await.unwrap_or_default()
+    }
+
+    /// How many EPP replicas the gateway counts healthy now (its gRPC health checks, read
+    /// off its admin `/clusters`).
+    pub async fn healthy_epps(&self) -> usize {
+        self.clusters()
+            .await
+            .lines()
             .filter(|l| l.starts_with("epp::") && l.ends_with("::health_flags::healthy"))
             .count()
     }
@@ -222,14 +229,7 @@ impl Envoy {
     /// A per-host counter of the EPP replica on `port` as the gateway keeps it (`rq_active`:
     /// its ext_proc streams open now; `rq_total`: streams it was sent).
     pub async fn epp_stat(&self, port: u16, stat: &str) -> u64 {
-        let text = super::client()
-            .get(format!("{}/clusters", self.admin))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.clusters().await;
         let key = format!("epp::127.0.0.1:{port}::{stat}::");
         text.lines()
             .find_map(|l| l.strip_prefix(&key))
@@ -242,14 +242,7 @@ impl Envoy {
         let deadline = Instant::now() + Duration::from_secs(20);
         let flag = format!("epp::127.0.0.1:{port}::health_flags::healthy");
         loop {
-            let text = super::client()
-                .get(format!("{}/clusters", self.admin))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let text = self.clusters().await;
             if text.lines().any(|l| l == flag) == healthy {
                 return;
             }
@@ -267,14 +260,7 @@ impl Envoy {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.healthy_epps().await != n {
             if Instant::now() > deadline {
-                let clusters = super::client()
-                    .get(format!("{}/clusters", self.admin))
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap();
+                let clusters = self.clusters().await;
                 panic!("the gateway never counted {n} EPP replicas healthy:\n{clusters}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

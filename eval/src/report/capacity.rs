@@ -140,22 +140,25 @@ mod tests {
     use crate::scenario::WorkloadSpec;
     use ownerserve_shim::sim::config::SimSettings;
 
+    /// `n` SWE-smith sessions arriving at 50/s, three steps each: small enough to search.
+    fn short_swe_smith(n: usize) -> Result<Workload, WorkloadError> {
+        let mut wl = WorkloadSpec {
+            workload: "swe-smith".into(),
+            sessions: Some(n),
+            rate: 50.0,
+            ..WorkloadSpec::default()
+        }
+        .build()?;
+        for s in &mut wl.sessions {
+            s.steps.truncate(3);
+        }
+        Ok(wl)
+    }
+
     #[test]
     fn the_search_brackets_the_slo() {
         let cluster = Cluster::parse("1h", &SimSettings::default()).expect("cluster");
-        let build = |n: usize| {
-            let mut wl = WorkloadSpec {
-                workload: "swe-smith".into(),
-                sessions: Some(n),
-                rate: 50.0,
-                ..WorkloadSpec::default()
-            }
-            .build()?;
-            for s in &mut wl.sessions {
-                s.steps.truncate(3);
-            }
-            Ok(wl)
-        };
+        let build = short_swe_smith;
         let opts = SimOptions::default();
         let search = |slo_s| CapacitySearch::new(slo_s, 16);
         let none = max_sessions(&build, &cluster, "round_robin", search(1e-6), &opts, None);
@@ -177,19 +180,7 @@ mod tests {
     #[test]
     fn a_known_count_starts_the_search_at_a_real_boundary() {
         let cluster = Cluster::parse("1h", &SimSettings::default()).expect("cluster");
-        let build = |n: usize| {
-            let mut wl = WorkloadSpec {
-                workload: "swe-smith".into(),
-                sessions: Some(n),
-                rate: 50.0,
-                ..WorkloadSpec::default()
-            }
-            .build()?;
-            for s in &mut wl.sessions {
-                s.steps.truncate(3);
-            }
-            Ok(wl)
-        };
+        let build = short_swe_smith;
         let opts = SimOptions::default();
         let search = CapacitySearch::new(0.5, 16);
         let runs = |n: usize| {
