@@ -498,9 +498,8 @@ async fn a_router_records_ownership_in_a_remote_cluster() {
     }
 }
 
-#[tokio::test]
-async fn a_follower_forwards_writes_to_the_leader() {
-    let c = Cluster::start(3, "forward");
+/// A write sent to a follower is forwarded to the leader and answered.
+async fn a_follower_grants_a_lease(c: &Cluster) {
     let leader = c.leader().await;
     let follower = (1..=3).find(|i| *i != leader).unwrap();
     let resp = client()
@@ -514,6 +513,12 @@ async fn a_follower_forwards_writes_to_the_leader() {
     assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
 }
 
+#[tokio::test]
+async fn a_follower_forwards_writes_to_the_leader() {
+    let c = Cluster::start(3, "forward");
+    a_follower_grants_a_lease(&c).await;
+}
+
 /// Peers named by DNS (`--peer 2=localhost:PORT`, as a StatefulSet's pods name theirs:
 /// `ownerserve-directory-1.ownerserve-directory:7000`): the nodes reach each other by name,
 /// elect a leader and a follower forwards a write to it.
@@ -525,17 +530,7 @@ async fn peers_named_by_dns_form_a_cluster() {
         client_id: 7,
         seq: 0,
     };
-    let leader = c.leader().await;
-    let follower = (1..=3).find(|i| *i != leader).unwrap();
-    let resp = client()
-        .post(format!("{}/directory/v1/commands", c.url(follower)))
-        .json(&json!({"command": {"GrantLease": {"worker": 3, "ttl_ms": 60_000}}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let v: Value = resp.json().await.unwrap();
-    assert!(v["outcome"]["LeaseGranted"]["lease"].is_u64(), "{v}");
+    a_follower_grants_a_lease(&c).await;
 }
 
 /// The Raft term node `i` reports (through the cluster secret).
