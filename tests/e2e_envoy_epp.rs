@@ -44,17 +44,6 @@ async fn step(gateway: &str, session: &str, i: usize) -> Result<String, u16> {
     Ok(resp.headers()["x-served-by"].to_str().unwrap().to_owned())
 }
 
-/// Every session's owner (directory worker id).
-async fn owners(api: &str) -> BTreeMap<String, u64> {
-    let s = get_json(&format!("{api}/admin/v1/sessions")).await;
-    s["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| Some((r["id"].as_str()?.to_owned(), r["owner"]["worker"].as_u64()?)))
-        .collect()
-}
-
 /// Two replicas of `ownerserve epp` sharing the directory `nodes` (config file `name`, one
 /// per test: the tests run at once), in front of `flags`' workers, each with `extra` flags,
 /// ready (workers healthy).
@@ -203,7 +192,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
     eventually(Duration::from_secs(10), "every session recorded", || {
         let url = url.clone();
         async move {
-            owners(&url)
+            common::session_owners(&url)
                 .await
                 .keys()
                 .filter(|k| k.starts_with("gw-"))
@@ -212,7 +201,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         }
     })
     .await;
-    let owned = owners(&api).await;
+    let owned = common::session_owners(&api).await;
     for (session, at) in &served {
         let owner = owned[session] as usize;
         assert_eq!(
@@ -237,7 +226,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         || {
             let url = url.clone();
             async move {
-                let o = owners(&url).await;
+                let o = common::session_owners(&url).await;
                 (0..5).all(|s| o.get(&format!("gw-subset-{s}")) == Some(&only_id))
             }
         },

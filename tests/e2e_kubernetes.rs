@@ -82,17 +82,6 @@ async fn step(router: &str, session: &str, text: &str) -> String {
         .to_owned()
 }
 
-/// The directory's owner (worker id) of each session.
-async fn owners(router: &str) -> std::collections::BTreeMap<String, u64> {
-    let s = get_json(&format!("{router}/admin/v1/sessions")).await;
-    s["sessions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| Some((r["id"].as_str()?.to_owned(), r["owner"]["worker"].as_u64()?)))
-        .collect()
-}
-
 fn long(tag: &str) -> String {
     (0..60).map(|i| format!("{tag} word {i} ")).collect()
 }
@@ -156,10 +145,10 @@ async fn discovered_pods_join_leave_and_hand_their_sessions_over() {
     let n = sessions.len();
     eventually(Duration::from_secs(10), "sessions recorded", || {
         let url = url.clone();
-        async move { owners(&url).await.len() == n }
+        async move { common::session_owners(&url).await.len() == n }
     })
     .await;
-    let before = owners(&url).await;
+    let before = common::session_owners(&url).await;
     let gone = served[0].clone();
     let t = Instant::now();
     fake.delete(&gone);
@@ -184,7 +173,7 @@ async fn discovered_pods_join_leave_and_hand_their_sessions_over() {
         || {
             let (url, before, moved) = (url2.clone(), before.clone(), moved.clone());
             async move {
-                let after = owners(&url).await;
+                let after = common::session_owners(&url).await;
                 moved
                     .iter()
                     .all(|s| after.get(s).is_some_and(|o| Some(o) != before.get(s)))

@@ -238,6 +238,17 @@ pub async fn get_json(url: &str) -> serde_json::Value {
         .unwrap()
 }
 
+/// The directory's owner (worker id) of every session, as the router at `api` lists them.
+pub async fn session_owners(api: &str) -> std::collections::BTreeMap<String, u64> {
+    let s = get_json(&format!("{api}/admin/v1/sessions")).await;
+    s["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| Some((r["id"].as_str()?.to_owned(), r["owner"]["worker"].as_u64()?)))
+        .collect()
+}
+
 /// GETs `url` (with the admin token: routers keep `/metrics` behind it) as text.
 pub async fn get_text(url: &str) -> String {
     client()
