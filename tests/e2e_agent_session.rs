@@ -400,8 +400,17 @@ async fn a_coding_agent_session_exercises_all_five_actions() {
     let received_before = fleet
         .worker_metric(&owner, "ownerserve_kv_received_bytes_total")
         .await;
+    let placed = |text: &str, p: &str| {
+        metric(text, &format!("ownerserve_session_steps_total{{placement=\"{p}\"}}"))
+    };
+    let before = get_text(&format!("{router}/metrics")).await;
     let (_, computed, _) = fleet.step(&chat(&turns, 1), false, "tail_recompute").await;
     assert!(computed < 64, "only the tail is recomputed: {computed}");
+    // The resume counts against the owner of its sealed prefix, not as an unowned step.
+    let after = get_text(&format!("{router}/metrics")).await;
+    for (p, more) in [("owner", 1.0), ("elsewhere", 0.0), ("unowned", 0.0)] {
+        assert_eq!(placed(&after, p) - placed(&before, p), more, "{p} steps");
+    }
     assert_eq!(
         fleet
             .worker_metric(&owner, "ownerserve_kv_received_bytes_total")

@@ -1,6 +1,9 @@
 //! Logs: `tracing` events to stderr, as text or as JSON lines (one object per event, with
 //! the request span's fields such as `request_id`), filtered by `OWNERSERVE_LOG`
-//! (`info` by default; e.g. `OWNERSERVE_LOG=debug,openraft=warn`).
+//! (`info,openraft=error` by default: the embedded directory's Raft library logs every
+//! election and membership step at INFO, and warns on each answer its caller stopped
+//! waiting for, which the directory client already reports; e.g.
+//! `OWNERSERVE_LOG=debug,openraft=warn`).
 
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
@@ -16,10 +19,13 @@ pub enum LogFormat {
     Json,
 }
 
+/// The filter when `OWNERSERVE_LOG` is unset.
+const DEFAULT_FILTER: &str = "info,openraft=error";
+
 /// Installs the process's subscriber (once; later calls change nothing).
 pub fn init(format: LogFormat) {
     let filter =
-        EnvFilter::try_from_env("OWNERSERVE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+        EnvFilter::try_from_env("OWNERSERVE_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -124,7 +124,8 @@ assert sum(i.startswith("ses_") for i in ids) == 1, ids  # OpenCode names its se
 assert all(s["prefix"] is not None for s in sessions), sessions
 print("one session per agent conversation:", ", ".join(ids))
 '
-# Every step of a session whose owner the directory knew ran on that owner (needs a
+# Every step of a session whose owner the directory knew ran on that owner, or, for a
+# session demoted after its idle lease, on the owner of its sealed prefix (needs a
 # policy that reads the directory: `ownerserve`, as in `up`).
 curl -sf "$base/metrics" -H "authorization: Bearer $token" | python3 -c '
 import sys

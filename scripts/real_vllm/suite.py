@@ -34,6 +34,7 @@ with an owner on it (`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_vllm/suite.py --ownerserve target/debug/ownerserve --venv VENV
+       [--only agents]
 """
 import argparse
 import json
@@ -667,6 +668,8 @@ class Suite:
 
     def steps(self, engines):
         e0, e1, e2 = engines
+        if self.args.only == "agents":
+            return self.agents(engines)
         every = "".join(e.worker_toml() for e in engines)
         own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
                           f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
@@ -714,6 +717,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", required=True)
+    ap.add_argument("--only", choices=["agents"],
+                    help="run only this step against fresh engines (to reproduce one failure)")
     return Suite(ap.parse_args()).run()
 
 

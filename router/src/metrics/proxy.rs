@@ -24,14 +24,15 @@ pub const COST_TERMS: [&str; 6] = [
     "interference",
 ];
 
-/// Where a step of a session ran, against the directory's decode owner.
+/// Where a step of a session ran, against the directory's decode owner (for a demoted
+/// session, the owner of its sealed prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
     /// On the owner (an owner hit).
     Owner,
     /// Elsewhere (a move, a fork off the owner, or a fallback).
     Elsewhere,
-    /// The directory knew no owner for the session yet.
+    /// The directory knew no owner for the session yet (its first step).
     Unowned,
 }
 
@@ -109,7 +110,7 @@ impl ProxyMetrics {
             session_steps: counter_vec(
                 registry,
                 "ownerserve_session_steps_total",
-                "Routed steps of sessions, by where they ran against the directory's decode owner (owner, elsewhere, unowned).",
+                "Routed steps of sessions, by where they ran against the directory's decode owner, or a demoted session's sealed-prefix owner (owner, elsewhere, unowned).",
                 &["placement"],
             )?,
             kv_moved: counter_vec(

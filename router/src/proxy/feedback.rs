@@ -94,7 +94,13 @@ fn observe(
         st.metrics.decided(plan, st.cfg.planner.weights);
     }
     if session.is_some() && st.policy.needs().directory {
-        st.metrics.session_step(match view.lookup.owner {
+        // A demoted session (known to the directory, its owner dropped after an idle lease)
+        // is held by the owner of its sealed prefix: its resume belongs there.
+        let lookup = &view.lookup;
+        let home = lookup
+            .owner
+            .or_else(|| lookup.epoch.and(lookup.artifact.as_ref().map(|a| a.owner)));
+        st.metrics.session_step(match home {
             Some(owner) if owner == decision.worker => Placement::Owner,
             Some(_) => Placement::Elsewhere,
             None => Placement::Unowned,
