@@ -16,15 +16,16 @@ use ownerserve_ownership::command::{checkpoints_of, ArtifactSpec};
 use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
-use ownerserve_ownership::{Command, Outcome};
+use ownerserve_ownership::command::MAX_BATCH;
+use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 
 use crate::registry::Registry;
 use ownerserve_ownership::node::DirectoryClient;
 
-/// Most records kept while their worker waits for a lease.
-const MAX_WAITING: usize = 10_000;
+/// Most records kept while their worker waits for a lease (beyond, dropped and counted).
+const MAX_WAITING: usize = 1024;
 /// Most records queued for the sync task. While the directory is down the task waits on
 /// it and the queue fills; past this, records are dropped and counted, so an outage costs
 /// ownership records, never the router's memory (each record holds a prompt's tokens).
@@ -279,36 +280,37 @@ async fn run(
     mut rx: mpsc::Receiver<Routed>,
     shared: Leases,
 ) {
-    let ttl_ms = s.lease_ttl.as_millis() as u64;
     let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
     let every = (s.lease_ttl / 3).max(Duration::from_millis(50));
     let mut renew = tokio::time::interval(every);
     let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
     let mut pending: Vec<Routed> = Vec::new();
+    // One round of renewals at a time, off this loop: a directory slow to commit (an
+    // election, a starved or fsync-bound leader) must not stop records from flowing, nor
+    // one slow flush delay the renewals until the leases lapse.
+    let (renewed_tx, mut renewed_rx) = mpsc::channel::<Vec<Renewal>>(1);
+    let mut renewing = false;
     loop {
         tokio::select! {
             r = rx.recv() => match r {
                 Some(r) => pending.push(r),
                 None => return,
             },
-            _ = renew.tick() => {
-                // Renew healthy workers' leases (grant one to a healthy worker without), all
-                // at once and each within a renewal period, so one slow answer (an election)
-                // cannot let the others lapse.
-                let mut renewals = tokio::task::JoinSet::new();
-                for w in registry.all().iter().filter(|w| w.is_healthy()) {
-                    let (client, known, id) = (client.clone(), leases.get(&w.id).copied(), w.id);
-                    let name = w.spec.name.clone();
-                    renewals.spawn(async move {
-                        let kept = keep_or_grant(&*client, known, id, ttl_ms);
-                        (id, name, tokio::time::timeout(every, kept).await.ok().flatten())
-                    });
-                }
-                while let Some(Ok((id, name, lease))) = renewals.join_next().await {
+            _ = renew.tick(), if !renewing => {
+                renewing = true;
+                let round = renewal_round(&client, &registry, &leases, s.lease_ttl);
+                let tx = renewed_tx.clone();
+                tokio::spawn(async move {
+                    let _ = tx.send(round.await).await;
+                });
+            }
+            Some(round) = renewed_rx.recv() => {
+                renewing = false;
+                for Renewal { worker, name, lease } in round {
                     match lease {
                         Some(lease) => {
-                            leases.insert(id, lease);
-                            shared.lock().unwrap_or_else(|e| e.into_inner()).insert(id, lease);
+                            leases.insert(worker, lease);
+                            shared.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, lease);
                         }
                         None => tracing::warn!(worker = %name, "no directory lease"),
                     }
@@ -323,25 +325,118 @@ async fn run(
                 let (ready, waiting): (Vec<Routed>, Vec<Routed>) =
                     pending.drain(..).partition(|r| leases.contains_key(&r.worker));
                 pending = waiting;
+                let lapsed = write_records(&*client, ready, &leases, s.block_size).await;
+                for (worker, lease, records) in lapsed {
+                    // The directory ended the lease (it was not renewed in time): the next
+                    // round grants a new one, and these records wait for it.
+                    if leases.get(&worker) == Some(&lease) {
+                        leases.remove(&worker);
+                    }
+                    pending.extend(records);
+                }
                 if pending.len() > MAX_WAITING {
                     let dropped = pending.len() - MAX_WAITING;
                     pending.drain(..dropped);
+                    s.dropped.inc_by(dropped as u64);
                     tracing::warn!(dropped, "ownership records dropped: no directory lease yet");
-                }
-                let commands: Vec<Command> = ready
-                    .iter()
-                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(r, l, s.block_size)))
-                    .flatten()
-                    .collect();
-                for chunk in commands.chunks(ownerserve_ownership::command::MAX_BATCH) {
-                    let batch = Command::Batch { commands: chunk.to_vec() };
-                    if let Err(e) = client.write(batch).await {
-                        tracing::warn!(error = %e, "ownership records not committed");
-                    }
                 }
             }
         }
     }
+}
+
+/// One worker's renewal: its lease, or `None` when none was kept or granted in time.
+struct Renewal {
+    worker: WorkerId,
+    name: String,
+    lease: Option<LeaseId>,
+}
+
+/// Renews every healthy worker's lease (grants one to a healthy worker without) at once,
+/// each allowed the lease's whole life: one slow answer cannot hold up the others, and a
+/// renewal that is merely slow still counts.
+fn renewal_round(
+    client: &Arc<dyn DirectoryClient>,
+    registry: &Registry,
+    leases: &HashMap<WorkerId, LeaseId>,
+    ttl: Duration,
+) -> impl std::future::Future<Output = Vec<Renewal>> + Send + 'static {
+    let mut renewals = tokio::task::JoinSet::new();
+    for w in registry.all().iter().filter(|w| w.is_healthy()) {
+        let (client, known, worker) = (client.clone(), leases.get(&w.id).copied(), w.id);
+        let name = w.spec.name.clone();
+        let ttl_ms = ttl.as_millis() as u64;
+        renewals.spawn(async move {
+            let kept = keep_or_grant(&*client, known, worker, ttl_ms);
+            let lease = tokio::time::timeout(ttl, kept).await.ok().flatten();
+            Renewal { worker, name, lease }
+        });
+    }
+    async move {
+        let mut round = Vec::new();
+        while let Some(Ok(r)) = renewals.join_next().await {
+            round.push(r);
+        }
+        round
+    }
+}
+
+/// Writes the records' commands in batches; returns, per lease the directory no longer
+/// knows or let expire, the records refused for it (the rest are written or refused for
+/// good, e.g. fencing, and done).
+async fn write_records(
+    client: &dyn DirectoryClient,
+    ready: Vec<Routed>,
+    leases: &HashMap<WorkerId, LeaseId>,
+    block_size: usize,
+) -> Vec<(WorkerId, LeaseId, Vec<Routed>)> {
+    // Whole records per batch, so a refusal maps back to the records it touched.
+    let mut batches: Vec<(Vec<Command>, Vec<(Routed, LeaseId, usize)>)> = Vec::new();
+    for r in ready {
+        let Some(&lease) = leases.get(&r.worker) else {
+            continue;
+        };
+        let commands = commands_for(&r, lease, block_size);
+        let n = commands.len();
+        match batches.last_mut() {
+            Some((batch, of)) if batch.len() + n <= MAX_BATCH => {
+                batch.extend(commands);
+                of.push((r, lease, n));
+            }
+            _ => batches.push((commands, vec![(r, lease, n)])),
+        }
+    }
+    let mut lapsed: Vec<(WorkerId, LeaseId, Vec<Routed>)> = Vec::new();
+    for (batch, of) in batches {
+        let outcomes = match client.write(Command::Batch { commands: batch }).await {
+            Ok(Outcome::Batch { outcomes }) => outcomes,
+            Ok(other) => {
+                tracing::warn!(outcome = ?other, "ownership records refused");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ownership records not committed");
+                continue;
+            }
+        };
+        let mut outcomes = outcomes.into_iter();
+        for (r, lease, n) in of {
+            let refused = outcomes.by_ref().take(n).any(|o| {
+                matches!(
+                    o,
+                    Outcome::Rejected(Rejection::UnknownLease(_) | Rejection::LeaseExpired(_))
+                )
+            });
+            if !refused {
+                continue;
+            }
+            match lapsed.iter_mut().find(|(_, l, _)| *l == lease) {
+                Some((_, _, records)) => records.push(r),
+                None => lapsed.push((r.worker, lease, vec![r])),
+            }
+        }
+    }
+    lapsed
 }
 
 #[cfg(test)]
@@ -422,21 +517,112 @@ mod tests {
             &tracker,
             cancel.clone(),
         );
-        // The task takes its first lease round and hangs on the directory.
+        // The task takes its first lease round, which hangs on the directory.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let sent = MAX_QUEUED + 1000;
+        let sent = MAX_QUEUED + MAX_WAITING + 5000;
         for _ in 0..sent {
             sync.record(routed(64, Some("s"), Effects::default()));
+            tokio::task::yield_now().await;
         }
-        // Before, all of them stayed queued, each with its prompt, for as long as the outage.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Before, all of them stayed queued, each with its prompt, for as long as the outage;
+        // now at most a full queue and the records waiting for a lease are kept.
         let kept = sent as u64 - dropped.get();
-        assert!(
-            (MAX_QUEUED as u64..=MAX_QUEUED as u64 + 1).contains(&kept),
-            "kept {kept}"
-        );
+        let bound = (MAX_QUEUED + MAX_WAITING) as u64;
+        assert!(kept >= MAX_WAITING as u64 && kept <= bound, "kept {kept} of {sent}");
         cancel.cancel();
         tracker.close();
         tracker.wait().await;
+    }
+
+    /// A lease the directory ended before a flush (not renewed in time on a starved
+    /// machine): the records refused for it wait for the next lease instead of being lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
+        use crate::config::WorkerSpec;
+        use ownerserve_ownership::node::metrics::DirectoryMetrics;
+        use ownerserve_ownership::node::{Embedded, Node, NodeSettings};
+        use ownerserve_planner::ids::{EngineKind, Role};
+        let data_dir = std::env::temp_dir().join(format!(
+            "ownerserve-sync-lapse-{}-{}",
+            std::process::id(),
+            line!()
+        ));
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let node = Node::start(
+            NodeSettings {
+                id: 1,
+                data_dir: data_dir.clone(),
+                nodes: [(1, openraft::BasicNode::new("127.0.0.1:0"))].into(),
+                init: true,
+                grace_ms: 0,
+                tick_ms: 50,
+                metrics: DirectoryMetrics::register(&prometheus::Registry::new()).unwrap(),
+                cluster_secret: None,
+            },
+            &tracker,
+            &cancel,
+        )
+        .await
+        .unwrap();
+        let client: Arc<dyn DirectoryClient> = Arc::new(Embedded(node));
+        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
+            "w",
+            "http://127.0.0.1:1",
+            Role::Hybrid,
+            EngineKind::Sim,
+        )]));
+        registry.all()[0].mark_healthy(vec!["m".into()]);
+        let worker = registry.all()[0].id;
+        let settings = SyncSettings {
+            lease_ttl: Duration::from_secs(3),
+            flush_every: Duration::from_millis(5),
+            block_size: 16,
+            dropped: prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+        };
+        let sync = OwnershipSync::spawn(
+            client.clone(),
+            registry,
+            settings,
+            &tracker,
+            cancel.clone(),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let first = loop {
+            if let Some(l) = sync.lease_of(worker) {
+                break l;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no first lease");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The lease ends under the sync's feet; the next flush still carries it.
+        let ended = client.write(Command::RevokeLease { lease: first }).await;
+        assert!(matches!(ended, Ok(Outcome::LeaseEnded { .. })), "{ended:?}");
+        let mut step = routed(64, Some("after-lapse"), Effects::default());
+        step.worker = worker;
+        sync.record(step);
+        let owner = loop {
+            let mut owner = None;
+            client.read_local(&mut |d| {
+                owner = d
+                    .sessions
+                    .get(&SessionId("after-lapse".into()))
+                    .and_then(|s| s.owner);
+            });
+            if let Some(o) = owner {
+                break o;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the step's record was lost with the ended lease"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_ne!(owner.lease, first, "owned under the new lease");
+        cancel.cancel();
+        tracker.close();
+        tracker.wait().await;
+        std::fs::remove_dir_all(&data_dir).ok();
     }
 
     #[test]

@@ -113,6 +113,10 @@ opencode_env=(env HOME="$home")
 
 # Ownership records are flushed in the background: give them a moment.
 sleep 2
+# What the directory refused or the sync dropped, if anything (why a record may be missing).
+curl -sf "$base/metrics" -H "authorization: Bearer $token" \
+  | grep -E '^ownerserve_(directory_rejections_total|ownership_records_dropped_total)' \
+  | grep -v ' 0$' || true
 curl -sf "$base/admin/v1/sessions" -H "authorization: Bearer $token" | python3 -c '
 import json, sys
 sessions = json.load(sys.stdin)["sessions"]
@@ -129,8 +133,12 @@ print("one session per agent conversation:", ", ".join(ids))
 # policy that reads the directory: `ownerserve`, as in `up`).
 curl -sf "$base/metrics" -H "authorization: Bearer $token" | python3 -c '
 import sys
-steps = {l.split("\"")[1]: float(l.split()[-1]) for l in sys.stdin
+lines = sys.stdin.read().splitlines()
+steps = {l.split("\"")[1]: float(l.split()[-1]) for l in lines
          if l.startswith("ownerserve_session_steps_total{")}
-assert steps.get("owner", 0) >= 3 and steps.get("elsewhere", 0) == 0, steps
+# (Why a record could be missing: the directory refusals, printed on failure.)
+refused = {l.split("\"")[1]: float(l.split()[-1]) for l in lines
+           if l.startswith("ownerserve_directory_rejections_total{") and not l.endswith(" 0")}
+assert steps.get("owner", 0) >= 3 and steps.get("elsewhere", 0) == 0, (steps, refused)
 print("session steps by placement:", steps)
 '
