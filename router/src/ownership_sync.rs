@@ -12,11 +12,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use ownerserve_ownership::command::MAX_BATCH;
 use ownerserve_ownership::command::{checkpoints_of, ArtifactSpec};
 use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
-use ownerserve_ownership::command::MAX_BATCH;
 use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
@@ -369,7 +369,11 @@ fn renewal_round(
         renewals.spawn(async move {
             let kept = keep_or_grant(&*client, known, worker, ttl_ms);
             let lease = tokio::time::timeout(ttl, kept).await.ok().flatten();
-            Renewal { worker, name, lease }
+            Renewal {
+                worker,
+                name,
+                lease,
+            }
         });
     }
     async move {
@@ -529,7 +533,10 @@ mod tests {
         // now at most a full queue and the records waiting for a lease are kept.
         let kept = sent as u64 - dropped.get();
         let bound = (MAX_QUEUED + MAX_WAITING) as u64;
-        assert!(kept >= MAX_WAITING as u64 && kept <= bound, "kept {kept} of {sent}");
+        assert!(
+            kept >= MAX_WAITING as u64 && kept <= bound,
+            "kept {kept} of {sent}"
+        );
         cancel.cancel();
         tracker.close();
         tracker.wait().await;
@@ -580,13 +587,8 @@ mod tests {
             block_size: 16,
             dropped: prometheus::IntCounter::new("dropped", "dropped").unwrap(),
         };
-        let sync = OwnershipSync::spawn(
-            client.clone(),
-            registry,
-            settings,
-            &tracker,
-            cancel.clone(),
-        );
+        let sync =
+            OwnershipSync::spawn(client.clone(), registry, settings, &tracker, cancel.clone());
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let first = loop {
             if let Some(l) = sync.lease_of(worker) {
