@@ -71,11 +71,6 @@ impl ResponseMap {
     }
 
     /// Drops every record expired at `now_ms`; how many.
-    /// When the first record expires.
-    pub fn first_expiry_ms(&self) -> Option<u64> {
-        self.by_expiry.first().map(|(at, _)| *at)
-    }
-
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let mut n = 0;
         while let Some((at, _)) = self.by_expiry.first() {

@@ -12,23 +12,21 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_ownership::command::MAX_BATCH;
 use ownerserve_ownership::command::{checkpoints_of, ArtifactSpec};
 use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
-use ownerserve_ownership::{Command, Outcome, Rejection};
+use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 
 use crate::registry::Registry;
 use ownerserve_ownership::node::DirectoryClient;
 
-/// Most records kept while their worker waits for a lease or a write is in flight
-/// (beyond, dropped and counted).
-const MAX_WAITING: usize = 1024;
-/// Most records queued for the sync task (which moves them to its own list, bounded by
-/// [`MAX_WAITING`]); past either bound records are dropped and counted, so an outage costs
+/// Most records kept while their worker waits for a lease.
+const MAX_WAITING: usize = 10_000;
+/// Most records queued for the sync task. While the directory is down the task waits on
+/// it and the queue fills; past this, records are dropped and counted, so an outage costs
 /// ownership records, never the router's memory (each record holds a prompt's tokens).
 pub const MAX_QUEUED: usize = 4096;
 
@@ -281,175 +279,69 @@ async fn run(
     mut rx: mpsc::Receiver<Routed>,
     shared: Leases,
 ) {
+    let ttl_ms = s.lease_ttl.as_millis() as u64;
     let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
     let every = (s.lease_ttl / 3).max(Duration::from_millis(50));
     let mut renew = tokio::time::interval(every);
     let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
     let mut pending: Vec<Routed> = Vec::new();
-    // Renewals and writes run off this loop, which only starts them and takes their
-    // answers. On a starved or fsync-bound directory a commit can take longer than a
-    // renewal period: a renewal is still proposed every period (each keep-alive extends
-    // the lease from the time it was proposed, however late it applies), and a slow flush
-    // never holds one up.
-    let (renewed_tx, mut renewed_rx) = mpsc::unbounded_channel::<Renewal>();
-    let mut renewing: HashMap<WorkerId, usize> = HashMap::new();
-    let (written_tx, mut written_rx) = mpsc::unbounded_channel::<Lapsed>();
-    let mut writing = false;
     loop {
         tokio::select! {
             r = rx.recv() => match r {
-                Some(r) => {
-                    // Bounded while a write hangs or a lease is awaited.
-                    pending.push(r);
-                    drop_beyond_bound(&mut pending, &s.dropped);
-                }
+                Some(r) => pending.push(r),
                 None => return,
             },
             _ = renew.tick() => {
+                // Renew healthy workers' leases (grant one to a healthy worker without), all
+                // at once and each within a renewal period, so one slow answer (an election)
+                // cannot let the others lapse.
+                let mut renewals = tokio::task::JoinSet::new();
                 for w in registry.all().iter().filter(|w| w.is_healthy()) {
-                    let known = leases.get(&w.id).copied();
-                    let in_flight = renewing.entry(w.id).or_default();
-                    // Without a lease, one attempt at a time (each may grant one).
-                    let cap = if known.is_some() { MAX_RENEWALS_IN_FLIGHT } else { 1 };
-                    if *in_flight >= cap {
-                        continue;
-                    }
-                    *in_flight += 1;
-                    let (client, tx, ttl) = (client.clone(), renewed_tx.clone(), s.lease_ttl);
-                    let (worker, name) = (w.id, w.spec.name.clone());
-                    tokio::spawn(async move {
-                        let kept = keep_or_grant(&*client, known, worker, ttl.as_millis() as u64);
-                        let lease = tokio::time::timeout(ttl, kept).await.ok().flatten();
-                        let _ = tx.send(Renewal { worker, name, lease });
+                    let (client, known, id) = (client.clone(), leases.get(&w.id).copied(), w.id);
+                    let name = w.spec.name.clone();
+                    renewals.spawn(async move {
+                        let kept = keep_or_grant(&*client, known, id, ttl_ms);
+                        (id, name, tokio::time::timeout(every, kept).await.ok().flatten())
                     });
                 }
-            }
-            Some(Renewal { worker, name, lease }) = renewed_rx.recv() => {
-                let in_flight = renewing.entry(worker).or_default();
-                *in_flight = in_flight.saturating_sub(1);
-                match lease {
-                    Some(lease) => {
-                        leases.insert(worker, lease);
-                        shared.lock().unwrap_or_else(|e| e.into_inner()).insert(worker, lease);
+                while let Some(Ok((id, name, lease))) = renewals.join_next().await {
+                    match lease {
+                        Some(lease) => {
+                            leases.insert(id, lease);
+                            shared.lock().unwrap_or_else(|e| e.into_inner()).insert(id, lease);
+                        }
+                        None => tracing::warn!(worker = %name, "no directory lease"),
                     }
-                    None => tracing::warn!(worker = %name, "no directory lease"),
                 }
             }
-            _ = flush.tick(), if !writing && !pending.is_empty() => {
+            _ = flush.tick() => {
+                if pending.is_empty() {
+                    continue;
+                }
                 // Records of a worker whose lease is not granted yet (the directory may still
                 // be electing a leader) wait for it, up to a bound.
                 let (ready, waiting): (Vec<Routed>, Vec<Routed>) =
                     pending.drain(..).partition(|r| leases.contains_key(&r.worker));
                 pending = waiting;
-                if !ready.is_empty() {
-                    writing = true;
-                    let (client, tx, held) = (client.clone(), written_tx.clone(), leases.clone());
-                    let block_size = s.block_size;
-                    tokio::spawn(async move {
-                        let _ = tx.send(write_records(&*client, ready, &held, block_size).await);
-                    });
+                if pending.len() > MAX_WAITING {
+                    let dropped = pending.len() - MAX_WAITING;
+                    pending.drain(..dropped);
+                    tracing::warn!(dropped, "ownership records dropped: no directory lease yet");
                 }
-            }
-            Some(lapsed) = written_rx.recv() => {
-                writing = false;
-                for (worker, lease, records) in lapsed {
-                    // The directory ended the lease (it was not renewed in time): the next
-                    // round grants a new one, and these records wait for it.
-                    if leases.get(&worker) == Some(&lease) {
-                        leases.remove(&worker);
+                let commands: Vec<Command> = ready
+                    .iter()
+                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(r, l, s.block_size)))
+                    .flatten()
+                    .collect();
+                for chunk in commands.chunks(ownerserve_ownership::command::MAX_BATCH) {
+                    let batch = Command::Batch { commands: chunk.to_vec() };
+                    if let Err(e) = client.write(batch).await {
+                        tracing::warn!(error = %e, "ownership records not committed");
                     }
-                    pending.extend(records);
                 }
-                drop_beyond_bound(&mut pending, &s.dropped);
             }
         }
     }
-}
-
-/// Renewals of one worker's lease proposed and not answered yet, at most.
-const MAX_RENEWALS_IN_FLIGHT: usize = 3;
-
-/// Records refused for a lease the directory no longer knows or let expire, per lease.
-type Lapsed = Vec<(WorkerId, LeaseId, Vec<Routed>)>;
-
-/// One worker's renewal: its lease, or `None` when none was kept or granted in time.
-struct Renewal {
-    worker: WorkerId,
-    name: String,
-    lease: Option<LeaseId>,
-}
-
-/// Keeps at most [`MAX_WAITING`] records waiting (for a lease or for the write in
-/// flight): past it, drops (and counts) the oldest quarter at once, so an outage logs a
-/// line per few hundred records, not per record.
-fn drop_beyond_bound(pending: &mut Vec<Routed>, dropped: &prometheus::IntCounter) {
-    if pending.len() > MAX_WAITING {
-        let n = pending.len() - MAX_WAITING * 3 / 4;
-        pending.drain(..n);
-        dropped.inc_by(n as u64);
-        tracing::warn!(
-            dropped = n,
-            "ownership records dropped: no directory lease yet"
-        );
-    }
-}
-
-/// Writes the records' commands in batches; returns, per lease the directory no longer
-/// knows or let expire, the records refused for it (the rest are written or refused for
-/// good, e.g. fencing, and done).
-async fn write_records(
-    client: &dyn DirectoryClient,
-    ready: Vec<Routed>,
-    leases: &HashMap<WorkerId, LeaseId>,
-    block_size: usize,
-) -> Lapsed {
-    // Whole records per batch, so a refusal maps back to the records it touched.
-    let mut batches: Vec<(Vec<Command>, Vec<(Routed, LeaseId, usize)>)> = Vec::new();
-    for r in ready {
-        let Some(&lease) = leases.get(&r.worker) else {
-            continue;
-        };
-        let commands = commands_for(&r, lease, block_size);
-        let n = commands.len();
-        match batches.last_mut() {
-            Some((batch, of)) if batch.len() + n <= MAX_BATCH => {
-                batch.extend(commands);
-                of.push((r, lease, n));
-            }
-            _ => batches.push((commands, vec![(r, lease, n)])),
-        }
-    }
-    let mut lapsed: Lapsed = Vec::new();
-    for (batch, of) in batches {
-        let outcomes = match client.write(Command::Batch { commands: batch }).await {
-            Ok(Outcome::Batch { outcomes }) => outcomes,
-            Ok(other) => {
-                tracing::warn!(outcome = ?other, "ownership records refused");
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "ownership records not committed");
-                continue;
-            }
-        };
-        let mut outcomes = outcomes.into_iter();
-        for (r, lease, n) in of {
-            let refused = outcomes.by_ref().take(n).any(|o| {
-                matches!(
-                    o,
-                    Outcome::Rejected(Rejection::UnknownLease(_) | Rejection::LeaseExpired(_))
-                )
-            });
-            if !refused {
-                continue;
-            }
-            match lapsed.iter_mut().find(|(_, l, _)| *l == lease) {
-                Some((_, _, records)) => records.push(r),
-                None => lapsed.push((r.worker, lease, vec![r])),
-            }
-        }
-    }
-    lapsed
 }
 
 #[cfg(test)]
@@ -530,108 +422,21 @@ mod tests {
             &tracker,
             cancel.clone(),
         );
-        // The task takes its first lease round, which hangs on the directory.
+        // The task takes its first lease round and hangs on the directory.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let sent = MAX_QUEUED + MAX_WAITING + 5000;
+        let sent = MAX_QUEUED + 1000;
         for _ in 0..sent {
             sync.record(routed(64, Some("s"), Effects::default()));
-            tokio::task::yield_now().await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // Before, all of them stayed queued, each with its prompt, for as long as the outage;
-        // now at most a full queue and the records waiting for a lease are kept.
+        // Before, all of them stayed queued, each with its prompt, for as long as the outage.
         let kept = sent as u64 - dropped.get();
-        let bound = (MAX_QUEUED + MAX_WAITING) as u64;
-        let least = (MAX_WAITING * 3 / 4) as u64;
-        assert!(kept >= least && kept <= bound, "kept {kept} of {sent}");
+        assert!(
+            (MAX_QUEUED as u64..=MAX_QUEUED as u64 + 1).contains(&kept),
+            "kept {kept}"
+        );
         cancel.cancel();
         tracker.close();
         tracker.wait().await;
-    }
-
-    /// A lease the directory ended before a flush (not renewed in time on a starved
-    /// machine): the records refused for it wait for the next lease instead of being lost.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
-        use crate::config::WorkerSpec;
-        use ownerserve_ownership::node::metrics::DirectoryMetrics;
-        use ownerserve_ownership::node::{Embedded, Node, NodeSettings};
-        use ownerserve_planner::ids::{EngineKind, Role};
-        let data_dir = std::env::temp_dir().join(format!(
-            "ownerserve-sync-lapse-{}-{}",
-            std::process::id(),
-            line!()
-        ));
-        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
-        let node = Node::start(
-            NodeSettings {
-                id: 1,
-                data_dir: data_dir.clone(),
-                nodes: [(1, openraft::BasicNode::new("127.0.0.1:0"))].into(),
-                init: true,
-                grace_ms: 0,
-                tick_ms: 50,
-                metrics: DirectoryMetrics::register(&prometheus::Registry::new()).unwrap(),
-                cluster_secret: None,
-            },
-            &tracker,
-            &cancel,
-        )
-        .await
-        .unwrap();
-        let client: Arc<dyn DirectoryClient> = Arc::new(Embedded(node));
-        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
-            "w",
-            "http://127.0.0.1:1",
-            Role::Hybrid,
-            EngineKind::Sim,
-        )]));
-        registry.all()[0].mark_healthy(vec!["m".into()]);
-        let worker = registry.all()[0].id;
-        let settings = SyncSettings {
-            lease_ttl: Duration::from_secs(3),
-            flush_every: Duration::from_millis(5),
-            block_size: 16,
-            dropped: prometheus::IntCounter::new("dropped", "dropped").unwrap(),
-        };
-        let sync =
-            OwnershipSync::spawn(client.clone(), registry, settings, &tracker, cancel.clone());
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let first = loop {
-            if let Some(l) = sync.lease_of(worker) {
-                break l;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "no first lease");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        // The lease ends under the sync's feet; the next flush still carries it.
-        let ended = client.write(Command::RevokeLease { lease: first }).await;
-        assert!(matches!(ended, Ok(Outcome::LeaseEnded { .. })), "{ended:?}");
-        let mut step = routed(64, Some("after-lapse"), Effects::default());
-        step.worker = worker;
-        sync.record(step);
-        let owner = loop {
-            let mut owner = None;
-            client.read_local(&mut |d| {
-                owner = d
-                    .sessions
-                    .get(&SessionId("after-lapse".into()))
-                    .and_then(|s| s.owner);
-            });
-            if let Some(o) = owner {
-                break o;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the step's record was lost with the ended lease"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert_ne!(owner.lease, first, "owned under the new lease");
-        cancel.cancel();
-        tracker.close();
-        tracker.wait().await;
-        std::fs::remove_dir_all(&data_dir).ok();
     }
 
     #[test]

@@ -226,17 +226,7 @@ impl Node {
                     _ = tick.tick() => {}
                     () = cancel.cancelled() => return,
                 }
-                // A `Tick` only when something is due: each is a log entry and an fsync, and
-                // on a starved machine a queue of idle ticks delays the writes that matter
-                // (lease renewals) past their leases.
-                let mut due = false;
-                ticking.machine.read(|s| {
-                    due = s
-                        .directory
-                        .next_expiry_ms()
-                        .is_some_and(|at| at <= unix_ms());
-                });
-                if due && ticking.raft.current_leader().await == Some(ticking.id) {
+                if ticking.raft.current_leader().await == Some(ticking.id) {
                     if let Err(e) = ticking.propose(Command::Tick, None).await {
                         tracing::debug!(error = %e, "tick not committed");
                     }
