@@ -736,11 +736,12 @@ async fn overload_is_shed_with_429_and_retry_after_while_health_answers() {
 async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
     let mut stack = Proc::up(&["--instant", "true"]);
     let dir = std::env::temp_dir().join(format!("ownerserve-directory-{}", stack.child.id()));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !dir.join("log.redb").exists() {
-        assert!(Instant::now() < deadline, "no log in {}", dir.display());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let log = dir.join("log.redb");
+    eventually(Duration::from_secs(20), "the directory's log", || {
+        let log = log.clone();
+        async move { log.exists() }
+    })
+    .await;
     let term = std::process::Command::new("kill")
         .args(["-TERM", &stack.child.id().to_string()])
         .status()
