@@ -9,22 +9,25 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use ownerserve_ownership::command::MAX_BATCH;
 use ownerserve_ownership::command::{checkpoints_of, ArtifactSpec};
 use ownerserve_ownership::ids::{
     Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId as DirWorkerId,
 };
-use ownerserve_ownership::{Command, Outcome};
+use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 
 use crate::registry::Registry;
 use ownerserve_ownership::node::DirectoryClient;
 
-/// Most records kept while their worker waits for a lease.
-const MAX_WAITING: usize = 10_000;
+/// Most records the sync holds besides its channel: waiting for a lease, or for the flush
+/// in flight to finish (beyond, dropped and counted; each record holds a prompt's tokens).
+const MAX_WAITING: usize = 1024;
 /// Most records queued for the sync task. While the directory is down the task waits on
 /// it and the queue fills; past this, records are dropped and counted, so an outage costs
 /// ownership records, never the router's memory (each record holds a prompt's tokens).
@@ -284,10 +287,17 @@ async fn run(
     let every = (s.lease_ttl / 3).max(Duration::from_millis(50));
     let mut renew = tokio::time::interval(every);
     let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
+    // Not a burst of catch-up ticks after a long flush.
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pending: Vec<Routed> = Vec::new();
+    // One flush in flight, off this loop: a directory slow to commit (a starved or
+    // fsync-bound leader: 1-30 s measured beside three CPU vLLM engines on 2 cores) must
+    // not hold up the renewals until the leases lapse. Dropped with the loop at shutdown.
+    let mut writing: JoinSet<Vec<Lapsed>> = JoinSet::new();
     loop {
         tokio::select! {
-            r = rx.recv() => match r {
+            // While `pending` is full the channel fills instead, and `record` counts drops.
+            r = rx.recv(), if pending.len() < MAX_WAITING => match r {
                 Some(r) => pending.push(r),
                 None => return,
             },
@@ -314,34 +324,111 @@ async fn run(
                     }
                 }
             }
-            _ = flush.tick() => {
-                if pending.is_empty() {
-                    continue;
+            Some(done) = writing.join_next() => {
+                let lapsed = done.unwrap_or_default();
+                let mut retry = Vec::new();
+                for Lapsed { worker, lease, records } in lapsed {
+                    // The directory ended the lease (it was not renewed in time): the next
+                    // renewal grants a new one, and these records wait for it.
+                    if leases.get(&worker) == Some(&lease) {
+                        leases.remove(&worker);
+                    }
+                    retry.extend(records);
                 }
-                // Records of a worker whose lease is not granted yet (the directory may still
-                // be electing a leader) wait for it, up to a bound.
+                // Older than what arrived meanwhile: they go first, so a session's records
+                // still land in the order its steps were served.
+                retry.append(&mut pending);
+                pending = retry;
+            }
+            _ = flush.tick(), if writing.is_empty() => {
+                // Records of a worker without a lease (the directory may still be electing a
+                // leader, or the lease lapsed) wait for one, up to a bound.
                 let (ready, waiting): (Vec<Routed>, Vec<Routed>) =
                     pending.drain(..).partition(|r| leases.contains_key(&r.worker));
                 pending = waiting;
                 if pending.len() > MAX_WAITING {
                     let dropped = pending.len() - MAX_WAITING;
                     pending.drain(..dropped);
-                    tracing::warn!(dropped, "ownership records dropped: no directory lease yet");
+                    s.dropped.inc_by(dropped as u64);
+                    tracing::warn!(dropped, "ownership records dropped: no directory lease");
                 }
-                let commands: Vec<Command> = ready
-                    .iter()
-                    .filter_map(|r| leases.get(&r.worker).map(|&l| commands_for(r, l, s.block_size)))
-                    .flatten()
-                    .collect();
-                for chunk in commands.chunks(ownerserve_ownership::command::MAX_BATCH) {
-                    let batch = Command::Batch { commands: chunk.to_vec() };
-                    if let Err(e) = client.write(batch).await {
-                        tracing::warn!(error = %e, "ownership records not committed");
-                    }
+                if !ready.is_empty() {
+                    let (client, leases) = (client.clone(), leases.clone());
+                    writing.spawn(async move {
+                        write_records(&*client, ready, &leases, s.block_size).await
+                    });
                 }
             }
         }
     }
+}
+
+/// Records the directory refused because their worker's lease had ended.
+struct Lapsed {
+    worker: WorkerId,
+    lease: LeaseId,
+    records: Vec<Routed>,
+}
+
+/// Writes the records' commands in batches of whole records, so that a refusal maps back
+/// to the records it touched; returns the records refused for a lease the directory no
+/// longer knows or let expire (the rest are written, or refused for good, e.g. fenced).
+async fn write_records(
+    client: &dyn DirectoryClient,
+    ready: Vec<Routed>,
+    leases: &HashMap<WorkerId, LeaseId>,
+    block_size: usize,
+) -> Vec<Lapsed> {
+    let mut batches: Vec<(Vec<Command>, Vec<(Routed, LeaseId, usize)>)> = Vec::new();
+    for r in ready {
+        let Some(&lease) = leases.get(&r.worker) else {
+            continue;
+        };
+        let commands = commands_for(&r, lease, block_size);
+        let n = commands.len();
+        match batches.last_mut() {
+            Some((batch, of)) if batch.len() + n <= MAX_BATCH => {
+                batch.extend(commands);
+                of.push((r, lease, n));
+            }
+            _ => batches.push((commands, vec![(r, lease, n)])),
+        }
+    }
+    let mut lapsed: Vec<Lapsed> = Vec::new();
+    for (batch, of) in batches {
+        let outcomes = match client.write(Command::Batch { commands: batch }).await {
+            Ok(Outcome::Batch { outcomes }) => outcomes,
+            Ok(other) => {
+                tracing::warn!(outcome = ?other, "ownership records refused");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ownership records not committed");
+                continue;
+            }
+        };
+        let mut outcomes = outcomes.into_iter();
+        for (r, lease, n) in of {
+            let ended = outcomes.by_ref().take(n).any(|o| {
+                matches!(
+                    o,
+                    Outcome::Rejected(Rejection::UnknownLease(_) | Rejection::LeaseExpired(_))
+                )
+            });
+            if !ended {
+                continue;
+            }
+            match lapsed.iter_mut().find(|l| l.lease == lease) {
+                Some(l) => l.records.push(r),
+                None => lapsed.push(Lapsed {
+                    worker: r.worker,
+                    lease,
+                    records: vec![r],
+                }),
+            }
+        }
+    }
+    lapsed
 }
 
 #[cfg(test)]
@@ -422,21 +509,116 @@ mod tests {
             &tracker,
             cancel.clone(),
         );
-        // The task takes its first lease round and hangs on the directory.
+        // The task takes its first lease round, which hangs on the directory.
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let sent = MAX_QUEUED + 1000;
+        let sent = MAX_QUEUED + MAX_WAITING + 5000;
         for _ in 0..sent {
             sync.record(routed(64, Some("s"), Effects::default()));
+            tokio::task::yield_now().await;
         }
-        // Before, all of them stayed queued, each with its prompt, for as long as the outage.
-        let kept = sent as u64 - dropped.get();
+        // Let the renewal round time out (a third of the lease) and the records drain.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for _ in 0..sent {
+            sync.record(routed(64, Some("s"), Effects::default()));
+            tokio::task::yield_now().await;
+        }
+        // Before, all of them stayed queued, each with its prompt, for as long as the outage;
+        // now at most a full channel and the records waiting for a lease are kept.
+        let kept = 2 * sent as u64 - dropped.get();
+        let bound = (MAX_QUEUED + MAX_WAITING) as u64;
         assert!(
-            (MAX_QUEUED as u64..=MAX_QUEUED as u64 + 1).contains(&kept),
-            "kept {kept}"
+            kept >= MAX_QUEUED as u64 && kept <= bound,
+            "kept {kept} of {}",
+            2 * sent
         );
         cancel.cancel();
         tracker.close();
         tracker.wait().await;
+    }
+
+    /// A lease the directory ended before a flush (not renewed in time on a starved
+    /// machine): the records refused for it wait for the next lease instead of being lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
+        use crate::config::WorkerSpec;
+        use ownerserve_ownership::node::metrics::DirectoryMetrics;
+        use ownerserve_ownership::node::{Embedded, Node, NodeSettings};
+        use ownerserve_planner::ids::{EngineKind, Role};
+        let data_dir = std::env::temp_dir().join(format!(
+            "ownerserve-sync-lapse-{}-{}",
+            std::process::id(),
+            line!()
+        ));
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let node = Node::start(
+            NodeSettings {
+                id: 1,
+                data_dir: data_dir.clone(),
+                nodes: [(1, openraft::BasicNode::new("127.0.0.1:0"))].into(),
+                init: true,
+                grace_ms: 0,
+                tick_ms: 50,
+                metrics: DirectoryMetrics::register(&prometheus::Registry::new()).unwrap(),
+                cluster_secret: None,
+            },
+            &tracker,
+            &cancel,
+        )
+        .await
+        .unwrap();
+        let client: Arc<dyn DirectoryClient> = Arc::new(Embedded(node));
+        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
+            "w",
+            "http://127.0.0.1:1",
+            Role::Hybrid,
+            EngineKind::Sim,
+        )]));
+        registry.all()[0].mark_healthy(vec!["m".into()]);
+        let worker = registry.all()[0].id;
+        let settings = SyncSettings {
+            lease_ttl: Duration::from_secs(3),
+            flush_every: Duration::from_millis(5),
+            block_size: 16,
+            dropped: prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+        };
+        let sync =
+            OwnershipSync::spawn(client.clone(), registry, settings, &tracker, cancel.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let first = loop {
+            if let Some(l) = sync.lease_of(worker) {
+                break l;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no first lease");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The lease ends under the sync's feet; the next flush still carries it.
+        let ended = client.write(Command::RevokeLease { lease: first }).await;
+        assert!(matches!(ended, Ok(Outcome::LeaseEnded { .. })), "{ended:?}");
+        let mut step = routed(64, Some("after-lapse"), Effects::default());
+        step.worker = worker;
+        sync.record(step);
+        let owner = loop {
+            let mut owner = None;
+            client.read_local(&mut |d| {
+                owner = d
+                    .sessions
+                    .get(&SessionId("after-lapse".into()))
+                    .and_then(|s| s.owner);
+            });
+            if let Some(o) = owner {
+                break o;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the step's record was lost with the ended lease"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_ne!(owner.lease, first, "owned under the new lease");
+        cancel.cancel();
+        tracker.close();
+        tracker.wait().await;
+        std::fs::remove_dir_all(&data_dir).ok();
     }
 
     #[test]
