@@ -379,7 +379,9 @@ async fn write_records(
     leases: &HashMap<WorkerId, LeaseId>,
     block_size: usize,
 ) -> Vec<Lapsed> {
-    let mut batches: Vec<(Vec<Command>, Vec<(Routed, LeaseId, usize)>)> = Vec::new();
+    // Each batch with its records, their leases and how many of its commands each made.
+    type Of = Vec<(Routed, LeaseId, usize)>;
+    let mut batches: Vec<(Vec<Command>, Of)> = Vec::new();
     for r in ready {
         let Some(&lease) = leases.get(&r.worker) else {
             continue;
