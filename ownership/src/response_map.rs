@@ -70,6 +70,11 @@ impl ResponseMap {
         Some(r)
     }
 
+    /// When the first record expires.
+    pub fn first_expiry_ms(&self) -> Option<u64> {
+        self.by_expiry.first().map(|(at, _)| *at)
+    }
+
     /// Drops every record expired at `now_ms`; how many.
     pub fn expire(&mut self, now_ms: u64) -> usize {
         let mut n = 0;

@@ -89,6 +89,20 @@ impl Directory {
         }
     }
 
+    /// The earliest time (ms) at which a `Tick` would change something: a lease's end
+    /// (grace included) or a stored response's expiry. `None` when nothing can expire.
+    pub fn next_expiry_ms(&self) -> Option<u64> {
+        let lease = self
+            .leases
+            .values()
+            .map(|l| l.expires_at_ms + self.grace_ms)
+            .min();
+        match (lease, self.responses.first_expiry_ms()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Whether a lease exists and has not expired (grace included) at the current time.
     pub fn lease_live(&self, lease: LeaseId) -> bool {
         self.leases

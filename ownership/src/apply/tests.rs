@@ -142,6 +142,25 @@ fn an_expired_owner_is_replaced_under_a_higher_epoch_and_its_writes_are_fenced()
     );
 }
 
+/// The leader proposes a `Tick` only once this time has come: before it, a tick would
+/// change nothing; at it, the tick ends the lease.
+#[test]
+fn the_next_expiry_is_the_first_lease_end_with_grace_and_a_tick_at_it_ends_that_lease() {
+    let mut log = Log::new();
+    assert_eq!(log.d.next_expiry_ms(), None, "nothing can expire");
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 5_000);
+    // Granted at 1,000 with 500 ms of grace.
+    assert_eq!(log.d.next_expiry_ms(), Some(2_500));
+    log.at(2_499);
+    assert_eq!(log.run(Command::Tick), Outcome::Ticked { expired: vec![] });
+    log.at(2_500);
+    assert_eq!(log.run(Command::Tick), Outcome::Ticked { expired: vec![a] });
+    assert_eq!(log.d.next_expiry_ms(), Some(6_500));
+    log.run(Command::RevokeLease { lease: b });
+    assert_eq!(log.d.next_expiry_ms(), None);
+}
+
 #[test]
 fn keep_alive_renews_every_key_and_tick_expires_the_rest() {
     let mut log = Log::new();

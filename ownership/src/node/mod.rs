@@ -1,6 +1,7 @@
 //! One node of the replicated ownership directory (feature `node`). It runs openraft over
 //! the redb log and the pure state machine, serves the Raft RPCs and the directory API over
-//! HTTP, and, while leader, proposes a `Tick` every `tick_ms` so expired leases cascade.
+//! HTTP, and, while leader, looks every `tick_ms` and proposes a `Tick` when a lease (grace
+//! included) or a stored response is due, so expired leases cascade.
 //!
 //! # Layout
 //! - this file: [`Node`], starting it, proposing commands, linearizable read barriers.
@@ -226,7 +227,17 @@ impl Node {
                     _ = tick.tick() => {}
                     () = cancel.cancelled() => return,
                 }
-                if ticking.raft.current_leader().await == Some(ticking.id) {
+                // A `Tick` only when something is due: each is a log entry and an fsync, and
+                // on a starved machine a queue of idle ticks delays the writes that matter
+                // (lease renewals) past their leases.
+                let mut due = false;
+                ticking.machine.read(|s| {
+                    due = s
+                        .directory
+                        .next_expiry_ms()
+                        .is_some_and(|at| at <= unix_ms());
+                });
+                if due && ticking.raft.current_leader().await == Some(ticking.id) {
                     if let Err(e) = ticking.propose(Command::Tick, None).await {
                         tracing::debug!(error = %e, "tick not committed");
                     }
