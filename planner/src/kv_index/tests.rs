@@ -473,3 +473,48 @@ fn a_session_steps_routed_insert_touches_only_its_new_blocks() {
     ix.expire(136_000);
     assert!(ix.is_empty());
 }
+
+/// Every hold of `worker` in the index, counted by walking it: what `worker_blocks` must
+/// say for a worker that holds each block in one tier.
+fn holds_walked(ix: &KvIndex, worker: WorkerId) -> usize {
+    ix.nodes
+        .values()
+        .filter(|n| n.holders.iter().any(|h| h.worker == worker))
+        .count()
+}
+
+/// Approximate holds are counted without an engine-id entry each: through random routed
+/// inserts, engine events for the same blocks, expiry, pruning and a cleared worker, each
+/// worker's count is the walk's, and a cleared worker holds nothing.
+#[test]
+fn routed_holds_are_counted_through_inserts_events_expiry_pruning_and_clearing() {
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        max_blocks: 300,
+    });
+    let mut rng = Rng(7);
+    let mut now = 1_000;
+    for _ in 0..2_000 {
+        let w = WorkerId(rng.below(3) as u32);
+        let chain = rng.below(6) as u32;
+        let len = 1 + rng.below(40) as u32;
+        match rng.below(20) {
+            0..=13 => ix.insert_routed(w, &query(chain, len), now, 5_000),
+            // The engine reports a block the router had routed there: the hold changes kind.
+            14..=16 => {
+                let _ = ix.apply(w, &stored(None, blocks(chain, 0..len.min(8)), Tier::Gpu));
+            }
+            17 => ix.expire(now),
+            18 => ix.apply(w, &KvEvent::Cleared).unwrap(),
+            _ => ix.clear_worker(w),
+        }
+        now += rng.below(400);
+        for worker in [W0, W1, WorkerId(2)] {
+            assert_eq!(ix.worker_blocks(worker), holds_walked(&ix, worker));
+        }
+        assert!(ix.len() <= 300);
+    }
+    ix.clear_worker(W0);
+    assert_eq!(holds_walked(&ix, W0), 0);
+    assert_eq!(ix.worker_blocks(W0), 0);
+}
