@@ -401,7 +401,10 @@ async fn a_coding_agent_session_exercises_all_five_actions() {
         .worker_metric(&owner, "ownerserve_kv_received_bytes_total")
         .await;
     let placed = |text: &str, p: &str| {
-        metric(text, &format!("ownerserve_session_steps_total{{placement=\"{p}\"}}"))
+        metric(
+            text,
+            &format!("ownerserve_session_steps_total{{placement=\"{p}\"}}"),
+        )
     };
     let before = get_text(&format!("{router}/metrics")).await;
     let (_, computed, _) = fleet.step(&chat(&turns, 1), false, "tail_recompute").await;

@@ -24,8 +24,8 @@ const DEFAULT_FILTER: &str = "info,openraft=error";
 
 /// Installs the process's subscriber (once; later calls change nothing).
 pub fn init(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_env("OWNERSERVE_LOG").unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+    let filter = EnvFilter::try_from_env("OWNERSERVE_LOG")
+        .unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest};
+use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest, WorkerView};
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::scheduler::{CachedRun, NewSeq, SeqId};
@@ -352,7 +352,7 @@ impl<'w> Sim<'w> {
         self.record_directory(session, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
 
-        let placement = placement_of(&decision, worker, self.engines[worker].sched.num_running());
+        let placement = placement_of(&decision, &views[worker]);
         let e = &mut self.engines[worker];
         e.in_flight += 1;
         e.active_blocks += route.prompt_blocks();
@@ -474,8 +474,10 @@ impl<'w> Sim<'w> {
         max_tokens: u32,
         choice: u32,
     ) -> Option<NewSeq> {
-        let r = self.reqs.get(id)?.as_ref()?;
+        let r = self.reqs.get_mut(id)?.as_mut()?;
         let e = &mut self.engines[worker];
+        // Counted from here until it is admitted (`step_end`).
+        r.placement.preempted_while_waiting = e.preempted;
         let seq = e.next_seq;
         e.next_seq += 1;
         self.seqs.insert((worker, seq), id);
@@ -610,6 +612,8 @@ impl<'w> Sim<'w> {
         };
         let now = self.now_s;
         self.preemptions += u64::from(out.preempted);
+        self.engines[worker].preempted += u64::from(out.preempted);
+        let preempted = self.engines[worker].preempted;
         self.residency.apply(now, &out.cache_events);
         for a in &out.admitted {
             if let Some(&id) = self.seqs.get(&(worker, a.seq.0)) {
@@ -621,10 +625,14 @@ impl<'w> Sim<'w> {
                             r.cached_tokens = a.cached_tokens;
                             r.prefilled_remotely = true;
                             r.placement.admit_wait_s = a.queue_s;
+                            r.placement.preempted_while_waiting =
+                                preempted.saturating_sub(r.placement.preempted_while_waiting);
                         }
                         _ if r.worker == worker && !r.prefilled_remotely => {
                             r.cached_tokens = r.cached_tokens.max(a.cached_tokens);
                             r.placement.admit_wait_s = a.queue_s;
+                            r.placement.preempted_while_waiting =
+                                preempted.saturating_sub(r.placement.preempted_while_waiting);
                         }
                         _ => {}
                     }
@@ -688,6 +696,11 @@ impl<'w> Sim<'w> {
         let samples = self.wl.sessions[r.session].steps[r.step].samples.max(1);
         let per_choice = (r.tokens / samples).max(1);
         let first = r.first_token_s.unwrap_or(now);
+        if self.opts.calibrate {
+            // How long its sequences held their KV on the decode worker.
+            self.policy
+                .observe_decode(WorkerId(r.worker as u32), now - first);
+        }
         self.steps.push(StepRecord {
             session: r.session,
             step: r.step,
@@ -790,12 +803,14 @@ impl<'w> Sim<'w> {
     }
 }
 
-/// What a step's record says about where it ran and what its plan predicted.
-fn placement_of(d: &Decision, worker: usize, running: usize) -> Placement {
+/// What a step's record says about where it ran, what its plan predicted and what the
+/// router saw of its decode worker (`there`) when it placed it.
+fn placement_of(d: &Decision, there: &WorkerView) -> Placement {
     let cost = d.plan.as_ref().map(|p| p.chosen.cost);
+    let load = there.load.unwrap_or_default();
     Placement {
         action: Some(d.action().name()),
-        decode_on: Some(worker),
+        decode_on: Some(there.id.0 as usize),
         prefill_on: match d.dispatch {
             Dispatch::Disaggregated { prefill } => Some(prefill.0 as usize),
             _ => None,
@@ -804,6 +819,11 @@ fn placement_of(d: &Decision, worker: usize, running: usize) -> Placement {
         planned_queue_s: cost.map_or(0.0, |c| c.queue_s),
         planned_compute_s: cost.map_or(0.0, |c| c.compute_s),
         planned_interference_s: cost.map_or(0.0, |c| c.interference_s),
-        running_there: running as u32,
+        running_there: load.running as u32,
+        planned_reused_tokens: d.plan.as_ref().map_or(0, |p| p.chosen.reused_tokens as u32),
+        waiting_there: load.waiting as u32,
+        kv_free_there: load.kv_free_tokens.unwrap_or(0),
+        prefill_tokens_there: there.active_prefill_tokens,
+        preempted_while_waiting: 0,
     }
 }

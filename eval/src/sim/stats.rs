@@ -82,6 +82,16 @@ pub struct Placement {
     pub planned_interference_s: f64,
     /// Sequences running on the decode worker when the step was placed.
     pub running_there: u32,
+    /// Prompt tokens the plan counted as reused (cached, received or fetched).
+    pub planned_reused_tokens: u32,
+    /// The decode worker when the step was placed: sequences waiting there, KV tokens not
+    /// held by running sequences, and prompt tokens sent there not prefilled yet.
+    pub waiting_there: u32,
+    pub kv_free_there: u64,
+    pub prefill_tokens_there: u64,
+    /// Sequences the computing engine preempted between the step's arrival there and its
+    /// admission (at arrival: the engine's count so far, replaced at admission).
+    pub preempted_while_waiting: u64,
 }
 
 /// Everything one policy's run produced.

@@ -4,6 +4,7 @@ use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepWork};
 
+use super::admission::admitted_view;
 use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
@@ -11,6 +12,20 @@ use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 /// provably dominated: with uniform links and no request for an exhaustive list, each
 /// decoder gets only its cheapest prefill partner (see [`best_partners`]).
 pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
+    // Every worker as this step will find it when admitted there: its queue includes the
+    // wait for KV, its cached prefix only what survives that wait (`admission.rs`). A
+    // migration's source and a fetch's source are read at once, so they keep what they hold.
+    let block = u64::from(input.block_size.max(1));
+    let admitted: Vec<PlanWorker> = input
+        .workers
+        .iter()
+        .map(|w| admitted_view(w, input.model, input.prompt_tokens, block))
+        .collect();
+    let held_now = input.workers;
+    let input = &PlanInput {
+        workers: &admitted,
+        ..input.clone()
+    };
     let p = Pricing::new(input);
     let owner = input
         .decode_owner
@@ -108,7 +123,8 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         }
     }
     if let Some(d) = owner.filter(|d| d.healthy && !fork) {
-        let sent = p.state_bytes(d.cached_tokens.min(input.prompt_tokens));
+        let now = held_now.iter().find(|w| w.id == d.id).unwrap_or(d);
+        let sent = p.state_bytes(now.cached_tokens.min(input.prompt_tokens));
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
@@ -117,7 +133,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
-            let mut c = p.migrate(d, t, sent);
+            let mut c = p.migrate(now, t, sent);
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
             }

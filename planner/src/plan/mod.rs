@@ -10,6 +10,7 @@
 //! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
 //! changes in the directory, every candidate's cost terms, and why.
 
+mod admission;
 mod candidates;
 mod classify;
 mod cost;
@@ -23,6 +24,7 @@ use crate::ids::{Role, WorkerId};
 use crate::roofline::Roofline;
 use crate::spec::ModelSpec;
 
+pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
 pub use interference::{marginal_interference_s, stalled_decodes, CHUNK_TOKENS};
@@ -94,6 +96,15 @@ pub struct PlanWorker {
     /// KV tokens not held by running sequences (`EngineLoad::kv_free_tokens`): past them,
     /// a step's KV preempts someone running there. `None` when unknown.
     pub kv_free_tokens: Option<u64>,
+    /// KV tokens the worker's pool holds in all (`EngineLoad::kv_capacity_tokens`); `None`
+    /// when unknown (no memory wait then, `admission.rs`).
+    pub kv_capacity_tokens: Option<u64>,
+    /// Prompt tokens sent there and not prefilled yet (the router's count): the KV the
+    /// prompts queued ahead of a step will allocate before it.
+    pub waiting_tokens: u64,
+    /// Observed seconds a sequence decoding there holds its KV (first to last token, an
+    /// EWMA); `None` until observed (no memory wait then, `admission.rs`).
+    pub decode_lifetime_s: Option<f64>,
 }
 
 impl PlanWorker {

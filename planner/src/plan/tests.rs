@@ -19,6 +19,9 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         prefill_scale: 1.0,
         kv_room_tokens: None,
         kv_free_tokens: None,
+        kv_capacity_tokens: None,
+        waiting_tokens: 0,
+        decode_lifetime_s: None,
     }
 }
 
@@ -484,6 +487,15 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             kv_free_tokens: match pick(rng, 3) {
                 0 => None,
                 _ => Some(rng.next_u64() % (2 * prompt_tokens + 2_000)),
+            },
+            kv_capacity_tokens: match pick(rng, 3) {
+                0 => None,
+                _ => Some(2 * prompt_tokens + 2_000 + rng.next_u64() % (4 * prompt_tokens + 1)),
+            },
+            waiting_tokens: rng.next_u64() % (prompt_tokens + 1),
+            decode_lifetime_s: match pick(rng, 3) {
+                0 => None,
+                _ => Some(rng.next_f64() * 20.0),
             },
         });
     }
