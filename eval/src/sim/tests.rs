@@ -58,3 +58,19 @@ fn static_pd_ships_every_prompt_and_colocated_ships_nothing() {
     // Agent turns share their history: a sticky policy reuses most of each prompt.
     assert!(co.reuse_ratio() > 0.5, "reuse {}", co.reuse_ratio());
 }
+
+#[test]
+fn each_step_records_what_its_plan_reused_and_its_decode_worker_s_kv() {
+    let wl = swe_smith();
+    let r = run(&wl, "1p3d", "ownerserve");
+    for s in r.steps.iter().filter(|s| !s.rejected) {
+        let p = &s.placement;
+        assert!(p.planned_reused_tokens <= s.prompt_tokens, "{s:?}");
+        assert!(p.kv_free_there > 0, "{s:?}");
+    }
+    // Later steps of a session reuse its history, and the plan knows it.
+    assert!(r
+        .steps
+        .iter()
+        .any(|s| s.placement.planned_reused_tokens > 0));
+}

@@ -740,3 +740,80 @@ fn a_decoder_whose_running_sequences_fill_its_kv_is_priced_for_the_preemption() 
     );
     assert_chosen(&p, Action::Colocate, 2);
 }
+
+/// A decoder with 400K KV tokens whose running sequences hold `400K − free`, decoding 20,
+/// with an observed decode lifetime of 10 s.
+fn pressured(id: u32, free: u64, room: u64, cached: u64) -> PlanWorker {
+    let mut w = worker(id, Role::Decode);
+    w.decoding = 20;
+    w.kv_capacity_tokens = Some(400_000);
+    w.kv_free_tokens = Some(free);
+    w.kv_room_tokens = Some(room);
+    w.cached_tokens = cached;
+    w.decode_lifetime_s = Some(10.0);
+    w
+}
+
+#[test]
+fn a_prefix_the_queue_ahead_will_evict_is_not_counted_as_reused() {
+    // The owner holds 48K of the 50K prompt in its evictable cache, but 90K tokens queued
+    // ahead of the step will take its 10K empty blocks and then most of its 100K
+    // evictable ones before the step is admitted.
+    let mut owner = pressured(1, 110_000, 10_000, 48_000);
+    owner.waiting_tokens = 90_000;
+    owner.queue_s = 0.5;
+    let mut s = Scenario::new(50_000, vec![owner.clone()]);
+    s.decode_owner = Some(1);
+    let stays = |p: &Plan| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(1))
+            .cloned()
+            .unwrap()
+    };
+    let c = stays(&s.plan());
+    assert!(c.reused_tokens < 48_000 / 5, "{c:?}");
+    // With nothing queued ahead the prefix is all there.
+    owner.waiting_tokens = 0;
+    owner.queue_s = 0.0;
+    owner.decoding = 0;
+    s.workers = vec![owner];
+    assert_eq!(stays(&s.plan()).reused_tokens, 48_000);
+}
+
+#[test]
+fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
+    // 380K of 400K held by running sequences: a 40K prompt is 20K short, so it waits for
+    // a nineteenth of the running KV to be released, a nineteenth of the lifetime.
+    let full = pressured(1, 20_000, 0, 0);
+    let roomy = pressured(2, 200_000, 200_000, 0);
+    let s = Scenario::new(40_000, vec![full, roomy]);
+    let p = s.plan();
+    let on = |d: u32| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
+            .unwrap()
+            .cost
+    };
+    assert!((on(1).queue_s - 10.0 / 19.0).abs() < 1e-9, "{:?}", on(1));
+    assert_eq!(on(2).queue_s, 0.0);
+    assert_chosen(&p, Action::Colocate, 2);
+}
+
+#[test]
+fn a_migration_sends_what_its_source_holds_now_not_what_would_survive_there() {
+    // The owner's prefix would not survive its queue, but a migration reads it at once.
+    let mut owner = pressured(1, 110_000, 10_000, 48_000);
+    owner.waiting_tokens = 200_000;
+    let idle = pressured(2, 390_000, 390_000, 0);
+    let mut s = Scenario::new(50_000, vec![owner, idle]);
+    s.decode_owner = Some(1);
+    let p = s.plan();
+    let m = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Migrate)
+        .unwrap();
+    assert_eq!(m.reused_tokens, 48_000, "{m:?}");
+}

@@ -526,6 +526,24 @@ mod tests {
     }
 
     #[test]
+    fn observed_decodes_set_the_lifetime_the_memory_wait_uses() {
+        let mut p = policy();
+        let v = WorkerView::idle(WorkerId(2), Role::Decode);
+        let m = p.config().model.clone();
+        assert_eq!(p.plan_worker(&v, &m, 16).decode_lifetime_s, None);
+        p.observe_decode(WorkerId(2), 8.0);
+        p.observe_decode(WorkerId(2), 0.0);
+        p.observe_decode(WorkerId(2), 18.0);
+        let w = p.plan_worker(&v, &m, 16);
+        assert!((w.decode_lifetime_s.unwrap() - 9.0).abs() < 1e-9, "{w:?}");
+        assert_eq!(
+            p.plan_worker(&WorkerView::idle(WorkerId(3), Role::Decode), &m, 16)
+                .decode_lifetime_s,
+            None
+        );
+    }
+
+    #[test]
     fn observed_slow_prefills_make_a_worker_look_slower() {
         let mut p = policy();
         let ws = [WorkerView::idle(WorkerId(0), Role::Hybrid)];
