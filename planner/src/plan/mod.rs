@@ -6,6 +6,10 @@
 //! prefills that will queue behind it. `R_dup` is the recompute value of the second copy
 //! of a shared prefix a fork's branch holds off the prefix owner.
 //!
+//! Every worker is priced as the step will find it when admitted there (`admission.rs`):
+//! its queue is the longer of the compute queue and the wait for the KV its running
+//! sequences hold, and its cached prefix counts only as much as survives that wait.
+//!
 //! Pure: everything the planner knows (workers' load and caches, the directory's owners,
 //! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
 //! changes in the directory, every candidate's cost terms, and why.
