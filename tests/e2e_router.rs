@@ -729,3 +729,28 @@ async fn overload_is_shed_with_429_and_retry_after_while_health_answers() {
     }
     assert_eq!(next, 200);
 }
+
+/// `up`'s embedded directory lives in a per-process temp folder no later process would
+/// find: a clean shutdown removes it (hundreds piled up in /tmp before).
+#[tokio::test]
+async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
+    let mut stack = Proc::up(&["--instant", "true"]);
+    let dir = std::env::temp_dir().join(format!("ownerserve-directory-{}", stack.child.id()));
+    let log = dir.join("log.redb");
+    eventually(Duration::from_secs(20), "the directory's log", || {
+        let log = log.clone();
+        async move { log.exists() }
+    })
+    .await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &stack.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stack.child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "`up` did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!dir.exists(), "{} is still there", dir.display());
+}

@@ -50,6 +50,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
+    let ephemeral = match &cfg.directory {
+        DirectorySetup::Embedded {
+            data_dir,
+            ephemeral: true,
+        } => Some(data_dir.clone()),
+        _ => None,
+    };
     let state = AppState::start(cfg, &tracker, &shutdown).await?;
     let directory = state.directory.clone();
     let limits = state.cfg.conn_limits;
@@ -61,6 +68,9 @@ pub async fn run(
     tracker.wait().await;
     if let Some(node) = directory {
         node.raft.shutdown().await.ok();
+    }
+    if let Some(dir) = ephemeral {
+        std::fs::remove_dir_all(&dir).ok();
     }
     served
 }
@@ -200,7 +210,7 @@ async fn start_directory(
 ) -> anyhow::Result<Directories> {
     Ok(match &cfg.directory {
         DirectorySetup::Off => Directories::default(),
-        DirectorySetup::Embedded { data_dir } => {
+        DirectorySetup::Embedded { data_dir, .. } => {
             let settings = NodeSettings {
                 id: 1,
                 data_dir: data_dir.clone(),

@@ -231,6 +231,9 @@ pub enum DirectorySetup {
     Off,
     Embedded {
         data_dir: std::path::PathBuf,
+        /// The per-process temp folder (no `directory_data_dir` set): removed at shutdown,
+        /// since no later process would find it.
+        ephemeral: bool,
     },
     Remote {
         urls: Vec<String>,
@@ -609,6 +612,7 @@ fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, ConfigError> {
             data_dir: s.directory_data_dir.clone().unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("ownerserve-directory-{}", std::process::id()))
             }),
+            ephemeral: s.directory_data_dir.is_none(),
         },
         DirectoryMode::Remote => {
             if s.directory_urls.is_empty() {
