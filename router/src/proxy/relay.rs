@@ -250,3 +250,91 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+    use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+
+    use super::*;
+    use crate::config::WorkerSpec;
+    use crate::registry::Registry;
+
+    /// A worker's body: these frames, then the end or a failure.
+    struct Scripted(VecDeque<Result<Bytes, std::io::Error>>);
+
+    impl http_body::Body for Scripted {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|r| r.map(Frame::data)))
+        }
+    }
+
+    /// How many decode times a relayed response reported.
+    async fn decodes_reported(sse: bool, fails: bool) -> usize {
+        let registry = Registry::new(vec![WorkerSpec::new(
+            "w0",
+            "http://127.0.0.1:9",
+            Role::Hybrid,
+            EngineKind::Vllm,
+        )]);
+        let worker = registry.get(WorkerId(0)).expect("worker");
+        let mut frames: VecDeque<_> = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]
+            .into_iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        if fails {
+            frames.push_back(Err(std::io::Error::other("worker died")));
+        }
+        let mut resp = Response::new(Scripted(frames));
+        if sse {
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+        }
+        let reported = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&reported);
+        let first_byte = FirstByte {
+            histogram: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t"))
+                .expect("histogram"),
+            started: Instant::now(),
+            decoded: Some(Box::new(move |_| {
+                seen.fetch_add(1, Ordering::Relaxed);
+            })),
+        };
+        let patience = Patience {
+            first: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            failure_threshold: 1_000_000,
+        };
+        let relayed = relay(
+            resp,
+            &worker,
+            worker.start_request(1, 1),
+            None,
+            Some(first_byte),
+            patience,
+            Endpoint::ChatCompletions,
+        );
+        let _ = relayed.into_body().collect().await;
+        reported.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn only_a_stream_that_ends_well_reports_its_decode_time() {
+        assert_eq!(decodes_reported(true, false).await, 1, "a finished stream");
+        assert_eq!(decodes_reported(true, true).await, 0, "a broken stream");
+        // A response that is not streamed arrives whole: its frames time nothing.
+        assert_eq!(decodes_reported(false, false).await, 0, "a whole body");
+    }
+}
