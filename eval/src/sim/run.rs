@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
-use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest, WorkerView};
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_shim::sim::config::SimConfig;
@@ -16,7 +16,7 @@ use ownerserve_shim::sim::scheduler::{CachedRun, NewSeq, SeqId};
 use super::directory::SimDirectory;
 use super::engine::Engine;
 use super::events::{Event, Queue};
-use super::residency::Residency;
+use super::residency::FleetResidency;
 use super::stats::{KvBytes, Placement, RunResult, StepRecord};
 use super::SimOptions;
 use crate::workload::{prompt_tokens, Loop, Workload};
@@ -104,7 +104,7 @@ pub(crate) struct Sim<'w> {
     idle: Vec<Idle>,
     /// Child sessions to start when a step completes, by (session, step).
     forks: HashMap<(usize, usize), Vec<usize>>,
-    residency: Residency,
+    residency: FleetResidency,
     block: u32,
     model: ModelSpec,
     // Measurements.
@@ -124,7 +124,7 @@ impl<'w> Sim<'w> {
         wl: &'w Workload,
         model: ModelSpec,
         configs: &[SimConfig],
-        roles: &[ownerserve_planner::ids::Role],
+        roles: &[Role],
         policy: Box<dyn Policy>,
         opts: &'w SimOptions,
     ) -> Self {
@@ -157,7 +157,7 @@ impl<'w> Sim<'w> {
                 n
             ],
             forks: wl.forks_by_step(),
-            residency: Residency::new(opts.sample_every_s),
+            residency: FleetResidency::new(opts.sample_every_s),
             block,
             model,
             steps: Vec::new(),
@@ -252,7 +252,8 @@ impl<'w> Sim<'w> {
             .filter(|(a, b)| a.is_finite() && b.is_finite())
             .map(|(a, b)| b - a)
             .collect();
-        let duplicate_factor = self.residency.factor(end);
+        let duplicate_factor = self.residency.all.factor(end);
+        let duplicate_factor_decoders = self.residency.decoders.factor(end);
         RunResult {
             policy: self.policy.name().to_owned(),
             cluster: String::new(),
@@ -261,7 +262,8 @@ impl<'w> Sim<'w> {
             session_e2e_s,
             kv_bytes: self.kv,
             duplicate_factor,
-            duplicate_series: std::mem::take(&mut self.residency.series),
+            duplicate_factor_decoders,
+            duplicate_series: std::mem::take(&mut self.residency.all.series),
             owner_hit_rate: if self.hits.1 == 0 {
                 f64::NAN
             } else {
@@ -563,7 +565,8 @@ impl<'w> Sim<'w> {
         let local: Vec<u64> = chain[..t.local].to_vec();
         if let Move::Migrate { source } = t.why {
             let moved = self.engines[source].sched.drop_cached(&received);
-            self.residency.apply(self.now_s, &moved.events);
+            let role = self.engines[source].role;
+            self.residency.apply(self.now_s, role, &moved.events);
             if let Some(key) = r.artifact_key {
                 self.dir.move_prefix(key, WorkerId(worker as u32));
             }
@@ -579,7 +582,8 @@ impl<'w> Sim<'w> {
             &received,
             &t.run.tokens,
         );
-        self.residency.apply(self.now_s, &update.events);
+        let role = self.engines[worker].role;
+        self.residency.apply(self.now_s, role, &update.events);
         self.submit(id, worker, true);
         self.engines[worker].sched.unpin(&pins);
     }
@@ -614,7 +618,8 @@ impl<'w> Sim<'w> {
         self.preemptions += u64::from(out.preempted);
         self.engines[worker].preempted += u64::from(out.preempted);
         let preempted = self.engines[worker].preempted;
-        self.residency.apply(now, &out.cache_events);
+        let role = self.engines[worker].role;
+        self.residency.apply(now, role, &out.cache_events);
         for a in &out.admitted {
             if let Some(&id) = self.seqs.get(&(worker, a.seq.0)) {
                 if let Some(r) = self.reqs.get_mut(id).and_then(Option::as_mut) {
@@ -755,7 +760,8 @@ impl<'w> Sim<'w> {
         let name = self.wl.sessions[session].id.as_str();
         self.dir.demote(name);
         let dropped = self.engines[owner].sched.drop_cached(&tail);
-        self.residency.apply(self.now_s, &dropped.events);
+        let role = self.engines[owner].role;
+        self.residency.apply(self.now_s, role, &dropped.events);
         let template = GapLease::new(
             self.opts.lease_factor,
             self.opts.lease_min_ms,

@@ -106,6 +106,10 @@ pub struct RunResult {
     pub kv_bytes: KvBytes,
     /// Time-weighted copies over distinct resident blocks.
     pub duplicate_factor: f64,
+    /// The same over the workers that decode (decode and hybrid roles) only: without the
+    /// copies prefill workers keep in their prefix cache of what they prefilled for a
+    /// decoder. 1 when none is resident.
+    pub duplicate_factor_decoders: f64,
     /// (virtual s, instantaneous duplicate factor).
     pub duplicate_series: Vec<(f64, f64)>,
     /// Steps with a known prefix served where its longest resident copy was, over such steps.

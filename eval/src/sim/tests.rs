@@ -57,6 +57,16 @@ fn static_pd_ships_every_prompt_and_colocated_ships_nothing() {
     assert_eq!(co.kv_bytes.total(), 0);
     // Agent turns share their history: a sticky policy reuses most of each prompt.
     assert!(co.reuse_ratio() > 0.5, "reuse {}", co.reuse_ratio());
+    // The prefill worker keeps a copy of each prompt it prefilled: duplicates that the
+    // decoders' own residency does not hold. A policy that never prefills remotely has
+    // nothing there, so its two factors agree.
+    assert!(
+        pd.duplicate_factor > pd.duplicate_factor_decoders && pd.duplicate_factor_decoders >= 1.0,
+        "{} against {} on decoders",
+        pd.duplicate_factor,
+        pd.duplicate_factor_decoders
+    );
+    assert!((co.duplicate_factor - co.duplicate_factor_decoders).abs() < 1e-9);
 }
 
 #[test]
