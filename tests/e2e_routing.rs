@@ -1,12 +1,13 @@
 //! Routing policies end to end: `kv_aware` over real ZMQ KV events and over the approximate
-//! index, `session_affinity`, and busy gating, with real `ownerserve` processes.
+//! index, `session_affinity`, busy gating, and `ownerserve`'s wait for KV on a full decoder
+//! at the decode lifetime the router observed, with real `ownerserve` processes.
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 mod common;
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{chat_body, client, eventually, get_json, get_text, metric, temp_config, Proc};
 use serde_json::{json, Value};
@@ -334,4 +335,79 @@ async fn long_prompts_wait_for_tokenizing_within_limits_and_a_given_up_one_is_ke
         },
     )
     .await;
+}
+
+/// A streamed chat request to `router`; returns the response once its first chunk arrived.
+async fn first_chunk_of(router: &str, content: &str, max_tokens: u32) -> reqwest::Response {
+    let mut body = chat_body(content, max_tokens);
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let mut resp = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.chunk().await.unwrap().is_some(), "a first chunk");
+    resp
+}
+
+/// `ownerserve`'s plan for a chat request with `content` (the explain API).
+async fn explain(router: &str, content: &str) -> Value {
+    let resp = client()
+        .post(format!("{router}/admin/v1/plan/explain"))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .json(&chat_body(content, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// The live router feeds its policy the decode lifetime the simulator feeds it
+/// (`Policy::observe_decode`): a streamed response's first frame to its end, scaled to
+/// the planner's time. The admission model waits that long for a decoder whose running
+/// sequences hold the KV a step needs: here `a`'s whole configured capacity must be freed
+/// for a prompt as large as it, so the plan's wait is the observed lifetime itself.
+#[tokio::test]
+async fn ownerserve_waits_for_kv_on_a_full_decoder_for_the_decode_lifetime_it_observed() {
+    // Four simulated seconds per wall-clock second, ~10 ms of simulated time per token.
+    let a = Proc::sim_worker(&["--time-scale", "4"]);
+    let capacity = 2048u64;
+    let cfg = temp_config(
+        "decode_lifetime.toml",
+        &format!(
+            "[router]\npolicy = \"ownerserve\"\nplanner_time_scale = 4\n\n\
+             [[workers]]\nname = \"a\"\nurl = \"{}\"\nrole = \"decode\"\n\
+             kv_capacity_tokens = {capacity}\n",
+            a.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    let running: String = (0..170).map(|i| format!("running step {i}; ")).collect();
+    let large = running.repeat(4);
+    let tokens = |plan: &Value| plan["inputs"]["prompt_tokens"].as_u64().unwrap();
+    let a_tokens = tokens(&explain(&router.url, &running).await);
+    let large_tokens = tokens(&explain(&router.url, &large).await);
+    assert!(
+        a_tokens < capacity && large_tokens >= capacity,
+        "{a_tokens} running, {large_tokens} asked, {capacity} in all"
+    );
+
+    // One stream decodes to its end: its first chunk to its last is the lifetime.
+    let mut first = first_chunk_of(&router.url, "tell me a story", 200).await;
+    let started = Instant::now();
+    while first.chunk().await.unwrap().is_some() {}
+    let lifetime_s = 4.0 * started.elapsed().as_secs_f64();
+
+    // Another holds most of `a`'s KV while the large prompt is planned.
+    let _holder = first_chunk_of(&router.url, &running, 2000).await;
+    let plan = explain(&router.url, &large).await;
+    let wait_s = plan["chosen"]["cost"]["queue_s"].as_f64().unwrap();
+    assert!(
+        (wait_s - lifetime_s).abs() <= 0.25 * lifetime_s,
+        "planned wait {wait_s} s against an observed decode lifetime of {lifetime_s} s: {plan:#}"
+    );
 }

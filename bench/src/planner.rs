@@ -65,6 +65,9 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             prefill_scale: 1.0,
             kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),
             kv_free_tokens: Some(rng.next_u64() % (4 * tokens.max(1))),
+            kv_capacity_tokens: Some(4 * tokens.max(1) + rng.next_u64() % (4 * tokens.max(1))),
+            waiting_tokens: rng.next_u64() % tokens.max(1),
+            decode_lifetime_s: Some((rng.next_u64() % 1000) as f64 / 1e2),
         })
         .collect();
     let links = Links {

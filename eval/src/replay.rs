@@ -314,6 +314,7 @@ fn result_of(wl: &Workload, mut steps: Vec<StepRecord>) -> RunResult {
         steps,
         session_e2e_s,
         duplicate_factor: f64::NAN,
+        duplicate_factor_decoders: f64::NAN,
         owner_hit_rate: f64::NAN,
         decode_interference: f64::NAN,
         makespan_s,

@@ -15,7 +15,9 @@
 //!   lease they imply).
 //! - [`kv_index`]: which worker holds which KV block chain, per tier, and prefix matching.
 //! - [`plan`]: the cost planner: step classes, the five actions priced on every worker
-//!   (pair), and the chosen plan with its cost breakdown.
+//!   (pair), and the chosen plan with its cost breakdown; each worker is priced as the
+//!   step will find it when admitted there (`plan/admission.rs`: the wait for KV on a full
+//!   worker, the share of a cached prefix that survives the wait).
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements, and
 //!   those policies (the planner's `ownerserve` among them, and the peers' routers at their
 //!   own defaults: `dynamo_kv`, `dynamo_disagg`, `llm_d`, `smg_cache_aware`).

@@ -106,6 +106,7 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
         // The router adds it from the capacity (`kv_capacity_tokens`) and its KV index.
         kv_room_tokens: None,
         kv_free_tokens: None,
+        kv_capacity_tokens: None,
     })
 }
 
@@ -215,7 +216,8 @@ process_cpu_seconds_total 12.5 1700000000000
                 waiting: 1.0,
                 kv_usage: 0.375,
                 kv_room_tokens: None,
-                kv_free_tokens: None
+                kv_free_tokens: None,
+                kv_capacity_tokens: None
             })
         );
     }
@@ -236,7 +238,8 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
                 waiting: 7.0,
                 kv_usage: 0.8,
                 kv_room_tokens: None,
-                kv_free_tokens: None
+                kv_free_tokens: None,
+                kv_capacity_tokens: None
             })
         );
     }

@@ -136,7 +136,10 @@ pub fn checks(row: &MatrixRow) -> Vec<Check> {
     out.push(Check {
         what: "HBM duplicate factor ≤ 1.1",
         pass: os.duplicate_factor <= 1.1,
-        detail: format!("{:.2}", os.duplicate_factor),
+        detail: format!(
+            "{:.2} ({:.2} on decoders)",
+            os.duplicate_factor, os.duplicate_factor_decoders
+        ),
     });
     out
 }
@@ -210,6 +213,7 @@ mod tests {
             }],
             session_e2e_s: vec![e2e],
             duplicate_factor: 1.0,
+            duplicate_factor_decoders: 1.0,
             ..RunResult::default()
         }
     }

@@ -10,14 +10,15 @@ pub fn steps_csv(run: &RunResult) -> String {
     let mut out = String::from(
         "session,step,issued_s,ttft_s,tpot_s,latency_s,prompt_tokens,cached_tokens,action,\
          decode_on,prefill_on,admit_wait_s,planned_queue_s,planned_compute_s,\
-         planned_interference_s,running_there\n",
+         planned_interference_s,running_there,planned_reused_tokens,waiting_there,\
+         kv_free_there,prefill_tokens_there,preempted_while_waiting\n",
     );
     let opt = |w: Option<usize>| w.map_or(String::new(), |w| w.to_string());
     for s in &run.steps {
         let p = &s.placement;
         let _ = writeln!(
             out,
-            "{},{},{:.4},{:.4},{:.5},{:.4},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{}",
+            "{},{},{:.4},{:.4},{:.5},{:.4},{},{},{},{},{},{:.4},{:.4},{:.4},{:.4},{},{},{},{},{},{}",
             s.session,
             s.step,
             s.issued_s,
@@ -34,6 +35,11 @@ pub fn steps_csv(run: &RunResult) -> String {
             p.planned_compute_s,
             p.planned_interference_s,
             p.running_there,
+            p.planned_reused_tokens,
+            p.waiting_there,
+            p.kv_free_there,
+            p.prefill_tokens_there,
+            p.preempted_while_waiting,
         );
     }
     out

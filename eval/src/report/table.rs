@@ -40,7 +40,7 @@ fn gb(bytes: u64) -> String {
 pub fn markdown_table(runs: &[RunResult]) -> String {
     let mut s = String::from(
         "| policy | TTFT p50 / p95 / p99 (s) | TPOT p50 / p99 (ms) | session E2E mean / p99 (s) \
-         | dup. factor | KV moved GB (P→D / fetch / migr.) | owner hit | decode interf. \
+         | dup. factor (on decoders) | KV moved GB (P→D / fetch / migr.) | owner hit | decode interf. \
          | GPU busy | prefix reuse | actions |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -58,7 +58,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
         };
         let _ = writeln!(
             s,
-            "| {}{} | {} / {} / {} | {:.0} / {:.0} | {} / {} | {} | {} / {} / {} | {} | {} | {} | {} | {} |",
+            "| {}{} | {} / {} / {} | {:.0} / {:.0} | {} / {} | {} ({}) | {} / {} / {} | {} | {} | {} | {} | {} |",
             r.policy,
             rejected,
             secs(percentile(&t, 0.5)),
@@ -69,6 +69,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
             secs(mean(&r.session_e2e_s)),
             secs(percentile(&r.session_e2e_s, 0.99)),
             ratio(r.duplicate_factor),
+            ratio(r.duplicate_factor_decoders),
             gb(r.kv_bytes.prefill_to_decode),
             gb(r.kv_bytes.fetch),
             gb(r.kv_bytes.migration),

@@ -25,6 +25,8 @@ pub(crate) struct Engine {
     pub active_prefill_tokens: u64,
     /// Virtual seconds spent in steps.
     pub busy_s: f64,
+    /// Running sequences preempted so far.
+    pub preempted: u64,
 }
 
 impl Engine {
@@ -43,6 +45,7 @@ impl Engine {
             active_blocks: 0,
             active_prefill_tokens: 0,
             busy_s: 0.0,
+            preempted: 0,
         }
     }
 
@@ -63,6 +66,9 @@ impl Engine {
                 kv_usage: self.sched.pool().usage(),
                 kv_free_tokens: Some(
                     self.sched.pool().num_free() as u64 * u64::from(self.sched.config().block_size),
+                ),
+                kv_capacity_tokens: Some(
+                    self.sched.pool().capacity() as u64 * u64::from(self.sched.config().block_size),
                 ),
                 kv_room_tokens: Some(
                     (self.sched.pool().capacity() - self.sched.pool().holding()) as u64

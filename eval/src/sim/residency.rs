@@ -1,10 +1,38 @@
 //! HBM residency across the fleet: how many copies of each KV block are resident, from the
 //! engines' cache changes. The duplicate factor is copies over distinct blocks, weighted by
-//! time; a series of it is kept for plots.
+//! time; a series of it is kept for plots. It is kept twice: over every worker, and over the
+//! workers that decode only (a prefill worker's prefix cache holds a copy of what it
+//! prefilled for a decoder until something evicts it; the split says which copies are those).
 
 use std::collections::HashMap;
 
+use ownerserve_planner::ids::Role;
 use ownerserve_shim::sim::scheduler::CacheEvent;
+
+/// Residency over every worker and over the workers that decode.
+#[derive(Debug)]
+pub(crate) struct FleetResidency {
+    pub all: Residency,
+    /// Every worker but prefill workers.
+    pub decoders: Residency,
+}
+
+impl FleetResidency {
+    pub fn new(sample_s: f64) -> Self {
+        Self {
+            all: Residency::new(sample_s),
+            decoders: Residency::new(sample_s),
+        }
+    }
+
+    /// Applies the cache changes of one worker in `role` at `now_s`.
+    pub fn apply(&mut self, now_s: f64, role: Role, events: &[CacheEvent]) {
+        self.all.apply(now_s, events);
+        if role != Role::Prefill {
+            self.decoders.apply(now_s, events);
+        }
+    }
+}
 
 /// Copies of each resident block, and their time integrals.
 #[derive(Debug, Default)]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
-use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest};
+use ownerserve_planner::ids::{Role, WorkerId};
+use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest, WorkerView};
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::scheduler::{CachedRun, NewSeq, SeqId};
@@ -16,7 +16,7 @@ use ownerserve_shim::sim::scheduler::{CachedRun, NewSeq, SeqId};
 use super::directory::SimDirectory;
 use super::engine::Engine;
 use super::events::{Event, Queue};
-use super::residency::Residency;
+use super::residency::FleetResidency;
 use super::stats::{KvBytes, Placement, RunResult, StepRecord};
 use super::SimOptions;
 use crate::workload::{prompt_tokens, Loop, Workload};
@@ -104,7 +104,7 @@ pub(crate) struct Sim<'w> {
     idle: Vec<Idle>,
     /// Child sessions to start when a step completes, by (session, step).
     forks: HashMap<(usize, usize), Vec<usize>>,
-    residency: Residency,
+    residency: FleetResidency,
     block: u32,
     model: ModelSpec,
     // Measurements.
@@ -124,7 +124,7 @@ impl<'w> Sim<'w> {
         wl: &'w Workload,
         model: ModelSpec,
         configs: &[SimConfig],
-        roles: &[ownerserve_planner::ids::Role],
+        roles: &[Role],
         policy: Box<dyn Policy>,
         opts: &'w SimOptions,
     ) -> Self {
@@ -157,7 +157,7 @@ impl<'w> Sim<'w> {
                 n
             ],
             forks: wl.forks_by_step(),
-            residency: Residency::new(opts.sample_every_s),
+            residency: FleetResidency::new(opts.sample_every_s),
             block,
             model,
             steps: Vec::new(),
@@ -252,7 +252,8 @@ impl<'w> Sim<'w> {
             .filter(|(a, b)| a.is_finite() && b.is_finite())
             .map(|(a, b)| b - a)
             .collect();
-        let duplicate_factor = self.residency.factor(end);
+        let duplicate_factor = self.residency.all.factor(end);
+        let duplicate_factor_decoders = self.residency.decoders.factor(end);
         RunResult {
             policy: self.policy.name().to_owned(),
             cluster: String::new(),
@@ -261,7 +262,8 @@ impl<'w> Sim<'w> {
             session_e2e_s,
             kv_bytes: self.kv,
             duplicate_factor,
-            duplicate_series: std::mem::take(&mut self.residency.series),
+            duplicate_factor_decoders,
+            duplicate_series: std::mem::take(&mut self.residency.all.series),
             owner_hit_rate: if self.hits.1 == 0 {
                 f64::NAN
             } else {
@@ -352,7 +354,7 @@ impl<'w> Sim<'w> {
         self.record_directory(session, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
 
-        let placement = placement_of(&decision, worker, self.engines[worker].sched.num_running());
+        let placement = placement_of(&decision, &views[worker]);
         let e = &mut self.engines[worker];
         e.in_flight += 1;
         e.active_blocks += route.prompt_blocks();
@@ -474,8 +476,10 @@ impl<'w> Sim<'w> {
         max_tokens: u32,
         choice: u32,
     ) -> Option<NewSeq> {
-        let r = self.reqs.get(id)?.as_ref()?;
+        let r = self.reqs.get_mut(id)?.as_mut()?;
         let e = &mut self.engines[worker];
+        // Counted from here until it is admitted (`step_end`).
+        r.placement.preempted_while_waiting = e.preempted;
         let seq = e.next_seq;
         e.next_seq += 1;
         self.seqs.insert((worker, seq), id);
@@ -561,7 +565,8 @@ impl<'w> Sim<'w> {
         let local: Vec<u64> = chain[..t.local].to_vec();
         if let Move::Migrate { source } = t.why {
             let moved = self.engines[source].sched.drop_cached(&received);
-            self.residency.apply(self.now_s, &moved.events);
+            let role = self.engines[source].role;
+            self.residency.apply(self.now_s, role, &moved.events);
             if let Some(key) = r.artifact_key {
                 self.dir.move_prefix(key, WorkerId(worker as u32));
             }
@@ -577,7 +582,8 @@ impl<'w> Sim<'w> {
             &received,
             &t.run.tokens,
         );
-        self.residency.apply(self.now_s, &update.events);
+        let role = self.engines[worker].role;
+        self.residency.apply(self.now_s, role, &update.events);
         self.submit(id, worker, true);
         self.engines[worker].sched.unpin(&pins);
     }
@@ -610,7 +616,10 @@ impl<'w> Sim<'w> {
         };
         let now = self.now_s;
         self.preemptions += u64::from(out.preempted);
-        self.residency.apply(now, &out.cache_events);
+        self.engines[worker].preempted += u64::from(out.preempted);
+        let preempted = self.engines[worker].preempted;
+        let role = self.engines[worker].role;
+        self.residency.apply(now, role, &out.cache_events);
         for a in &out.admitted {
             if let Some(&id) = self.seqs.get(&(worker, a.seq.0)) {
                 if let Some(r) = self.reqs.get_mut(id).and_then(Option::as_mut) {
@@ -621,10 +630,14 @@ impl<'w> Sim<'w> {
                             r.cached_tokens = a.cached_tokens;
                             r.prefilled_remotely = true;
                             r.placement.admit_wait_s = a.queue_s;
+                            r.placement.preempted_while_waiting =
+                                preempted.saturating_sub(r.placement.preempted_while_waiting);
                         }
                         _ if r.worker == worker && !r.prefilled_remotely => {
                             r.cached_tokens = r.cached_tokens.max(a.cached_tokens);
                             r.placement.admit_wait_s = a.queue_s;
+                            r.placement.preempted_while_waiting =
+                                preempted.saturating_sub(r.placement.preempted_while_waiting);
                         }
                         _ => {}
                     }
@@ -688,6 +701,11 @@ impl<'w> Sim<'w> {
         let samples = self.wl.sessions[r.session].steps[r.step].samples.max(1);
         let per_choice = (r.tokens / samples).max(1);
         let first = r.first_token_s.unwrap_or(now);
+        if self.opts.calibrate {
+            // How long its sequences held their KV on the decode worker.
+            self.policy
+                .observe_decode(WorkerId(r.worker as u32), now - first);
+        }
         self.steps.push(StepRecord {
             session: r.session,
             step: r.step,
@@ -742,7 +760,8 @@ impl<'w> Sim<'w> {
         let name = self.wl.sessions[session].id.as_str();
         self.dir.demote(name);
         let dropped = self.engines[owner].sched.drop_cached(&tail);
-        self.residency.apply(self.now_s, &dropped.events);
+        let role = self.engines[owner].role;
+        self.residency.apply(self.now_s, role, &dropped.events);
         let template = GapLease::new(
             self.opts.lease_factor,
             self.opts.lease_min_ms,
@@ -790,12 +809,14 @@ impl<'w> Sim<'w> {
     }
 }
 
-/// What a step's record says about where it ran and what its plan predicted.
-fn placement_of(d: &Decision, worker: usize, running: usize) -> Placement {
+/// What a step's record says about where it ran, what its plan predicted and what the
+/// router saw of its decode worker (`there`) when it placed it.
+fn placement_of(d: &Decision, there: &WorkerView) -> Placement {
     let cost = d.plan.as_ref().map(|p| p.chosen.cost);
+    let load = there.load.unwrap_or_default();
     Placement {
         action: Some(d.action().name()),
-        decode_on: Some(worker),
+        decode_on: Some(there.id.0 as usize),
         prefill_on: match d.dispatch {
             Dispatch::Disaggregated { prefill } => Some(prefill.0 as usize),
             _ => None,
@@ -804,6 +825,11 @@ fn placement_of(d: &Decision, worker: usize, running: usize) -> Placement {
         planned_queue_s: cost.map_or(0.0, |c| c.queue_s),
         planned_compute_s: cost.map_or(0.0, |c| c.compute_s),
         planned_interference_s: cost.map_or(0.0, |c| c.interference_s),
-        running_there: running as u32,
+        running_there: load.running as u32,
+        planned_reused_tokens: d.plan.as_ref().map_or(0, |p| p.chosen.reused_tokens as u32),
+        waiting_there: load.waiting as u32,
+        kv_free_there: load.kv_free_tokens.unwrap_or(0),
+        prefill_tokens_there: there.active_prefill_tokens,
+        preempted_while_waiting: 0,
     }
 }

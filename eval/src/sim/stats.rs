@@ -82,6 +82,16 @@ pub struct Placement {
     pub planned_interference_s: f64,
     /// Sequences running on the decode worker when the step was placed.
     pub running_there: u32,
+    /// Prompt tokens the plan counted as reused (cached, received or fetched).
+    pub planned_reused_tokens: u32,
+    /// The decode worker when the step was placed: sequences waiting there, KV tokens not
+    /// held by running sequences, and prompt tokens sent there not prefilled yet.
+    pub waiting_there: u32,
+    pub kv_free_there: u64,
+    pub prefill_tokens_there: u64,
+    /// Sequences the computing engine preempted between the step's arrival there and its
+    /// admission (at arrival: the engine's count so far, replaced at admission).
+    pub preempted_while_waiting: u64,
 }
 
 /// Everything one policy's run produced.
@@ -96,6 +106,10 @@ pub struct RunResult {
     pub kv_bytes: KvBytes,
     /// Time-weighted copies over distinct resident blocks.
     pub duplicate_factor: f64,
+    /// The same over the workers that decode (decode and hybrid roles) only: without the
+    /// copies prefill workers keep in their prefix cache of what they prefilled for a
+    /// decoder. 1 when none is resident.
+    pub duplicate_factor_decoders: f64,
     /// (virtual s, instantaneous duplicate factor).
     pub duplicate_series: Vec<(f64, f64)>,
     /// Steps with a known prefix served where its longest resident copy was, over such steps.

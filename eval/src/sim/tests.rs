@@ -57,4 +57,30 @@ fn static_pd_ships_every_prompt_and_colocated_ships_nothing() {
     assert_eq!(co.kv_bytes.total(), 0);
     // Agent turns share their history: a sticky policy reuses most of each prompt.
     assert!(co.reuse_ratio() > 0.5, "reuse {}", co.reuse_ratio());
+    // The prefill worker keeps a copy of each prompt it prefilled: duplicates that the
+    // decoders' own residency does not hold. A policy that never prefills remotely has
+    // nothing there, so its two factors agree.
+    assert!(
+        pd.duplicate_factor > pd.duplicate_factor_decoders && pd.duplicate_factor_decoders >= 1.0,
+        "{} against {} on decoders",
+        pd.duplicate_factor,
+        pd.duplicate_factor_decoders
+    );
+    assert!((co.duplicate_factor - co.duplicate_factor_decoders).abs() < 1e-9);
+}
+
+#[test]
+fn each_step_records_what_its_plan_reused_and_its_decode_worker_s_kv() {
+    let wl = swe_smith();
+    let r = run(&wl, "1p3d", "ownerserve");
+    for s in r.steps.iter().filter(|s| !s.rejected) {
+        let p = &s.placement;
+        assert!(p.planned_reused_tokens <= s.prompt_tokens, "{s:?}");
+        assert!(p.kv_free_there > 0, "{s:?}");
+    }
+    // Later steps of a session reuse its history, and the plan knows it.
+    assert!(r
+        .steps
+        .iter()
+        .any(|s| s.placement.planned_reused_tokens > 0));
 }

@@ -4,6 +4,7 @@ use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepWork};
 
+use super::admission::admitted_view;
 use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
@@ -11,6 +12,20 @@ use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 /// provably dominated: with uniform links and no request for an exhaustive list, each
 /// decoder gets only its cheapest prefill partner (see [`best_partners`]).
 pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
+    // Every worker as this step will find it when admitted there: its queue includes the
+    // wait for KV, its cached prefix only what survives that wait (`admission.rs`). A
+    // migration's source and a fetch's source are read at once, so they keep what they hold.
+    let block = u64::from(input.block_size.max(1));
+    let admitted: Vec<PlanWorker> = input
+        .workers
+        .iter()
+        .map(|w| admitted_view(w, input.model, input.prompt_tokens, block))
+        .collect();
+    let held_now = input.workers;
+    let input = &PlanInput {
+        workers: &admitted,
+        ..input.clone()
+    };
     let p = Pricing::new(input);
     let owner = input
         .decode_owner
@@ -42,6 +57,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 w,
                 work,
                 computed,
+                copy_s: p.prefill_copy_s(w, work.new),
                 interference_s,
             }
         })
@@ -83,7 +99,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             c.cost = c
                 .cost
                 .with_decode_leg_wait(leg_wait_s)
-                .with_duplicate(p.duplicate_s(d, dup));
+                .with_duplicate(p.duplicate_s(d, dup) + pre.copy_s);
             c
         };
         match partners {
@@ -108,7 +124,8 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         }
     }
     if let Some(d) = owner.filter(|d| d.healthy && !fork) {
-        let sent = p.state_bytes(d.cached_tokens.min(input.prompt_tokens));
+        let now = held_now.iter().find(|w| w.id == d.id).unwrap_or(d);
+        let sent = p.state_bytes(now.cached_tokens.min(input.prompt_tokens));
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
@@ -117,7 +134,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
-            let mut c = p.migrate(d, t, sent);
+            let mut c = p.migrate(now, t, sent);
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
             }
@@ -157,6 +174,8 @@ struct Prefiller<'a> {
     work: Work,
     /// Bytes it computes, and so keeps a copy of.
     computed: f64,
+    /// What that copy is worth in HBM ([`Pricing::prefill_copy_s`]).
+    copy_s: f64,
     /// Decode-seconds it stalls there ([`Pricing::interference_s`]).
     interference_s: f64,
 }
@@ -170,6 +189,7 @@ impl Prefiller<'_> {
         self.w.queue_s
             + self.work.compute_s
             + weights.lambda_s_per_gb * self.computed / 1e9
+            + self.copy_s
             + weights.mu * self.interference_s
             + weights.nu * self.work.compute_s * self.w.queued as f64
     }
@@ -410,6 +430,23 @@ impl Pricing<'_, '_> {
         }
         let tokens = (self.prompt() as f64 * dup / self.prompt_bytes.max(1.0)).ceil() as u64;
         w.kappa * self.prefill_s(d, tokens.min(self.prompt()), 1)
+    }
+
+    /// What the copy a prefill worker `w` keeps of the `new` prompt tokens it computes for
+    /// another worker is worth in HBM: κ × the prefill it would take to recompute it, the
+    /// price of a fork branch's copy ([`Pricing::duplicate_s`]). Engines keep what they
+    /// prefilled in their prefix cache after the KV is sent (vLLM's and SGLang's prefill
+    /// instances do), so the decoder's copy and this one coexist until something evicts it:
+    /// a duplicate for every step, not only forks, and room that would otherwise hold a
+    /// prefix whose reuse saves as much prefill. (Priced at λ alone before, it was nearly
+    /// free: 0.05 s for a 40K-token Llama prompt, and the P/D rows' duplicate factor was
+    /// the prefill workers' copies, `docs/EVALUATION.md`.)
+    fn prefill_copy_s(&self, w: &PlanWorker, new: u64) -> f64 {
+        let kappa = self.input.weights.kappa;
+        if new == 0 || kappa <= 0.0 {
+            return 0.0;
+        }
+        kappa * self.prefill_s(w, new, 1)
     }
 
     /// `w`, whose cached tokens' bytes are `cached`, fetches the rest of the artifact from

@@ -3,13 +3,19 @@
 //! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
 //! ν·D_queue (+ κ·R_dup)` (`cost.rs`), where `I_decode` is the marginal stall of the decodes running
 //! beside the prefill (`interference.rs`) and `D_queue` the delay its compute adds to the
-//! prefills that will queue behind it. `R_dup` is the recompute value of the second copy
-//! of a shared prefix a fork's branch holds off the prefix owner.
+//! prefills that will queue behind it. `R_dup` is the recompute value of a second copy the
+//! step leaves: of a shared prefix a fork's branch holds off the prefix owner, and of what
+//! a remote prefill's prefill worker computes and keeps in its prefix cache.
+//!
+//! Every worker is priced as the step will find it when admitted there (`admission.rs`):
+//! its queue is the longer of the compute queue and the wait for the KV its running
+//! sequences hold, and its cached prefix counts only as much as survives that wait.
 //!
 //! Pure: everything the planner knows (workers' load and caches, the directory's owners,
 //! links) comes in a [`PlanInput`]; the result is a [`Plan`] that says what to do, what
 //! changes in the directory, every candidate's cost terms, and why.
 
+mod admission;
 mod candidates;
 mod classify;
 mod cost;
@@ -23,6 +29,7 @@ use crate::ids::{Role, WorkerId};
 use crate::roofline::Roofline;
 use crate::spec::ModelSpec;
 
+pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
 pub use interference::{marginal_interference_s, stalled_decodes, CHUNK_TOKENS};
@@ -94,6 +101,15 @@ pub struct PlanWorker {
     /// KV tokens not held by running sequences (`EngineLoad::kv_free_tokens`): past them,
     /// a step's KV preempts someone running there. `None` when unknown.
     pub kv_free_tokens: Option<u64>,
+    /// KV tokens the worker's pool holds in all (`EngineLoad::kv_capacity_tokens`); `None`
+    /// when unknown (no memory wait then, `admission.rs`).
+    pub kv_capacity_tokens: Option<u64>,
+    /// Prompt tokens sent there and not prefilled yet (the router's count): the KV the
+    /// prompts queued ahead of a step will allocate before it.
+    pub waiting_tokens: u64,
+    /// Observed seconds a sequence decoding there holds its KV (first to last token, an
+    /// EWMA); `None` until observed (no memory wait then, `admission.rs`).
+    pub decode_lifetime_s: Option<f64>,
 }
 
 impl PlanWorker {
@@ -154,8 +170,11 @@ pub struct Weights {
     /// the prefill it saves, so a branch spills off the prefix owner only when the owner's
     /// load costs more than recomputing the copy. Checked on forked seed 7 (held out of the
     /// matrix): the duplicate factor fell from 1.68–2.65 to 1.00–1.01 on 2p6d and 8h for
-    /// both models at the same p99 TTFT; 0.5 chose the same. Applied to every step it
-    /// helped some held-out SWE-smith runs and hurt others, so it applies to forks only.
+    /// both models at the same p99 TTFT; 0.5 chose the same. Applied to every step's
+    /// decoder copy it helped some held-out SWE-smith runs and hurt others, so that copy is
+    /// priced for forks only. The copy a remote prefill leaves on its prefill worker (kept
+    /// cached after the KV is sent) is priced at the same κ for every step: checked on
+    /// held-out seeds 7/11 (`docs/EVALUATION.md`, fourth pass) with no new value chosen.
     pub kappa: f64,
 }
 

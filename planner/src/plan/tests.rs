@@ -19,6 +19,9 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         prefill_scale: 1.0,
         kv_room_tokens: None,
         kv_free_tokens: None,
+        kv_capacity_tokens: None,
+        waiting_tokens: 0,
+        decode_lifetime_s: None,
     }
 }
 
@@ -213,10 +216,51 @@ fn a_fork_stays_with_its_prefix_unless_load_forces_a_spill() {
     s.weights.kappa = 1.0;
     s.workers[0].queue_s = 2.0;
     assert_eq!(s.plan().chosen.decode_on, WorkerId(1));
-    // A session's own step (not a fork) pays no duplicate price.
+    // A session's own step (not a fork) pays no price for the decoder's copy; only a
+    // remote prefill pays, for the copy its prefill worker keeps.
     s.fork = false;
     s.workers[0].queue_s = 0.03;
     s.decode_owner = None;
+    assert!(s
+        .plan()
+        .candidates
+        .iter()
+        .all(|c| c.action == Action::RemotePrefill || c.cost.duplicate_s == 0.0));
+}
+
+/// A prefill worker keeps what it prefilled in its prefix cache after sending the KV, so a
+/// remote prefill leaves a second copy of what it computed: priced for every step at κ ×
+/// the prefill it would take to recompute it (its own compute here), nothing at κ = 0.
+#[test]
+fn a_remote_prefill_pays_for_the_copy_its_prefill_worker_keeps() {
+    let mut d = worker(1, Role::Decode);
+    d.decoding = 64;
+    let mut s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
+    let p = s.plan();
+    let remote = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::RemotePrefill)
+        .unwrap();
+    assert!(remote.cost.duplicate_s > 0.0, "{remote:#?}");
+    assert!(
+        close(remote.cost.duplicate_s, remote.cost.compute_s),
+        "{remote:#?}"
+    );
+    // What the prefill worker already holds is not copied again: a new turn on top of a
+    // cached context pays for its own tokens only.
+    s.workers[0].cached_tokens = 29_000;
+    let turn = s.plan();
+    let turn = turn
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::RemotePrefill)
+        .unwrap();
+    assert!(
+        turn.cost.duplicate_s < remote.cost.duplicate_s / 10.0,
+        "{turn:#?}"
+    );
+    s.weights.kappa = 0.0;
     assert!(s
         .plan()
         .candidates
@@ -485,6 +529,15 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 0 => None,
                 _ => Some(rng.next_u64() % (2 * prompt_tokens + 2_000)),
             },
+            kv_capacity_tokens: match pick(rng, 3) {
+                0 => None,
+                _ => Some(2 * prompt_tokens + 2_000 + rng.next_u64() % (4 * prompt_tokens + 1)),
+            },
+            waiting_tokens: rng.next_u64() % (prompt_tokens + 1),
+            decode_lifetime_s: match pick(rng, 3) {
+                0 => None,
+                _ => Some(rng.next_f64() * 20.0),
+            },
         });
     }
     // Ids that are not in the fleet too: a stale owner or artifact.
@@ -727,4 +780,81 @@ fn a_decoder_whose_running_sequences_fill_its_kv_is_priced_for_the_preemption() 
         on(1).evict_s
     );
     assert_chosen(&p, Action::Colocate, 2);
+}
+
+/// A decoder with 400K KV tokens whose running sequences hold `400K − free`, decoding 20,
+/// with an observed decode lifetime of 10 s.
+fn pressured(id: u32, free: u64, room: u64, cached: u64) -> PlanWorker {
+    let mut w = worker(id, Role::Decode);
+    w.decoding = 20;
+    w.kv_capacity_tokens = Some(400_000);
+    w.kv_free_tokens = Some(free);
+    w.kv_room_tokens = Some(room);
+    w.cached_tokens = cached;
+    w.decode_lifetime_s = Some(10.0);
+    w
+}
+
+#[test]
+fn a_prefix_the_queue_ahead_will_evict_is_not_counted_as_reused() {
+    // The owner holds 48K of the 50K prompt in its evictable cache, but 90K tokens queued
+    // ahead of the step will take its 10K empty blocks and then most of its 100K
+    // evictable ones before the step is admitted.
+    let mut owner = pressured(1, 110_000, 10_000, 48_000);
+    owner.waiting_tokens = 90_000;
+    owner.queue_s = 0.5;
+    let mut s = Scenario::new(50_000, vec![owner.clone()]);
+    s.decode_owner = Some(1);
+    let stays = |p: &Plan| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(1))
+            .cloned()
+            .unwrap()
+    };
+    let c = stays(&s.plan());
+    assert!(c.reused_tokens < 48_000 / 5, "{c:?}");
+    // With nothing queued ahead the prefix is all there.
+    owner.waiting_tokens = 0;
+    owner.queue_s = 0.0;
+    owner.decoding = 0;
+    s.workers = vec![owner];
+    assert_eq!(stays(&s.plan()).reused_tokens, 48_000);
+}
+
+#[test]
+fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
+    // 380K of 400K held by running sequences: a 40K prompt is 20K short, so it waits for
+    // a nineteenth of the running KV to be released, a nineteenth of the lifetime.
+    let full = pressured(1, 20_000, 0, 0);
+    let roomy = pressured(2, 200_000, 200_000, 0);
+    let s = Scenario::new(40_000, vec![full, roomy]);
+    let p = s.plan();
+    let on = |d: u32| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
+            .unwrap()
+            .cost
+    };
+    assert!((on(1).queue_s - 10.0 / 19.0).abs() < 1e-9, "{:?}", on(1));
+    assert_eq!(on(2).queue_s, 0.0);
+    assert_chosen(&p, Action::Colocate, 2);
+}
+
+#[test]
+fn a_migration_sends_what_its_source_holds_now_not_what_would_survive_there() {
+    // The owner's prefix would not survive its queue, but a migration reads it at once.
+    let mut owner = pressured(1, 110_000, 10_000, 48_000);
+    owner.waiting_tokens = 200_000;
+    let idle = pressured(2, 390_000, 390_000, 0);
+    let mut s = Scenario::new(50_000, vec![owner, idle]);
+    s.decode_owner = Some(1);
+    let p = s.plan();
+    let m = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Migrate)
+        .unwrap();
+    assert_eq!(m.reused_tokens, 48_000, "{m:?}");
 }

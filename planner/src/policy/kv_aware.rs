@@ -222,6 +222,7 @@ mod tests {
             kv_usage: 0.5,
             kv_room_tokens: None,
             kv_free_tokens: None,
+            kv_capacity_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws).unwrap().worker, WorkerId(1));
         ws[1].load = Some(EngineLoad {
@@ -230,6 +231,7 @@ mod tests {
             kv_usage: 0.99,
             kv_room_tokens: None,
             kv_free_tokens: None,
+            kv_capacity_tokens: None,
         });
         assert_eq!(p.choose(&r, &ws), Err(PolicyError::AllBusy));
         for x in &mut ws {

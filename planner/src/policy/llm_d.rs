@@ -164,6 +164,7 @@ mod tests {
                 kv_usage: kv,
                 kv_room_tokens: None,
                 kv_free_tokens: None,
+                kv_capacity_tokens: None,
             }),
             ..WorkerView::idle(WorkerId(id), role)
         }

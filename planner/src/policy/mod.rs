@@ -51,6 +51,9 @@ pub struct EngineLoad {
     /// sequence can take, evicting cached prefixes if it must, before the engine preempts
     /// a running one. `None` while its capacity is unknown.
     pub kv_free_tokens: Option<u64>,
+    /// KV tokens the engine's pool holds in all (configured or reported). `None` while
+    /// unknown.
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 /// What the router knows about one worker when it routes a request.
@@ -213,6 +216,11 @@ pub trait Policy: Send {
     /// Feeds back an observed prefill: `predicted_s` was the plan's compute time on
     /// `worker`, `observed_s` what it took. Policies that calibrate keep an EWMA.
     fn observe_prefill(&mut self, _worker: WorkerId, _predicted_s: f64, _observed_s: f64) {}
+
+    /// Feeds back a finished request: its sequences decoded on `worker` for `decode_s`
+    /// seconds (first to last token), holding their KV. Policies that model the wait for
+    /// KV (`plan::admission`) keep an EWMA.
+    fn observe_decode(&mut self, _worker: WorkerId, _decode_s: f64) {}
 
     /// The cost plan this policy would make for `req`, every candidate listed, without
     /// deciding anything (the explain API); `None` for policies without a cost planner.

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::{Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView};
-use crate::ewma::PrefillCalibration;
+use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
 use crate::plan::{
     plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
@@ -69,13 +69,19 @@ impl OwnerServeConfig {
 pub struct OwnerServe {
     cfg: OwnerServeConfig,
     calibration: HashMap<WorkerId, PrefillCalibration>,
+    /// Observed decode lifetime per worker (`Policy::observe_decode`).
+    decode_lifetime: HashMap<WorkerId, Ewma>,
 }
+
+/// Weight of a new decode-lifetime sample in its EWMA.
+const DECODE_LIFETIME_ALPHA: f64 = 0.1;
 
 impl OwnerServe {
     pub fn new(cfg: OwnerServeConfig) -> Self {
         Self {
             cfg,
             calibration: HashMap::new(),
+            decode_lifetime: HashMap::new(),
         }
     }
 
@@ -102,6 +108,9 @@ impl OwnerServe {
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
             kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
+            kv_capacity_tokens: w.load.and_then(|l| l.kv_capacity_tokens),
+            waiting_tokens: w.active_prefill_tokens,
+            decode_lifetime_s: self.decode_lifetime.get(&w.id).and_then(Ewma::value),
         }
     }
 
@@ -251,6 +260,15 @@ impl Policy for OwnerServe {
             .entry(worker)
             .or_default()
             .observe(predicted_s, observed_s);
+    }
+
+    fn observe_decode(&mut self, worker: WorkerId, decode_s: f64) {
+        if decode_s > 0.0 {
+            self.decode_lifetime
+                .entry(worker)
+                .or_insert_with(|| Ewma::new(DECODE_LIFETIME_ALPHA))
+                .observe(decode_s);
+        }
     }
 
     fn explain(
@@ -505,6 +523,24 @@ mod tests {
         let w = p.plan_worker(&view, &p.config().model, 16);
         assert_eq!((w.queued, w.decoding), (4, 9));
         assert!(w.queue_s > 0.0);
+    }
+
+    #[test]
+    fn observed_decodes_set_the_lifetime_the_memory_wait_uses() {
+        let mut p = policy();
+        let v = WorkerView::idle(WorkerId(2), Role::Decode);
+        let m = p.config().model.clone();
+        assert_eq!(p.plan_worker(&v, &m, 16).decode_lifetime_s, None);
+        p.observe_decode(WorkerId(2), 8.0);
+        p.observe_decode(WorkerId(2), 0.0);
+        p.observe_decode(WorkerId(2), 18.0);
+        let w = p.plan_worker(&v, &m, 16);
+        assert!((w.decode_lifetime_s.unwrap() - 9.0).abs() < 1e-9, "{w:?}");
+        assert_eq!(
+            p.plan_worker(&WorkerView::idle(WorkerId(3), Role::Decode), &m, 16)
+                .decode_lifetime_s,
+            None
+        );
     }
 
     #[test]

@@ -193,10 +193,11 @@ pub struct RouterSettings {
     /// fork's branch holds off the prefix owner.
     pub planner_kappa: f64,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
-    /// real time); observed prefill times are scaled by it before calibrating the planner.
+    /// real time); observed prefill and decode times are scaled by it before calibrating
+    /// the planner.
     pub planner_time_scale: f64,
-    /// Whether observed prefill times calibrate the planner (off for instant sim fleets,
-    /// whose prefills take no time at all).
+    /// Whether observed prefill times and streams' decode times calibrate the planner (off
+    /// for instant sim fleets, whose prefills take no time at all).
     pub planner_calibrate: bool,
     /// Links that differ from the default, per ordered worker pair.
     pub planner_links: Vec<LinkSettings>,

@@ -1,5 +1,6 @@
 //! Feedback: what an executed step teaches the router. The dispatch legs' outcome goes to
-//! metrics and the policy's calibration; the decode worker's answer to the plan metrics;
+//! metrics and the policy's calibration; the decode worker's answer to the plan metrics,
+//! and its stream's decode time (once it ends) to the policy's decode lifetime;
 //! the prompt's block hashes (from the identity stage, never re-derived from the body) to
 //! the approximate KV index, the session's idle tracking and the ownership records.
 
@@ -9,6 +10,7 @@ use ownerserve_shim::engines::KV_RECEIVED_BYTES_HEADER;
 
 use super::dispatch::Prepared;
 use super::identity::Identity;
+use super::relay::Decoded;
 use super::view::StepView;
 use crate::metrics::proxy::Placement;
 use crate::ownership_sync::{Effects, Routed};
@@ -30,6 +32,16 @@ pub fn legs_ran(st: &AppState, action: Action, prepared: &Prepared) {
         let observed = t.observed_s * st.cfg.planner_time_scale;
         st.policy.observe_prefill(t.worker, t.predicted_s, observed);
     }
+}
+
+/// Where the relay reports how long `worker` decoded the step's stream, for the policy's
+/// admission model (`Policy::observe_decode`), scaled to the planner's time like an
+/// observed prefill; `None` when the router does not calibrate.
+pub fn decode_observer(st: &AppState, worker: &Worker) -> Option<Decoded> {
+    st.cfg.planner_calibrate.then(|| {
+        st.policy
+            .decode_observer(worker.id, st.cfg.planner_time_scale)
+    })
 }
 
 /// Records a step the decode worker accepted: its metrics, where its prompt now is, the

@@ -297,6 +297,7 @@ impl Attempt<'_> {
         let first_byte = relay::FirstByte {
             histogram: st.metrics.ttft(action),
             started: self.started,
+            decoded: feedback::decode_observer(st, worker),
         };
         let patience = relay::Patience {
             first: st.cfg.request_timeout,

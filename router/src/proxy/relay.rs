@@ -1,14 +1,15 @@
 //! Relay: a worker's response on its way back to the client. Status and headers are
 //! copied (minus hop-by-hop ones) with `x-ownerserve-worker` added, and the body is relayed
 //! frame by frame; the relay holds the worker's in-flight count and the session's
-//! activity until the body is done, and times the first frame.
+//! activity until the body is done, and times the first frame and, for a stream that
+//! ends well, its decode (first frame to end).
 
 use ownerserve_shim::openai::Endpoint;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, Response};
@@ -29,11 +30,19 @@ const HOP_BY_HOP: &[HeaderName] = &[
     header::TRAILER,
 ];
 
-/// Where the time to a response's first byte goes.
+/// Where a stream that ended well reports how long it decoded: from its first frame (the
+/// engine's first token) to its last.
+pub type Decoded = Box<dyn FnOnce(Duration) + Send>;
+
+/// Where the time to a response's first byte goes, and its decode time.
 pub struct FirstByte {
     pub histogram: prometheus::Histogram,
     /// When the client's request arrived.
-    pub started: std::time::Instant,
+    pub started: Instant,
+    /// Told the decode time of a streamed (SSE) response that ends without a failure. A
+    /// response that is not streamed arrives whole after its decode, so its frames time
+    /// nothing and it reports nothing; nor does one the client leaves.
+    pub decoded: Option<Decoded>,
 }
 
 /// How long a body may stay silent, and what a silent worker costs it.
@@ -95,6 +104,7 @@ where
         in_flight,
         _activity: activity,
         first_byte,
+        decoding: None,
         patience,
         idle: Box::pin(tokio::time::sleep(patience.first)),
         endpoint,
@@ -113,6 +123,8 @@ struct RelayBody<B> {
     in_flight: InFlight,
     _activity: Option<Activity>,
     first_byte: Option<FirstByte>,
+    /// A stream's first frame and where its decode time goes once it ends.
+    decoding: Option<(Instant, Decoded)>,
     patience: Patience,
     /// Fires when the worker has been silent for `patience.idle`; reset by every frame.
     idle: Pin<Box<tokio::time::Sleep>>,
@@ -129,7 +141,25 @@ enum RelayError {
     Silent(String, Duration),
 }
 
-impl<B> RelayBody<B> {
+impl<B: http_body::Body> RelayBody<B> {
+    /// Times a frame: the first one (the engine's first token) ends the time to first byte
+    /// and, on a stream, starts its decode time.
+    fn timed_frame(&mut self) {
+        if let Some(f) = self.first_byte.take() {
+            f.histogram.observe(f.started.elapsed().as_secs_f64());
+            if self.sse {
+                self.decoding = f.decoded.map(|d| (Instant::now(), d));
+            }
+        }
+    }
+
+    /// Reports the decode time of a stream that has ended without failing.
+    fn decode_ended(&mut self) {
+        if let Some((first, decoded)) = self.decoding.take().filter(|_| !self.failed) {
+            decoded(first.elapsed());
+        }
+    }
+
     /// Ends the body: an SSE client gets `err` as an event and `[DONE]`.
     fn fail(
         &mut self,
@@ -166,8 +196,9 @@ where
         if let Poll::Ready(Some(Ok(_))) = &polled {
             self.worker.record_progress();
             self.in_flight.prefill_done();
-            if let Some(f) = self.first_byte.take() {
-                f.histogram.observe(f.started.elapsed().as_secs_f64());
+            self.timed_frame();
+            if self.inner.is_end_stream() {
+                self.decode_ended();
             }
             let deadline = tokio::time::Instant::now() + self.patience.idle;
             self.idle.as_mut().reset(deadline);
@@ -200,7 +231,10 @@ where
             }
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(None) => {
+                self.decode_ended();
+                Poll::Ready(None)
+            }
         }
     }
 
@@ -214,5 +248,93 @@ where
         } else {
             self.inner.size_hint()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use http_body_util::BodyExt;
+    use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+
+    use super::*;
+    use crate::config::WorkerSpec;
+    use crate::registry::Registry;
+
+    /// A worker's body: these frames, then the end or a failure.
+    struct Scripted(VecDeque<Result<Bytes, std::io::Error>>);
+
+    impl http_body::Body for Scripted {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|r| r.map(Frame::data)))
+        }
+    }
+
+    /// How many decode times a relayed response reported.
+    async fn decodes_reported(sse: bool, fails: bool) -> usize {
+        let registry = Registry::new(vec![WorkerSpec::new(
+            "w0",
+            "http://127.0.0.1:9",
+            Role::Hybrid,
+            EngineKind::Vllm,
+        )]);
+        let worker = registry.get(WorkerId(0)).expect("worker");
+        let mut frames: VecDeque<_> = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]
+            .into_iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        if fails {
+            frames.push_back(Err(std::io::Error::other("worker died")));
+        }
+        let mut resp = Response::new(Scripted(frames));
+        if sse {
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+        }
+        let reported = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&reported);
+        let first_byte = FirstByte {
+            histogram: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t"))
+                .expect("histogram"),
+            started: Instant::now(),
+            decoded: Some(Box::new(move |_| {
+                seen.fetch_add(1, Ordering::Relaxed);
+            })),
+        };
+        let patience = Patience {
+            first: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            failure_threshold: 1_000_000,
+        };
+        let relayed = relay(
+            resp,
+            &worker,
+            worker.start_request(1, 1),
+            None,
+            Some(first_byte),
+            patience,
+            Endpoint::ChatCompletions,
+        );
+        let _ = relayed.into_body().collect().await;
+        reported.load(Ordering::Relaxed)
+    }
+
+    #[tokio::test]
+    async fn only_a_stream_that_ends_well_reports_its_decode_time() {
+        assert_eq!(decodes_reported(true, false).await, 1, "a finished stream");
+        assert_eq!(decodes_reported(true, true).await, 0, "a broken stream");
+        // A response that is not streamed arrives whole: its frames time nothing.
+        assert_eq!(decodes_reported(false, false).await, 0, "a whole body");
     }
 }

@@ -89,6 +89,7 @@ impl<'a> Sources<'a> {
                 load.kv_room_tokens = Some(capacity.saturating_sub(self.kv.worker_tokens(v.id)));
                 load.kv_free_tokens =
                     Some(((1.0 - load.kv_usage).max(0.0) * capacity as f64) as u64);
+                load.kv_capacity_tokens = Some(capacity);
             }
         }
     }
