@@ -356,12 +356,9 @@ impl KvIndex {
         }
         let routed = expires_at_ms.is_some();
         match replaced {
-            // Already counted; an event-fed hold's id may change and is mapped again below.
-            Some(old) if old.expires_at_ms.is_some() == routed && routed => return previous,
-            Some(old) if old.expires_at_ms.is_some() == routed => {}
             // A hold that changed kind (an engine's event for a block the router had
-            // routed there, or the reverse).
-            Some(old) => {
+            // routed there, or the reverse): its old bookkeeping goes.
+            Some(old) if old.expires_at_ms.is_some() != routed => {
                 let other_tier = self.nodes.get(&seq).is_some_and(|n| {
                     n.holders
                         .iter()
@@ -369,7 +366,10 @@ impl KvIndex {
                 });
                 self.forget_hold(&old, seq, !other_tier);
             }
-            None => {}
+            // A routed hold refreshed: already counted. (An event-fed one is mapped again
+            // below: its engine id may have changed.)
+            Some(_) if routed => return previous,
+            _ => {}
         }
         if routed {
             *self.routed_holds.entry(worker).or_default() += 1;
