@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::Weights;
 
 /// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue
-/// (+ H_migrate) (+ κ·R_dup for a fork's copy and a prefill worker's copy)`, with each
+/// (+ H_migrate) (+ κ·R_dup for a fork's copy)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -31,10 +31,8 @@ pub struct CostTerms {
     /// by ν. A worker whose backlog keeps growing charges more for each step it takes,
     /// which is what lets its queue drain instead of setting the tail.
     pub queue_delay_s: f64,
-    /// The recompute value of the copies the candidate leaves: of the prefix a fork's
-    /// branch makes its decode worker hold (0 on the prefix owner and for steps that are
-    /// not forks), and of what a remote prefill's prefill worker computes and keeps cached
-    /// (every step); κ applied, seconds.
+    /// The recompute value of the copy of the prefix a fork's branch makes its decode worker
+    /// hold (κ applied; 0 on the prefix owner and for steps that are not forks), seconds.
     pub duplicate_s: f64,
     /// Hysteresis charged on a migration off an owner that could keep the session,
     /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.

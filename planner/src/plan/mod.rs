@@ -3,9 +3,8 @@
 //! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
 //! ν·D_queue (+ κ·R_dup)` (`cost.rs`), where `I_decode` is the marginal stall of the decodes running
 //! beside the prefill (`interference.rs`) and `D_queue` the delay its compute adds to the
-//! prefills that will queue behind it. `R_dup` is the recompute value of a second copy the
-//! step leaves: of a shared prefix a fork's branch holds off the prefix owner, and of what
-//! a remote prefill's prefill worker computes and keeps in its prefix cache.
+//! prefills that will queue behind it. `R_dup` is the recompute value of the second copy
+//! of a shared prefix a fork's branch holds off the prefix owner.
 //!
 //! Every worker is priced as the step will find it when admitted there (`admission.rs`):
 //! its queue is the longer of the compute queue and the wait for the KV its running
@@ -170,11 +169,8 @@ pub struct Weights {
     /// the prefill it saves, so a branch spills off the prefix owner only when the owner's
     /// load costs more than recomputing the copy. Checked on forked seed 7 (held out of the
     /// matrix): the duplicate factor fell from 1.68–2.65 to 1.00–1.01 on 2p6d and 8h for
-    /// both models at the same p99 TTFT; 0.5 chose the same. Applied to every step's
-    /// decoder copy it helped some held-out SWE-smith runs and hurt others, so that copy is
-    /// priced for forks only. The copy a remote prefill leaves on its prefill worker (kept
-    /// cached after the KV is sent) is priced at the same κ for every step: checked on
-    /// held-out seeds 7/11 (`docs/EVALUATION.md`, fourth pass) with no new value chosen.
+    /// both models at the same p99 TTFT; 0.5 chose the same. Applied to every step it
+    /// helped some held-out SWE-smith runs and hurt others, so it applies to forks only.
     pub kappa: f64,
 }
 
