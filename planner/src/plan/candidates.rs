@@ -57,7 +57,6 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 w,
                 work,
                 computed,
-                copy_s: p.prefill_copy_s(w, work.new),
                 interference_s,
             }
         })
@@ -99,7 +98,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             c.cost = c
                 .cost
                 .with_decode_leg_wait(leg_wait_s)
-                .with_duplicate(p.duplicate_s(d, dup) + pre.copy_s);
+                .with_duplicate(p.duplicate_s(d, dup));
             c
         };
         match partners {
@@ -174,8 +173,6 @@ struct Prefiller<'a> {
     work: Work,
     /// Bytes it computes, and so keeps a copy of.
     computed: f64,
-    /// What that copy is worth in HBM ([`Pricing::prefill_copy_s`]).
-    copy_s: f64,
     /// Decode-seconds it stalls there ([`Pricing::interference_s`]).
     interference_s: f64,
 }
@@ -189,7 +186,6 @@ impl Prefiller<'_> {
         self.w.queue_s
             + self.work.compute_s
             + weights.lambda_s_per_gb * self.computed / 1e9
-            + self.copy_s
             + weights.mu * self.interference_s
             + weights.nu * self.work.compute_s * self.w.queued as f64
     }
@@ -430,23 +426,6 @@ impl Pricing<'_, '_> {
         }
         let tokens = (self.prompt() as f64 * dup / self.prompt_bytes.max(1.0)).ceil() as u64;
         w.kappa * self.prefill_s(d, tokens.min(self.prompt()), 1)
-    }
-
-    /// What the copy a prefill worker `w` keeps of the `new` prompt tokens it computes for
-    /// another worker is worth in HBM: κ × the prefill it would take to recompute it, the
-    /// price of a fork branch's copy ([`Pricing::duplicate_s`]). Engines keep what they
-    /// prefilled in their prefix cache after the KV is sent (vLLM's and SGLang's prefill
-    /// instances do), so the decoder's copy and this one coexist until something evicts it:
-    /// a duplicate for every step, not only forks, and room that would otherwise hold a
-    /// prefix whose reuse saves as much prefill. (Priced at λ alone before, it was nearly
-    /// free: 0.05 s for a 40K-token Llama prompt, and the P/D rows' duplicate factor was
-    /// the prefill workers' copies, `docs/EVALUATION.md`.)
-    fn prefill_copy_s(&self, w: &PlanWorker, new: u64) -> f64 {
-        let kappa = self.input.weights.kappa;
-        if new == 0 || kappa <= 0.0 {
-            return 0.0;
-        }
-        kappa * self.prefill_s(w, new, 1)
     }
 
     /// `w`, whose cached tokens' bytes are `cached`, fetches the rest of the artifact from

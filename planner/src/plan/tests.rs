@@ -216,51 +216,10 @@ fn a_fork_stays_with_its_prefix_unless_load_forces_a_spill() {
     s.weights.kappa = 1.0;
     s.workers[0].queue_s = 2.0;
     assert_eq!(s.plan().chosen.decode_on, WorkerId(1));
-    // A session's own step (not a fork) pays no price for the decoder's copy; only a
-    // remote prefill pays, for the copy its prefill worker keeps.
+    // A session's own step (not a fork) pays no duplicate price.
     s.fork = false;
     s.workers[0].queue_s = 0.03;
     s.decode_owner = None;
-    assert!(s
-        .plan()
-        .candidates
-        .iter()
-        .all(|c| c.action == Action::RemotePrefill || c.cost.duplicate_s == 0.0));
-}
-
-/// A prefill worker keeps what it prefilled in its prefix cache after sending the KV, so a
-/// remote prefill leaves a second copy of what it computed: priced for every step at κ ×
-/// the prefill it would take to recompute it (its own compute here), nothing at κ = 0.
-#[test]
-fn a_remote_prefill_pays_for_the_copy_its_prefill_worker_keeps() {
-    let mut d = worker(1, Role::Decode);
-    d.decoding = 64;
-    let mut s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
-    let p = s.plan();
-    let remote = p
-        .candidates
-        .iter()
-        .find(|c| c.action == Action::RemotePrefill)
-        .unwrap();
-    assert!(remote.cost.duplicate_s > 0.0, "{remote:#?}");
-    assert!(
-        close(remote.cost.duplicate_s, remote.cost.compute_s),
-        "{remote:#?}"
-    );
-    // What the prefill worker already holds is not copied again: a new turn on top of a
-    // cached context pays for its own tokens only.
-    s.workers[0].cached_tokens = 29_000;
-    let turn = s.plan();
-    let turn = turn
-        .candidates
-        .iter()
-        .find(|c| c.action == Action::RemotePrefill)
-        .unwrap();
-    assert!(
-        turn.cost.duplicate_s < remote.cost.duplicate_s / 10.0,
-        "{turn:#?}"
-    );
-    s.weights.kappa = 0.0;
     assert!(s
         .plan()
         .candidates
