@@ -34,7 +34,7 @@ with an owner on it (`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_vllm/suite.py --ownerserve target/debug/ownerserve --venv VENV
-       [--only agents]
+       [--only agents|pd]
 """
 import argparse
 import json
@@ -680,6 +680,8 @@ class Suite:
         e0, e1, e2 = engines
         if self.args.only == "agents":
             return self.agents(engines)
+        if self.args.only == "pd":
+            return self.pd(e0, e1)
         every = "".join(e.worker_toml() for e in engines)
         own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
                           f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
@@ -727,7 +729,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", required=True)
-    ap.add_argument("--only", choices=["agents"],
+    ap.add_argument("--only", choices=["agents", "pd"],
                     help="run only this step against fresh engines (to reproduce one failure)")
     return Suite(ap.parse_args()).run()
 
