@@ -485,8 +485,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_directory_outage_drops_and_counts_records_instead_of_growing_memory() {
+    /// A registry of one healthy sim worker.
+    fn one_healthy_worker() -> Arc<Registry> {
         use crate::config::WorkerSpec;
         use ownerserve_planner::ids::{EngineKind, Role};
         let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
@@ -496,6 +496,12 @@ mod tests {
             EngineKind::Sim,
         )]));
         registry.all()[0].mark_healthy(vec!["m".into()]);
+        registry
+    }
+
+    #[tokio::test]
+    async fn a_directory_outage_drops_and_counts_records_instead_of_growing_memory() {
+        let registry = one_healthy_worker();
         let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
         let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
         let settings = SyncSettings {
@@ -542,10 +548,8 @@ mod tests {
     /// machine): the records refused for it wait for the next lease instead of being lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
-        use crate::config::WorkerSpec;
         use ownerserve_ownership::node::metrics::DirectoryMetrics;
         use ownerserve_ownership::node::{Embedded, Node, NodeSettings};
-        use ownerserve_planner::ids::{EngineKind, Role};
         let data_dir = std::env::temp_dir().join(format!(
             "ownerserve-sync-lapse-{}-{}",
             std::process::id(),
@@ -569,13 +573,7 @@ mod tests {
         .await
         .unwrap();
         let client: Arc<dyn DirectoryClient> = Arc::new(Embedded(node));
-        let registry = Arc::new(Registry::new(vec![WorkerSpec::new(
-            "w",
-            "http://127.0.0.1:1",
-            Role::Hybrid,
-            EngineKind::Sim,
-        )]));
-        registry.all()[0].mark_healthy(vec!["m".into()]);
+        let registry = one_healthy_worker();
         let worker = registry.all()[0].id;
         let settings = SyncSettings {
             lease_ttl: Duration::from_secs(3),
