@@ -291,16 +291,7 @@ impl SilentAfterHealth {
 
 /// A long streamed chat through `router`, its first chunk read.
 async fn open_long_stream(router: &str) -> reqwest::Response {
-    let mut body = chat_body("a long answer please", 2000);
-    body["stream"] = json!(true);
-    let mut resp = client()
-        .post(format!("{router}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let first = resp.chunk().await.unwrap().unwrap();
+    let (resp, first) = common::first_chunk(router, chat_body("a long answer please", 2000)).await;
     assert!(first.starts_with(b"data: "));
     resp
 }

@@ -341,16 +341,7 @@ async fn long_prompts_wait_for_tokenizing_within_limits_and_a_given_up_one_is_ke
 async fn first_chunk_of(router: &str, content: &str, max_tokens: u32) -> reqwest::Response {
     let mut body = chat_body(content, max_tokens);
     body["ignore_eos"] = json!(true);
-    body["stream"] = json!(true);
-    let mut resp = client()
-        .post(format!("{router}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert!(resp.chunk().await.unwrap().is_some(), "a first chunk");
-    resp
+    common::first_chunk(router, body).await.0
 }
 
 /// `ownerserve`'s plan for a chat request with `content` (the explain API).

@@ -192,6 +192,24 @@ pub fn chat_body(content: &str, max_tokens: u32) -> serde_json::Value {
     })
 }
 
+/// `body` posted to `router`'s chat completions as a stream; the response once its first
+/// chunk arrived, and that chunk.
+pub async fn first_chunk(
+    router: &str,
+    mut body: serde_json::Value,
+) -> (reqwest::Response, Vec<u8>) {
+    body["stream"] = serde_json::json!(true);
+    let mut resp = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().expect("a first chunk");
+    (resp, first.to_vec())
+}
+
 /// Polls `check` every 50 ms until it holds or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F)
 where

@@ -704,6 +704,15 @@ fn a_remote_prefill_waits_for_the_decoder_s_queue_too() {
     assert_chosen(&p, Action::RemotePrefill, 2);
 }
 
+/// The cost of colocating the step on worker `d`.
+fn colocate_cost(p: &Plan, d: u32) -> CostTerms {
+    p.candidates
+        .iter()
+        .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
+        .unwrap()
+        .cost
+}
+
 #[test]
 fn a_decoder_whose_running_sequences_fill_its_kv_is_priced_for_the_preemption() {
     let mut full = worker(1, Role::Decode);
@@ -712,13 +721,7 @@ fn a_decoder_whose_running_sequences_fill_its_kv_is_priced_for_the_preemption() 
     roomy.kv_free_tokens = Some(200_000);
     let s = Scenario::new(10_000, vec![full, roomy]);
     let p = s.plan();
-    let on = |d: u32| {
-        p.candidates
-            .iter()
-            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
-            .unwrap()
-            .cost
-    };
+    let on = |d: u32| colocate_cost(&p, d);
     // 8,000 running tokens are pushed out of the full one: their recompute is charged.
     assert!(on(1).evict_s > 0.0 && on(2).evict_s == 0.0, "{:?}", on(1));
     let expected = s.workers[0]
@@ -789,13 +792,7 @@ fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
     let roomy = pressured(2, 200_000, 200_000, 0);
     let s = Scenario::new(40_000, vec![full, roomy]);
     let p = s.plan();
-    let on = |d: u32| {
-        p.candidates
-            .iter()
-            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(d))
-            .unwrap()
-            .cost
-    };
+    let on = |d: u32| colocate_cost(&p, d);
     assert!((on(1).queue_s - 10.0 / 19.0).abs() < 1e-9, "{:?}", on(1));
     assert_eq!(on(2).queue_s, 0.0);
     assert_chosen(&p, Action::Colocate, 2);
