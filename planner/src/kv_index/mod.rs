@@ -26,9 +26,20 @@ pub use matching::{MatchScratch, WorkerMatch};
 use crate::hash::{block_seed, local_block_hash, sequence_hash};
 use crate::ids::WorkerId;
 
-/// Approximate-mode expiries are rounded up to this many milliseconds (see
-/// [`KvIndex::insert_routed`]); entries may outlive their TTL by up to this much.
-pub const EXPIRY_GRAIN_MS: u64 = 1000;
+/// Approximate-mode expiries are rounded up to a grain (see [`KvIndex::insert_routed`]):
+/// a sixteenth of the TTL, at least this many milliseconds. Entries may outlive their TTL
+/// by up to a grain.
+pub const MIN_EXPIRY_GRAIN_MS: u64 = 1000;
+
+/// Grains per TTL. A chain routed again in a later grain is refreshed whole (each of its
+/// blocks' expiry moves), so this sets how often a live session's whole prompt is walked:
+/// 16 per TTL where it was once a second (a 120 s TTL: every 7.5 s instead of every 1 s).
+const EXPIRY_GRAINS_PER_TTL: u64 = 16;
+
+/// The expiry grain for entries that live `ttl_ms`.
+pub fn expiry_grain_ms(ttl_ms: u64) -> u64 {
+    MIN_EXPIRY_GRAIN_MS.max(ttl_ms / EXPIRY_GRAINS_PER_TTL)
+}
 
 /// Limits and hashing parameters of an index.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -76,6 +87,30 @@ struct Holder {
     engine_hash: u64,
     /// Approximate-mode entries expire; event-fed ones do not.
     expires_at_ms: Option<u64>,
+}
+
+/// Where a block sits in the chain one insert adds. Every block of it but the last gets
+/// its child within the same insert, so only the last enters the eviction order (entering
+/// and leaving it again per block cost three B-tree operations each).
+#[derive(Debug, Clone, Copy)]
+struct ChainPos {
+    /// The block before it (none for a chain's first block).
+    parent: Option<u64>,
+    /// The parent was added by this insert (so it is not in the eviction order).
+    parent_in_chain: bool,
+    /// The next block this insert adds is this one's child.
+    child_follows: bool,
+}
+
+impl ChainPos {
+    /// Block `i` of an insert of `n`, after `parent`.
+    fn of(parent: Option<u64>, i: usize, n: usize) -> Self {
+        Self {
+            parent,
+            parent_in_chain: i > 0,
+            child_follows: i + 1 < n,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -287,6 +322,7 @@ impl KvIndex {
             }
         }
         let seed = block_seed(keys.lora_name, None);
+        let n = block_ids.len();
         for (i, (&id, block)) in block_ids.iter().zip(tokens.chunks_exact(bs)).enumerate() {
             let local = local_block_hash(block, seed);
             let local = match keys.extra.and_then(|e| e.get(i)).filter(|&&k| k != 0) {
@@ -294,7 +330,7 @@ impl KvIndex {
                 None => local,
             };
             let seq = prev.map_or(local, |p| sequence_hash(p, local));
-            self.add_holder(prev, seq, worker, tier, id, None);
+            self.add_holder(seq, worker, tier, id, None, ChainPos::of(prev, i, n));
             prev = Some(seq);
         }
         self.stats.blocks_stored += block_ids.len() as u64;
@@ -302,26 +338,31 @@ impl KvIndex {
     }
 
     /// Records `worker` holding block `seq` in `tier`; returns the expiry the holder had
-    /// before, or None if it is new.
+    /// before, or None if it is new. `pos` is where `seq` sits in the chain being added.
     fn add_holder(
         &mut self,
-        parent: Option<u64>,
         seq: u64,
         worker: WorkerId,
         tier: Tier,
         engine_hash: u64,
         expires_at_ms: Option<u64>,
+        pos: ChainPos,
     ) -> Option<Option<u64>> {
         self.tick += 1;
         let tick = self.tick;
         let fresh = !self.nodes.contains_key(&seq);
+        let parent = pos.parent;
         let node = self.nodes.entry(seq).or_insert_with(|| Node {
             parent,
             ..Node::default()
         });
         if node.children.is_empty() {
-            self.leaves.remove(&(node.last_used, seq));
-            self.leaves.insert((tick, seq));
+            if !fresh {
+                self.leaves.remove(&(node.last_used, seq));
+            }
+            if !pos.child_follows {
+                self.leaves.insert((tick, seq));
+            }
         }
         node.last_used = tick;
         let (previous, replaced) = match node
@@ -348,7 +389,7 @@ impl KvIndex {
         };
         if fresh {
             if let Some((p, pn)) = parent.and_then(|p| Some(p).zip(self.nodes.get_mut(&p))) {
-                if pn.children.is_empty() {
+                if pn.children.is_empty() && !pos.parent_in_chain {
                     self.leaves.remove(&(pn.last_used, p));
                 }
                 pn.children.push(seq);
@@ -516,17 +557,18 @@ impl KvIndex {
     }
 
     /// Approximate mode: records that the router sent a request with these block hashes to
-    /// `worker`, valid until `now_ms + ttl_ms` rounded up to [`EXPIRY_GRAIN_MS`].
+    /// `worker`, valid until `now_ms + ttl_ms` rounded up to [`expiry_grain_ms`].
     ///
     /// The rounding bounds the expiry queue: a block refreshed many times within one grain
     /// keeps one queue entry instead of one per request, and a prompt routed again to the
     /// same worker within the grain costs one lookup (its last block is held at least that
     /// long, so every block before it is too: each insert refreshes the whole chain).
     pub fn insert_routed(&mut self, worker: WorkerId, hashes: &[u64], now_ms: u64, ttl_ms: u64) {
+        let grain = expiry_grain_ms(ttl_ms);
         let expires = now_ms
             .saturating_add(ttl_ms)
-            .div_ceil(EXPIRY_GRAIN_MS)
-            .saturating_mul(EXPIRY_GRAIN_MS);
+            .div_ceil(grain)
+            .saturating_mul(grain);
         let Some(&last) = hashes.last() else {
             return;
         };
@@ -554,8 +596,10 @@ impl KvIndex {
         // the rest (a session step's new blocks) is inserted, not the whole prompt again.
         let start = hashes.partition_point(|&seq| held(self, seq));
         let mut prev = start.checked_sub(1).map(|i| hashes[i]);
-        for &seq in &hashes[start..] {
-            let previous = self.add_holder(prev, seq, worker, Tier::Gpu, seq, Some(expires));
+        let new = &hashes[start..];
+        for (i, &seq) in new.iter().enumerate() {
+            let pos = ChainPos::of(prev, i, new.len());
+            let previous = self.add_holder(seq, worker, Tier::Gpu, seq, Some(expires), pos);
             if previous != Some(Some(expires)) {
                 self.expiries.push_back((expires, worker, seq));
             }

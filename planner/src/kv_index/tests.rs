@@ -177,16 +177,19 @@ fn tiers_are_tracked_separately() {
 fn approximate_entries_expire_after_their_ttl() {
     let mut ix = index();
     let q = query(4, 6);
+    // A 120 s TTL's expiry grain is 7.5 s: W0's entries end at 127.5 s, W1's at 180 s.
     ix.insert_routed(W0, &q, 1_000, 120_000);
     ix.insert_routed(W1, &q[..3], 60_000, 120_000);
     assert_eq!(matches(&ix, &q), vec![m(W0, 6, 6), m(W1, 3, 3)]);
-    ix.expire(121_000);
+    ix.expire(127_499);
+    assert_eq!(matches(&ix, &q), vec![m(W0, 6, 6), m(W1, 3, 3)]);
+    ix.expire(127_500);
     assert_eq!(matches(&ix, &q), vec![m(W1, 3, 3)]);
-    // Routing again refreshes the TTL.
+    // Routing again refreshes the TTL (to 292.5 s).
     ix.insert_routed(W1, &q[..3], 170_000, 120_000);
     ix.expire(181_000);
     assert_eq!(matches(&ix, &q), vec![m(W1, 3, 3)]);
-    ix.expire(290_001);
+    ix.expire(292_500);
     assert!(ix.is_empty());
     assert_eq!(ix.stats().blocks_expired, 9);
 }
@@ -196,7 +199,7 @@ fn routing_the_same_prompt_again_does_not_grow_the_expiry_queue() {
     let mut ix = index();
     let q = query(4, 6);
     for t in 0..500 {
-        // 500 requests within 1 s: every expiry rounds up to the same grain.
+        // 500 requests within 0.5 s: every expiry rounds up to the same grain (127.5 s).
         ix.insert_routed(W0, &q, 4_500 + t, 120_000);
     }
     assert_eq!(ix.expiries.len(), 6);
@@ -204,12 +207,12 @@ fn routing_the_same_prompt_again_does_not_grow_the_expiry_queue() {
     let longer = query(4, 8);
     ix.insert_routed(W0, &longer, 4_900, 120_000);
     assert_eq!(ix.expiries.len(), 8);
-    // Later, every block is refreshed once more.
+    // In the next grain, every block is refreshed once more (to 135 s).
     ix.insert_routed(W0, &longer, 9_000, 120_000);
     assert_eq!(ix.expiries.len(), 16);
-    ix.expire(126_000);
+    ix.expire(128_000);
     assert_eq!(matches(&ix, &longer), vec![m(W0, 8, 8)]);
-    ix.expire(129_000);
+    ix.expire(135_000);
     assert!(ix.is_empty());
 }
 
@@ -466,11 +469,12 @@ fn a_session_steps_routed_insert_touches_only_its_new_blocks() {
         ix.tick - before
     );
     assert_eq!(matches(&ix, &step), vec![m(W0, 2000, 2000)]);
-    // In a later grain, the whole chain is refreshed (each block's expiry moves).
-    ix.insert_routed(W0, &step, 15_000, 120_000);
-    ix.expire(131_000);
-    assert_eq!(matches(&ix, &step), vec![m(W0, 2000, 2000)]);
+    // In a later grain, the whole chain is refreshed (each block's expiry moves from
+    // 135 s to 142.5 s).
+    ix.insert_routed(W0, &step, 20_000, 120_000);
     ix.expire(136_000);
+    assert_eq!(matches(&ix, &step), vec![m(W0, 2000, 2000)]);
+    ix.expire(142_500);
     assert!(ix.is_empty());
 }
 

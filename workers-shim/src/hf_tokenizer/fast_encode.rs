@@ -8,6 +8,14 @@
 //! `AddedVocabulary`), but the text between them is split by the `regex` crate (a DFA) and
 //! each piece goes straight to the BPE model (with its cache).
 //!
+//! Each piece's ids are kept in a small cache of its own (text repeats its words): a hit
+//! skips the model, whose `tokenize` allocates a string per token. The split regexes run
+//! with caches this module holds (not the `regex` crate's shared pool, whose slow path
+//! every thread but the first takes on each search), and each search first tries a match
+//! anchored where the previous one ended, which takes one forward scan where an unanchored
+//! search takes a forward and a reverse one; pieces are contiguous in most text. Both are
+//! kept per encoding in a pool of scratch states, one per thread encoding at a time.
+//!
 //! The lookahead is the one construct `regex` lacks. A pattern `A|\s+(?!\S)|\s+` is run as
 //! `A|\s+`: where `A` does not match and `\s+` takes a whitespace run that a non-space
 //! follows, `\s+(?!\S)` would have given back the run's last character (unless the run is
@@ -15,8 +23,11 @@
 //! with other lookarounds, other pre-tokenizers, normalizers, truncation or padding keep
 //! the crate's pipeline. Differential tests compare both on random text.
 
-use regex::Regex;
-use regex_automata::{meta, Anchored, Input};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Mutex;
+
+use regex_automata::{meta, Anchored, Input, Match};
 use serde_json::Value;
 use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
 
@@ -31,10 +42,17 @@ const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 #[derive(Debug)]
 struct SplitRegex {
     /// The pattern, its lookahead tail run as `|\s+`.
-    regex: Regex,
+    regex: meta::Regex,
     /// For a pattern with the lookahead tail: its alternatives before it (`A`), to tell
     /// whether a whitespace match is `A`'s (kept) or the tail's (maybe shortened).
     head: Option<meta::Regex>,
+}
+
+/// The search caches of one [`SplitRegex`], for one thread at a time.
+#[derive(Debug)]
+struct SplitCaches {
+    regex: meta::Cache,
+    head: Option<meta::Cache>,
 }
 
 impl SplitRegex {
@@ -50,7 +68,7 @@ impl SplitRegex {
             return None;
         }
         Some(Self {
-            regex: Regex::new(&body).ok()?,
+            regex: meta::Regex::new(&body).ok()?,
             head: match head {
                 Some(h) => Some(meta::Regex::new(h).ok()?),
                 None => None,
@@ -58,11 +76,33 @@ impl SplitRegex {
         })
     }
 
+    fn caches(&self) -> SplitCaches {
+        SplitCaches {
+            regex: self.regex.create_cache(),
+            head: self.head.as_ref().map(meta::Regex::create_cache),
+        }
+    }
+
+    /// The leftmost-first match in `s[at..]`. A match that starts at `at` is the one an
+    /// unanchored search would find (it is the leftmost), so that is tried first.
+    fn find_at(&self, c: &mut SplitCaches, s: &str, at: usize) -> Option<Match> {
+        let input = Input::new(s).range(at..);
+        if let Some(m) = self
+            .regex
+            .search_with(&mut c.regex, &input.clone().anchored(Anchored::Yes))
+        {
+            if !m.is_empty() {
+                return Some(m);
+            }
+        }
+        self.regex.search_with(&mut c.regex, &input)
+    }
+
     /// Calls `f` with each piece of `s`, in order.
-    fn pieces<'s>(&self, s: &'s str, f: &mut dyn FnMut(&'s str)) {
+    fn pieces<'s>(&self, c: &mut SplitCaches, s: &'s str, f: &mut dyn FnMut(&'s str)) {
         let (mut prev, mut at) = (0, 0);
         while at < s.len() {
-            let Some(m) = self.regex.find_at(s, at) else {
+            let Some(m) = self.find_at(c, s, at) else {
                 break;
             };
             let (start, mut end) = (m.start(), m.end());
@@ -71,7 +111,7 @@ impl SplitRegex {
                 at = end + s[end..].chars().next().map_or(1, char::len_utf8);
                 continue;
             }
-            if end < s.len() && self.tail_match(s, start, end) {
+            if end < s.len() && self.tail_match(c, s, start, end) {
                 let last = s[start..end].chars().next_back().map_or(0, char::len_utf8);
                 if end - last > start {
                     end -= last;
@@ -90,13 +130,13 @@ impl SplitRegex {
 
     /// Whether `s[start..end]` is the lookahead tail's match (all whitespace, and `A`
     /// matches nothing at `start`).
-    fn tail_match(&self, s: &str, start: usize, end: usize) -> bool {
-        let Some(head) = &self.head else {
+    fn tail_match(&self, c: &mut SplitCaches, s: &str, start: usize, end: usize) -> bool {
+        let (Some(head), Some(cache)) = (&self.head, c.head.as_mut()) else {
             return false;
         };
         s[start..end].chars().all(char::is_whitespace)
             && head
-                .search(&Input::new(s).range(start..).anchored(Anchored::Yes))
+                .search_with(cache, &Input::new(s).range(start..).anchored(Anchored::Yes))
                 .is_none()
     }
 }
@@ -104,12 +144,52 @@ impl SplitRegex {
 /// Ids, and `(byte just past, tokens up to)` per added token.
 type Encoded = (Vec<u32>, Vec<(usize, usize)>);
 
+/// Pieces one scratch state keeps the ids of (beyond, it starts over: text with ever new
+/// pieces costs a bounded cache), and the longest piece kept (long pieces rarely repeat).
+const MAX_CACHED_PIECES: usize = 1 << 16;
+const MAX_CACHED_PIECE_BYTES: usize = 64;
+
+/// Scratch states kept for reuse (one per thread that encodes at a time; more are made
+/// and dropped when more threads encode at once).
+const MAX_IDLE_SCRATCH: usize = 16;
+
+/// The piece cache's hasher: xxh3 over a piece's bytes (keys come from clients' text).
+#[derive(Debug, Default)]
+struct PieceHasher(u64);
+
+impl Hasher for PieceHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// What one encoding works with, handed to the next one.
+#[derive(Debug)]
+struct Scratch {
+    /// One per split pattern.
+    splits: Vec<SplitCaches>,
+    /// A piece's bytes → its ids.
+    pieces: HashMap<Box<[u8]>, Box<[u32]>, BuildHasherDefault<PieceHasher>>,
+    /// A piece in the byte-level alphabet, for the model.
+    mapped: String,
+}
+
 /// The fast path for one tokenizer, when its pipeline is one this reproduces.
 #[derive(Debug)]
 pub(super) struct FastEncode {
     splits: Vec<SplitRegex>,
     /// GPT-2's byte → character table of the byte-level alphabet.
     byte_char: [char; 256],
+    /// Idle scratch states.
+    scratch: Mutex<Vec<Scratch>>,
 }
 
 /// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
@@ -190,7 +270,26 @@ impl FastEncode {
         Some(Self {
             splits,
             byte_char: byte_chars(),
+            scratch: Mutex::new(Vec::new()),
         })
+    }
+
+    /// An idle scratch state, or a new one.
+    fn take_scratch(&self) -> Scratch {
+        let idle = self.scratch.lock().ok().and_then(|mut v| v.pop());
+        idle.unwrap_or_else(|| Scratch {
+            splits: self.splits.iter().map(SplitRegex::caches).collect(),
+            pieces: HashMap::default(),
+            mapped: String::new(),
+        })
+    }
+
+    fn put_scratch(&self, scratch: Scratch) {
+        if let Ok(mut idle) = self.scratch.lock() {
+            if idle.len() < MAX_IDLE_SCRATCH {
+                idle.push(scratch);
+            }
+        }
     }
 
     /// The ids of `text` (no special tokens added) and, per added token, the byte just
@@ -207,8 +306,13 @@ impl FastEncode {
         let model = tokenizer.get_model();
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         let mut checkpoints = Vec::new();
-        let mut mapped = String::new();
         let mut failed = None;
+        let mut scratch = self.take_scratch();
+        let Scratch {
+            splits,
+            pieces,
+            mapped,
+        } = &mut scratch;
         for (part, (_, end), tokens) in
             pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
         {
@@ -221,26 +325,51 @@ impl FastEncode {
                 }
                 continue;
             }
-            self.each_piece(part, 0, &mut |piece| {
+            self.each_piece(splits, part, 0, &mut |piece| {
+                if let Some(cached) = pieces.get(piece.as_bytes()) {
+                    ids.extend_from_slice(cached);
+                    return;
+                }
                 mapped.clear();
                 mapped.extend(piece.bytes().map(|b| self.byte_char[usize::from(b)]));
-                match model.tokenize(&mapped) {
-                    Ok(tokens) => ids.extend(tokens.iter().map(|t| t.id)),
+                match model.tokenize(mapped) {
+                    Ok(tokens) => {
+                        let first = ids.len();
+                        ids.extend(tokens.iter().map(|t| t.id));
+                        if piece.len() <= MAX_CACHED_PIECE_BYTES {
+                            if pieces.len() >= MAX_CACHED_PIECES {
+                                pieces.clear();
+                            }
+                            pieces.insert(piece.as_bytes().into(), ids[first..].into());
+                        }
+                    }
                     Err(e) => failed = failed.take().or(Some(e)),
                 }
             });
-            if let Some(e) = failed.take() {
-                return Err(e);
+            if failed.is_some() {
+                break;
             }
         }
-        Ok((ids, checkpoints))
+        self.put_scratch(scratch);
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((ids, checkpoints)),
+        }
     }
 
     /// Splits `s` by the patterns from `level` on, calling `f` with each final piece.
-    fn each_piece<'s>(&self, s: &'s str, level: usize, f: &mut dyn FnMut(&'s str)) {
-        match self.splits.get(level) {
-            None => f(s),
-            Some(split) => split.pieces(s, &mut |p| self.each_piece(p, level + 1, f)),
+    fn each_piece<'s>(
+        &self,
+        caches: &mut [SplitCaches],
+        s: &'s str,
+        level: usize,
+        f: &mut dyn FnMut(&'s str),
+    ) {
+        match (self.splits.get(level), caches.split_first_mut()) {
+            (Some(split), Some((mine, rest))) => {
+                split.pieces(mine, s, &mut |p| self.each_piece(rest, p, level + 1, f));
+            }
+            _ => f(s),
         }
     }
 }
@@ -252,7 +381,7 @@ mod tests {
     fn pieces(pattern: &str, s: &str) -> Vec<String> {
         let split = SplitRegex::new(pattern).unwrap();
         let mut out = Vec::new();
-        split.pieces(s, &mut |p| out.push(p.to_owned()));
+        split.pieces(&mut split.caches(), s, &mut |p| out.push(p.to_owned()));
         out
     }
 
