@@ -27,9 +27,12 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
+use regex_automata::hybrid::dfa::{Cache as LazyCache, DFA as LazyDfa};
 use regex_automata::{meta, Anchored, Input, Match};
 use serde_json::Value;
 use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
+
+use super::added_split::{AddedSplit, Segment};
 
 /// The crate's `ByteLevel` pre-tokenizer's own split pattern (`use_regex: true`).
 const BYTE_LEVEL_PATTERN: &str =
@@ -38,21 +41,123 @@ const BYTE_LEVEL_PATTERN: &str =
 /// The whitespace lookahead this emulates, at the end of a pattern.
 const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 
+/// A pattern's lazy DFA walked byte by byte for anchored matches: a split's pieces are a
+/// few bytes long, and a search through the `meta` engine costs far more per call than
+/// walking them. Only for patterns without look-around assertions (`^`, `\b`, ...: the
+/// start state is then the same everywhere) that cannot match the empty string.
+#[derive(Debug)]
+struct Scanner {
+    dfa: LazyDfa,
+    /// Bytes a match can start with (the others lead the start state to the dead state).
+    starts: [bool; 256],
+}
+
+/// Failed anchored attempts in one gap may walk this many bytes per gap byte (plus
+/// [`SCAN_SLACK`]) before the search falls back to the `meta` engine's linear one (a
+/// pattern like `a+b` on a run of `a`s would otherwise walk the run once per byte).
+const SCAN_WASTE_PER_BYTE: usize = 4;
+const SCAN_SLACK: usize = 256;
+
+impl Scanner {
+    fn new(pattern: &str) -> Option<Self> {
+        let hir = regex_automata::util::syntax::parse(pattern).ok()?;
+        let props = hir.properties();
+        if !props.look_set().is_empty() || props.minimum_len().is_none_or(|n| n == 0) {
+            return None;
+        }
+        let dfa = LazyDfa::new(pattern).ok()?;
+        let mut cache = dfa.create_cache();
+        let start = dfa
+            .start_state_forward(&mut cache, &Input::new("").anchored(Anchored::Yes))
+            .ok()?;
+        let mut starts = [true; 256];
+        for (b, can) in starts.iter_mut().enumerate() {
+            let next = dfa.next_state(&mut cache, start, b as u8).ok()?;
+            *can = !next.is_dead();
+        }
+        Some(Self { dfa, starts })
+    }
+
+    /// The end of the leftmost-first match that starts at `at` (`Ok`), or the bytes walked
+    /// to find there is none (`Err`); `None` when the lazy DFA cannot tell (its cache gave
+    /// up, or it quit).
+    fn anchored_end(
+        &self,
+        cache: &mut LazyCache,
+        s: &[u8],
+        at: usize,
+    ) -> Option<Result<usize, usize>> {
+        let found = |end: Option<usize>, walked: usize| end.ok_or(walked);
+        let dfa = &self.dfa;
+        let mut sid = dfa
+            .start_state_forward(cache, &Input::new(s).range(at..).anchored(Anchored::Yes))
+            .ok()?;
+        let mut end = None;
+        for (i, &b) in s.iter().enumerate().skip(at) {
+            sid = dfa.next_state(cache, sid, b).ok()?;
+            if sid.is_tagged() {
+                if sid.is_match() {
+                    // Matches show one byte late: this one ended before byte `i`.
+                    end = Some(i);
+                } else if sid.is_dead() {
+                    return Some(found(end, i + 1 - at));
+                } else if sid.is_quit() {
+                    return None;
+                }
+            }
+        }
+        sid = dfa.next_eoi_state(cache, sid).ok()?;
+        if sid.is_match() {
+            end = Some(s.len());
+        }
+        Some(found(end, s.len() - at))
+    }
+
+    /// The leftmost-first match in `s[at..]` (`Some(None)`: there is none), found by
+    /// anchored attempts at each byte a match can start with; `None` when the attempts
+    /// cannot tell or have walked too much.
+    fn find(&self, cache: &mut LazyCache, s: &str, at: usize) -> Option<Option<Match>> {
+        let bytes = s.as_bytes();
+        let mut wasted = 0;
+        for p in at..bytes.len() {
+            if !self.starts[usize::from(bytes[p])] || !s.is_char_boundary(p) {
+                continue;
+            }
+            match self.anchored_end(cache, bytes, p)? {
+                Ok(end) => return Some(Some(Match::must(0, p..end))),
+                Err(walked) => {
+                    wasted += walked;
+                    if wasted > SCAN_WASTE_PER_BYTE * (p + 1 - at) + SCAN_SLACK {
+                        return None;
+                    }
+                }
+            }
+        }
+        Some(None)
+    }
+}
+
 /// One `Split` pre-tokenizer (behavior `Isolated`): every match and every gap a piece.
 #[derive(Debug)]
 struct SplitRegex {
     /// The pattern, its lookahead tail run as `|\s+`.
     regex: meta::Regex,
+    /// The same, walked byte by byte where it can be.
+    scan: Option<Scanner>,
     /// For a pattern with the lookahead tail: its alternatives before it (`A`), to tell
     /// whether a whitespace match is `A`'s (kept) or the tail's (maybe shortened).
     head: Option<meta::Regex>,
+    /// `head`, walked byte by byte where it can be.
+    head_scan: Option<Scanner>,
 }
 
 /// The search caches of one [`SplitRegex`], for one thread at a time.
 #[derive(Debug)]
 struct SplitCaches {
     regex: meta::Cache,
+    scan: Option<LazyCache>,
     head: Option<meta::Cache>,
+    head_scan: Option<LazyCache>,
 }
 
 impl SplitRegex {
@@ -69,23 +174,34 @@ impl SplitRegex {
         }
         Some(Self {
             regex: meta::Regex::new(&body).ok()?,
+            scan: Scanner::new(&body),
             head: match head {
                 Some(h) => Some(meta::Regex::new(h).ok()?),
                 None => None,
             },
+            head_scan: head.and_then(Scanner::new),
         })
     }
 
     fn caches(&self) -> SplitCaches {
         SplitCaches {
             regex: self.regex.create_cache(),
+            scan: self.scan.as_ref().map(|s| s.dfa.create_cache()),
             head: self.head.as_ref().map(meta::Regex::create_cache),
+            head_scan: self.head_scan.as_ref().map(|s| s.dfa.create_cache()),
         }
     }
 
-    /// The leftmost-first match in `s[at..]`. A match that starts at `at` is the one an
-    /// unanchored search would find (it is the leftmost), so that is tried first.
+    /// The leftmost-first match in `s[at..]`: by the byte walk where it can tell, else by
+    /// the `meta` engine.
     fn find_at(&self, c: &mut SplitCaches, s: &str, at: usize) -> Option<Match> {
+        if let (Some(scan), Some(cache)) = (&self.scan, c.scan.as_mut()) {
+            if let Some(m) = scan.find(cache, s, at) {
+                return m;
+            }
+        }
+        // A match that starts at `at` is the one an unanchored search would find (it is
+        // the leftmost), so that is tried first.
         let input = Input::new(s).range(at..);
         if let Some(m) = self
             .regex
@@ -134,10 +250,16 @@ impl SplitRegex {
         let (Some(head), Some(cache)) = (&self.head, c.head.as_mut()) else {
             return false;
         };
-        s[start..end].chars().all(char::is_whitespace)
-            && head
-                .search_with(cache, &Input::new(s).range(start..).anchored(Anchored::Yes))
-                .is_none()
+        if !s[start..end].chars().all(char::is_whitespace) {
+            return false;
+        }
+        if let (Some(scan), Some(lazy)) = (&self.head_scan, c.head_scan.as_mut()) {
+            if let Some(end) = scan.anchored_end(lazy, s.as_bytes(), start) {
+                return end.is_err();
+            }
+        }
+        head.search_with(cache, &Input::new(s).range(start..).anchored(Anchored::Yes))
+            .is_none()
     }
 }
 
@@ -190,6 +312,8 @@ pub(super) struct FastEncode {
     byte_char: [char; 256],
     /// Idle scratch states.
     scratch: Mutex<Vec<Scratch>>,
+    /// The split at added tokens, when it needs no more than matching (else the crate's).
+    added: Option<AddedSplit>,
 }
 
 /// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
@@ -271,6 +395,7 @@ impl FastEncode {
             splits,
             byte_char: byte_chars(),
             scratch: Mutex::new(Vec::new()),
+            added: AddedSplit::for_tokenizer(json),
         })
     }
 
@@ -282,6 +407,27 @@ impl FastEncode {
             pieces: HashMap::default(),
             mapped: String::new(),
         })
+    }
+
+    /// `text` split at added tokens: by [`AddedSplit`], or by the crate's added vocabulary.
+    fn segments(&self, tokenizer: &Tokenizer, text: &str) -> Vec<Segment> {
+        let mut out = Vec::new();
+        if let Some(added) = &self.added {
+            added.split(text, &mut out);
+            return out;
+        }
+        let pre = tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        for (_, (start, end), tokens) in
+            pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+        {
+            match tokens {
+                Some(tokens) => out.extend(tokens.iter().map(|t| Segment::Added { id: t.id, end })),
+                None => out.push(Segment::Text { start, end }),
+            }
+        }
+        out
     }
 
     fn put_scratch(&self, scratch: Scratch) {
@@ -300,9 +446,7 @@ impl FastEncode {
         text: &str,
         is_added: impl Fn(u32) -> bool,
     ) -> tokenizers::Result<Encoded> {
-        let pre = tokenizer
-            .get_added_vocabulary()
-            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        let segments = self.segments(tokenizer, text);
         let model = tokenizer.get_model();
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         let mut checkpoints = Vec::new();
@@ -313,18 +457,17 @@ impl FastEncode {
             pieces,
             mapped,
         } = &mut scratch;
-        for (part, (_, end), tokens) in
-            pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
-        {
-            if let Some(tokens) = tokens {
-                for t in tokens {
-                    ids.push(t.id);
-                    if is_added(t.id) {
+        for segment in segments {
+            let part = match segment {
+                Segment::Added { id, end } => {
+                    ids.push(id);
+                    if is_added(id) {
                         checkpoints.push((end, ids.len()));
                     }
+                    continue;
                 }
-                continue;
-            }
+                Segment::Text { start, end } => text.get(start..end).unwrap_or_default(),
+            };
             self.each_piece(splits, part, 0, &mut |piece| {
                 if let Some(cached) = pieces.get(piece.as_bytes()) {
                     ids.extend_from_slice(cached);
@@ -385,6 +528,51 @@ mod tests {
         out
     }
 
+    const DEEPSEEK: &str =
+        r"[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+    /// The byte walk splits as the `meta` engine does, on random text for several patterns,
+    /// including one whose failed attempts would walk quadratically (`a+b` on `a` runs)
+    /// and must fall back, and a look-behind one it must leave alone.
+    #[test]
+    fn the_byte_walk_splits_as_the_meta_engine_does() {
+        let parts = [
+            "a", "aa", "b", " ", "  ", "\n", "1", "123", "日本", "é", "!", "'s", "x y",
+        ];
+        let patterns = [
+            DEEPSEEK,
+            BYTE_LEVEL_PATTERN,
+            r"\p{N}{1,3}",
+            r"a+b",
+            r"\ba\w*",
+        ];
+        let mut rng = ownerserve_planner::policy::SplitMix64::new(5);
+        for pattern in patterns {
+            let walked = SplitRegex::new(pattern).unwrap();
+            let mut meta_only = SplitRegex::new(pattern).unwrap();
+            meta_only.scan = None;
+            meta_only.head_scan = None;
+            assert_eq!(walked.scan.is_some(), !pattern.contains(r"\b"), "{pattern}");
+            let mut texts: Vec<String> = (0..400)
+                .map(|i| {
+                    (0..1 + i % 60)
+                        .map(|_| parts[rng.next_u64() as usize % parts.len()])
+                        .collect()
+                })
+                .collect();
+            texts.push(format!("{}b", "a".repeat(5_000)));
+            texts.push("a".repeat(5_000));
+            for text in texts {
+                let split = |r: &SplitRegex| {
+                    let mut out = Vec::new();
+                    r.pieces(&mut r.caches(), &text, &mut |p| out.push(p.to_owned()));
+                    out
+                };
+                assert_eq!(split(&walked), split(&meta_only), "{pattern} on {text:?}");
+            }
+        }
+    }
+
     #[test]
     fn the_whitespace_lookahead_gives_back_a_runs_last_space_to_the_next_word() {
         let p = BYTE_LEVEL_PATTERN;
@@ -394,10 +582,8 @@ mod tests {
         assert_eq!(pieces(p, "a   "), ["a", "   "]);
         assert_eq!(pieces(p, "  1"), [" ", " 1"]);
         // `\s*[\r\n]+` (DeepSeek's) takes a run ending in a newline as it is.
-        let ds =
-            r"[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-        assert_eq!(pieces(ds, "x  \n  y"), ["x", "  \n", " ", " y"]);
-        assert_eq!(pieces(ds, "x \n\n"), ["x", " \n\n"]);
+        assert_eq!(pieces(DEEPSEEK, "x  \n  y"), ["x", "  \n", " ", " y"]);
+        assert_eq!(pieces(DEEPSEEK, "x \n\n"), ["x", " \n\n"]);
     }
 
     #[test]

@@ -13,8 +13,10 @@
 //!
 //! - [`chat_template`]: the Jinja template rendered as `transformers` renders it.
 //! - `fast_encode`: the same ids as the `tokenizers` crate's pipeline for byte-level BPE
-//!   tokenizers with regex splits, several times faster on long prompts.
+//!   tokenizers with regex splits, several times faster on long prompts; `added_split`:
+//!   its split at added tokens.
 
+mod added_split;
 pub mod chat_template;
 mod fast_encode;
 
