@@ -107,6 +107,13 @@ pub struct SimSettings {
     /// wall-clock milliseconds (vLLM's `kv_lease_duration`).
     #[arg(long, env = "OWNERSERVE_SIM_KV_LEASE_MS", default_value_t = 30_000)]
     pub kv_lease_ms: u64,
+    /// KV blocks of host DRAM that blocks evicted from HBM are offloaded to and restored
+    /// from (vLLM's CPU offloading connector, `num_cpu_blocks`); 0 = no host tier.
+    #[arg(long, env = "OWNERSERVE_SIM_HOST_KV_BLOCKS", default_value_t = 0)]
+    pub host_kv_blocks: u32,
+    /// Host-to-GPU bandwidth of restores, GB/s; unset = the GPU preset's `pcie_gbs`.
+    #[arg(long, env = "OWNERSERVE_SIM_PCIE_GBS")]
+    pub pcie_gbs: Option<f64>,
 }
 
 impl Default for SimSettings {
@@ -134,6 +141,8 @@ impl Default for SimSettings {
             link_gbs: 50.0,
             link_latency_us: 10.0,
             kv_lease_ms: 30_000,
+            host_kv_blocks: 0,
+            pcie_gbs: None,
         }
     }
 }
@@ -291,6 +300,8 @@ impl SimSettings {
             "at least 1",
         )?;
 
+        let pcie_gbs = self.pcie_gbs.unwrap_or(gpu.pcie_gbs);
+        range("pcie_gbs", pcie_gbs, pcie_gbs > 0.0, "positive")?;
         let mut num_blocks = kv_capacity_blocks(&model, &gpu, self.gpus, util, self.block_size)?;
         if self.max_kv_blocks > 0 {
             num_blocks = num_blocks.min(u64::from(self.max_kv_blocks));
@@ -317,6 +328,8 @@ impl SimSettings {
                 max_model_len: model.max_model_len,
                 hash_seed: XXH3_SEED,
                 emit_cache_events: self.kv_events_endpoint.is_some(),
+                host_blocks: self.host_kv_blocks,
+                pcie_bytes_per_s: pcie_gbs * 1e9,
             },
             kv_events: self
                 .kv_events_endpoint
