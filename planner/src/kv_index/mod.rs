@@ -257,6 +257,10 @@ impl KvIndex {
         keys: BlockKeys<'_>,
     ) -> Result<(), IndexError> {
         let bs = self.cfg.block_size;
+        if tier != Tier::Gpu && tokens.is_empty() && !block_ids.is_empty() {
+            self.store_copies(worker, block_ids, tier);
+            return Ok(());
+        }
         if tokens.len() != block_ids.len() * bs {
             return Err(IndexError::BlockSizeMismatch {
                 tokens: tokens.len(),
@@ -299,6 +303,26 @@ impl KvIndex {
         }
         self.stats.blocks_stored += block_ids.len() as u64;
         Ok(())
+    }
+
+    /// Records `worker` holding, in `tier` (host memory, disk), copies of blocks it
+    /// announced before under the engine ids `block_ids` (vLLM's offloading connector
+    /// names offloaded blocks only). Ids it never announced, or no longer holds, are
+    /// skipped: without their tokens they cannot be placed in a chain.
+    fn store_copies(&mut self, worker: WorkerId, block_ids: &[u64], tier: Tier) {
+        for &id in block_ids {
+            let Some(seq) = self
+                .engine_ids
+                .get(&worker)
+                .and_then(|m| m.get(&id))
+                .copied()
+            else {
+                continue;
+            };
+            let parent = self.nodes.get(&seq).and_then(|n| n.parent);
+            self.add_holder(parent, seq, worker, tier, id, None);
+            self.stats.blocks_stored += 1;
+        }
     }
 
     /// Records `worker` holding block `seq` in `tier`; returns the expiry the holder had

@@ -174,6 +174,67 @@ fn tiers_are_tracked_separately() {
 }
 
 #[test]
+fn name_only_cpu_stores_are_host_holds_of_known_blocks() {
+    // vLLM's offloading connector: BlockStored(medium CPU) with ids only, then the GPU
+    // copies go. The worker's hold becomes a host hold: restorable, not HBM.
+    let mut ix = index();
+    ix.apply(W0, &stored(None, blocks(1, 0..6), Tier::Gpu))
+        .unwrap();
+    ix.apply(W1, &stored(None, blocks(1, 0..6), Tier::Gpu))
+        .unwrap();
+    let cpu = KvEvent::Stored {
+        parent: None,
+        block_ids: vec![1003, 1004, 1005, 9999],
+        tokens: Vec::new(),
+        tier: Tier::Cpu,
+        lora_name: None,
+        extra_keys: None,
+    };
+    ix.apply(W0, &cpu).unwrap();
+    ix.apply(
+        W0,
+        &KvEvent::Removed {
+            block_ids: vec![1003, 1004, 1005],
+            tier: Tier::Gpu,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        matches(&ix, &query(1, 6)),
+        vec![m(W0, 3, 6), m(W1, 6, 6)],
+        "W0 holds 3 blocks in HBM and 3 more restorable from host memory"
+    );
+    // Host holds are no HBM copies: 6 distinct blocks, 6 + 3 GPU copies.
+    assert_eq!(
+        ix.gpu_replication(),
+        GpuReplication {
+            blocks: 6,
+            copies: 9
+        }
+    );
+    // The host tier evicts them: W0 matches only its HBM prefix.
+    ix.apply(
+        W0,
+        &KvEvent::Removed {
+            block_ids: vec![1004],
+            tier: Tier::Cpu,
+        },
+    )
+    .unwrap();
+    assert_eq!(matches(&ix, &query(1, 6))[0], m(W0, 3, 4));
+    // A GPU store without tokens is still malformed.
+    let bad = KvEvent::Stored {
+        parent: None,
+        block_ids: vec![1],
+        tokens: Vec::new(),
+        tier: Tier::Gpu,
+        lora_name: None,
+        extra_keys: None,
+    };
+    assert!(ix.apply(W0, &bad).is_err());
+}
+
+#[test]
 fn approximate_entries_expire_after_their_ttl() {
     let mut ix = index();
     let q = query(4, 6);
