@@ -208,6 +208,7 @@ mod tests {
                 latency_s: ttft,
                 prompt_tokens: 100,
                 cached_tokens: 50,
+                restored_tokens: 0,
                 rejected: false,
                 placement: Default::default(),
             }],

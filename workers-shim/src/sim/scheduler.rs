@@ -9,8 +9,8 @@
 //!
 //! With a host tier (`host_blocks > 0`), blocks evicted from HBM are offloaded to host
 //! DRAM, and an admitted prompt whose cached prefix continues there restores those blocks
-//! instead of recomputing them: the step that admits it takes `restored bytes / PCIe
-//! bandwidth` longer (the copy blocks the step, as a synchronous connector load does).
+//! instead of recomputing them: the step that admits it takes one step overhead plus
+//! `restored bytes / PCIe bandwidth` longer (the request waits for its copy).
 //!
 //! Outside steps, the shell moves KV between engines through the methods in `transfer.rs`:
 //! [`Scheduler::read_cached`] (the source's side of a transfer),
@@ -552,12 +552,15 @@ impl Scheduler {
         done
     }
 
-    /// Seconds to copy `tokens` of KV from host memory over PCIe (0 without a host tier).
+    /// Seconds a step waits to copy `tokens` of KV from host memory: one step's fixed cost
+    /// (vLLM's offloading connector loads asynchronously and runs the request in a step
+    /// after the copy lands) plus the bytes over PCIe. 0 when nothing is restored.
     fn restore_s(&self, tokens: u64) -> f64 {
         if tokens == 0 || self.cfg.pcie_bytes_per_s <= 0.0 {
             return 0.0;
         }
-        tokens as f64 * self.model.kv_bytes_per_token() / self.cfg.pcie_bytes_per_s
+        self.roofline.step_overhead_s()
+            + tokens as f64 * self.model.kv_bytes_per_token() / self.cfg.pcie_bytes_per_s
     }
 
     /// The events of HBM evictions `evicted`: host-tier stores first (each names a block
