@@ -143,8 +143,8 @@ struct Measured {
 async fn run_flow(host: bool) -> Measured {
     let f = start(host);
     let (first, _) = f.send(&turn(1)).await;
-    let x = f.index_of(&first);
-    // Both workers' HBM fills with other work: the session's prefix is evicted from x, and
+    // Both workers' HBM fills with other work: the session's prefix is evicted from its
+    // worker, and
     // neither worker has room to spare.
     f.evict(0).await;
     f.evict(1).await;
