@@ -62,9 +62,10 @@ impl KvRouting {
         self.block_size
     }
 
-    /// Tokens of the blocks the index says `worker` holds (every tier).
-    pub fn worker_tokens(&self, worker: WorkerId) -> u64 {
-        self.index.lock().worker_blocks(worker) as u64 * self.block_size as u64
+    /// Tokens of the blocks the index says `worker` holds in GPU memory: what fills its
+    /// KV cache (its host-tier holds do not).
+    pub fn worker_gpu_tokens(&self, worker: WorkerId) -> u64 {
+        self.index.lock().worker_gpu_blocks(worker) as u64 * self.block_size as u64
     }
 
     /// Fills each candidate's `cached_blocks` (HBM) and `host_cached_blocks` (host memory

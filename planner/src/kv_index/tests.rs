@@ -222,6 +222,9 @@ fn name_only_cpu_stores_are_host_holds_of_known_blocks() {
     )
     .unwrap();
     assert_eq!(matches(&ix, &query(1, 6))[0], m(W0, 3, 4));
+    // HBM room: W0 holds 4 blocks in all (1004's removal dropped 1005's host hold), 3 in HBM.
+    assert_eq!((ix.worker_blocks(W0), ix.worker_gpu_blocks(W0)), (4, 3));
+    assert_eq!(ix.worker_gpu_blocks(W1), 6);
     // A GPU store without tokens is still malformed.
     let bad = KvEvent::Stored {
         parent: None,
@@ -578,4 +581,72 @@ fn routed_holds_are_counted_through_inserts_events_expiry_pruning_and_clearing()
     ix.clear_worker(W0);
     assert_eq!(holds_walked(&ix, W0), 0);
     assert_eq!(ix.worker_blocks(W0), 0);
+}
+
+/// GPU holds counted by walking the index: what `worker_gpu_blocks` must say.
+fn gpu_holds_walked(ix: &KvIndex, worker: WorkerId) -> usize {
+    ix.nodes
+        .values()
+        .filter(|n| n.holds(worker, Some(Tier::Gpu)))
+        .count()
+}
+
+/// The HBM count follows routed inserts, engine GPU events (a routed hold changing kind),
+/// host copies, GPU and host removals, expiry, pruning and clearing.
+#[test]
+fn gpu_holds_are_counted_apart_from_host_holds() {
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        max_blocks: 300,
+    });
+    let mut rng = Rng(11);
+    let mut now = 1_000;
+    for _ in 0..2_000 {
+        let w = WorkerId(rng.below(3) as u32);
+        let chain = rng.below(6) as u32;
+        let len = 1 + rng.below(8) as u32;
+        let ids = blocks(chain, 0..len).ids;
+        let tier_event = |block_ids: Vec<u64>, tier| KvEvent::Stored {
+            parent: None,
+            block_ids,
+            tokens: Vec::new(),
+            tier,
+            lora_name: None,
+            extra_keys: None,
+        };
+        match rng.below(12) {
+            0..=2 => ix.insert_routed(w, &query(chain, len), now, 5_000),
+            3..=5 => {
+                let _ = ix.apply(w, &stored(None, blocks(chain, 0..len), Tier::Gpu));
+            }
+            6..=7 => {
+                let _ = ix.apply(w, &tier_event(ids, Tier::Cpu));
+            }
+            8 => {
+                let tail = ids[ids.len() / 2..].to_vec();
+                let _ = ix.apply(
+                    w,
+                    &KvEvent::Removed {
+                        block_ids: tail,
+                        tier: Tier::Gpu,
+                    },
+                );
+            }
+            9 => {
+                let _ = ix.apply(
+                    w,
+                    &KvEvent::Removed {
+                        block_ids: ids,
+                        tier: Tier::Cpu,
+                    },
+                );
+            }
+            10 => ix.expire(now),
+            _ => ix.clear_worker(w),
+        }
+        now += rng.below(400);
+        for worker in [W0, W1, WorkerId(2)] {
+            assert_eq!(ix.worker_gpu_blocks(worker), gpu_holds_walked(&ix, worker));
+        }
+    }
 }
