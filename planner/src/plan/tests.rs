@@ -917,3 +917,46 @@ fn a_demoted_tail_in_the_owners_host_memory_is_restored_by_tail_recompute() {
     assert_eq!(cold.chosen.compute_tokens, 6_500);
     assert!(p.chosen.cost.total < cold.chosen.cost.total);
 }
+
+/// The artifact fetch candidate onto worker 1, which holds the first `host` tokens of the
+/// 64K sealed prefix in host memory at `pcie_gbs`; the owner 0 is busy.
+fn fetch_with_host(host: u64, pcie_gbs: f64) -> Candidate {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    o.queue_s = 5.0;
+    let mut w = worker(1, Role::Hybrid);
+    w.host_cached_tokens = host;
+    w.pcie_bytes_per_s = pcie_gbs * 1e9;
+    let s = Scenario {
+        artifact: Some((0, 64_000)),
+        decode_owner: Some(0),
+        samples: 4,
+        exhaustive: true,
+        ..Scenario::new(64_100, vec![o, w])
+    };
+    s.plan()
+        .candidates
+        .into_iter()
+        .find(|c| c.action == Action::ArtifactFetch)
+        .unwrap()
+}
+
+#[test]
+fn a_fetch_restores_what_the_target_holds_in_host_memory_and_pulls_only_the_rest() {
+    let none = fetch_with_host(0, 50.0);
+    let half = fetch_with_host(32_000, 50.0);
+    // The first 32K come over PCIe, only the rest over the link.
+    assert_eq!(half.restored_tokens, 32_000);
+    assert!(
+        (half.network_bytes - none.network_bytes / 2.0).abs() < none.network_bytes * 0.01,
+        "{} of {}",
+        half.network_bytes,
+        none.network_bytes
+    );
+    assert_eq!(half.compute_tokens, none.compute_tokens);
+    assert!(half.cost.host_restore_s > 0.0);
+    // A bus slower than the link: the whole prefix is fetched, as without a host copy.
+    let slow = fetch_with_host(32_000, 10.0);
+    assert_eq!(slow.restored_tokens, 0);
+    assert_eq!(slow.network_bytes, none.network_bytes);
+}
