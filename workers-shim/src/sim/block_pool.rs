@@ -88,9 +88,14 @@ impl BlockPool {
         self.host.take_changes()
     }
 
-    /// How many leading hashes of `hashes` the host tier holds.
+    /// How many leading hashes of `hashes` the host tier holds and HBM does not (a block
+    /// HBM holds ends the run: it needs no restore, and a restore into a second block
+    /// would fail).
     pub fn host_prefix(&self, hashes: &[u64]) -> usize {
-        self.host.longest_prefix(hashes)
+        hashes
+            .iter()
+            .take_while(|&h| self.host.contains(*h) && !self.cached.contains_key(h))
+            .count()
     }
 
     /// Restores the host-tier copy of `hash` into block `id` (just allocated), cached as if
@@ -494,12 +499,17 @@ mod tests {
         pool.release(id);
         let mut more = Vec::new();
         let _a = pool.allocate(&mut more).unwrap();
-        let _b = pool.allocate(&mut more).unwrap();
+        let b = pool.allocate(&mut more).unwrap();
         assert_eq!(more, vec![3, 1], "HBM evicts in LRU order");
         let changes = pool.take_host_changes();
         assert_eq!(changes.stored, vec![2, 3]);
         assert_eq!(changes.removed, vec![2]);
         assert_eq!(pool.host_prefix(&[1]), 1);
+        // A block held in both tiers ends the restorable run: HBM already has it.
+        pool.release(b);
+        let c = pool.allocate(&mut more).unwrap();
+        assert!(pool.restore(c, 1));
+        assert_eq!(pool.host_prefix(&[1]), 0);
     }
 
     #[test]

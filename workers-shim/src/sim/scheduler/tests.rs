@@ -619,3 +619,30 @@ fn a_dropped_tail_goes_to_the_host_tier_and_comes_back() {
     assert_eq!(out.admitted[0].restored_tokens, 32);
     assert_eq!(out.work.prefill_tokens, 1);
 }
+
+#[test]
+fn a_block_held_in_both_tiers_ends_the_restore_instead_of_blocking_admission() {
+    let mut s = engine_with(SchedulerConfig {
+        host_blocks: 64,
+        ..config(64, 8192)
+    });
+    let prompt = tokens(1, 48);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes, &prompt);
+    // B and C go to host memory; C comes back into HBM (received again), its host copy stays.
+    s.drop_cached(&hashes[1..]);
+    s.insert_cached(Some(hashes[1]), &hashes[2..], &prompt[32..]);
+    assert_eq!(s.cached_prefix(&hashes), 1);
+    assert_eq!(
+        s.host_cached_prefix(&hashes),
+        1,
+        "B only: C is in HBM already"
+    );
+    let mut back = prompt.clone();
+    back.push(7);
+    s.add(seq(1, back, 1, 0.0)).unwrap();
+    let out = s.step(0.0);
+    assert_eq!(out.admitted.len(), 1, "admitted at once");
+    assert_eq!(out.admitted[0].cached_tokens, 32);
+    assert_eq!(out.admitted[0].restored_tokens, 16);
+}
