@@ -283,7 +283,8 @@ impl BlockPool {
         true
     }
 
-    /// Forgets every cached hash (vLLM's `reset_prefix_cache`); refused while any block is
+    /// Forgets every cached hash (vLLM's `reset_prefix_cache`), the host tier's included
+    /// (one `AllBlocksCleared` covers both tiers for the index); refused while any block is
     /// in use.
     pub fn reset(&mut self) -> bool {
         if self.num_free != self.blocks.len() {
@@ -293,6 +294,8 @@ impl BlockPool {
             b.hash = None;
         }
         self.cached.clear();
+        self.host.clear();
+        self.host.take_changes();
         true
     }
 
@@ -522,5 +525,19 @@ mod tests {
         assert_eq!(pool.host_prefix(&[1]), 0);
         let id = pool.allocate(&mut evicted).unwrap();
         assert!(!pool.restore(id, 1));
+    }
+
+    #[test]
+    fn a_reset_clears_the_host_tier_too() {
+        let mut pool = BlockPool::with_host_tier(1, 4);
+        let mut evicted = Vec::new();
+        pool.insert(1, None, &[1], &mut evicted);
+        pool.insert(2, None, &[2], &mut evicted);
+        assert_eq!(pool.host_prefix(&[1]), 1);
+        pool.take_host_changes();
+        assert!(pool.reset());
+        assert_eq!(pool.host_prefix(&[1]), 0);
+        assert!(pool.host().is_empty());
+        assert_eq!(pool.take_host_changes(), HostChanges::default());
     }
 }
