@@ -62,6 +62,8 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             decoding: rng.next_u64() % 64,
             queued: rng.next_u64() % 8,
             cached_tokens: rng.next_u64() % tokens.max(1) / u64::from(BLOCK) * u64::from(BLOCK),
+            host_cached_tokens: 0,
+            pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),
             kv_free_tokens: Some(rng.next_u64() % (4 * tokens.max(1))),

@@ -68,6 +68,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
                         latency_s: t.latency_s,
                         prompt_tokens: st.input_tokens,
                         cached_tokens: t.cached_tokens,
+                        restored_tokens: 0,
                         rejected: false,
                         placement: Default::default(),
                     }
@@ -81,6 +82,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
                     latency_s: 0.0,
                     prompt_tokens: st.input_tokens,
                     cached_tokens: 0,
+                    restored_tokens: 0,
                     rejected: true,
                     placement: Default::default(),
                 },
@@ -110,6 +112,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
         preemptions: 0,
         makespan_s: if begin.is_finite() { end - begin } else { 0.0 },
         wall_s: started.elapsed().as_secs_f64(),
+        host_restored_bytes: 0,
     })
 }
 

@@ -235,6 +235,7 @@ mod tests {
         // a's worker caches its prompt: its next step and its fork stay there.
         let cached = idle.map(|w| WorkerView {
             cached_blocks: if w.id == a { 6 } else { 0 },
+            host_cached_blocks: 0,
             ..w
         });
         assert_eq!(

@@ -108,6 +108,7 @@ impl Shared {
             latency_s: 0.0,
             prompt_tokens: prompt.len() as u32,
             cached_tokens: 0,
+            restored_tokens: 0,
             rejected: true,
             placement: Default::default(),
         };

@@ -91,6 +91,11 @@ impl Roofline {
         self.bytes_per_s
     }
 
+    /// Fixed cost of one engine step, seconds.
+    pub fn step_overhead_s(&self) -> f64 {
+        self.step_overhead_s
+    }
+
     /// Achieved compute in FLOP/s.
     pub fn flops_per_s(&self) -> f64 {
         self.flops_per_s

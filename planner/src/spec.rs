@@ -69,6 +69,19 @@ pub struct GpuSpec {
     pub bandwidth_tbs: f64,
     /// GPU-GPU link bandwidth, one direction, GB/s.
     pub link_gbs: f64,
+    /// Host DRAM per GPU a host KV tier may use, GB (0: none). The presets take the
+    /// vendor's 8-GPU server memory over its GPUs, e.g. 2 TB / 8 = 256 GB for a DGX H100
+    /// (sources in each preset file).
+    #[serde(default)]
+    pub host_dram_gb: f64,
+    /// Host-to-GPU bandwidth, one direction, effective GB/s: ~50 for PCIe Gen5 x16 (64 GB/s
+    /// raw; H100, H20), ~25 for Gen4 x16 (A100, L40). A preset without it gets 25.
+    #[serde(default = "default_pcie_gbs")]
+    pub pcie_gbs: f64,
+}
+
+fn default_pcie_gbs() -> f64 {
+    25.0
 }
 
 /// A preset that failed to load or makes no sense.
@@ -274,6 +287,13 @@ impl GpuSpec {
         positive("memory_gb", spec.memory_gb)?;
         positive("bandwidth_tbs", spec.bandwidth_tbs)?;
         positive("link_gbs", spec.link_gbs)?;
+        positive("pcie_gbs", spec.pcie_gbs)?;
+        if !(spec.host_dram_gb >= 0.0 && spec.host_dram_gb.is_finite()) {
+            return Err(SpecError::NotPositive {
+                field: "host_dram_gb",
+                value: spec.host_dram_gb,
+            });
+        }
         Ok(spec)
     }
 }

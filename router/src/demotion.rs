@@ -1,7 +1,11 @@
 //! The idle-session sweep: a session idle past its lease (derived from its predicted
 //! tool-call gap) is demoted in the directory, keeping its sealed prefix artifact, and its
-//! owner drops the unsealed tail. Its next step is planned as a resume: `tail_recompute`
-//! where the artifact is, or a fetch or recompute elsewhere.
+//! owner drops the unsealed tail from HBM. An engine with a host-DRAM tier offloads the
+//! dropped tail there instead of losing it (the sim engine's `drop`; vLLM's offloading
+//! connector holds evicted blocks the same way), and its `BlockStored` events with medium
+//! CPU tell the KV index. Its next step is planned as a resume: `tail_recompute` where the
+//! artifact is (restoring the tail from host memory when that beats recomputing it), or a
+//! fetch or recompute elsewhere.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -62,12 +62,14 @@ impl KvRouting {
         self.block_size
     }
 
-    /// Tokens of the blocks the index says `worker` holds (every tier).
-    pub fn worker_tokens(&self, worker: WorkerId) -> u64 {
-        self.index.lock().worker_blocks(worker) as u64 * self.block_size as u64
+    /// Tokens of the blocks the index says `worker` holds in GPU memory: what fills its
+    /// KV cache (its host-tier holds do not).
+    pub fn worker_gpu_tokens(&self, worker: WorkerId) -> u64 {
+        self.index.lock().worker_gpu_blocks(worker) as u64 * self.block_size as u64
     }
 
-    /// Fills each candidate's `cached_blocks` from the index, and marks the deepest block
+    /// Fills each candidate's `cached_blocks` (HBM) and `host_cached_blocks` (host memory
+    /// after them) from the index, and marks the deepest block
     /// matched as used (its chain is evicted last).
     pub fn fill_cached(&self, hashes: &[u64], candidates: &mut [WorkerView]) {
         let mut matches = Vec::new();
@@ -80,10 +82,10 @@ impl KvRouting {
             }
         }
         for c in candidates {
-            c.cached_blocks = matches
-                .iter()
-                .find(|m| m.worker == c.id)
-                .map_or(0, |m| m.gpu_blocks);
+            let m = matches.iter().find(|m| m.worker == c.id);
+            c.cached_blocks = m.map_or(0, |m| m.gpu_blocks);
+            // Held past its HBM prefix in host memory (medium CPU): restorable, not HBM.
+            c.host_cached_blocks = m.map_or(0, |m| m.any_blocks.saturating_sub(m.gpu_blocks));
         }
     }
 

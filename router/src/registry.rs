@@ -438,6 +438,7 @@ impl Registry {
                 active_blocks: w.active_blocks(),
                 active_prefill_tokens: w.active_prefill_tokens.load(Ordering::Relaxed),
                 cached_blocks: 0,
+                host_cached_blocks: 0,
                 load: w.load(),
             })
             .collect()

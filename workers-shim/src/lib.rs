@@ -11,7 +11,8 @@
 //! - [`engines`]: dispatch adapters, how each engine runs one leg of a plan (vLLM NIXL,
 //!   SGLang bootstrap).
 //! - [`sim`]: the simulated GPU engine behind `ownerserve sim-worker`: a pure scheduler
-//!   core (continuous batching, chunked prefill, paged prefix cache, roofline timing) and
+//!   core (continuous batching, chunked prefill, paged prefix cache with an optional
+//!   host-DRAM tier, roofline timing) and
 //!   a thin HTTP/tokio shell that speaks vLLM's OpenAI API and `/metrics`.
 //!
 //! The `io` feature (on by default) gates everything that opens a socket or runs a task;

@@ -62,6 +62,7 @@ mod tests {
                 latency_s: 1.0,
                 prompt_tokens: 100,
                 cached_tokens: 64,
+                restored_tokens: 0,
                 rejected: false,
                 placement: Placement {
                     action: Some("remote_prefill"),

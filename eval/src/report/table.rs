@@ -36,6 +36,19 @@ fn gb(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / 1e9)
 }
 
+/// Prefix reuse, and the host-DRAM tier's share of it when it restored anything.
+fn reuse(r: &RunResult) -> String {
+    match r.host_restored_bytes {
+        0 => pct(r.reuse_ratio()),
+        b => format!(
+            "{} (host {}, {} GB)",
+            pct(r.reuse_ratio()),
+            pct(r.host_reuse_ratio()),
+            gb(b)
+        ),
+    }
+}
+
 /// A Markdown table of `runs` (all of one workload and cluster).
 pub fn markdown_table(runs: &[RunResult]) -> String {
     let mut s = String::from(
@@ -76,7 +89,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
             ratio(r.owner_hit_rate),
             ratio(r.decode_interference),
             pct(r.gpu_busy),
-            pct(r.reuse_ratio()),
+            reuse(r),
             actions.join(", "),
         );
     }
@@ -87,7 +100,7 @@ pub fn markdown_table(runs: &[RunResult]) -> String {
 pub fn summary_line(r: &RunResult) -> String {
     let t = r.ttfts();
     format!(
-        "{:<16} ttft p50 {:>7}s p99 {:>7}s  e2e mean {:>7}s  dup {:>5}  kv {:>7} GB  hit {:>5}  busy {:>4}  ({} steps, {:.2}s wall)",
+        "{:<16} ttft p50 {:>7}s p99 {:>7}s  e2e mean {:>7}s  dup {:>5}  kv {:>7} GB  hit {:>5}  busy {:>4}  reuse {}  ({} steps, {:.2}s wall)",
         r.policy,
         secs(percentile(&t, 0.5)),
         secs(percentile(&t, 0.99)),
@@ -96,6 +109,7 @@ pub fn summary_line(r: &RunResult) -> String {
         gb(r.kv_bytes.total()),
         ratio(r.owner_hit_rate),
         pct(r.gpu_busy),
+        reuse(r),
         r.steps.len(),
         r.wall_s,
     )

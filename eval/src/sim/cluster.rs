@@ -143,6 +143,7 @@ impl Cluster {
             },
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
+            pcie_bytes_per_s: first.scheduler.pcie_bytes_per_s,
         })
     }
 }

@@ -1,5 +1,5 @@
 //! HBM residency across the fleet: how many copies of each KV block are resident, from the
-//! engines' cache changes. The duplicate factor is copies over distinct blocks, weighted by
+//! engines' cache changes (host-tier copies are not HBM and are not counted). The duplicate factor is copies over distinct blocks, weighted by
 //! time; a series of it is kept for plots. It is kept twice: over every worker, and over the
 //! workers that decode only (a prefill worker's prefix cache holds a copy of what it
 //! prefilled for a decoder until something evicts it; the split says which copies are those).
@@ -102,8 +102,10 @@ impl Residency {
                         }
                     }
                 }
-                // The simulator never resets a cache.
-                CacheEvent::Cleared => {}
+                // The simulator never resets a cache; a host-tier copy is not in HBM.
+                CacheEvent::Cleared
+                | CacheEvent::HostStored { .. }
+                | CacheEvent::HostRemoved { .. } => {}
             }
         }
     }

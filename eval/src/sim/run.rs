@@ -63,6 +63,8 @@ struct Req {
     last_token_s: f64,
     tokens: u32,
     cached_tokens: u32,
+    /// Of those, restored from the computing worker's host tier.
+    restored_tokens: u32,
     /// `cached_tokens` came from a prefill worker's leg.
     prefilled_remotely: bool,
     /// Prefill tokens counted against the decode worker until the first token.
@@ -116,6 +118,8 @@ pub(crate) struct Sim<'w> {
     decode_steps: [(f64, u64); 2],
     actions: BTreeMap<String, u64>,
     preemptions: u64,
+    host_restored_bytes: u64,
+    kv_bytes_per_token: u64,
     now_s: f64,
 }
 
@@ -136,6 +140,7 @@ impl<'w> Sim<'w> {
         let block = configs.first().map_or(16, |c| c.scheduler.block_size);
         let template = GapLease::new(opts.lease_factor, opts.lease_min_ms, opts.lease_max_ms);
         let n = wl.sessions.len();
+        let kv_bytes_per_token = model.kv_bytes_per_token() as u64;
         Self {
             wl,
             opts,
@@ -168,6 +173,8 @@ impl<'w> Sim<'w> {
             decode_steps: [(0.0, 0); 2],
             actions: BTreeMap::new(),
             preemptions: 0,
+            host_restored_bytes: 0,
+            kv_bytes_per_token,
             now_s: 0.0,
         }
     }
@@ -279,6 +286,7 @@ impl<'w> Sim<'w> {
             preemptions: self.preemptions,
             makespan_s: makespan,
             wall_s: started.elapsed().as_secs_f64(),
+            host_restored_bytes: self.host_restored_bytes,
         }
     }
 
@@ -375,6 +383,7 @@ impl<'w> Sim<'w> {
             last_token_s: now,
             tokens: 0,
             cached_tokens: 0,
+            restored_tokens: 0,
             prefilled_remotely: false,
             prefill_charged: prefill,
             leg_charged: None,
@@ -426,6 +435,7 @@ impl<'w> Sim<'w> {
             latency_s: 0.0,
             prompt_tokens,
             cached_tokens: 0,
+            restored_tokens: 0,
             rejected: true,
             placement: Default::default(),
         });
@@ -620,6 +630,7 @@ impl<'w> Sim<'w> {
         let preempted = self.engines[worker].preempted;
         let role = self.engines[worker].role;
         self.residency.apply(now, role, &out.cache_events);
+        self.host_restored_bytes += out.restored_tokens * self.kv_bytes_per_token;
         for a in &out.admitted {
             if let Some(&id) = self.seqs.get(&(worker, a.seq.0)) {
                 if let Some(r) = self.reqs.get_mut(id).and_then(Option::as_mut) {
@@ -628,12 +639,16 @@ impl<'w> Sim<'w> {
                     match r.phase {
                         Phase::Prefill { prefill, .. } if prefill == worker => {
                             r.cached_tokens = a.cached_tokens;
+                            r.restored_tokens = a.restored_tokens;
                             r.prefilled_remotely = true;
                             r.placement.admit_wait_s = a.queue_s;
                             r.placement.preempted_while_waiting =
                                 preempted.saturating_sub(r.placement.preempted_while_waiting);
                         }
                         _ if r.worker == worker && !r.prefilled_remotely => {
+                            if a.cached_tokens >= r.cached_tokens {
+                                r.restored_tokens = a.restored_tokens;
+                            }
                             r.cached_tokens = r.cached_tokens.max(a.cached_tokens);
                             r.placement.admit_wait_s = a.queue_s;
                             r.placement.preempted_while_waiting =
@@ -719,6 +734,7 @@ impl<'w> Sim<'w> {
             latency_s: now - r.issued_s,
             prompt_tokens: r.prompt.len() as u32,
             cached_tokens: r.cached_tokens,
+            restored_tokens: r.restored_tokens,
             rejected: false,
             placement: r.placement,
         });

@@ -56,8 +56,11 @@ pub struct StepRecord {
     /// Issue to last token.
     pub latency_s: f64,
     pub prompt_tokens: u32,
-    /// Prompt tokens the engine found cached (summed over the legs that ran it).
+    /// Prompt tokens the engine found cached (summed over the legs that ran it), host-tier
+    /// restores included.
     pub cached_tokens: u32,
+    /// Of those, tokens restored from the computing worker's host-DRAM tier.
+    pub restored_tokens: u32,
     pub rejected: bool,
     /// Where the simulator placed the step (a live client does not know: default).
     pub placement: Placement,
@@ -125,6 +128,8 @@ pub struct RunResult {
     pub makespan_s: f64,
     /// Wall-clock seconds the simulation took.
     pub wall_s: f64,
+    /// KV bytes restored from host-DRAM tiers into HBM (0 without host tiers).
+    pub host_restored_bytes: u64,
 }
 
 impl RunResult {
@@ -151,7 +156,29 @@ impl RunResult {
         self.steps.iter().filter(|s| s.rejected).count()
     }
 
-    /// Cached prompt tokens over prompt tokens.
+    /// Prompt tokens restored from host-DRAM tiers over prompt tokens (part of
+    /// [`Self::reuse_ratio`]).
+    pub fn host_reuse_ratio(&self) -> f64 {
+        let (c, p) = self.steps.iter().fold((0u64, 0u64), |(c, p), s| {
+            (
+                c + u64::from(s.restored_tokens),
+                p + u64::from(s.prompt_tokens),
+            )
+        });
+        if p == 0 {
+            0.0
+        } else {
+            c as f64 / p as f64
+        }
+    }
+
+    /// Steps that restored some of their prompt from a host-DRAM tier.
+    pub fn host_hit_steps(&self) -> usize {
+        self.steps.iter().filter(|s| s.restored_tokens > 0).count()
+    }
+
+    /// Cached prompt tokens (HBM hits, received KV and host-tier restores) over prompt
+    /// tokens.
     pub fn reuse_ratio(&self) -> f64 {
         let (c, p) = self.steps.iter().fold((0u64, 0u64), |(c, p), s| {
             (

@@ -84,3 +84,36 @@ fn each_step_records_what_its_plan_reused_and_its_decode_worker_s_kv() {
         .iter()
         .any(|s| s.placement.planned_reused_tokens > 0));
 }
+
+#[test]
+fn a_host_tier_restores_evicted_prefixes_and_raises_reuse() {
+    // A small HBM (2,000 blocks, 32K tokens per worker) evicts the sessions' histories;
+    // with host DRAM they come back over PCIe instead of being recomputed.
+    let wl = swe_smith();
+    let run_with = |host_dram_gb: f64, policy: &str| {
+        let settings = SimSettings {
+            max_kv_blocks: 2_000,
+            host_dram_gb,
+            ..SimSettings::default()
+        };
+        let c = Cluster::parse("1p3d", &settings).expect("cluster");
+        run_one(policy, &wl, &c, &SimOptions::default(), &|_| {}).expect("runs")
+    };
+    for policy in ["ownerserve", "dynamo_kv"] {
+        let off = run_with(0.0, policy);
+        let on = run_with(64.0, policy);
+        assert_eq!(off.host_restored_bytes, 0, "{policy}");
+        assert_eq!(off.host_hit_steps(), 0, "{policy}");
+        assert!(on.host_restored_bytes > 0, "{policy}");
+        assert!(on.host_hit_steps() > 0, "{policy}");
+        assert!(on.host_reuse_ratio() > 0.0 && on.host_reuse_ratio() <= on.reuse_ratio());
+        assert!(
+            on.reuse_ratio() > off.reuse_ratio(),
+            "{policy}: reuse {} with the host tier, {} without",
+            on.reuse_ratio(),
+            off.reuse_ratio()
+        );
+        // Host copies are not HBM: the duplicate factor counts GPU copies only.
+        assert!(on.duplicate_factor >= 1.0);
+    }
+}

@@ -197,6 +197,9 @@ pub struct KvIndex {
     /// the sequence hash itself, and no event names them), which saved a map insert and
     /// removal per routed block: ~10% of a router's CPU on 171 KB session steps.
     routed_holds: FastMap<WorkerId, usize>,
+    /// Per worker: event-fed holds in GPU memory (a block also held in host memory shares
+    /// its engine id, so `engine_ids` alone cannot tell HBM from host holds).
+    gpu_holds: FastMap<WorkerId, usize>,
     /// Approximate-mode expiries in insertion order (non-decreasing with a fixed TTL).
     expiries: VecDeque<(u64, WorkerId, u64)>,
     /// `(last_used, seq)` of every node without children: the eviction order. Only a leaf
@@ -218,6 +221,7 @@ impl KvIndex {
             nodes: FastMap::default(),
             engine_ids: FastMap::default(),
             routed_holds: FastMap::default(),
+            gpu_holds: FastMap::default(),
             expiries: VecDeque::new(),
             leaves: BTreeSet::new(),
             tick: 0,
@@ -292,6 +296,10 @@ impl KvIndex {
         keys: BlockKeys<'_>,
     ) -> Result<(), IndexError> {
         let bs = self.cfg.block_size;
+        if tier != Tier::Gpu && tokens.is_empty() && !block_ids.is_empty() {
+            self.store_copies(worker, block_ids, tier);
+            return Ok(());
+        }
         if tokens.len() != block_ids.len() * bs {
             return Err(IndexError::BlockSizeMismatch {
                 tokens: tokens.len(),
@@ -337,6 +345,26 @@ impl KvIndex {
         Ok(())
     }
 
+    /// Records `worker` holding, in `tier` (host memory, disk), copies of blocks it
+    /// announced before under the engine ids `block_ids` (vLLM's offloading connector
+    /// names offloaded blocks only). Ids it never announced, or no longer holds, are
+    /// skipped: without their tokens they cannot be placed in a chain.
+    fn store_copies(&mut self, worker: WorkerId, block_ids: &[u64], tier: Tier) {
+        for &id in block_ids {
+            let Some(seq) = self
+                .engine_ids
+                .get(&worker)
+                .and_then(|m| m.get(&id))
+                .copied()
+            else {
+                continue;
+            };
+            let parent = self.nodes.get(&seq).and_then(|n| n.parent);
+            self.add_holder(parent, seq, worker, tier, id, None);
+            self.stats.blocks_stored += 1;
+        }
+    }
+
     /// Records `worker` holding block `seq` in `tier`; returns the expiry the holder had
     /// before, or None if it is new. `pos` is where `seq` sits in the chain being added.
     fn add_holder(
@@ -374,9 +402,17 @@ impl KvIndex {
                 let replaced = *h;
                 h.engine_hash = engine_hash;
                 h.expires_at_ms = expires_at_ms;
+                // A routed GPU hold the engine now reports becomes an event-fed one.
+                if tier == Tier::Gpu && replaced.expires_at_ms.is_some() && expires_at_ms.is_none()
+                {
+                    *self.gpu_holds.entry(worker).or_default() += 1;
+                }
                 (Some(replaced.expires_at_ms), Some(replaced))
             }
             None => {
+                if tier == Tier::Gpu && expires_at_ms.is_none() {
+                    *self.gpu_holds.entry(worker).or_default() += 1;
+                }
                 node.holders.push(Holder {
                     worker,
                     tier,
@@ -427,6 +463,11 @@ impl KvIndex {
     /// hold's engine id goes only when `last` (the worker holds `seq` in no other tier
     /// under that id).
     fn forget_hold(&mut self, h: &Holder, seq: u64, last: bool) {
+        if h.tier == Tier::Gpu && h.expires_at_ms.is_none() {
+            if let Some(n) = self.gpu_holds.get_mut(&h.worker) {
+                *n = n.saturating_sub(1);
+            }
+        }
         if h.expires_at_ms.is_some() {
             if let Some(n) = self.routed_holds.get_mut(&h.worker) {
                 *n = n.saturating_sub(1);
@@ -531,6 +572,7 @@ impl KvIndex {
             .remove(&worker)
             .map(|ids| ids.into_values().collect())
             .unwrap_or_default();
+        self.gpu_holds.remove(&worker);
         // Its approximate holds are all in the expiry queue (a scan: a worker is cleared
         // when it resets or goes, not per request).
         if self.routed_holds.remove(&worker).is_some() {
@@ -666,6 +708,13 @@ impl KvIndex {
     /// Blocks `worker` holds in any tier.
     pub fn worker_blocks(&self, worker: WorkerId) -> usize {
         self.engine_ids.get(&worker).map_or(0, |m| m.len())
+            + self.routed_holds.get(&worker).copied().unwrap_or(0)
+    }
+
+    /// Blocks `worker` holds in GPU memory: what takes room in its HBM (host-tier holds
+    /// do not).
+    pub fn worker_gpu_blocks(&self, worker: WorkerId) -> usize {
+        self.gpu_holds.get(&worker).copied().unwrap_or(0)
             + self.routed_holds.get(&worker).copied().unwrap_or(0)
     }
 

@@ -174,6 +174,70 @@ fn tiers_are_tracked_separately() {
 }
 
 #[test]
+fn name_only_cpu_stores_are_host_holds_of_known_blocks() {
+    // vLLM's offloading connector: BlockStored(medium CPU) with ids only, then the GPU
+    // copies go. The worker's hold becomes a host hold: restorable, not HBM.
+    let mut ix = index();
+    ix.apply(W0, &stored(None, blocks(1, 0..6), Tier::Gpu))
+        .unwrap();
+    ix.apply(W1, &stored(None, blocks(1, 0..6), Tier::Gpu))
+        .unwrap();
+    let cpu = KvEvent::Stored {
+        parent: None,
+        block_ids: vec![1003, 1004, 1005, 9999],
+        tokens: Vec::new(),
+        tier: Tier::Cpu,
+        lora_name: None,
+        extra_keys: None,
+    };
+    ix.apply(W0, &cpu).unwrap();
+    ix.apply(
+        W0,
+        &KvEvent::Removed {
+            block_ids: vec![1003, 1004, 1005],
+            tier: Tier::Gpu,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        matches(&ix, &query(1, 6)),
+        vec![m(W0, 3, 6), m(W1, 6, 6)],
+        "W0 holds 3 blocks in HBM and 3 more restorable from host memory"
+    );
+    // Host holds are no HBM copies: 6 distinct blocks, 6 + 3 GPU copies.
+    assert_eq!(
+        ix.gpu_replication(),
+        GpuReplication {
+            blocks: 6,
+            copies: 9
+        }
+    );
+    // The host tier evicts them: W0 matches only its HBM prefix.
+    ix.apply(
+        W0,
+        &KvEvent::Removed {
+            block_ids: vec![1004],
+            tier: Tier::Cpu,
+        },
+    )
+    .unwrap();
+    assert_eq!(matches(&ix, &query(1, 6))[0], m(W0, 3, 4));
+    // HBM room: W0 holds 4 blocks in all (1004's removal dropped 1005's host hold), 3 in HBM.
+    assert_eq!((ix.worker_blocks(W0), ix.worker_gpu_blocks(W0)), (4, 3));
+    assert_eq!(ix.worker_gpu_blocks(W1), 6);
+    // A GPU store without tokens is still malformed.
+    let bad = KvEvent::Stored {
+        parent: None,
+        block_ids: vec![1],
+        tokens: Vec::new(),
+        tier: Tier::Gpu,
+        lora_name: None,
+        extra_keys: None,
+    };
+    assert!(ix.apply(W0, &bad).is_err());
+}
+
+#[test]
 fn approximate_entries_expire_after_their_ttl() {
     let mut ix = index();
     let q = query(4, 6);
@@ -521,4 +585,72 @@ fn routed_holds_are_counted_through_inserts_events_expiry_pruning_and_clearing()
     ix.clear_worker(W0);
     assert_eq!(holds_walked(&ix, W0), 0);
     assert_eq!(ix.worker_blocks(W0), 0);
+}
+
+/// GPU holds counted by walking the index: what `worker_gpu_blocks` must say.
+fn gpu_holds_walked(ix: &KvIndex, worker: WorkerId) -> usize {
+    ix.nodes
+        .values()
+        .filter(|n| n.holds(worker, Some(Tier::Gpu)))
+        .count()
+}
+
+/// The HBM count follows routed inserts, engine GPU events (a routed hold changing kind),
+/// host copies, GPU and host removals, expiry, pruning and clearing.
+#[test]
+fn gpu_holds_are_counted_apart_from_host_holds() {
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        max_blocks: 300,
+    });
+    let mut rng = Rng(11);
+    let mut now = 1_000;
+    for _ in 0..2_000 {
+        let w = WorkerId(rng.below(3) as u32);
+        let chain = rng.below(6) as u32;
+        let len = 1 + rng.below(8) as u32;
+        let ids = blocks(chain, 0..len).ids;
+        let tier_event = |block_ids: Vec<u64>, tier| KvEvent::Stored {
+            parent: None,
+            block_ids,
+            tokens: Vec::new(),
+            tier,
+            lora_name: None,
+            extra_keys: None,
+        };
+        match rng.below(12) {
+            0..=2 => ix.insert_routed(w, &query(chain, len), now, 5_000),
+            3..=5 => {
+                let _ = ix.apply(w, &stored(None, blocks(chain, 0..len), Tier::Gpu));
+            }
+            6..=7 => {
+                let _ = ix.apply(w, &tier_event(ids, Tier::Cpu));
+            }
+            8 => {
+                let tail = ids[ids.len() / 2..].to_vec();
+                let _ = ix.apply(
+                    w,
+                    &KvEvent::Removed {
+                        block_ids: tail,
+                        tier: Tier::Gpu,
+                    },
+                );
+            }
+            9 => {
+                let _ = ix.apply(
+                    w,
+                    &KvEvent::Removed {
+                        block_ids: ids,
+                        tier: Tier::Cpu,
+                    },
+                );
+            }
+            10 => ix.expire(now),
+            _ => ix.clear_worker(w),
+        }
+        now += rng.below(400);
+        for worker in [W0, W1, WorkerId(2)] {
+            assert_eq!(ix.worker_gpu_blocks(worker), gpu_holds_walked(&ix, worker));
+        }
+    }
 }

@@ -56,9 +56,17 @@ pub fn admission(w: &PlanWorker, model: &ModelSpec, prompt: u64, block: u64) -> 
 /// wait.
 pub fn admitted_view(w: &PlanWorker, model: &ModelSpec, prompt: u64, block: u64) -> PlanWorker {
     let a = admission(w, model, prompt, block);
+    // A worker with a host tier (it holds some of the prompt there) offloads what it
+    // evicts meanwhile: that stays restorable, in front of what it holds there already.
+    let host_cached_tokens = if w.host_cached_tokens > 0 {
+        w.host_cached_tokens + (w.cached_tokens - a.surviving_tokens)
+    } else {
+        0
+    };
     PlanWorker {
         queue_s: w.queue_s.max(a.memory_wait_s),
         cached_tokens: a.surviving_tokens,
+        host_cached_tokens,
         ..w.clone()
     }
 }
@@ -159,6 +167,8 @@ mod tests {
             decoding: 20,
             queued: 0,
             cached_tokens: cached,
+            host_cached_tokens: 0,
+            pcie_bytes_per_s: 50e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(room),
             kv_free_tokens: Some(free),

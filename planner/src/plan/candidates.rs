@@ -49,7 +49,8 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         .iter()
         .filter(|w| w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid))
         .map(|w| {
-            let work = p.work(w, p.to_compute(w.cached_tokens));
+            let local = p.local_reuse(w);
+            let work = p.work(w, p.to_compute(local.reused));
             let computed =
                 p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
             let interference_s = p.interference_s(w, work);
@@ -58,6 +59,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 work,
                 computed,
                 interference_s,
+                local,
             }
         })
         .collect();
@@ -98,7 +100,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             c.cost = c
                 .cost
                 .with_decode_leg_wait(leg_wait_s)
-                .with_duplicate(p.duplicate_s(d, dup));
+                .with_duplicate(p.duplicate_s(d, dup))
+                .with_host_restore(pre.local.restore_s);
+            c.restored_tokens = pre.local.restored;
             c
         };
         match partners {
@@ -175,6 +179,8 @@ struct Prefiller<'a> {
     computed: f64,
     /// Decode-seconds it stalls there ([`Pricing::interference_s`]).
     interference_s: f64,
+    /// What it restores from its host tier first ([`Pricing::local_reuse`]).
+    local: LocalReuse,
 }
 
 impl Prefiller<'_> {
@@ -185,6 +191,7 @@ impl Prefiller<'_> {
     fn own_s(&self, weights: Weights) -> f64 {
         self.w.queue_s
             + self.work.compute_s
+            + self.local.restore_s
             + weights.lambda_s_per_gb * self.computed / 1e9
             + weights.mu * self.interference_s
             + weights.nu * self.work.compute_s * self.w.queued as f64
@@ -214,6 +221,19 @@ fn best_partners<'p, 'w>(
         }
     }
     best.map(|b| b.map(|(_, pre)| pre))
+}
+
+/// How a worker gets the prompt's tokens it holds itself: its HBM prefix as is, and the
+/// host-cached tokens after it restored over PCIe when that is faster than recomputing
+/// them (else recomputed, as if not held).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct LocalReuse {
+    /// Leading prompt tokens not computed: HBM-cached plus any restored.
+    reused: u64,
+    /// Of those, restored from host memory.
+    restored: u64,
+    /// Seconds of PCIe copy.
+    restore_s: f64,
 }
 
 /// Tokens a candidate computes, and how long that takes where it runs.
@@ -274,6 +294,40 @@ impl Pricing<'_, '_> {
             return 0.0;
         }
         (self.artifact_sealed - cached.sealed).max(0.0)
+    }
+
+    /// What `w` reuses of its own copies of the prompt ([`LocalReuse`]): the host-cached
+    /// segment after its HBM prefix is restored at its PCIe bandwidth when `restore +
+    /// prefill of the rest` beats `prefill of it all`: a long segment on a fast bus is
+    /// restored; a tiny one (the restore's fixed step cost outweighs its compute) or a
+    /// slow bus recomputes.
+    /// Nothing changes for a worker that holds nothing in host memory.
+    fn local_reuse(&self, w: &PlanWorker) -> LocalReuse {
+        let hbm = LocalReuse {
+            reused: w.cached_tokens,
+            restored: 0,
+            restore_s: 0.0,
+        };
+        let end = (w.cached_tokens + w.host_cached_tokens).min(self.prompt().saturating_sub(1));
+        if w.host_cached_tokens == 0 || w.pcie_bytes_per_s <= 0.0 || end <= w.cached_tokens {
+            return hbm;
+        }
+        let bytes = self.state_bytes(end) - self.state_bytes(w.cached_tokens);
+        // The request waits for its copy: a step's fixed cost plus the bytes over PCIe
+        // (the sim engine charges the same, `Scheduler::restore_s`).
+        let restore_s = w.roofline.step_overhead_s() + bytes.max(0.0) / w.pcie_bytes_per_s;
+        let n = u64::from(self.input.samples.max(1));
+        let recompute_s = self.prefill_s(w, self.to_compute(w.cached_tokens), n);
+        let restore_then_s = restore_s + self.prefill_s(w, self.to_compute(end), n);
+        if restore_then_s < recompute_s {
+            LocalReuse {
+                reused: end,
+                restored: end - w.cached_tokens,
+                restore_s,
+            }
+        } else {
+            hbm
+        }
     }
 
     /// Tokens computed when `reused` leading tokens need no compute; at least one, as
@@ -399,6 +453,7 @@ impl Pricing<'_, '_> {
             source,
             compute_tokens,
             reused_tokens: self.prompt().saturating_sub(new),
+            restored_tokens: 0,
             network_bytes,
             cost,
         }
@@ -407,9 +462,14 @@ impl Pricing<'_, '_> {
     /// Prefill and decode on `d`, which then holds `dup` bytes of someone else's artifact
     /// ([`Pricing::duplicated`]).
     fn colocate(&self, d: &PlanWorker, dup: f64) -> Candidate {
-        let new = self.to_compute(d.cached_tokens);
+        let local = self.local_reuse(d);
+        let new = self.to_compute(local.reused);
         let mut c = self.candidate(Action::Colocate, d, d, None, self.work(d, new), 0.0, dup);
-        c.cost = c.cost.with_duplicate(self.duplicate_s(d, dup));
+        c.cost = c
+            .cost
+            .with_duplicate(self.duplicate_s(d, dup))
+            .with_host_restore(local.restore_s);
+        c.restored_tokens = local.restored;
         c
     }
 
@@ -441,8 +501,19 @@ impl Pricing<'_, '_> {
         if sealed <= w.cached_tokens {
             return None;
         }
-        let fetched = self.artifact_lacked(w, cached);
-        let reused = self.input.model.resume_point(sealed).max(w.cached_tokens);
+        // The part of the artifact w holds in host memory is restored instead of fetched
+        // when its PCIe is faster than the link; only the rest crosses the network.
+        let local = self.local_reuse(w);
+        let restore = local.restored > 0
+            && w.pcie_bytes_per_s >= self.input.links.get(o.id, w.id).bytes_per_s;
+        let (fetched, from) = if restore {
+            let held = local.reused.min(sealed);
+            let lacked = (self.artifact_sealed - self.bytes(held).sealed).max(0.0);
+            (lacked, local.reused)
+        } else {
+            (self.artifact_lacked(w, cached), w.cached_tokens)
+        };
+        let reused = self.input.model.resume_point(sealed).max(from);
         let new = self.to_compute(reused);
         let mut c = self.candidate(
             Action::ArtifactFetch,
@@ -454,6 +525,10 @@ impl Pricing<'_, '_> {
             fetched,
         );
         c.cost = c.cost.with_duplicate(self.duplicate_s(w, fetched));
+        if restore {
+            c.cost = c.cost.with_host_restore(local.restore_s);
+            c.restored_tokens = local.restored;
+        }
         Some(c)
     }
 
@@ -462,8 +537,12 @@ impl Pricing<'_, '_> {
             .input
             .artifact
             .map_or(0, |a| a.tokens.min(self.prompt()).min(o.cached_tokens));
-        let new = self.to_compute(self.input.model.resume_point(sealed));
-        self.candidate(
+        let resume = self.input.model.resume_point(sealed);
+        // A demoted session's tail offloaded to the owner's host tier comes back from it.
+        let local = self.local_reuse(o);
+        let restored = local.restored > 0 && local.reused > resume;
+        let new = self.to_compute(if restored { local.reused } else { resume });
+        let mut c = self.candidate(
             Action::TailRecompute,
             o,
             o,
@@ -471,7 +550,12 @@ impl Pricing<'_, '_> {
             self.work(o, new),
             0.0,
             0.0,
-        )
+        );
+        if restored {
+            c.cost = c.cost.with_host_restore(local.restore_s);
+            c.restored_tokens = local.restored;
+        }
+        c
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the

@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::Weights;
 
 /// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue
-/// (+ H_migrate) (+ κ·R_dup for a fork's copy)`, with each
+/// (+ H_migrate) (+ κ·R_dup for a fork's copy) (+ T_host)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -37,6 +37,9 @@ pub struct CostTerms {
     /// Hysteresis charged on a migration off an owner that could keep the session,
     /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
     pub hysteresis_s: f64,
+    /// Copying the prompt's host-cached tokens back into HBM over PCIe, seconds (0 when
+    /// recomputing them is cheaper, or the worker holds none in host memory).
+    pub host_restore_s: f64,
     /// The weighted sum, seconds.
     pub total: f64,
 }
@@ -69,8 +72,16 @@ impl CostTerms {
             queue_delay_s: 0.0,
             hysteresis_s: 0.0,
             duplicate_s: 0.0,
+            host_restore_s: 0.0,
             total,
         }
+    }
+
+    /// The same terms with `s` seconds of restore from host memory added to the total.
+    pub fn with_host_restore(mut self, s: f64) -> Self {
+        self.host_restore_s = s;
+        self.total += s;
+        self
     }
 
     /// The same terms with the eviction `evict_s` seconds added to the total.

@@ -6,6 +6,11 @@
 //! prefills that will queue behind it. `R_dup` is the recompute value of the second copy
 //! of a shared prefix a fork's branch holds off the prefix owner.
 //!
+//! A worker with a host-DRAM KV tier splits the prompt into HBM-cached, host-cached,
+//! fetchable-from-a-peer and to-compute tokens, and each segment takes its cheapest way in:
+//! restore over PCIe or recompute the host-cached part, fetch or recompute the artifact's
+//! (`candidates.rs`, `T_host`).
+//!
 //! Every worker is priced as the step will find it when admitted there (`admission.rs`):
 //! its queue is the longer of the compute queue and the wait for the KV its running
 //! sequences hold, and its cached prefix counts only as much as survives that wait.
@@ -92,6 +97,13 @@ pub struct PlanWorker {
     pub queued: u64,
     /// Leading tokens of this step's prompt the worker holds in GPU memory (KV index).
     pub cached_tokens: u64,
+    /// Prompt tokens right after `cached_tokens` the worker holds in its host-DRAM KV tier
+    /// (KV index holds with medium CPU): restorable over PCIe instead of recomputed. 0 on
+    /// a worker without a host tier, and then no price changes.
+    pub host_cached_tokens: u64,
+    /// Host-to-GPU bandwidth its restores run at, bytes per second (the GPU preset's
+    /// `pcie_gbs`).
+    pub pcie_bytes_per_s: f64,
     /// Observed prefill time over the preset's (`ewma::PrefillCalibration::scale`).
     pub prefill_scale: f64,
     /// KV tokens it can take without evicting a cached prefix (`EngineLoad::kv_room_tokens`);
@@ -257,8 +269,10 @@ pub struct Candidate {
     pub source: Option<WorkerId>,
     /// Tokens computed (each of `n` samples computes the uncached part).
     pub compute_tokens: u64,
-    /// Leading prompt tokens not computed: cached, received or fetched.
+    /// Leading prompt tokens not computed: cached, received, fetched or restored.
     pub reused_tokens: u64,
+    /// Of those, tokens restored from the computing worker's host-DRAM tier.
+    pub restored_tokens: u64,
     /// Bytes moved between workers.
     pub network_bytes: f64,
     pub cost: CostTerms,

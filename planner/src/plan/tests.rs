@@ -16,6 +16,8 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         decoding: 0,
         queued: 0,
         cached_tokens: 0,
+        host_cached_tokens: 0,
+        pcie_bytes_per_s: 50e9,
         prefill_scale: 1.0,
         kv_room_tokens: None,
         kv_free_tokens: None,
@@ -479,6 +481,11 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 0 => 0,
                 _ => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
             },
+            host_cached_tokens: match pick(rng, 3) {
+                0 => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
+                _ => 0,
+            },
+            pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 0.5 + rng.next_f64() * 1.5,
             kv_room_tokens: match pick(rng, 3) {
                 0 => None,
@@ -813,4 +820,143 @@ fn a_migration_sends_what_its_source_holds_now_not_what_would_survive_there() {
         .find(|c| c.action == Action::Migrate)
         .unwrap();
     assert_eq!(m.reused_tokens, 48_000, "{m:?}");
+}
+
+/// The colocate candidate on a lone hybrid worker that holds `hbm` tokens of a 32K prompt
+/// in HBM and `host` more in host memory, restoring at `pcie_gbs`.
+fn colocate_with_host(hbm: u64, host: u64, pcie_gbs: f64) -> Candidate {
+    let mut w = worker(0, Role::Hybrid);
+    w.cached_tokens = hbm;
+    w.host_cached_tokens = host;
+    w.pcie_bytes_per_s = pcie_gbs * 1e9;
+    let mut s = Scenario::new(32_000, vec![w]);
+    s.decode_owner = Some(0);
+    let p = s.plan();
+    assert_eq!(p.chosen.action, Action::Colocate);
+    p.chosen
+}
+
+#[test]
+fn a_long_host_cached_prefix_is_restored_over_pcie_instead_of_recomputed() {
+    let none = colocate_with_host(0, 0, 50.0);
+    let host = colocate_with_host(0, 30_000, 50.0);
+    assert_eq!(host.restored_tokens, 30_000);
+    assert_eq!(host.compute_tokens, 2_000);
+    assert_eq!(host.reused_tokens, 30_000);
+    // One step's fixed cost, then 30K tokens × 128 KiB over 50 GB/s.
+    let expected = Efficiency::default().step_overhead_s + 30_000.0 * 131_072.0 / 50e9;
+    assert!(
+        (host.cost.host_restore_s - expected).abs() < 1e-9,
+        "{host:?}"
+    );
+    assert!(
+        host.cost.total < none.cost.total / 2.0,
+        "{host:?} vs {none:?}"
+    );
+}
+
+#[test]
+fn a_tiny_host_copy_or_a_slow_bus_recomputes_at_the_price_without_a_host_tier() {
+    let none = colocate_with_host(16_000, 0, 50.0);
+    // One block: restoring it waits a step, recomputing it adds less than that to a
+    // 16K-token prefill that runs anyway.
+    let tiny = colocate_with_host(16_000, 16, 50.0);
+    // A 0.05 GB/s bus takes longer to copy 16K tokens than the GPU takes to compute them.
+    let slow = colocate_with_host(16_000, 15_000, 0.05);
+    for c in [&tiny, &slow] {
+        assert_eq!(c.restored_tokens, 0, "{c:?}");
+        assert_eq!(c.cost.host_restore_s, 0.0);
+        assert_eq!(
+            c.cost, none.cost,
+            "recomputing is priced as if nothing were held"
+        );
+    }
+    // The same 15K on a PCIe Gen5 bus is restored.
+    assert_eq!(
+        colocate_with_host(16_000, 15_000, 50.0).restored_tokens,
+        15_000
+    );
+}
+
+#[test]
+fn without_host_holds_the_pcie_figure_changes_no_price() {
+    // The real-vLLM P/D check: a busy decoder, an idle prefill worker. Whatever the PCIe
+    // bandwidth, with nothing in host memory every candidate costs the same.
+    let plan_at = |pcie: f64| {
+        let mut d = worker(0, Role::Decode);
+        d.decoding = 40;
+        d.queue_s = 0.2;
+        d.pcie_bytes_per_s = pcie;
+        let mut p = worker(1, Role::Prefill);
+        p.pcie_bytes_per_s = pcie;
+        let mut s = Scenario::new(12_000, vec![d, p]);
+        s.decode_owner = Some(0);
+        s.exhaustive = true;
+        s.plan()
+    };
+    let (a, b) = (plan_at(50e9), plan_at(1e6));
+    assert_eq!(a.candidates, b.candidates);
+    assert_eq!(a.chosen.action, Action::RemotePrefill);
+}
+
+#[test]
+fn a_demoted_tail_in_the_owners_host_memory_is_restored_by_tail_recompute() {
+    // The session was demoted: its sealed prefix (24K) stays in the artifact owner's HBM,
+    // its tail (6K) went to the owner's host memory.
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 24_000;
+    o.host_cached_tokens = 6_000;
+    let mut s = Scenario::new(30_500, vec![o, worker(1, Role::Hybrid)]);
+    s.artifact = Some((0, 24_000));
+    let p = s.plan();
+    assert_chosen(&p, Action::TailRecompute, 0);
+    assert_eq!(p.chosen.restored_tokens, 6_000);
+    assert_eq!(p.chosen.compute_tokens, 500);
+    s.workers[0].host_cached_tokens = 0;
+    let cold = s.plan();
+    assert_eq!(cold.chosen.compute_tokens, 6_500);
+    assert!(p.chosen.cost.total < cold.chosen.cost.total);
+}
+
+/// The artifact fetch candidate onto worker 1, which holds the first `host` tokens of the
+/// 64K sealed prefix in host memory at `pcie_gbs`; the owner 0 is busy.
+fn fetch_with_host(host: u64, pcie_gbs: f64) -> Candidate {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    o.queue_s = 5.0;
+    let mut w = worker(1, Role::Hybrid);
+    w.host_cached_tokens = host;
+    w.pcie_bytes_per_s = pcie_gbs * 1e9;
+    let s = Scenario {
+        artifact: Some((0, 64_000)),
+        decode_owner: Some(0),
+        samples: 4,
+        exhaustive: true,
+        ..Scenario::new(64_100, vec![o, w])
+    };
+    s.plan()
+        .candidates
+        .into_iter()
+        .find(|c| c.action == Action::ArtifactFetch)
+        .unwrap()
+}
+
+#[test]
+fn a_fetch_restores_what_the_target_holds_in_host_memory_and_pulls_only_the_rest() {
+    let none = fetch_with_host(0, 50.0);
+    let half = fetch_with_host(32_000, 50.0);
+    // The first 32K come over PCIe, only the rest over the link.
+    assert_eq!(half.restored_tokens, 32_000);
+    assert!(
+        (half.network_bytes - none.network_bytes / 2.0).abs() < none.network_bytes * 0.01,
+        "{} of {}",
+        half.network_bytes,
+        none.network_bytes
+    );
+    assert_eq!(half.compute_tokens, none.compute_tokens);
+    assert!(half.cost.host_restore_s > 0.0);
+    // A bus slower than the link: the whole prefix is fetched, as without a host copy.
+    let slow = fetch_with_host(32_000, 10.0);
+    assert_eq!(slow.restored_tokens, 0);
+    assert_eq!(slow.network_bytes, none.network_bytes);
 }

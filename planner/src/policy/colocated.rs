@@ -65,6 +65,7 @@ mod tests {
             WorkerView::idle(WorkerId(1), Role::Decode),
             WorkerView {
                 cached_blocks: 4,
+                host_cached_blocks: 0,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
         ];

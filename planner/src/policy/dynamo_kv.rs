@@ -147,6 +147,7 @@ mod tests {
             active_blocks,
             active_prefill_tokens: active_prefill,
             cached_blocks: cached,
+            host_cached_blocks: 0,
             ..WorkerView::idle(WorkerId(id), Role::Decode)
         }
     }
@@ -187,6 +188,7 @@ mod tests {
         let ws = [
             WorkerView {
                 cached_blocks: 100,
+                host_cached_blocks: 0,
                 ..WorkerView::idle(WorkerId(0), Role::Prefill)
             },
             w(1, 0, 5_000, 100),

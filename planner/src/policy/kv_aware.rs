@@ -137,6 +137,7 @@ mod tests {
             active_blocks,
             active_prefill_tokens: active_prefill,
             cached_blocks: cached,
+            host_cached_blocks: 0,
             ..WorkerView::idle(WorkerId(id), Role::Decode)
         }
     }

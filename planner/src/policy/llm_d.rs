@@ -158,6 +158,7 @@ mod tests {
     fn w(id: u32, role: Role, cached: u32, waiting: f64, kv: f64) -> WorkerView {
         WorkerView {
             cached_blocks: cached,
+            host_cached_blocks: 0,
             load: Some(EngineLoad {
                 running: 1.0,
                 waiting,

@@ -72,6 +72,9 @@ pub struct WorkerView {
     pub active_prefill_tokens: u64,
     /// Leading blocks of this request's prompt the worker holds in GPU memory.
     pub cached_blocks: u32,
+    /// Blocks right after those the worker holds in its host-DRAM KV tier (restorable, not
+    /// HBM): only the cost planner prices them; the peers' routers count HBM only.
+    pub host_cached_blocks: u32,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,
 }
@@ -88,6 +91,7 @@ impl WorkerView {
             active_blocks: 0,
             active_prefill_tokens: 0,
             cached_blocks: 0,
+            host_cached_blocks: 0,
             load: None,
         }
     }

@@ -29,6 +29,9 @@ pub struct OwnerServeConfig {
     pub links: Links,
     pub weights: Weights,
     pub thresholds: ClassThresholds,
+    /// Host-to-GPU bandwidth of every worker's host-DRAM KV tier, bytes per second (the
+    /// GPU preset's `pcie_gbs`): what restoring a host-cached prefix costs.
+    pub pcie_bytes_per_s: f64,
 }
 
 impl OwnerServeConfig {
@@ -50,6 +53,7 @@ impl OwnerServeConfig {
             },
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
+            pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
         })
     }
 
@@ -105,6 +109,8 @@ impl OwnerServe {
             decoding: w.decoding(),
             queued,
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
+            host_cached_tokens: u64::from(w.host_cached_blocks) * u64::from(block_size),
+            pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
             kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
@@ -307,6 +313,7 @@ mod tests {
             WorkerView::idle(WorkerId(0), Role::Prefill),
             WorkerView {
                 cached_blocks: 500,
+                host_cached_blocks: 0,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
             WorkerView::idle(WorkerId(2), Role::Decode),
@@ -390,6 +397,7 @@ mod tests {
         let ws = [
             WorkerView {
                 cached_blocks: 500,
+                host_cached_blocks: 0,
                 draining: true,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
@@ -424,11 +432,13 @@ mod tests {
             WorkerView::idle(WorkerId(0), Role::Prefill),
             WorkerView {
                 cached_blocks: 60,
+                host_cached_blocks: 0,
                 load: busy,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
             WorkerView {
                 cached_blocks: 3_000,
+                host_cached_blocks: 0,
                 load: busy,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
@@ -470,6 +480,7 @@ mod tests {
         let view = |id: u32, blocks: u32| {
             let v = WorkerView {
                 cached_blocks: blocks,
+                host_cached_blocks: 0,
                 ..WorkerView::idle(WorkerId(id), Role::Decode)
             };
             p.plan_worker(&v, &p.config().model, 16)

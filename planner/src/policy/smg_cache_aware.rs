@@ -139,6 +139,7 @@ mod tests {
     fn w(id: u32, cached: u32, in_flight: u32) -> WorkerView {
         WorkerView {
             cached_blocks: cached,
+            host_cached_blocks: 0,
             in_flight,
             ..WorkerView::idle(WorkerId(id), Role::Hybrid)
         }

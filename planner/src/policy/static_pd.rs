@@ -63,6 +63,7 @@ mod tests {
             WorkerView::idle(WorkerId(1), Role::Prefill),
             WorkerView {
                 cached_blocks: 100,
+                host_cached_blocks: 0,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
         ];

@@ -200,6 +200,9 @@ fn planner_setup(
         },
         weights,
         thresholds: ClassThresholds::default(),
+        // What restoring a host-cached prefix costs (workers whose engines report host
+        // holds, medium CPU): the planner GPU preset's host link.
+        pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
     })
 }
 

@@ -86,7 +86,8 @@ impl<'a> Sources<'a> {
             if let Some(capacity) = w.kv_capacity_tokens() {
                 let predicted = v.active_blocks.saturating_mul(block) as f64 / capacity as f64;
                 load.kv_usage = load.kv_usage.max(predicted);
-                load.kv_room_tokens = Some(capacity.saturating_sub(self.kv.worker_tokens(v.id)));
+                load.kv_room_tokens =
+                    Some(capacity.saturating_sub(self.kv.worker_gpu_tokens(v.id)));
                 load.kv_free_tokens =
                     Some(((1.0 - load.kv_usage).max(0.0) * capacity as f64) as u64);
                 load.kv_capacity_tokens = Some(capacity);

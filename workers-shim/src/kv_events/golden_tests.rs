@@ -289,3 +289,52 @@ fn blocks_with_multimodal_extra_keys_chain_apart_from_text_and_from_each_other()
     // Three distinct second blocks: image a, image b, text.
     assert_eq!(index.len(), 4);
 }
+
+#[test]
+fn cpu_offload_events_decode_to_host_holds_in_the_index() {
+    use super::wire::WireBatch;
+    use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
+    use ownerserve_planner::ids::WorkerId;
+    use ownerserve_planner::kv_index::{KvIndex, KvIndexConfig};
+    // What vLLM's OffloadingConnector publishes: the offloaded blocks by id only (no parent,
+    // no tokens, block size 0 in some versions), then the GPU eviction; here through our
+    // encoder and decoder, in both layouts.
+    let mut offloaded = stored(vec![H1], None, Vec::new(), Some("CPU"));
+    if let WireEvent::BlockStored { block_size, .. } = &mut offloaded {
+        *block_size = 0;
+    }
+    let batch = WireBatch {
+        ts: 1.0,
+        events: vec![
+            stored(vec![H0, H1], None, (1..=8).collect(), Some("GPU")),
+            offloaded,
+            removed(vec![H1], Some("GPU")),
+        ],
+        dp_rank: Some(0),
+    };
+    for enc in [Encoding::Map, Encoding::Array] {
+        let decoded = decode_batch(&encode_batch(&batch, enc)).unwrap();
+        let events: Vec<KvEvent> = decoded
+            .events
+            .into_iter()
+            .map(|e| normalize(e, 4).unwrap().unwrap())
+            .collect();
+        assert!(
+            matches!(&events[1], KvEvent::Stored { tier: Tier::Cpu, tokens, .. } if tokens.is_empty()),
+            "{enc:?}: {:?}",
+            events[1]
+        );
+        let mut index = KvIndex::new(KvIndexConfig {
+            block_size: 4,
+            ..KvIndexConfig::default()
+        });
+        for ev in &events {
+            index.apply(WorkerId(0), ev).unwrap();
+        }
+        let got =
+            index.find_matches_linear(&prompt_hashes(&(1..=8).collect::<Vec<u32>>(), 4, XXH3_SEED));
+        // One block in HBM, the second restorable from host memory.
+        assert_eq!((got[0].gpu_blocks, got[0].any_blocks), (1, 2), "{enc:?}");
+        assert_eq!(index.gpu_replication().copies, 1);
+    }
+}

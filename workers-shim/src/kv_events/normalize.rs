@@ -38,13 +38,17 @@ pub fn normalize(ev: WireEvent, block_size: usize) -> Result<Option<KvEvent>, No
             if kv_cache_spec_kind.is_some_and(|k| k != "full_attention") {
                 return Ok(None);
             }
-            if engine_bs as usize != block_size {
+            let tier = Tier::from_medium(medium.as_deref());
+            // vLLM's CPU offloading connector names offloaded blocks only (no tokens, no
+            // parent, block size 0 in some versions): copies of GPU blocks the index knows.
+            let names_only = tier != Tier::Gpu && token_ids.is_empty();
+            if engine_bs as usize != block_size && !(names_only && engine_bs == 0) {
                 return Err(NormalizeError::BlockSize {
                     engine: engine_bs,
                     router: block_size,
                 });
             }
-            if token_ids.len() != block_hashes.len() * block_size {
+            if !names_only && token_ids.len() != block_hashes.len() * block_size {
                 return Err(NormalizeError::TokenCount {
                     tokens: token_ids.len(),
                     blocks: block_hashes.len(),
@@ -64,7 +68,7 @@ pub fn normalize(ev: WireEvent, block_size: usize) -> Result<Option<KvEvent>, No
                 parent: parent_block_hash,
                 block_ids: block_hashes,
                 tokens: token_ids,
-                tier: Tier::from_medium(medium.as_deref()),
+                tier,
                 lora_name,
                 extra_keys,
             }

@@ -5,8 +5,14 @@
 //! evicted to make room; free blocks are reused least-recently-freed first. A cached block
 //! remembers its parent hash and tokens: they are what a KV transfer ships (the simulated
 //! stand-in for the KV tensors) and what `BlockStored` events carry.
+//!
+//! With a host tier ([`BlockPool::with_host_tier`]), a cached block evicted from HBM (to
+//! make room, or dropped by [`BlockPool::evict`]) is offloaded to it instead of lost, and
+//! [`BlockPool::restore`] brings it back into a fresh block.
 
 use std::collections::HashMap;
+
+use super::host_tier::{HostChanges, HostTier};
 
 /// Index of a block in the pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,9 +65,60 @@ pub struct BlockPool {
     free_tail: u32,
     num_free: usize,
     evictions: u64,
+    host: HostTier,
 }
 
 impl BlockPool {
+    /// A pool of `num_blocks` empty blocks, all free, with a host tier of `host_blocks`
+    /// (0: none).
+    pub fn with_host_tier(num_blocks: u32, host_blocks: u32) -> Self {
+        Self {
+            host: HostTier::new(host_blocks),
+            ..Self::new(num_blocks)
+        }
+    }
+
+    /// The host tier (empty and disabled without one).
+    pub fn host(&self) -> &HostTier {
+        &self.host
+    }
+
+    /// Host-tier stores and removals since the last call, for KV events.
+    pub fn take_host_changes(&mut self) -> HostChanges {
+        self.host.take_changes()
+    }
+
+    /// How many leading hashes of `hashes` the host tier holds and HBM does not (a block
+    /// HBM holds ends the run: it needs no restore, and a restore into a second block
+    /// would fail).
+    pub fn host_prefix(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .take_while(|&h| self.host.contains(*h) && !self.cached.contains_key(h))
+            .count()
+    }
+
+    /// Restores the host-tier copy of `hash` into block `id` (just allocated), cached as if
+    /// computed here. False if the host tier lacks it or HBM already caches it.
+    pub fn restore(&mut self, id: BlockId, hash: u64) -> bool {
+        if self.cached.contains_key(&hash) {
+            return false;
+        }
+        let Some((parent, tokens)) = self.host.restore(hash) else {
+            return false;
+        };
+        self.register(id, hash, parent, &tokens)
+    }
+
+    /// Moves block `i`'s cached content to the host tier (a no-op without one).
+    fn offload(&mut self, i: u32, hash: u64) {
+        if self.host.is_enabled() {
+            let block = &mut self.blocks[i as usize];
+            let tokens = std::mem::take(&mut block.tokens);
+            self.host.offload(hash, block.parent, tokens);
+        }
+    }
+
     /// A pool of `num_blocks` empty blocks, all free.
     pub fn new(num_blocks: u32) -> Self {
         let blocks = (0..num_blocks)
@@ -81,6 +138,7 @@ impl BlockPool {
             free_tail: num_blocks.checked_sub(1).unwrap_or(NIL),
             num_free: num_blocks as usize,
             evictions: 0,
+            host: HostTier::default(),
         }
     }
 
@@ -146,6 +204,7 @@ impl BlockPool {
             self.cached.remove(&h);
             self.evictions += 1;
             evicted.push(h);
+            self.offload(i, h);
         }
         Some(BlockId(i))
     }
@@ -203,8 +262,9 @@ impl BlockPool {
         Insert::Stored(id)
     }
 
-    /// Forgets the cached content `hash` if no request holds its block; the block goes to
-    /// the front of the free list (reused first). Returns whether it was dropped.
+    /// Forgets the cached content `hash` if no request holds its block (offloading it to
+    /// the host tier if there is one); the block goes to the front of the free list (reused
+    /// first). Returns whether it was dropped from HBM.
     pub fn evict(&mut self, hash: u64) -> bool {
         let Some(&id) = self.cached.get(&hash) else {
             return false;
@@ -214,6 +274,7 @@ impl BlockPool {
         }
         self.cached.remove(&hash);
         self.unlink(id.0);
+        self.offload(id.0, hash);
         let block = &mut self.blocks[id.0 as usize];
         block.hash = None;
         block.parent = None;
@@ -222,7 +283,8 @@ impl BlockPool {
         true
     }
 
-    /// Forgets every cached hash (vLLM's `reset_prefix_cache`); refused while any block is
+    /// Forgets every cached hash (vLLM's `reset_prefix_cache`), the host tier's included
+    /// (one `AllBlocksCleared` covers both tiers for the index); refused while any block is
     /// in use.
     pub fn reset(&mut self) -> bool {
         if self.num_free != self.blocks.len() {
@@ -232,6 +294,8 @@ impl BlockPool {
             b.hash = None;
         }
         self.cached.clear();
+        self.host.clear();
+        self.host.take_changes();
         true
     }
 
@@ -399,5 +463,81 @@ mod tests {
         assert_eq!(pool.num_free(), 3);
         assert_eq!(pool.allocate(&mut Vec::new()), Some(a), "reused first");
         assert_eq!(pool.evictions(), 0, "a drop is not an eviction");
+    }
+
+    #[test]
+    fn evicted_blocks_go_to_the_host_tier_and_restore_from_it() {
+        let mut pool = BlockPool::with_host_tier(2, 2);
+        let mut evicted = Vec::new();
+        for (h, parent, t) in [(1, None, [1, 2]), (2, Some(1), [3, 4])] {
+            assert!(matches!(
+                pool.insert(h, parent, &t, &mut evicted),
+                Insert::Stored(_)
+            ));
+        }
+        // A third block evicts the least recently freed (1) from HBM into host memory.
+        assert!(matches!(
+            pool.insert(3, None, &[5, 6], &mut evicted),
+            Insert::Stored(_)
+        ));
+        assert_eq!(evicted, vec![1]);
+        assert_eq!(pool.longest_cached_prefix(&[1, 2]), 0);
+        assert_eq!(pool.host_prefix(&[1, 2]), 1);
+        assert_eq!(pool.take_host_changes().stored, vec![1]);
+        // A demotion's drop offloads too.
+        assert!(pool.evict(2));
+        assert_eq!(pool.host_prefix(&[1, 2]), 2);
+        // Restoring 1 into a fresh block caches it in HBM again, content and chain intact.
+        let id = pool.allocate(&mut evicted).unwrap();
+        assert!(pool.restore(id, 1));
+        assert_eq!(
+            pool.content(1),
+            Some(CachedContent {
+                parent: None,
+                tokens: &[1, 2]
+            })
+        );
+        assert!(pool.host().contains(1), "the host copy stays");
+        // Host LRU: 2 was used less recently than the restored 1, so a new offload evicts it.
+        pool.release(id);
+        let mut more = Vec::new();
+        let _a = pool.allocate(&mut more).unwrap();
+        let b = pool.allocate(&mut more).unwrap();
+        assert_eq!(more, vec![3, 1], "HBM evicts in LRU order");
+        let changes = pool.take_host_changes();
+        assert_eq!(changes.stored, vec![2, 3]);
+        assert_eq!(changes.removed, vec![2]);
+        assert_eq!(pool.host_prefix(&[1]), 1);
+        // A block held in both tiers ends the restorable run: HBM already has it.
+        pool.release(b);
+        let c = pool.allocate(&mut more).unwrap();
+        assert!(pool.restore(c, 1));
+        assert_eq!(pool.host_prefix(&[1]), 0);
+    }
+
+    #[test]
+    fn without_a_host_tier_evicted_blocks_are_gone() {
+        let mut pool = BlockPool::new(1);
+        let mut evicted = Vec::new();
+        pool.insert(1, None, &[1], &mut evicted);
+        pool.insert(2, None, &[2], &mut evicted);
+        assert_eq!(evicted, vec![1]);
+        assert_eq!(pool.host_prefix(&[1]), 0);
+        let id = pool.allocate(&mut evicted).unwrap();
+        assert!(!pool.restore(id, 1));
+    }
+
+    #[test]
+    fn a_reset_clears_the_host_tier_too() {
+        let mut pool = BlockPool::with_host_tier(1, 4);
+        let mut evicted = Vec::new();
+        pool.insert(1, None, &[1], &mut evicted);
+        pool.insert(2, None, &[2], &mut evicted);
+        assert_eq!(pool.host_prefix(&[1]), 1);
+        pool.take_host_changes();
+        assert!(pool.reset());
+        assert_eq!(pool.host_prefix(&[1]), 0);
+        assert!(pool.host().is_empty());
+        assert_eq!(pool.take_host_changes(), HostChanges::default());
     }
 }

@@ -107,6 +107,19 @@ pub struct SimSettings {
     /// wall-clock milliseconds (vLLM's `kv_lease_duration`).
     #[arg(long, env = "OWNERSERVE_SIM_KV_LEASE_MS", default_value_t = 30_000)]
     pub kv_lease_ms: u64,
+    /// KV blocks of host DRAM that blocks evicted from HBM are offloaded to and restored
+    /// from (vLLM's CPU offloading connector, `num_cpu_blocks`); 0 = no host tier.
+    #[arg(long, env = "OWNERSERVE_SIM_HOST_KV_BLOCKS", default_value_t = 0)]
+    pub host_kv_blocks: u32,
+    /// Host DRAM of the host tier, GB, sized into blocks from the model's KV bytes (as HBM
+    /// is); used when `host_kv_blocks` is 0. 0 = no host tier (the default, so runs and
+    /// reports without it are unchanged); the GPU presets' `host_dram_gb` (256 for an
+    /// H100 in a DGX H100) is the figure for a whole server's share.
+    #[arg(long, env = "OWNERSERVE_SIM_HOST_DRAM_GB", default_value_t = 0.0)]
+    pub host_dram_gb: f64,
+    /// Host-to-GPU bandwidth of restores, GB/s; unset = the GPU preset's `pcie_gbs`.
+    #[arg(long, env = "OWNERSERVE_SIM_PCIE_GBS")]
+    pub pcie_gbs: Option<f64>,
 }
 
 impl Default for SimSettings {
@@ -134,6 +147,9 @@ impl Default for SimSettings {
             link_gbs: 50.0,
             link_latency_us: 10.0,
             kv_lease_ms: 30_000,
+            host_kv_blocks: 0,
+            host_dram_gb: 0.0,
+            pcie_gbs: None,
         }
     }
 }
@@ -291,6 +307,22 @@ impl SimSettings {
             "at least 1",
         )?;
 
+        let pcie_gbs = self.pcie_gbs.unwrap_or(gpu.pcie_gbs);
+        range("pcie_gbs", pcie_gbs, pcie_gbs > 0.0, "positive")?;
+        range(
+            "host_dram_gb",
+            self.host_dram_gb,
+            self.host_dram_gb >= 0.0,
+            "non-negative",
+        )?;
+        let host_blocks = if self.host_kv_blocks > 0 {
+            self.host_kv_blocks
+        } else {
+            let block_bytes = model.kv_bytes_per_token() * f64::from(self.block_size);
+            (self.host_dram_gb * 1e9 / block_bytes)
+                .floor()
+                .min(f64::from(u32::MAX)) as u32
+        };
         let mut num_blocks = kv_capacity_blocks(&model, &gpu, self.gpus, util, self.block_size)?;
         if self.max_kv_blocks > 0 {
             num_blocks = num_blocks.min(u64::from(self.max_kv_blocks));
@@ -317,6 +349,8 @@ impl SimSettings {
                 max_model_len: model.max_model_len,
                 hash_seed: XXH3_SEED,
                 emit_cache_events: self.kv_events_endpoint.is_some(),
+                host_blocks,
+                pcie_bytes_per_s: pcie_gbs * 1e9,
             },
             kv_events: self
                 .kv_events_endpoint
@@ -388,6 +422,21 @@ mod tests {
             ..SimSettings::default()
         };
         assert_eq!(capped.build().unwrap().scheduler.num_blocks, 64);
+        // No host tier by default; GB are sized into blocks; PCIe from the GPU preset.
+        let cfg = SimSettings::default().build().unwrap();
+        assert_eq!(cfg.scheduler.host_blocks, 0);
+        assert_eq!(cfg.scheduler.pcie_bytes_per_s, 50e9);
+        let host = SimSettings {
+            host_dram_gb: 2.097152,
+            ..SimSettings::default()
+        };
+        // 2.097152 GB / (16 tokens × 128 KiB) = 1,000 blocks.
+        assert_eq!(host.build().unwrap().scheduler.host_blocks, 1000);
+        let bad_host = SimSettings {
+            host_dram_gb: -1.0,
+            ..SimSettings::default()
+        };
+        assert!(bad_host.build().is_err());
         for bad in [
             SimSettings {
                 link_gbs: 0.0,

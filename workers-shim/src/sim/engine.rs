@@ -431,6 +431,24 @@ impl Actor {
                     medium: Some("GPU".to_owned()),
                     group_idx: None,
                 },
+                // vLLM's CPU offloading connector names the blocks only (no parent, no
+                // tokens): they are copies of GPU blocks announced before.
+                CacheEvent::HostStored { hashes } => WireEvent::BlockStored {
+                    block_hashes: hashes,
+                    parent_block_hash: None,
+                    token_ids: Vec::new(),
+                    block_size: self.block_size,
+                    lora_name: None,
+                    extra_keys: None,
+                    medium: Some("CPU".to_owned()),
+                    group_idx: None,
+                    kv_cache_spec_kind: None,
+                },
+                CacheEvent::HostRemoved { hashes } => WireEvent::BlockRemoved {
+                    block_hashes: hashes,
+                    medium: Some("CPU".to_owned()),
+                    group_idx: None,
+                },
                 CacheEvent::Cleared => WireEvent::AllBlocksCleared,
             })
             .collect();
@@ -510,6 +528,8 @@ impl Actor {
         let metrics = self.metrics.clone();
         let mut m = lock(&metrics);
         m.num_preemptions += u64::from(out.preempted);
+        m.kv.host_restored_tokens += out.restored_tokens;
+        m.kv.host_restore_seconds += out.restore_s;
         let mut gone = Vec::new();
         for a in &out.admitted {
             let Some(route) = self.routes.get(&a.seq) else {

@@ -4,7 +4,8 @@
 //!   engine caches, their size and content; ends the pin of a prefill leg.
 //! - `POST /ownerserve/v1/kv/fetch` (target side, migration pre-copy): pulls blocks from a
 //!   source into this engine's cache and answers once they are in place.
-//! - `POST /ownerserve/v1/kv/drop`: evicts blocks, and with a session and epoch fences the
+//! - `POST /ownerserve/v1/kv/drop`: evicts blocks from HBM (offloading them to the host
+//!   tier if the engine has one), and with a session and epoch fences the
 //!   session (the old owner at the end of a hand-off).
 //!
 //! A receiver waits the simulated transfer time, `latency + bytes / bandwidth`, divided by

@@ -104,6 +104,10 @@ pub struct KvMetrics {
     pub prefill_computed_tokens: u64,
     /// Prompt tokens served from the prefix cache, received blocks included.
     pub prefill_cached_tokens: u64,
+    /// Of those, tokens restored from the host-DRAM tier.
+    pub host_restored_tokens: u64,
+    /// Simulated seconds steps spent restoring them over PCIe.
+    pub host_restore_seconds: f64,
 }
 
 impl EngineMetrics {
@@ -291,6 +295,16 @@ impl KvMetrics {
             "ownerserve_prefill_cached_tokens_total",
             "Prompt tokens served from the prefix cache, received KV included.",
             &self.prefill_cached_tokens,
+        );
+        counter(
+            "ownerserve_host_restored_tokens_total",
+            "Prompt tokens restored from the host-DRAM KV tier instead of recomputed.",
+            &self.host_restored_tokens,
+        );
+        counter(
+            "ownerserve_host_restore_seconds_total",
+            "Simulated seconds of engine steps spent restoring KV from host DRAM.",
+            &self.host_restore_seconds,
         );
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! A real HTTP server that behaves like a vLLM worker. The pure core, which the trace
 //! simulator (`eval`) drives too, is [`scheduler`] (continuous batching, chunked prefill,
-//! [`block_pool`] prefix cache, roofline timing) with its [`config`], the [`kv_transfer`]
+//! [`block_pool`] prefix cache over an optional [`host_tier`] of host DRAM that HBM
+//! evictions offload to and prompts restore from, roofline timing) with its [`config`], the [`kv_transfer`]
 //! wire shapes and link model, [`lease`], [`filler`] text and the [`metrics`] exposition.
 //! With the `io` feature: `engine` is the tokio actor that owns the scheduler and turns
 //! step durations into (scaled) sleeps, and `server` speaks the OpenAI API and `/metrics`.
@@ -25,6 +26,7 @@ pub mod engine;
 #[cfg(feature = "io")]
 pub mod fence;
 pub mod filler;
+pub mod host_tier;
 #[cfg(feature = "io")]
 mod http_error;
 #[cfg(feature = "io")]

@@ -7,6 +7,11 @@
 //! sequence when blocks run out, then admits waiting sequences, reusing cached prefix
 //! blocks so a prompt that shares a cached prefix only pays prefill for the rest.
 //!
+//! With a host tier (`host_blocks > 0`), blocks evicted from HBM are offloaded to host
+//! DRAM, and an admitted prompt whose cached prefix continues there restores those blocks
+//! instead of recomputing them: the step that admits it takes one step overhead plus
+//! `restored bytes / PCIe bandwidth` longer (the request waits for its copy).
+//!
 //! Outside steps, the shell moves KV between engines through the methods in `transfer.rs`:
 //! [`Scheduler::read_cached`] (the source's side of a transfer),
 //! [`Scheduler::insert_cached`] (the receiver's), [`Scheduler::pin`] (a prefill leg's
@@ -40,6 +45,10 @@ pub struct SchedulerConfig {
     pub hash_seed: u64,
     /// Whether steps report cache changes ([`StepOutput::cache_events`]) for KV events.
     pub emit_cache_events: bool,
+    /// KV blocks of the host-DRAM tier HBM evictions offload to (0: none).
+    pub host_blocks: u32,
+    /// Host-to-GPU bandwidth restores run at, bytes per second.
+    pub pcie_bytes_per_s: f64,
 }
 
 impl SchedulerConfig {
@@ -112,7 +121,10 @@ pub enum AdmitError {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Admission {
     pub seq: SeqId,
+    /// Prompt tokens not computed: found in HBM or restored from the host tier.
     pub cached_tokens: u32,
+    /// Of those, the tokens restored from the host tier.
+    pub restored_tokens: u32,
     pub queue_s: f64,
 }
 
@@ -137,6 +149,12 @@ pub enum CacheEvent {
     },
     /// Cached blocks were evicted.
     Removed { hashes: Vec<u64> },
+    /// Blocks evicted from HBM were offloaded to the host tier (`medium = "CPU"`). As
+    /// vLLM's offloading connector does, the event names the blocks only: their chain and
+    /// tokens are those of the HBM blocks they copy, announced before.
+    HostStored { hashes: Vec<u64> },
+    /// Blocks were evicted from the host tier.
+    HostRemoved { hashes: Vec<u64> },
     /// The whole cache was dropped.
     Cleared,
 }
@@ -151,6 +169,10 @@ pub struct StepOutput {
     pub preempted: u32,
     /// Cache changes, when the config asks for them.
     pub cache_events: Vec<CacheEvent>,
+    /// Tokens restored from the host tier in this step.
+    pub restored_tokens: u64,
+    /// Seconds of the step spent copying them over PCIe (in [`Self::duration_s`]).
+    pub restore_s: f64,
 }
 
 impl StepOutput {
@@ -196,7 +218,7 @@ impl Scheduler {
     /// An idle engine with an empty cache.
     pub fn new(cfg: SchedulerConfig, model: ModelSpec, roofline: Roofline) -> Self {
         Self {
-            pool: BlockPool::new(cfg.num_blocks),
+            pool: BlockPool::with_host_tier(cfg.num_blocks, cfg.host_blocks),
             cfg,
             model,
             roofline,
@@ -356,7 +378,10 @@ impl Scheduler {
         }
 
         if out.preempted == 0 {
+            let restored_before = self.pool.host().restored();
             self.admit(now_s, &mut budget, &mut scheduled, &mut out);
+            out.restored_tokens =
+                (self.pool.host().restored() - restored_before) * self.block_size() as u64;
         }
 
         for &(i, n) in &scheduled {
@@ -372,18 +397,20 @@ impl Scheduler {
             }
         }
         if !out.work.is_empty() {
-            out.time = Some(self.roofline.step_time(&self.model, &out.work));
+            let mut time = self.roofline.step_time(&self.model, &out.work);
+            out.restore_s = self.restore_s(out.restored_tokens);
+            time.total_s += out.restore_s;
+            out.time = Some(time);
         }
 
         for &(i, n) in &scheduled {
             self.advance(i, n, &mut out);
         }
         let evicted = std::mem::take(&mut self.evicted);
-        if self.cfg.emit_cache_events && !evicted.is_empty() {
-            // Evictions happen while allocating, before this step stores anything.
-            out.cache_events
-                .insert(0, CacheEvent::Removed { hashes: evicted });
-        }
+        // Evictions happen while allocating, before this step stores anything.
+        let mut events = self.eviction_events(evicted);
+        events.append(&mut out.cache_events);
+        out.cache_events = events;
         let finished: Vec<SeqId> = out
             .tokens
             .iter()
@@ -410,36 +437,18 @@ impl Scheduler {
             };
             seq.chain.extend_to(&seq.tokens);
             let len = seq.tokens.len();
-            // At least one token is always computed, to produce logits (vLLM does the same).
-            let hit_blocks = self
-                .pool
-                .longest_cached_prefix(seq.chain.hashes())
-                .min((len - 1) / bs);
-            let hashes: Vec<u64> = seq.chain.hashes()[..hit_blocks].to_vec();
-            let hit_tokens = hit_blocks * bs;
-            let n = (len - hit_tokens).min(*budget);
-            let fresh = (hit_tokens + n).div_ceil(bs) - hit_blocks;
-
-            let mut blocks = Vec::with_capacity(hit_blocks + fresh);
-            blocks.extend(hashes.iter().filter_map(|&h| self.pool.acquire_cached(h)));
-            while blocks.len() < hit_blocks + fresh {
-                match self.pool.allocate(&mut self.evicted) {
-                    Some(b) => blocks.push(b),
-                    None => break,
-                }
-            }
-            if blocks.len() < hit_blocks + fresh {
-                for b in blocks.into_iter().rev() {
-                    self.pool.release(b);
-                }
+            let hashes = seq.chain.hashes().to_vec();
+            let Some(got) = self.take_prefix(&hashes, len, *budget, out) else {
                 break;
-            }
+            };
+            let (blocks, hit_blocks, restored, n) = got;
+            let hit_tokens = (hit_blocks + restored) * bs;
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
             seq.blocks = blocks;
             seq.computed = hit_tokens;
-            seq.registered = hit_blocks;
+            seq.registered = hit_blocks + restored;
             let held = std::mem::take(&mut seq.held);
             self.unpin(&held);
             if !seq.admitted_once {
@@ -447,6 +456,7 @@ impl Scheduler {
                 out.admitted.push(Admission {
                     seq: seq.spec.id,
                     cached_tokens: hit_tokens as u32,
+                    restored_tokens: (restored * bs) as u32,
                     queue_s: (now_s - seq.spec.arrival_s).max(0.0),
                 });
             }
@@ -454,6 +464,128 @@ impl Scheduler {
             scheduled.push((self.running.len() - 1, n));
             *budget -= n;
         }
+    }
+
+    /// Takes the blocks a waiting prompt of `len` tokens chained as `hashes` needs to run
+    /// `n ≤ budget` tokens: its HBM-cached prefix, the host-tier blocks that continue it
+    /// (restored into fresh blocks and announced as stored in HBM), and fresh blocks for
+    /// the rest. Returns `(blocks, HBM hits, restored, n)`, or `None` (nothing held) when
+    /// HBM lacks the room, or a host block was lost while making room (host LRU): the
+    /// blocks restored before it stay cached in HBM, and the next step admits the prompt
+    /// with them as hits.
+    fn take_prefix(
+        &mut self,
+        hashes: &[u64],
+        len: usize,
+        budget: usize,
+        out: &mut StepOutput,
+    ) -> Option<(Vec<BlockId>, usize, usize, usize)> {
+        let bs = self.block_size();
+        // At least one token is always computed, to produce logits (vLLM does the same).
+        let max_reuse = (len - 1) / bs;
+        let hit = self.pool.longest_cached_prefix(hashes).min(max_reuse);
+        let restore = self.pool.host_prefix(&hashes[hit..]).min(max_reuse - hit);
+        let reused = (hit + restore) * bs;
+        let n = (len - reused).min(budget);
+        let total = (reused + n).div_ceil(bs);
+        let mut blocks = Vec::with_capacity(total);
+        blocks.extend(
+            hashes[..hit]
+                .iter()
+                .filter_map(|&h| self.pool.acquire_cached(h)),
+        );
+        while blocks.len() < total {
+            match self.pool.allocate(&mut self.evicted) {
+                Some(b) => blocks.push(b),
+                None => break,
+            }
+        }
+        if blocks.len() == total && self.restore_into(&blocks, hashes, hit, restore, out) == restore
+        {
+            return Some((blocks, hit, restore, n));
+        }
+        for b in blocks.into_iter().rev() {
+            self.pool.release(b);
+        }
+        None
+    }
+
+    /// Restores host blocks `hashes[hit..hit + restore]` into `blocks` at the same places;
+    /// returns how many it restored (fewer if the host tier lost one).
+    fn restore_into(
+        &mut self,
+        blocks: &[BlockId],
+        hashes: &[u64],
+        hit: usize,
+        restore: usize,
+        out: &mut StepOutput,
+    ) -> usize {
+        let bs = self.block_size();
+        let mut done = 0;
+        for j in hit..hit + restore {
+            if !self.pool.restore(blocks[j], hashes[j]) {
+                break;
+            }
+            done += 1;
+            if !self.cfg.emit_cache_events {
+                continue;
+            }
+            let content = self.pool.content(hashes[j]);
+            let tokens = content.map_or(&[][..], |c| c.tokens);
+            match out.cache_events.last_mut() {
+                Some(CacheEvent::Stored {
+                    hashes: run,
+                    tokens: run_tokens,
+                    ..
+                }) if j > hit && run.last() == Some(&hashes[j - 1]) => {
+                    run.push(hashes[j]);
+                    run_tokens.extend_from_slice(tokens);
+                }
+                _ => out.cache_events.push(CacheEvent::Stored {
+                    hashes: vec![hashes[j]],
+                    parent: j.checked_sub(1).map(|p| hashes[p]),
+                    tokens: tokens.to_vec(),
+                }),
+            }
+            debug_assert_eq!(tokens.len(), bs);
+        }
+        done
+    }
+
+    /// Seconds a step waits to copy `tokens` of KV from host memory: one step's fixed cost
+    /// (vLLM's offloading connector loads asynchronously and runs the request in a step
+    /// after the copy lands) plus the bytes over PCIe. 0 when nothing is restored.
+    fn restore_s(&self, tokens: u64) -> f64 {
+        if tokens == 0 || self.cfg.pcie_bytes_per_s <= 0.0 {
+            return 0.0;
+        }
+        self.roofline.step_overhead_s()
+            + tokens as f64 * self.model.kv_bytes_per_token() / self.cfg.pcie_bytes_per_s
+    }
+
+    /// The events of HBM evictions `evicted`: host-tier stores first (each names a block
+    /// whose HBM copy the index still knows), host-tier removals, then the HBM removals.
+    /// Drains the host tier's changes even when events are off.
+    fn eviction_events(&mut self, evicted: Vec<u64>) -> Vec<CacheEvent> {
+        let host = self.pool.take_host_changes();
+        let mut events = Vec::new();
+        if !self.cfg.emit_cache_events {
+            return events;
+        }
+        if !host.stored.is_empty() {
+            events.push(CacheEvent::HostStored {
+                hashes: host.stored,
+            });
+        }
+        if !host.removed.is_empty() {
+            events.push(CacheEvent::HostRemoved {
+                hashes: host.removed,
+            });
+        }
+        if !evicted.is_empty() {
+            events.push(CacheEvent::Removed { hashes: evicted });
+        }
+        events
     }
 
     /// Applies `n` computed tokens to running sequence `i`; samples when caught up.

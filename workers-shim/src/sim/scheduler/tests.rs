@@ -15,6 +15,8 @@ fn config(num_blocks: u32, budget: u32) -> SchedulerConfig {
         max_model_len: 131_072,
         hash_seed: XXH3_SEED,
         emit_cache_events: true,
+        host_blocks: 0,
+        pcie_bytes_per_s: 50e9,
     }
 }
 
@@ -522,4 +524,125 @@ fn aborting_a_waiting_holder_releases_its_prefix() {
     assert_eq!(s.pool().num_free(), 4);
     assert!(s.abort(SeqId(1)));
     assert_eq!(s.pool().num_free(), 8);
+}
+
+/// Prompt A (4,000 tokens) runs, prompt B (4,000 others) evicts most of it from a 300-block
+/// HBM, then A plus 500 new tokens returns. Returns (A's return: TTFT, admission, its
+/// step's events).
+fn evicted_prefix_returns(host_blocks: u32) -> (f64, Admission, Vec<StepOutput>) {
+    let mut s = engine_with(SchedulerConfig {
+        host_blocks,
+        ..config(300, 8192)
+    });
+    let mut run = Run::default();
+    let a = tokens(1, 4000);
+    s.add(seq(1, a.clone(), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    s.add(seq(2, tokens(100_000, 4000), 1, run.now)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    assert!(s.cached_prefix(&hashes_of(&a)) < 100, "B evicted A");
+    let mut back = a.clone();
+    back.extend(tokens(200_000, 500));
+    let t0 = run.now;
+    let first = run.steps.len();
+    s.add(seq(3, back, 1, t0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    let admission = run.steps[first..]
+        .iter()
+        .flat_map(|o| o.admitted.iter())
+        .find(|x| x.seq == SeqId(3))
+        .copied()
+        .unwrap();
+    let steps = run.steps.split_off(0);
+    (run.first_token_s[&SeqId(3)] - t0, admission, steps)
+}
+
+#[test]
+fn an_evicted_prefix_restores_from_the_host_tier_faster_than_it_recomputes() {
+    let (restored_ttft, got, steps) = evicted_prefix_returns(1000);
+    let (recompute_ttft, cold, _) = evicted_prefix_returns(0);
+    assert_eq!(got.cached_tokens, 4000, "{got:?}");
+    assert!(got.restored_tokens >= 3000, "{got:?}");
+    assert_eq!(cold.restored_tokens, 0);
+    assert!(cold.cached_tokens < 1600, "{cold:?}");
+    assert!(
+        restored_ttft < recompute_ttft * 0.5,
+        "restore {restored_ttft} s vs recompute {recompute_ttft} s"
+    );
+    // The restore is charged to the step that admits it: bytes over PCIe.
+    let restoring = steps.iter().find(|o| o.restored_tokens > 0).unwrap();
+    let bytes = restoring.restored_tokens as f64 * 131_072.0;
+    let overhead = Efficiency::default().step_overhead_s;
+    assert!((restoring.restore_s - (overhead + bytes / 50e9)).abs() < 1e-12);
+    // Offloads are announced before the HBM removals of the same blocks.
+    let events: Vec<&CacheEvent> = steps.iter().flat_map(|o| &o.cache_events).collect();
+    let host_at = events
+        .iter()
+        .position(|e| matches!(e, CacheEvent::HostStored { .. }))
+        .unwrap();
+    let removed_at = events
+        .iter()
+        .position(|e| matches!(e, CacheEvent::Removed { .. }))
+        .unwrap();
+    assert!(host_at < removed_at);
+}
+
+#[test]
+fn a_dropped_tail_goes_to_the_host_tier_and_comes_back() {
+    let mut s = engine_with(SchedulerConfig {
+        host_blocks: 64,
+        ..config(64, 8192)
+    });
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes, &prompt);
+    let update = s.drop_cached(&hashes[2..]);
+    assert_eq!(update.blocks, 2);
+    assert_eq!(
+        update.events,
+        vec![
+            CacheEvent::HostStored {
+                hashes: hashes[2..].to_vec()
+            },
+            CacheEvent::Removed {
+                hashes: hashes[2..].to_vec()
+            },
+        ]
+    );
+    assert_eq!(s.cached_prefix(&hashes), 2);
+    assert_eq!(s.host_cached_prefix(&hashes), 2);
+    let mut back = prompt.clone();
+    back.push(7);
+    s.add(seq(1, back, 1, 0.0)).unwrap();
+    let out = s.step(0.0);
+    assert_eq!(out.admitted[0].cached_tokens, 64);
+    assert_eq!(out.admitted[0].restored_tokens, 32);
+    assert_eq!(out.work.prefill_tokens, 1);
+}
+
+#[test]
+fn a_block_held_in_both_tiers_ends_the_restore_instead_of_blocking_admission() {
+    let mut s = engine_with(SchedulerConfig {
+        host_blocks: 64,
+        ..config(64, 8192)
+    });
+    let prompt = tokens(1, 48);
+    let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes, &prompt);
+    // B and C go to host memory; C comes back into HBM (received again), its host copy stays.
+    s.drop_cached(&hashes[1..]);
+    s.insert_cached(Some(hashes[1]), &hashes[2..], &prompt[32..]);
+    assert_eq!(s.cached_prefix(&hashes), 1);
+    assert_eq!(
+        s.host_cached_prefix(&hashes),
+        1,
+        "B only: C is in HBM already"
+    );
+    let mut back = prompt.clone();
+    back.push(7);
+    s.add(seq(1, back, 1, 0.0)).unwrap();
+    let out = s.step(0.0);
+    assert_eq!(out.admitted.len(), 1, "admitted at once");
+    assert_eq!(out.admitted[0].cached_tokens, 32);
+    assert_eq!(out.admitted[0].restored_tokens, 16);
 }

@@ -32,6 +32,13 @@ impl Scheduler {
         self.pool.longest_cached_prefix(hashes)
     }
 
+    /// How many hashes of a chain, past its leading HBM-cached ones, the host tier holds
+    /// in a row: what an admission would restore instead of recomputing.
+    pub fn host_cached_prefix(&self, hashes: &[u64]) -> usize {
+        let hit = self.pool.longest_cached_prefix(hashes);
+        self.pool.host_prefix(&hashes[hit..])
+    }
+
     /// The leading cached blocks of `hashes` with their content: what the source of a KV
     /// transfer sends.
     pub fn read_cached(&self, hashes: &[u64]) -> CachedRun {
@@ -93,17 +100,16 @@ impl Scheduler {
         }
         let blocks = held.len();
         self.unpin(&held);
-        let mut events = Vec::new();
+        let mut events = self.eviction_events(evicted);
         if self.cfg.emit_cache_events {
-            if !evicted.is_empty() {
-                events.push(CacheEvent::Removed { hashes: evicted });
-            }
             events.extend(stored);
         }
         CacheUpdate { blocks, events }
     }
 
-    /// Evicts the cached blocks of `hashes` that no request (or pin) holds.
+    /// Evicts the cached blocks of `hashes` that no request (or pin) holds from HBM; with a
+    /// host tier they are offloaded there (a demoted session's KV then restores at PCIe
+    /// speed instead of being recomputed).
     pub fn drop_cached(&mut self, hashes: &[u64]) -> CacheUpdate {
         let dropped: Vec<u64> = hashes
             .iter()
@@ -111,11 +117,7 @@ impl Scheduler {
             .filter(|&h| self.pool.evict(h))
             .collect();
         let blocks = dropped.len();
-        let events = if self.cfg.emit_cache_events && !dropped.is_empty() {
-            vec![CacheEvent::Removed { hashes: dropped }]
-        } else {
-            Vec::new()
-        };
+        let events = self.eviction_events(dropped);
         CacheUpdate { blocks, events }
     }
 
