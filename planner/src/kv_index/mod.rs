@@ -16,6 +16,7 @@ mod matching;
 #[cfg(test)]
 mod tests;
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, VecDeque};
 
 use fast_hash::FastMap;
@@ -360,7 +361,7 @@ impl KvIndex {
                 continue;
             };
             let parent = self.nodes.get(&seq).and_then(|n| n.parent);
-            self.add_holder(parent, seq, worker, tier, id, None);
+            self.add_holder(seq, worker, tier, id, None, ChainPos::of(parent, 0, 1));
             self.stats.blocks_stored += 1;
         }
     }
@@ -378,12 +379,17 @@ impl KvIndex {
     ) -> Option<Option<u64>> {
         self.tick += 1;
         let tick = self.tick;
-        let fresh = !self.nodes.contains_key(&seq);
         let parent = pos.parent;
-        let node = self.nodes.entry(seq).or_insert_with(|| Node {
-            parent,
-            ..Node::default()
-        });
+        let (fresh, node) = match self.nodes.entry(seq) {
+            Entry::Occupied(e) => (false, e.into_mut()),
+            Entry::Vacant(e) => (
+                true,
+                e.insert(Node {
+                    parent,
+                    ..Node::default()
+                }),
+            ),
+        };
         if node.children.is_empty() {
             if !fresh {
                 self.leaves.remove(&(node.last_used, seq));
@@ -673,21 +679,48 @@ impl KvIndex {
     /// blocks as it added and never scans the index.
     fn prune_if_full(&mut self) {
         while self.nodes.len() > self.cfg.max_blocks {
-            let Some((_, seq)) = self.leaves.pop_first() else {
+            let Some((_, leaf)) = self.leaves.pop_first() else {
                 return;
             };
-            let Some(node) = self.nodes.get_mut(&seq) else {
-                continue;
+            self.evict_up(leaf);
+        }
+    }
+
+    /// Evicts `seq` (a leaf, already out of the eviction order), then each ancestor it
+    /// leaves childless that would be the next leaf to go anyway (older than every leaf in
+    /// the order: a chain's blocks were used in order, so a chain usually goes whole this
+    /// way without entering the order block by block), while the index is over its size.
+    /// The block where it stops enters the order, or goes if nobody holds it.
+    fn evict_up(&mut self, mut seq: u64) {
+        loop {
+            let Some(node) = self.nodes.remove(&seq) else {
+                return;
             };
-            let holders = std::mem::take(&mut node.holders);
-            node.recompute_prints();
-            // Back in the set so `gc` finds and removes it with the node.
-            self.leaves.insert((node.last_used, seq));
-            for h in &holders {
+            if !node.holders.is_empty() {
+                self.stats.blocks_pruned += 1;
+            }
+            for h in &node.holders {
                 self.forget_hold(h, seq, true);
             }
-            self.gc(seq);
-            self.stats.blocks_pruned += 1;
+            let Some(p) = node.parent else {
+                return;
+            };
+            let Some(pn) = self.nodes.get_mut(&p) else {
+                return;
+            };
+            pn.children.retain(|&c| c != seq);
+            if !pn.children.is_empty() {
+                return;
+            }
+            let key = (pn.last_used, p);
+            let goes_next = self.nodes.len() > self.cfg.max_blocks
+                && self.leaves.first().is_none_or(|&first| key < first);
+            if !goes_next {
+                self.leaves.insert(key);
+                self.gc(p);
+                return;
+            }
+            seq = p;
         }
     }
 
