@@ -19,6 +19,8 @@ mod tests;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, VecDeque};
 
+use smallvec::SmallVec;
+
 use fast_hash::FastMap;
 
 pub use event::{KvEvent, Tier};
@@ -117,8 +119,10 @@ impl ChainPos {
 #[derive(Debug, Clone, Default)]
 struct Node {
     parent: Option<u64>,
-    children: Vec<u64>,
-    holders: Vec<Holder>,
+    /// Inline up to one (a chain's blocks have one child, its last none).
+    children: SmallVec<[u64; 1]>,
+    /// Inline up to one (most blocks are held by one worker).
+    holders: SmallVec<[Holder; 1]>,
     /// XOR of the prints of the workers holding this block in GPU memory.
     print_gpu: u64,
     /// XOR of the prints of the workers holding this block in any tier.
@@ -562,7 +566,7 @@ impl KvIndex {
             self.leaves.remove(&(last_used, seq));
             let Some(p) = parent else { return };
             if let Some(pn) = self.nodes.get_mut(&p) {
-                pn.children.retain(|&c| c != seq);
+                pn.children.retain(|c| *c != seq);
                 if pn.children.is_empty() {
                     self.leaves.insert((pn.last_used, p));
                 }
@@ -708,7 +712,7 @@ impl KvIndex {
             let Some(pn) = self.nodes.get_mut(&p) else {
                 return;
             };
-            pn.children.retain(|&c| c != seq);
+            pn.children.retain(|c| *c != seq);
             if !pn.children.is_empty() {
                 return;
             }

@@ -407,7 +407,7 @@ fn prune_by_scanning(ix: &mut KvIndex, max_blocks: usize) {
         else {
             return;
         };
-        let holders: Vec<_> = ix.nodes[&seq].holders.clone();
+        let holders: Vec<_> = ix.nodes[&seq].holders.to_vec();
         for h in holders {
             if let Some(ids) = ix.engine_ids.get_mut(&h.worker) {
                 if ids.get(&h.engine_hash) == Some(&seq) {

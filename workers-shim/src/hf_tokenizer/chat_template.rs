@@ -72,9 +72,10 @@ impl ChatTemplate {
         tools_json: Option<&str>,
         add_generation_prompt: bool,
     ) -> Result<String, HfTokenizerError> {
+        // Straight into the template's values (not through a `serde_json::Value`, which
+        // copies every string of an agent-sized prompt once more).
         let parse = |text: &str| {
-            serde_json::from_str::<serde_json::Value>(text)
-                .map(|v| Value::from_serialize(&v))
+            serde_json::from_str::<Value>(text)
                 .map_err(|e| HfTokenizerError::Template(e.to_string()))
         };
         let mut ctx: Vec<(&str, Value)> = vec![
