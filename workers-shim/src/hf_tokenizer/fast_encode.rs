@@ -3,18 +3,20 @@
 //! crate's own pipeline.
 //!
 //! That pipeline spends most of a long prompt's time in `fancy-regex` (the pattern's
-//! `\s+(?!\S)` lookahead makes it backtrack) and in the per-byte offset bookkeeping of
-//! every split. Here the added tokens are still split off by the crate itself (its
-//! `AddedVocabulary`), but the text between them is split by the `regex` crate (a DFA) and
-//! each piece goes straight to the BPE model (with its cache).
+//! `\s+(?!\S)` lookahead makes it backtrack), in the per-byte offset bookkeeping of every
+//! split, and in the BPE model's per-token strings. Here the added tokens are split off by
+//! `added_split` (the crate's own `AddedVocabulary` only for tokens that strip spaces or
+//! match single words), the text between them is split by DFAs, and each piece's ids come
+//! from a small cache of their own (text repeats its words) or from the BPE model.
 //!
-//! Each piece's ids are kept in a small cache of its own (text repeats its words): a hit
-//! skips the model, whose `tokenize` allocates a string per token. The split regexes run
-//! with caches this module holds (not the `regex` crate's shared pool, whose slow path
-//! every thread but the first takes on each search), and each search first tries a match
-//! anchored where the previous one ended, which takes one forward scan where an unanchored
-//! search takes a forward and a reverse one; pieces are contiguous in most text. Both are
-//! kept per encoding in a pool of scratch states, one per thread encoding at a time.
+//! A split pattern without look-around is walked byte by byte on its lazy DFA from each
+//! byte a match can start with (`Scanner`): pieces are a few bytes long, and a search
+//! through the `meta` engine costs far more per call than walking them. Other patterns,
+//! and gaps where failed attempts would walk too much, go through the `meta` engine (a
+//! match anchored where the previous one ended first: pieces are contiguous in most text).
+//! The DFAs' caches and the piece cache are kept in a pool of scratch states, one per
+//! thread encoding at a time (not the `regex` crate's shared pool, whose slow path every
+//! thread but the first takes on each search).
 //!
 //! The lookahead is the one construct `regex` lacks. A pattern `A|\s+(?!\S)|\s+` is run as
 //! `A|\s+`: where `A` does not match and `\s+` takes a whitespace run that a non-space
