@@ -236,6 +236,7 @@ mod tests {
         let cached = idle.map(|w| WorkerView {
             cached_blocks: if w.id == a { 6 } else { 0 },
             host_cached_blocks: 0,
+            pulls_kv: true,
             ..w
         });
         assert_eq!(

@@ -62,6 +62,13 @@ impl EngineKind {
             EngineKind::Sim => "sim",
         }
     }
+
+    /// Whether its workers can pull a sealed prefix from a peer and serve one
+    /// (`WorkerView::pulls_kv`): the simulated engine's `/kv/fetch`. vLLM's NIXL connector
+    /// and SGLang's disaggregation move KV only from a prefill leg to its decode leg.
+    pub fn pulls_kv(self) -> bool {
+        self == EngineKind::Sim
+    }
 }
 
 /// A role or engine name that is not one we know.

@@ -439,6 +439,7 @@ impl Registry {
                 active_prefill_tokens: w.active_prefill_tokens.load(Ordering::Relaxed),
                 cached_blocks: 0,
                 host_cached_blocks: 0,
+                pulls_kv: w.spec.engine.pulls_kv(),
                 load: w.load(),
             })
             .collect()

@@ -61,6 +61,7 @@ impl Engine {
             active_prefill_tokens: self.active_prefill_tokens,
             cached_blocks: hashes.map_or(0, |h| self.sched.cached_prefix(h) as u32),
             host_cached_blocks: hashes.map_or(0, |h| self.sched.host_cached_prefix(h) as u32),
+            pulls_kv: true,
             load: Some(EngineLoad {
                 running: self.sched.num_running() as f64,
                 waiting: self.sched.num_waiting() as f64,

@@ -168,6 +168,7 @@ mod tests {
             queued: 0,
             cached_tokens: cached,
             host_cached_tokens: 0,
+            pulls_kv: true,
             pcie_bytes_per_s: 50e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(room),

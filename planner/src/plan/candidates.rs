@@ -116,7 +116,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             None => out.extend(prefillers.iter().filter(|pre| pre.w.id != d.id).map(remote)),
         }
         if let Some(o) = artifact_owner {
-            if o.id != d.id {
+            if o.id != d.id && o.pulls_kv && d.pulls_kv {
                 out.extend(p.artifact_fetch(o, d, cached));
             }
         }
@@ -559,10 +559,19 @@ impl Pricing<'_, '_> {
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
-    /// prompt.
+    /// prompt. Between engines that cannot pull KV from a peer (`PlanWorker::pulls_kv`)
+    /// nothing is sent: the target recomputes what it lacks, as the dispatch then does.
     fn migrate(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> Candidate {
-        let moved_tokens = d.cached_tokens.min(self.prompt());
-        let moved = (sent - self.state_bytes(t.cached_tokens.min(moved_tokens))).max(0.0);
+        let copies = d.pulls_kv && t.pulls_kv;
+        let moved_tokens = if copies {
+            d.cached_tokens.min(self.prompt())
+        } else {
+            0
+        };
+        let moved = match copies {
+            true => (sent - self.state_bytes(t.cached_tokens.min(moved_tokens))).max(0.0),
+            false => 0.0,
+        };
         let new = self.to_compute(moved_tokens.max(t.cached_tokens));
         // The source frees what it sends: nothing is duplicated.
         self.candidate(

@@ -101,6 +101,9 @@ pub struct PlanWorker {
     /// (KV index holds with medium CPU): restorable over PCIe instead of recomputed. 0 on
     /// a worker without a host tier, and then no price changes.
     pub host_cached_tokens: u64,
+    /// It can pull a sealed prefix from a peer and serve one (`WorkerView::pulls_kv`):
+    /// a fetch needs it on both ends; a migration without it recomputes on the target.
+    pub pulls_kv: bool,
     /// Host-to-GPU bandwidth its restores run at, bytes per second (the GPU preset's
     /// `pcie_gbs`).
     pub pcie_bytes_per_s: f64,

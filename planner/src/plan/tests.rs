@@ -17,6 +17,7 @@ fn worker(id: u32, role: Role) -> PlanWorker {
         queued: 0,
         cached_tokens: 0,
         host_cached_tokens: 0,
+        pulls_kv: true,
         pcie_bytes_per_s: 50e9,
         prefill_scale: 1.0,
         kv_room_tokens: None,
@@ -180,6 +181,61 @@ fn a_fork_off_a_busy_owner_fetches_the_sealed_prefix() {
         p.candidates.iter().all(|c| c.action != Action::Migrate),
         "a fork never moves its parent"
     );
+}
+
+/// The same fork off a busy owner on engines that cannot pull KV from a peer (vLLM,
+/// SGLang): no fetch is offered (its dispatch would recompute the whole prefix while the
+/// plan priced a copy), and moving the session is priced as the recompute it is.
+#[test]
+fn engines_that_cannot_pull_kv_get_no_fetch_and_a_move_that_recomputes() {
+    let mut o = worker(0, Role::Hybrid);
+    o.cached_tokens = 64_000;
+    o.queue_s = 5.0;
+    o.pulls_kv = false;
+    let mut other = worker(1, Role::Hybrid);
+    other.pulls_kv = false;
+    let fork = Scenario {
+        artifact: Some((0, 64_000)),
+        decode_owner: Some(0),
+        samples: 4,
+        ..Scenario::new(64_100, vec![o.clone(), other.clone()])
+    };
+    let p = fork.plan();
+    assert!(
+        p.candidates
+            .iter()
+            .all(|c| c.action != Action::ArtifactFetch),
+        "{:?}",
+        p.candidates
+    );
+    let mut step = Scenario::new(64_100, vec![o, other]);
+    step.decode_owner = Some(0);
+    let p = step.plan();
+    let m = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Migrate)
+        .unwrap();
+    assert_eq!(m.network_bytes, 0.0, "{m:?}");
+    assert_eq!(
+        m.compute_tokens, 64_100,
+        "the target computes the whole prompt: {m:?}"
+    );
+    // With pulling engines the same move copies the owner's 64K tokens.
+    let mut pulling = Scenario::new(
+        64_100,
+        vec![worker(0, Role::Hybrid), worker(1, Role::Hybrid)],
+    );
+    pulling.workers[0].cached_tokens = 64_000;
+    pulling.workers[0].queue_s = 5.0;
+    pulling.decode_owner = Some(0);
+    let p = pulling.plan();
+    let m = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Migrate)
+        .unwrap();
+    assert!(m.network_bytes > 0.0 && m.compute_tokens == 100, "{m:?}");
 }
 
 /// Three branches of a fork just landed on the prefix owner; the fourth sees its short
@@ -485,6 +541,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 0 => rng.next_u64() % (prompt_tokens + 2_000) / 16 * 16,
                 _ => 0,
             },
+            pulls_kv: pick(rng, 4) != 0,
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 0.5 + rng.next_f64() * 1.5,
             kv_room_tokens: match pick(rng, 3) {

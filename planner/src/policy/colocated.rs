@@ -66,6 +66,7 @@ mod tests {
             WorkerView {
                 cached_blocks: 4,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
         ];

@@ -148,6 +148,7 @@ mod tests {
             active_prefill_tokens: active_prefill,
             cached_blocks: cached,
             host_cached_blocks: 0,
+            pulls_kv: true,
             ..WorkerView::idle(WorkerId(id), Role::Decode)
         }
     }
@@ -189,6 +190,7 @@ mod tests {
             WorkerView {
                 cached_blocks: 100,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 ..WorkerView::idle(WorkerId(0), Role::Prefill)
             },
             w(1, 0, 5_000, 100),

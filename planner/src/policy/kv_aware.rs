@@ -138,6 +138,7 @@ mod tests {
             active_prefill_tokens: active_prefill,
             cached_blocks: cached,
             host_cached_blocks: 0,
+            pulls_kv: true,
             ..WorkerView::idle(WorkerId(id), Role::Decode)
         }
     }

@@ -159,6 +159,7 @@ mod tests {
         WorkerView {
             cached_blocks: cached,
             host_cached_blocks: 0,
+            pulls_kv: true,
             load: Some(EngineLoad {
                 running: 1.0,
                 waiting,

@@ -75,6 +75,10 @@ pub struct WorkerView {
     /// Blocks right after those the worker holds in its host-DRAM KV tier (restorable, not
     /// HBM): only the cost planner prices them; the peers' routers count HBM only.
     pub host_cached_blocks: u32,
+    /// Its engine can pull a sealed prefix from a peer worker and serve one to a peer (the
+    /// simulated engine's `/kv/fetch`). vLLM's NIXL connector and SGLang move KV only from
+    /// a prefill leg to its decode leg, so a fetch or migration there recomputes instead.
+    pub pulls_kv: bool,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,
 }
@@ -92,6 +96,7 @@ impl WorkerView {
             active_prefill_tokens: 0,
             cached_blocks: 0,
             host_cached_blocks: 0,
+            pulls_kv: true,
             load: None,
         }
     }

@@ -110,6 +110,7 @@ impl OwnerServe {
             queued,
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
             host_cached_tokens: u64::from(w.host_cached_blocks) * u64::from(block_size),
+            pulls_kv: w.pulls_kv,
             pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
@@ -314,6 +315,7 @@ mod tests {
             WorkerView {
                 cached_blocks: 500,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
             WorkerView::idle(WorkerId(2), Role::Decode),
@@ -398,6 +400,7 @@ mod tests {
             WorkerView {
                 cached_blocks: 500,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 draining: true,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
@@ -433,12 +436,14 @@ mod tests {
             WorkerView {
                 cached_blocks: 60,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 load: busy,
                 ..WorkerView::idle(WorkerId(1), Role::Decode)
             },
             WorkerView {
                 cached_blocks: 3_000,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 load: busy,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
@@ -481,6 +486,7 @@ mod tests {
             let v = WorkerView {
                 cached_blocks: blocks,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 ..WorkerView::idle(WorkerId(id), Role::Decode)
             };
             p.plan_worker(&v, &p.config().model, 16)

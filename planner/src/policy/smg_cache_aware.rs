@@ -140,6 +140,7 @@ mod tests {
         WorkerView {
             cached_blocks: cached,
             host_cached_blocks: 0,
+            pulls_kv: true,
             in_flight,
             ..WorkerView::idle(WorkerId(id), Role::Hybrid)
         }

@@ -64,6 +64,7 @@ mod tests {
             WorkerView {
                 cached_blocks: 100,
                 host_cached_blocks: 0,
+                pulls_kv: true,
                 ..WorkerView::idle(WorkerId(2), Role::Decode)
             },
         ];

@@ -152,11 +152,21 @@ impl Dispatcher<'_> {
                 None => out.fell_back = true,
             },
             Dispatch::Migrate { source, tokens } => {
-                let moved = match self.migrate(step, source, decode, tokens, &mut out).await {
+                // Between engines that cannot pull KV the plan priced the move as a
+                // recompute on the target: no copy is tried, and that is no fallback.
+                let copies = self
+                    .registry
+                    .get(source)
+                    .is_some_and(|s| s.spec.engine.pulls_kv() && decode.spec.engine.pulls_kv());
+                let copied = match copies {
+                    true => self.migrate(step, source, decode, tokens, &mut out).await,
+                    false => None,
+                };
+                let moved = match copied {
                     Some(epoch) => Some(epoch),
                     // No copy: the target recomputes, and still becomes the owner first.
                     None => {
-                        out.fell_back = true;
+                        out.fell_back = copies;
                         match self.take_over(step, decode).await {
                             Ok(epoch) => Some(epoch),
                             Err(stale) => {
@@ -266,7 +276,7 @@ impl Dispatcher<'_> {
         tokens: u64,
     ) -> Option<vllm::PullSource> {
         let s = self.registry.get(source)?;
-        if s.spec.engine != EngineKind::Sim || decode.spec.engine != EngineKind::Sim {
+        if !s.spec.engine.pulls_kv() || !decode.spec.engine.pulls_kv() {
             tracing::debug!(source = %s.spec.name, "engine cannot pull a sealed prefix: recomputing");
             return None;
         }

@@ -219,9 +219,73 @@ struct RawMessage<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<RawContent<'a>>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<RawToolCall<'a>>>,
+}
+
+/// A message's `content` as the list is parsed: a string is read in that same pass (an
+/// agent's long prompt is scanned once here, not once to find its end and again to read
+/// it); parts are kept raw and read one by one; anything else is an error for
+/// [`parse_message`] to report with the message's index.
+enum RawContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<&'a RawValue>),
+    Other,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawContent<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = RawContent<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(RawContent::Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(RawContent::Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(RawContent::Text(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element::<&'de RawValue>()? {
+                    parts.push(part);
+                }
+                Ok(RawContent::Parts(parts))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(RawContent::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(RawContent::Other)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(RawContent::Other)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(RawContent::Other)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(RawContent::Other)
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -526,33 +590,27 @@ fn parse_message(i: usize, m: RawMessage<'_>) -> Result<Message<'_>, RequestErro
     }
     let param = || format!("messages[{i}].content");
     let mut parts = Vec::new();
-    if let Some(content) = m.content {
-        match content.get().as_bytes().first() {
-            Some(b'"') => parts.push(
-                serde_json::from_str::<Text<'_>>(content.get())
-                    .map_err(|e| RequestError::wrong_type(&param(), &e))?
-                    .0,
-            ),
-            Some(b'[') => {
-                let list: Vec<RawPart<'_>> = serde_json::from_str(content.get())
+    match m.content {
+        Some(RawContent::Text(text)) => parts.push(text),
+        Some(RawContent::Parts(list)) => {
+            for raw in list {
+                let part: RawPart<'_> = serde_json::from_str(raw.get())
                     .map_err(|e| RequestError::wrong_type(&param(), &e))?;
-                for part in list {
-                    match (part.kind.as_ref(), part.text) {
-                        ("text", Some(text)) => parts.push(text),
-                        ("text", None) => {
-                            return Err(RequestError::invalid(
-                                param(),
-                                "a 'text' content part needs a 'text' string",
-                            ))
-                        }
-                        // Images, audio, files: routed as-is; they add no text to the prompt.
-                        _ => {}
+                match (part.kind.as_ref(), part.text) {
+                    ("text", Some(text)) => parts.push(text),
+                    ("text", None) => {
+                        return Err(RequestError::invalid(
+                            param(),
+                            "a 'text' content part needs a 'text' string",
+                        ))
                     }
+                    // Images, audio, files: routed as-is; they add no text to the prompt.
+                    _ => {}
                 }
             }
-            Some(b'n') => {}
-            _ => return Err(content_type_error(param())),
         }
+        Some(RawContent::Other) => return Err(content_type_error(param())),
+        None => {}
     }
     for call in m.tool_calls.unwrap_or_default() {
         let f = call.function;

@@ -134,6 +134,18 @@ impl Cli {
     }
 }
 
+impl Cli {
+    /// Whether this command serves traffic until stopped (`up`, `router`, `epp`).
+    pub fn serves(&self) -> bool {
+        match self.command {
+            Command::Up(_) | Command::Router(_) => true,
+            #[cfg(feature = "kubernetes")]
+            Command::Epp(_) => true,
+            _ => false,
+        }
+    }
+}
+
 impl RouterArgs {
     /// The runtime threads its flags or config ask for.
     fn threads(&self) -> Option<usize> {

@@ -8,10 +8,13 @@
 //!   `replay` (`ownerserve_eval::commands`).
 //! - [`fuzz`]: `ownerserve fuzz`, the fuzz targets of every parser that takes outside
 //!   bytes, on `ownerserve_bench::fuzz`'s mutation engine.
+//! - [`huge_pages`]: the serving commands re-execute themselves with glibc's malloc asking
+//!   for transparent huge pages.
 #![forbid(unsafe_code)]
 
 mod cli;
 mod fuzz;
+mod huge_pages;
 
 use std::process::ExitCode;
 
@@ -19,6 +22,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
+    if cli.serves() {
+        huge_pages::reexec_with_huge_pages();
+    }
     let mut runtime = match cli.worker_threads() {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
