@@ -745,3 +745,32 @@ async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
     }
     assert!(!dir.exists(), "{} is still there", dir.display());
 }
+
+/// `router` (a serving command) re-executes itself with glibc's malloc asking for
+/// transparent huge pages where the kernel's THP mode waits to be asked; a sim worker (not
+/// a serving command) and an opted-out router do not.
+#[test]
+fn serving_commands_run_with_huge_pages_unless_opted_out() {
+    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .unwrap_or_default();
+    let environ = |p: &Proc| {
+        std::fs::read(format!("/proc/{}/environ", p.child.id()))
+            .map(|e| String::from_utf8_lossy(&e).into_owned())
+            .unwrap_or_default()
+    };
+    let worker = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(&[format!("{},role=hybrid", worker.url)], &[]);
+    let opted_out = Proc::spawn(
+        &["router", "--port", "0", "--worker", &format!("{},role=hybrid", worker.url)],
+        &[("OWNERSERVE_HUGE_PAGES", "off")],
+        "ownerserve router listening on",
+    );
+    let asked = "GLIBC_TUNABLES=glibc.malloc.hugetlb=1";
+    assert!(!environ(&worker).contains(asked));
+    assert!(!environ(&opted_out).contains(asked));
+    if mode.contains("[madvise]") {
+        assert!(environ(&router).contains(asked), "{:?}", environ(&router));
+    } else {
+        assert!(!environ(&router).contains(asked), "THP mode {mode:?}: nothing to ask");
+    }
+}

@@ -29,26 +29,62 @@ pub fn reexec_with_huge_pages() {
     if !cfg!(all(target_os = "linux", target_env = "gnu")) {
         return;
     }
-    let opted_out = std::env::var(OPT_OUT)
-        .is_ok_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
-    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
-    let madvise_mode = std::fs::read_to_string(THP_MODE).is_ok_and(|m| m.contains("[madvise]"));
-    if opted_out || tunables.contains(TUNABLE) || !madvise_mode {
+    let Some(value) = tunables_to_set(
+        std::env::var(OPT_OUT).ok().as_deref(),
+        &std::env::var("GLIBC_TUNABLES").unwrap_or_default(),
+        &std::fs::read_to_string(THP_MODE).unwrap_or_default(),
+    ) else {
         return;
-    }
+    };
     let Ok(exe) = std::env::current_exe() else {
         return;
     };
     let mut args = std::env::args_os();
     let argv0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
-    let value = match tunables.as_str() {
-        "" => format!("{TUNABLE}=1"),
-        set => format!("{set}:{TUNABLE}=1"),
-    };
     // `exec` returns only on failure.
     let _failed = Command::new(&exe)
         .arg0(argv0)
         .args(args)
         .env("GLIBC_TUNABLES", value)
         .exec();
+}
+
+/// The `GLIBC_TUNABLES` to re-execute with, given the opt-out variable, the tunables set
+/// now and the kernel's THP mode file; `None` to run on as is.
+fn tunables_to_set(opt_out: Option<&str>, tunables: &str, thp_mode: &str) -> Option<String> {
+    let opted_out = opt_out
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
+    if opted_out || tunables.contains(TUNABLE) || !thp_mode.contains("[madvise]") {
+        return None;
+    }
+    Some(match tunables {
+        "" => format!("{TUNABLE}=1"),
+        set => format!("{set}:{TUNABLE}=1"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MADVISE: &str = "always [madvise] never\n";
+
+    #[test]
+    fn asks_for_huge_pages_only_where_the_kernel_waits_to_be_asked() {
+        assert_eq!(
+            tunables_to_set(None, "", MADVISE).as_deref(),
+            Some("glibc.malloc.hugetlb=1")
+        );
+        assert_eq!(
+            tunables_to_set(None, "glibc.malloc.arena_max=2", MADVISE).as_deref(),
+            Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+            "the operator's tunables are kept"
+        );
+        assert_eq!(tunables_to_set(None, "glibc.malloc.hugetlb=0", MADVISE), None);
+        assert_eq!(tunables_to_set(Some("OFF"), "", MADVISE), None);
+        assert!(tunables_to_set(Some("on"), "", MADVISE).is_some());
+        assert_eq!(tunables_to_set(None, "", "[always] madvise never"), None);
+        assert_eq!(tunables_to_set(None, "", "always madvise [never]"), None);
+        assert_eq!(tunables_to_set(None, "", ""), None, "no THP file: nothing to ask");
+    }
 }
