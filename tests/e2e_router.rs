@@ -751,8 +751,8 @@ async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
 /// a serving command) and an opted-out router do not.
 #[test]
 fn serving_commands_run_with_huge_pages_unless_opted_out() {
-    let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .unwrap_or_default();
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     let environ = |p: &Proc| {
         std::fs::read(format!("/proc/{}/environ", p.child.id()))
             .map(|e| String::from_utf8_lossy(&e).into_owned())
@@ -761,7 +761,13 @@ fn serving_commands_run_with_huge_pages_unless_opted_out() {
     let worker = Proc::sim_worker(&["--instant"]);
     let router = Proc::router(&[format!("{},role=hybrid", worker.url)], &[]);
     let opted_out = Proc::spawn(
-        &["router", "--port", "0", "--worker", &format!("{},role=hybrid", worker.url)],
+        &[
+            "router",
+            "--port",
+            "0",
+            "--worker",
+            &format!("{},role=hybrid", worker.url),
+        ],
         &[("OWNERSERVE_HUGE_PAGES", "off")],
         "ownerserve router listening on",
     );
@@ -771,6 +777,9 @@ fn serving_commands_run_with_huge_pages_unless_opted_out() {
     if mode.contains("[madvise]") {
         assert!(environ(&router).contains(asked), "{:?}", environ(&router));
     } else {
-        assert!(!environ(&router).contains(asked), "THP mode {mode:?}: nothing to ask");
+        assert!(
+            !environ(&router).contains(asked),
+            "THP mode {mode:?}: nothing to ask"
+        );
     }
 }

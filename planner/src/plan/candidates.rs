@@ -559,21 +559,18 @@ impl Pricing<'_, '_> {
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
-    /// prompt. Between engines that cannot pull KV from a peer (`PlanWorker::pulls_kv`)
-    /// nothing is sent: the target recomputes what it lacks, as the dispatch then does.
+    /// prompt. A copy sends what `t` lacks of it and the source frees it. Between engines
+    /// that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing is sent: the target
+    /// recomputes it, as the dispatch then does, and the source keeps its copy (vLLM and
+    /// SGLang drop nothing on request), so it is a duplicate instead.
     fn migrate(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> Candidate {
-        let copies = d.pulls_kv && t.pulls_kv;
-        let moved_tokens = if copies {
-            d.cached_tokens.min(self.prompt())
-        } else {
-            0
+        let held = d.cached_tokens.min(self.prompt());
+        let lacked = (sent - self.state_bytes(t.cached_tokens.min(held))).max(0.0);
+        let (reused, moved, duplicated) = match d.pulls_kv && t.pulls_kv {
+            true => (held, lacked, 0.0),
+            false => (0, 0.0, lacked),
         };
-        let moved = match copies {
-            true => (sent - self.state_bytes(t.cached_tokens.min(moved_tokens))).max(0.0),
-            false => 0.0,
-        };
-        let new = self.to_compute(moved_tokens.max(t.cached_tokens));
-        // The source frees what it sends: nothing is duplicated.
+        let new = self.to_compute(reused.max(t.cached_tokens));
         self.candidate(
             Action::Migrate,
             t,
@@ -581,7 +578,7 @@ impl Pricing<'_, '_> {
             Some(d.id),
             self.work(t, new),
             moved,
-            0.0,
+            duplicated,
         )
     }
 }

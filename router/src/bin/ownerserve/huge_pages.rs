@@ -52,8 +52,8 @@ pub fn reexec_with_huge_pages() {
 /// The `GLIBC_TUNABLES` to re-execute with, given the opt-out variable, the tunables set
 /// now and the kernel's THP mode file; `None` to run on as is.
 fn tunables_to_set(opt_out: Option<&str>, tunables: &str, thp_mode: &str) -> Option<String> {
-    let opted_out = opt_out
-        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
+    let opted_out =
+        opt_out.is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "off" | "0" | "false"));
     if opted_out || tunables.contains(TUNABLE) || !thp_mode.contains("[madvise]") {
         return None;
     }
@@ -80,11 +80,18 @@ mod tests {
             Some("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
             "the operator's tunables are kept"
         );
-        assert_eq!(tunables_to_set(None, "glibc.malloc.hugetlb=0", MADVISE), None);
+        assert_eq!(
+            tunables_to_set(None, "glibc.malloc.hugetlb=0", MADVISE),
+            None
+        );
         assert_eq!(tunables_to_set(Some("OFF"), "", MADVISE), None);
         assert!(tunables_to_set(Some("on"), "", MADVISE).is_some());
         assert_eq!(tunables_to_set(None, "", "[always] madvise never"), None);
         assert_eq!(tunables_to_set(None, "", "always madvise [never]"), None);
-        assert_eq!(tunables_to_set(None, "", ""), None, "no THP file: nothing to ask");
+        assert_eq!(
+            tunables_to_set(None, "", ""),
+            None,
+            "no THP file: nothing to ask"
+        );
     }
 }
