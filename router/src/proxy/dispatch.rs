@@ -157,7 +157,7 @@ impl Dispatcher<'_> {
                 let copies = self
                     .registry
                     .get(source)
-                    .is_some_and(|s| s.spec.engine.pulls_kv() && decode.spec.engine.pulls_kv());
+                    .is_some_and(|s| pulls_between(&s, decode));
                 let copied = match copies {
                     true => self.migrate(step, source, decode, tokens, &mut out).await,
                     false => None,
@@ -276,7 +276,7 @@ impl Dispatcher<'_> {
         tokens: u64,
     ) -> Option<vllm::PullSource> {
         let s = self.registry.get(source)?;
-        if !s.spec.engine.pulls_kv() || !decode.spec.engine.pulls_kv() {
+        if !pulls_between(&s, decode) {
             tracing::debug!(source = %s.spec.name, "engine cannot pull a sealed prefix: recomputing");
             return None;
         }
@@ -514,6 +514,12 @@ fn random_u64() -> u64 {
 /// A typed request body as JSON (these types always serialize).
 fn json_body(v: &impl serde::Serialize) -> Bytes {
     Bytes::from(serde_json::to_vec(v).unwrap_or_default())
+}
+
+/// Whether `decode` can pull a sealed prefix from `source`: both engines pull KV
+/// (`EngineKind::pulls_kv`, what the planner priced the step with).
+fn pulls_between(source: &Worker, decode: &Worker) -> bool {
+    source.spec.engine.pulls_kv() && decode.spec.engine.pulls_kv()
 }
 
 #[cfg(test)]

@@ -132,9 +132,7 @@ impl Cli {
         };
         asked.unwrap_or(RouterSettings::default().worker_threads)
     }
-}
 
-impl Cli {
     /// Whether this command serves traffic until stopped (`up`, `router`, `epp`).
     pub fn serves(&self) -> bool {
         match self.command {

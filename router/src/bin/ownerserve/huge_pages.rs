@@ -1,7 +1,7 @@
 //! Transparent huge pages for the serving commands' heap.
 //!
-//! The router's hottest memory is large and read at random: the approximate KV index (about
-//! 150 MB at its default million blocks), the prompt cache, the session table. With 4 KiB
+//! The router's hottest memory is large and read at random: the approximate KV index (~235
+//! MB of hash table at its default million blocks), the prompt cache, the session table. With 4 KiB
 //! pages nearly every index lookup also misses the TLB; on agent-sized session steps that
 //! was ~12% of the router's core (`docs/BENCHMARKS.md`, issue 19). Under the kernels'
 //! usual `madvise` mode the kernel backs memory with 2 MiB pages only where asked, and
