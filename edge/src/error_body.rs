@@ -96,14 +96,14 @@ impl ErrorBody<'_> {
     }
 }
 
-/// Largest plain-text error body rewritten by [`json_errors`].
+/// Largest plain-text error body rewritten by [`json_error`].
 const PLAIN_ERROR_LIMIT: usize = 16 * 1024;
 
-/// Middleware: an error answer that is not JSON (axum's own rejections of a bad path
+/// An error answer that is not JSON (axum's own rejections of a bad path
 /// parameter or body, a 405 from a router) is rewritten in the JSON shape above, with the
 /// text as its message, so every error a client sees parses the same way.
-pub async fn json_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let resp = next.run(req).await;
+/// Run on every answer by [`crate::tracked`].
+pub async fn json_error(resp: Response) -> Response {
     let status = resp.status();
     let is_json = resp
         .headers()

@@ -7,8 +7,8 @@
 //! - [`auth`]: bearer tokens with read and admin scopes for `/admin/v1`.
 //! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine;
 //!   [`rate_limit`]: token buckets, one per key.
-//! - [`request_id`]: the `X-Request-Id` kept or made, and the middleware that gives each
-//!   request its id, span and [`http_metrics`].
+//! - [`request_id`]: the `X-Request-Id` kept or made; [`tracked`]: the one layer that
+//!   gives each request its id, span, JSON error shape and [`http_metrics`].
 //! - [`exposition`]: the Prometheus text exposition and registration helpers.
 //! - [`process`]: printed lines, binding a listener, signals into a cancellation.
 //! - [`serve`]: serving an app over HTTP/1 with connection limits and timeouts.
@@ -26,3 +26,4 @@ pub mod process;
 pub mod rate_limit;
 pub mod request_id;
 pub mod serve;
+pub mod tracked;

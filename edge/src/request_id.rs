@@ -1,20 +1,11 @@
-//! Request ids and the per-request middleware every server runs: the client's
-//! `X-Request-Id` is kept (or one is made up), put on the request for the handlers (the
-//! proxy sends it on every leg to the workers), returned on the response, and carried by
-//! the request's tracing span; the request is counted and timed ([`HttpMetrics`]).
+//! Request ids: the client's `X-Request-Id` is kept (or one is made up); [`crate::tracked`]
+//! puts it on the request, the response and the request's span.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::OnceLock;
 
-use axum::body::Body;
-use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::middleware::Next;
-use axum::response::Response;
-use tracing::Instrument;
-
-use crate::http_metrics::{Executed, HttpMetrics, TimedBody};
 
 /// The header.
 pub const HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -34,43 +25,23 @@ pub fn of(headers: &HeaderMap) -> HeaderValue {
         .unwrap_or_else(fresh)
 }
 
-/// A process-unique id: start time and a counter.
+/// A process-unique id: the process's start time and a counter.
 fn fresh() -> HeaderValue {
+    static STARTED_MS: OnceLock<u128> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
+    let salt = *STARTED_MS.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    });
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let salt = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    HeaderValue::from_str(&format!("ownerserve-{salt:x}-{n:x}"))
-        .unwrap_or_else(|_| HeaderValue::from_static("ownerserve"))
-}
-
-/// Middleware: request id, span, metrics.
-pub async fn track(
-    State(metrics): State<Arc<HttpMetrics>>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let started = Instant::now();
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", MatchedPath::as_str)
-        .to_owned();
-    let id = of(req.headers());
-    req.headers_mut().insert(HEADER, id.clone());
-    let span = tracing::info_span!(
-        "request",
-        request_id = id.to_str().unwrap_or_default(),
-        method = %req.method(),
-        route = %route,
-    );
-    let resp = next.run(req).instrument(span).await;
-    let (mut parts, body) = resp.into_parts();
-    parts.headers.insert(HEADER, id);
-    let action = parts.extensions.get::<Executed>().map(|e| e.0);
-    let histogram = metrics.answered(&route, parts.status.as_str(), action);
-    Response::from_parts(parts, Body::new(TimedBody::new(body, histogram, started)))
+    // Written on the stack: this runs on every request without an id of its own.
+    let mut buf = [0u8; 64];
+    let mut out = &mut buf[..];
+    let room = out.len();
+    let _ = write!(out, "ownerserve-{salt:x}-{n:x}");
+    let len = room - out.len();
+    HeaderValue::from_bytes(&buf[..len]).unwrap_or_else(|_| HeaderValue::from_static("ownerserve"))
 }
 
 #[cfg(test)]

@@ -188,14 +188,7 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
     if args.fault_injection {
         app = app.merge(rpc::fault_routes(node.clone(), tokens));
     }
-    let app = app
-        .layer(axum::middleware::from_fn(
-            ownerserve_edge::error_body::json_errors,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            http_metrics,
-            ownerserve_edge::request_id::track,
-        ));
+    let app = app.layer(ownerserve_edge::tracked::layer(http_metrics));
     let limits = ownerserve_edge::serve::ConnLimits::default();
     let served = ownerserve_edge::serve::serve(listener, app, limits, shutdown.clone()).await;
     shutdown.cancel();

@@ -29,7 +29,7 @@
 //! Codex requests whose `x-codex-turn-metadata.request_kind` is not `turn` (a compaction).
 //! They are served without the session, so they never claim, move or demote its owner.
 
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderValue};
 
 use ownerserve_shim::openai::ParsedRequest;
 
@@ -59,18 +59,35 @@ pub struct AgentIds<'a> {
     pub harness: Harness,
 }
 
-/// The first of `names` present (each in its hyphen and underscore spelling), non-empty.
-fn header<'a>(headers: &'a HeaderMap, names: &[&str]) -> Option<&'a str> {
-    names
-        .iter()
-        .find_map(|n| value(headers, n).or_else(|| value(headers, &n.replace('-', "_"))))
+/// The value of header `name` (lowercase, with hyphens), or else of its underscore
+/// spelling, if non-empty. One pass over the request's few headers, without allocating:
+/// this runs on every request for each of the harnesses' headers.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut underscored = None;
+    for (n, v) in headers {
+        let n = n.as_str();
+        if n.len() != name.len() {
+            continue;
+        }
+        if n == name {
+            match value(v) {
+                Some(v) => return Some(v),
+                None => continue,
+            }
+        }
+        if underscored.is_none()
+            && n.bytes()
+                .zip(name.bytes())
+                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+        {
+            underscored = Some(v);
+        }
+    }
+    underscored.and_then(value)
 }
 
-fn value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty())
+fn value(v: &HeaderValue) -> Option<&str> {
+    v.to_str().ok().filter(|v| !v.is_empty())
 }
 
 /// The agent identity of a request.
@@ -78,10 +95,10 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
     let no_tools = parsed.template.tools_json.is_none();
     // Claude Code.
     let claude_session =
-        header(headers, &["x-claude-code-session-id"]).or(parsed.user_id_session.as_deref());
+        header(headers, "x-claude-code-session-id").or(parsed.user_id_session.as_deref());
     if let Some(root) = claude_session {
-        let agent = header(headers, &["x-claude-code-agent-id"]);
-        let parent = header(headers, &["x-claude-code-parent-agent-id"]).or(agent.map(|_| root));
+        let agent = header(headers, "x-claude-code-agent-id");
+        let parent = header(headers, "x-claude-code-parent-agent-id").or(agent.map(|_| root));
         return AgentIds {
             agent: Some(agent.unwrap_or(root)),
             root: Some(root),
@@ -92,26 +109,26 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
         };
     }
     // Codex.
-    let codex_session = header(headers, &["session-id"]);
-    let thread = header(headers, &["thread-id"]);
+    let codex_session = header(headers, "session-id");
+    let thread = header(headers, "thread-id");
     if codex_session.is_some() || thread.is_some() {
-        let kind = header(headers, &["x-codex-turn-metadata"])
+        let kind = header(headers, "x-codex-turn-metadata")
             .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
             .and_then(|m| m["request_kind"].as_str().map(str::to_owned));
         return AgentIds {
             agent: thread.or(codex_session),
             root: codex_session.or(thread),
-            parent: header(headers, &["x-codex-parent-thread-id"]),
-            window: header(headers, &["x-codex-window-id"]),
+            parent: header(headers, "x-codex-parent-thread-id"),
+            window: header(headers, "x-codex-window-id"),
             side: kind.is_some_and(|k| k != "turn"),
             harness: Harness::Codex,
         };
     }
     // OpenCode (its x-session-id is ours; x-session-affinity is its own).
-    let affinity = header(headers, &["x-session-affinity"]);
-    let ours = header(headers, &["x-session-id"]);
+    let affinity = header(headers, "x-session-affinity");
+    let ours = header(headers, "x-session-id");
     if let Some(agent) = affinity.or(ours).filter(|_| affinity.is_some()) {
-        let parent = header(headers, &["x-parent-session-id"]);
+        let parent = header(headers, "x-parent-session-id");
         return AgentIds {
             agent: Some(agent),
             root: parent.or(Some(agent)),
@@ -128,7 +145,7 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
     AgentIds {
         agent,
         root: agent,
-        parent: header(headers, &["x-parent-session-id"]),
+        parent: header(headers, "x-parent-session-id"),
         window: None,
         side: false,
         harness: Harness::Generic,

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::upstream::pool::Pooled;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
-use hyper::body::Incoming;
 use serde_json::Value;
 use tokio_util::task::TaskTracker;
 
@@ -427,7 +427,7 @@ impl Dispatcher<'_> {
 
 /// The decode worker's response, and whether an SGLang pair failed on the way.
 pub struct Sent {
-    pub response: hyper::Response<Incoming>,
+    pub response: hyper::Response<Pooled>,
     /// The SGLang prefill leg failed and the decode worker ran the request whole.
     pub pair_failed: bool,
 }

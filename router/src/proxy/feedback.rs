@@ -53,7 +53,7 @@ pub fn accepted(
     view: &StepView<'_>,
     id: &Identity<'_>,
     worker: &Worker,
-    response: &hyper::Response<hyper::body::Incoming>,
+    response: &hyper::Response<crate::upstream::pool::Pooled>,
     prepared: &Prepared,
 ) -> Option<Activity> {
     observe(st, decision, view, id.session, response, prepared);
@@ -97,7 +97,7 @@ fn observe(
     decision: &Decision,
     view: &StepView<'_>,
     session: Option<&str>,
-    response: &hyper::Response<hyper::body::Incoming>,
+    response: &hyper::Response<crate::upstream::pool::Pooled>,
     prepared: &Prepared,
 ) {
     let action = decision.action();

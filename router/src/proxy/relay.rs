@@ -106,7 +106,8 @@ where
         first_byte,
         decoding: None,
         patience,
-        idle: Box::pin(tokio::time::sleep(patience.first)),
+        silent_after: tokio::time::Instant::now() + patience.first,
+        idle: None,
         endpoint,
     };
     Response::from_parts(parts, Body::new(body))
@@ -126,8 +127,12 @@ struct RelayBody<B> {
     /// A stream's first frame and where its decode time goes once it ends.
     decoding: Option<(Instant, Decoded)>,
     patience: Patience,
-    /// Fires when the worker has been silent for `patience.idle`; reset by every frame.
-    idle: Pin<Box<tokio::time::Sleep>>,
+    /// When the worker's silence ends the body: `patience.first` after the relay began,
+    /// then `patience.idle` after each frame.
+    silent_after: tokio::time::Instant,
+    /// The timer for `silent_after`, made only once the body has to wait (a whole answer
+    /// that is ready at once, the common case, never touches the timer wheel).
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The API whose error event ends a failed stream.
     endpoint: Endpoint,
 }
@@ -158,6 +163,19 @@ impl<B: http_body::Body> RelayBody<B> {
         if let Some((first, decoded)) = self.decoding.take().filter(|_| !self.failed) {
             decoded(first.elapsed());
         }
+    }
+
+    /// Whether the worker has been silent past `silent_after` (else the timer wakes `cx`
+    /// when it will have been).
+    fn silence_over(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = self.silent_after;
+        let idle = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if idle.deadline() != deadline {
+            idle.as_mut().reset(deadline);
+        }
+        idle.as_mut().poll(cx).is_ready()
     }
 
     /// Ends the body: an SSE client gets `err` as an event and `[DONE]`.
@@ -200,8 +218,7 @@ where
             if self.inner.is_end_stream() {
                 self.decode_ended();
             }
-            let deadline = tokio::time::Instant::now() + self.patience.idle;
-            self.idle.as_mut().reset(deadline);
+            self.silent_after = tokio::time::Instant::now() + self.patience.idle;
         }
         match polled {
             Poll::Ready(Some(Err(e))) => {
@@ -213,7 +230,7 @@ where
                 };
                 self.fail(err, RelayError::Worker(e.to_string()))
             }
-            Poll::Pending if self.idle.as_mut().poll(cx).is_ready() => {
+            Poll::Pending if self.silence_over(cx) => {
                 let after = if self.first_byte.is_some() {
                     self.patience.first
                 } else {

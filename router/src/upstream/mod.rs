@@ -1,7 +1,9 @@
-//! Talking to workers: one pooled HTTP/1.1 client, the streaming forward of a client's
+//! Talking to workers: one pool of HTTP/1.1 connections ([`pool`]), the streaming forward of a client's
 //! request, and small calls that read a bounded answer (health, metrics, prefill legs,
 //! KV copies). [`EngineCalls`] is the seam the dispatch stage calls engines through, so
 //! its legs can be tested against a fake engine.
+
+pub mod pool;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,24 +12,13 @@ use std::time::Duration;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::error::ApiError;
 use crate::registry::Worker;
+use pool::{Pooled, SendError};
 
 /// The pooled client every worker call goes through.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// How long an idle pooled connection to a worker is kept: well under the 5 s keep-alive of
-/// uvicorn, which serves vLLM's and SGLang's APIs. A connection kept longer can be closed by
-/// the engine just as the router sends on it, and the request fails mid-flight (the
-/// real-engine suite hit it on a loaded machine, at 4 s too: the engine's timer starts when
-/// its answer is sent, ours when the body has been read, and a starved router may sit
-/// between checkout and write). [`request`] also sends such a request again, once.
-const POOL_IDLE: Duration = Duration::from_secs(2);
+pub type HttpClient = pool::Pool;
 
 /// Sends `req`. A request the connection's close cut off before any answer came back (an
 /// engine closing an idle keep-alive connection just as the router wrote on it: the
@@ -35,7 +26,7 @@ const POOL_IDLE: Duration = Duration::from_secs(2);
 async fn request(
     client: &HttpClient,
     req: Request<Full<Bytes>>,
-) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+) -> Result<Response<Pooled>, SendError> {
     let (parts, body) = req.into_parts();
     let copy = || {
         let mut r = Request::new(body.clone());
@@ -45,33 +36,15 @@ async fn request(
         *r.headers_mut() = parts.headers.clone();
         r
     };
-    match client.request(copy()).await {
-        Err(e) if closed_before_answer(&e) => client.request(copy()).await,
+    match client.send(copy()).await {
+        Err(e) if e.closed_before_answer() => client.send(copy()).await,
         other => other,
     }
 }
 
-/// Whether `e` is a connection that closed before the response began.
-fn closed_before_answer(e: &hyper_util::client::legacy::Error) -> bool {
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            return h.is_incomplete_message() || h.is_canceled();
-        }
-        source = s.source();
-    }
-    false
-}
-
-/// Builds the client: no Nagle delay, a short connect timeout so a dead worker fails fast.
+/// Builds the client: a short connect timeout so a dead worker fails fast.
 pub fn client(connect_timeout: Duration) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE)
-        .pool_max_idle_per_host(1024)
-        .build(connector)
+    pool::Pool::new(connect_timeout)
 }
 
 /// Why a forward failed.
@@ -227,7 +200,7 @@ impl Upstream {
         headers: &HeaderMap,
         extra: &[(HeaderName, HeaderValue)],
         body: Bytes,
-    ) -> Result<Response<Incoming>, ForwardError> {
+    ) -> Result<Response<Pooled>, ForwardError> {
         let mut req = Request::post(format!("{}{}", worker.spec.base_url, path))
             .body(Full::new(body))
             .map_err(|_| ForwardError::Failed)?;
