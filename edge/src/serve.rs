@@ -16,7 +16,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -59,13 +59,37 @@ pub async fn serve(
     limits: ConnLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let front = TowerToHyperService::new(app.clone());
+    serve_front(listener, front, app, limits, shutdown).await
+}
+
+/// [`serve`] with `front` answering the connections within `limits.max_connections`: a
+/// service that dispatches its hot routes itself and hands the rest to `app` (axum's
+/// router costs a proxied request ~2 µs). The reserved probe connections are served by
+/// `app`.
+pub async fn serve_front<S>(
+    listener: TcpListener,
+    front: S,
+    app: Router,
+    limits: ConnLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()>
+where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let service = front;
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let probe_slots = Arc::new(Semaphore::new(limits.reserved_probes));
     let graceful = GracefulShutdown::new();
     let tasks = TaskTracker::new();
-    let probe_service =
-        TowerToHyperService::new(app.clone().layer(axum::middleware::from_fn(only_probes)));
-    let service = TowerToHyperService::new(app);
+    let probe_service = TowerToHyperService::new(app.layer(axum::middleware::from_fn(only_probes)));
     loop {
         let stream = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -80,25 +104,22 @@ pub async fn serve(
             },
         };
         let _ = stream.set_nodelay(true);
-        let (slot, service) = match slots.clone().try_acquire_owned() {
-            Ok(slot) => (slot, service.clone()),
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => run(stream, service.clone(), slot, &limits, &graceful, &tasks),
             Err(_) => match probe_slots.clone().try_acquire_owned() {
-                Ok(slot) => (slot, probe_service.clone()),
+                Ok(slot) => run(
+                    stream,
+                    probe_service.clone(),
+                    slot,
+                    &limits,
+                    &graceful,
+                    &tasks,
+                ),
                 Err(_) => {
                     tasks.spawn(refuse(stream));
-                    continue;
                 }
             },
-        };
-        let conn = http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_read)
-            .serve_connection(TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tasks.spawn(async move {
-            let _ = conn.await;
-            drop(slot);
-        });
+        }
     }
     drop(listener);
     if tokio::time::timeout(limits.drain, graceful.shutdown())
@@ -109,6 +130,34 @@ pub async fn serve(
     }
     tasks.close();
     Ok(())
+}
+
+/// Serves one connection with `service` on `tasks`, holding its `slot` until it closes.
+fn run<S>(
+    stream: TcpStream,
+    service: S,
+    slot: OwnedSemaphorePermit,
+    limits: &ConnLimits,
+    graceful: &GracefulShutdown,
+    tasks: &TaskTracker,
+) where
+    S: hyper::service::Service<
+            hyper::Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .serve_connection(TokioIo::new(stream), service);
+    let conn = graceful.watch(conn);
+    tasks.spawn(async move {
+        let _ = conn.await;
+        drop(slot);
+    });
 }
 
 /// On a reserved connection: lets `GET /health` and `GET /metrics` through and answers

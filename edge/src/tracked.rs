@@ -66,30 +66,68 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request) -> Self::Future {
-        let started = Instant::now();
-        let route = req.extensions().get::<MatchedPath>().cloned();
-        let id = request_id::of(req.headers());
-        req.headers_mut().insert(request_id::HEADER, id.clone());
-        let span = tracing::info_span!(
-            "request",
-            request_id = id.to_str().unwrap_or_default(),
-            method = %req.method(),
-            route = route.as_ref().map_or("unmatched", MatchedPath::as_str),
-        );
+    fn call(&mut self, req: Request) -> Self::Future {
+        let route = match req.extensions().get::<MatchedPath>() {
+            Some(m) => Route::Matched(m.clone()),
+            None => Route::Unmatched,
+        };
         // `poll_ready` readied this very service: call it now, await it in the future.
-        let answer = self.inner.call(req).instrument(span);
-        let metrics = self.metrics.clone();
-        Box::pin(async move {
-            let Ok(resp) = answer.await;
-            let resp = crate::error_body::json_error(resp).await;
-            let (mut parts, body) = resp.into_parts();
-            parts.headers.insert(request_id::HEADER, id);
-            let action = parts.extensions.get::<Executed>().map(|e| e.0);
-            let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
-            let histogram = metrics.answered(route, parts.status.as_str(), action);
-            let body = Body::new(TimedBody::new(body, histogram, started));
-            Ok(Response::from_parts(parts, body))
-        })
+        let inner = &mut self.inner;
+        track(&self.metrics, route, req, |req| inner.call(req))
     }
+}
+
+/// The route a request is counted under.
+pub enum Route {
+    /// A route the server matched itself, without axum's router (the proxy's hot routes).
+    Named(&'static str),
+    /// The route axum's router matched.
+    Matched(MatchedPath),
+    /// No route matched (a 404).
+    Unmatched,
+}
+
+impl Route {
+    fn as_str(&self) -> &str {
+        match self {
+            Route::Named(name) => name,
+            Route::Matched(m) => m.as_str(),
+            Route::Unmatched => "unmatched",
+        }
+    }
+}
+
+/// Runs `handler` on `req` as [`Tracked`] runs a route: for a server that dispatches some
+/// routes itself, in front of its axum router.
+pub fn track<F, Fut>(
+    metrics: &Arc<HttpMetrics>,
+    route: Route,
+    mut req: Request,
+    handler: F,
+) -> Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>
+where
+    F: FnOnce(Request) -> Fut,
+    Fut: Future<Output = Result<Response, Infallible>> + Send + 'static,
+{
+    let started = Instant::now();
+    let id = request_id::of(req.headers());
+    req.headers_mut().insert(request_id::HEADER, id.clone());
+    let span = tracing::info_span!(
+        "request",
+        request_id = id.to_str().unwrap_or_default(),
+        method = %req.method(),
+        route = route.as_str(),
+    );
+    let answer = handler(req).instrument(span);
+    let metrics = metrics.clone();
+    Box::pin(async move {
+        let Ok(resp) = answer.await;
+        let resp = crate::error_body::json_error(resp).await;
+        let (mut parts, body) = resp.into_parts();
+        parts.headers.insert(request_id::HEADER, id);
+        let action = parts.extensions.get::<Executed>().map(|e| e.0);
+        let histogram = metrics.answered(route.as_str(), parts.status.as_str(), action);
+        let body = Body::new(TimedBody::new(body, histogram, started));
+        Ok(Response::from_parts(parts, body))
+    })
 }

@@ -1,7 +1,8 @@
 //! The router's HTTP server: the OpenAI proxy (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`), the coding agents' APIs (`/v1/messages`, `/v1/messages/count_tokens`,
 //! `/v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`),
-//! `/health`, and the operator API (`/admin/v1/...`).
+//! `/health`, and the operator API (`/admin/v1/...`). [`front`] serves the hot proxy
+//! routes without axum's router.
 
 use std::sync::Arc;
 
@@ -60,9 +61,12 @@ pub async fn run(
     let state = AppState::start(cfg, &tracker, &shutdown).await?;
     let directory = state.directory.clone();
     let limits = state.cfg.conn_limits;
-    let served = ownerserve_edge::serve::serve(listener, app(state), limits, shutdown.clone())
-        .await
-        .context("router server failed");
+    let router = app(state.clone());
+    let front = front::Front::new(state, router.clone());
+    let served =
+        ownerserve_edge::serve::serve_front(listener, front, router, limits, shutdown.clone())
+            .await
+            .context("router server failed");
     shutdown.cancel();
     tracker.close();
     tracker.wait().await;
@@ -484,5 +488,6 @@ fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
     }
 }
 
+mod front;
 #[cfg(test)]
 mod tests;
