@@ -65,7 +65,7 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
     Ok(json!({
         "class": p.class,
         "action": p.chosen.action,
-        "reason": st.registry.name_workers(&p.reason),
+        "reason": st.registry.name_workers(&p.reason()),
         "chosen": p.chosen,
         "directory_changes": p.changes,
         "inputs": {

@@ -301,10 +301,13 @@ pub struct Plan {
     pub class: StepClass,
     pub chosen: Candidate,
     pub changes: Vec<DirectoryChange>,
-    pub reason: String,
     /// Every candidate considered, in generation order (see [`Plan::ranked`]); dominated
     /// remote prefills only if the input asked for an exhaustive list.
     pub candidates: Vec<Candidate>,
+    /// The next cheapest candidate (an index into `candidates`), for [`Plan::reason`].
+    runner_up: Option<usize>,
+    /// The step's prompt tokens, for [`Plan::reason`].
+    prompt_tokens: u64,
 }
 
 /// Why no plan exists.
@@ -315,6 +318,13 @@ pub enum PlanError {
 }
 
 impl Plan {
+    /// Why the chosen candidate won, in words (for `explain` and debug logs). Written on
+    /// demand: formatting it for every decision cost ~1 µs of a proxied request.
+    pub fn reason(&self) -> String {
+        let runner_up = self.runner_up.and_then(|i| self.candidates.get(i));
+        reason(self.prompt_tokens, &self.chosen, runner_up)
+    }
+
     /// The candidates cheapest first (equal totals keep generation order), for explaining.
     pub fn ranked(&self) -> Vec<&Candidate> {
         let mut out: Vec<&Candidate> = self.candidates.iter().collect();
@@ -329,29 +339,30 @@ impl Plan {
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let all = candidates::generate(input);
     let mut best: Option<(usize, &Candidate)> = None;
-    let mut runner_up: Option<&Candidate> = None;
+    let mut runner_up: Option<(usize, &Candidate)> = None;
     for (i, c) in all.iter().enumerate() {
         match best {
             Some((_, b)) if c.cost.total >= b.cost.total => {
-                if runner_up.is_none_or(|r| c.cost.total < r.cost.total) {
-                    runner_up = Some(c);
+                if runner_up.is_none_or(|(_, r)| c.cost.total < r.cost.total) {
+                    runner_up = Some((i, c));
                 }
             }
             _ => {
-                runner_up = best.map(|(_, b)| b);
+                runner_up = best;
                 best = Some((i, c));
             }
         }
     }
     let chosen = best.map(|(_, c)| c.clone()).ok_or(PlanError::NoWorker)?;
     let changes = changes(input, &chosen);
-    let reason = reason(input, &chosen, runner_up);
+    let runner_up = runner_up.map(|(i, _)| i);
     Ok(Plan {
         class: input.class(),
         chosen,
         changes,
-        reason,
         candidates: all,
+        runner_up,
+        prompt_tokens: input.prompt_tokens,
     })
 }
 
@@ -377,11 +388,11 @@ fn changes(input: &PlanInput<'_>, c: &Candidate) -> Vec<DirectoryChange> {
     out
 }
 
-fn reason(input: &PlanInput<'_>, c: &Candidate, runner_up: Option<&Candidate>) -> String {
+fn reason(prompt_tokens: u64, c: &Candidate, runner_up: Option<&Candidate>) -> String {
     let what = match c.action {
         Action::Colocate => format!(
             "on {}: prefill {} new of {} tokens where the session decodes",
-            c.compute_on, c.compute_tokens, input.prompt_tokens
+            c.compute_on, c.compute_tokens, prompt_tokens
         ),
         Action::RemotePrefill => format!(
             "prefill {} tokens on {}, ship {:.1} MB to {}",

@@ -109,7 +109,7 @@ fn assert_chosen(p: &Plan, action: Action, on: u32) {
         .ranked()
         .windows(2)
         .all(|w| w[0].cost.total <= w[1].cost.total));
-    assert!(p.reason.starts_with(action.name()), "{}", p.reason);
+    assert!(p.reason().starts_with(action.name()), "{}", p.reason());
 }
 
 #[test]

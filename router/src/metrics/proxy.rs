@@ -54,7 +54,6 @@ pub const KV_MOVES: [&str; 3] = ["remote_prefill", "artifact_fetch", "migrate"];
 /// The router's decision and movement metrics.
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
-    policy: String,
     plans: IntCounterVec,
     fallbacks: IntCounterVec,
     decisions: IntCounterVec,
@@ -72,6 +71,22 @@ pub struct ProxyMetrics {
     claims: IntCounterVec,
     queue_time: HistogramVec,
     ttft: HistogramVec,
+    /// Each action's series (in `Action::ALL` order), looked up once: a labelled lookup
+    /// hashes its values under a lock, and a proxied step made ~10 of them (~1 µs).
+    by_action: Vec<ActionSeries>,
+}
+
+/// One action's series of the families labelled by action.
+#[derive(Debug, Clone)]
+struct ActionSeries {
+    plans: IntCounter,
+    fallbacks: IntCounter,
+    queue_time: Histogram,
+    ttft: Histogram,
+    /// By step class, in `StepClass::ALL` order.
+    decisions: Vec<IntCounter>,
+    /// By cost term, in `COST_TERMS` order.
+    cost: Vec<prometheus::Counter>,
 }
 
 impl ProxyMetrics {
@@ -81,8 +96,8 @@ impl ProxyMetrics {
         reason = "one registration per metric family, in exposition order"
     )]
     pub fn register(registry: &Registry, policy: &str) -> prometheus::Result<Self> {
-        let m = Self {
-            policy: policy.to_owned(),
+        let mut m = Self {
+            by_action: Vec::new(),
             plans: counter_vec(
                 registry,
                 "ownerserve_plans_total",
@@ -161,19 +176,26 @@ impl ProxyMetrics {
                 LATENCY_BUCKETS,
             )?,
         };
-        for a in Action::ALL {
-            let action = a.name();
-            m.plans.with_label_values(&[policy, action]);
-            m.fallbacks.with_label_values(&[policy, action]);
-            m.queue_time.with_label_values(&[action]);
-            m.ttft.with_label_values(&[action]);
-            for c in StepClass::ALL {
-                m.decisions.with_label_values(&[action, c.name()]);
-            }
-            for term in COST_TERMS {
-                m.cost.with_label_values(&[action, term]);
-            }
-        }
+        m.by_action = Action::ALL
+            .iter()
+            .map(|a| {
+                let action = a.name();
+                ActionSeries {
+                    plans: m.plans.with_label_values(&[policy, action]),
+                    fallbacks: m.fallbacks.with_label_values(&[policy, action]),
+                    queue_time: m.queue_time.with_label_values(&[action]),
+                    ttft: m.ttft.with_label_values(&[action]),
+                    decisions: StepClass::ALL
+                        .iter()
+                        .map(|c| m.decisions.with_label_values(&[action, c.name()]))
+                        .collect(),
+                    cost: COST_TERMS
+                        .iter()
+                        .map(|term| m.cost.with_label_values(&[action, term]))
+                        .collect(),
+                }
+            })
+            .collect();
         for p in Placement::ALL {
             m.session_steps.with_label_values(&[p.name()]);
         }
@@ -193,26 +215,30 @@ impl ProxyMetrics {
         self.shed.with_label_values(&[reason]).inc();
     }
 
+    /// `a`'s series (every action has them: registered for `Action::ALL`).
+    fn of(&self, a: Action) -> &ActionSeries {
+        let i = Action::ALL.iter().position(|x| *x == a).unwrap_or(0);
+        &self.by_action[i]
+    }
+
     /// A plan was executed.
     pub fn plan(&self, a: Action) {
-        self.plans
-            .with_label_values(&[&self.policy, a.name()])
-            .inc();
+        self.of(a).plans.inc();
     }
 
     /// A plan's transfer leg failed and the decode worker recomputed instead.
     pub fn fallback(&self, a: Action) {
-        self.fallbacks
-            .with_label_values(&[&self.policy, a.name()])
-            .inc();
+        self.of(a).fallbacks.inc();
     }
 
     /// The cost planner chose `plan`.
     pub fn decided(&self, plan: &Plan, weights: ownerserve_planner::plan::Weights) {
-        let action = plan.chosen.action.name();
-        self.decisions
-            .with_label_values(&[action, plan.class.name()])
-            .inc();
+        let series = self.of(plan.chosen.action);
+        let class = StepClass::ALL
+            .iter()
+            .position(|c| *c == plan.class)
+            .unwrap_or(0);
+        series.decisions[class].inc();
         let c = &plan.chosen.cost;
         let terms = [
             c.queue_s,
@@ -222,9 +248,9 @@ impl ProxyMetrics {
             weights.lambda_s_per_gb * c.hbm_bytes / 1e9,
             weights.mu * c.interference_s,
         ];
-        for (term, v) in COST_TERMS.iter().zip(terms) {
+        for (counter, v) in series.cost.iter().zip(terms) {
             if v.is_finite() && v > 0.0 {
-                self.cost.with_label_values(&[action, term]).inc_by(v);
+                counter.inc_by(v);
             }
         }
     }
@@ -262,14 +288,12 @@ impl ProxyMetrics {
 
     /// The decode leg of a step executed as `a` goes out `after` its arrival.
     pub fn dispatched(&self, a: Action, after: Duration) {
-        self.queue_time
-            .with_label_values(&[a.name()])
-            .observe(after.as_secs_f64());
+        self.of(a).queue_time.observe(after.as_secs_f64());
     }
 
     /// The time-to-first-token histogram of steps executed as `a`.
     pub fn ttft(&self, a: Action) -> Histogram {
-        self.ttft.with_label_values(&[a.name()])
+        self.of(a).ttft.clone()
     }
 }
 

@@ -281,8 +281,12 @@ impl Attempt<'_> {
             st.metrics.fallback(action);
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
-            let reason = decision.plan.as_ref().map_or("", |p| p.reason.as_str());
-            let reason = st.registry.name_workers(reason);
+            let reason = decision
+                .plan
+                .as_ref()
+                .map(|p| p.reason())
+                .unwrap_or_default();
+            let reason = st.registry.name_workers(&reason);
             tracing::debug!(action = action.name(), worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
         }
         let activity = feedback::accepted(
