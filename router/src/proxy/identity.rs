@@ -609,7 +609,16 @@ fn prompt_input<'p>(parsed: &'p ParsedRequest<'_>) -> Option<(&'p [u8], &'p [u8]
 /// The prompt cache's key for a sessionless prompt: its first bytes' hash.
 fn content_key(input: &(&[u8], &[u8], bool)) -> String {
     let head = &input.0[..input.0.len().min(CONTENT_KEY_BYTES)];
-    format!("#{:016x}", xxhash_rust::xxh3::xxh3_64(head))
+    let hash = xxhash_rust::xxh3::xxh3_64(head);
+    // `#` and 16 hex digits, written by hand: `format!` took ~0.6 µs of every request.
+    let mut key = String::with_capacity(17);
+    key.push('#');
+    for shift in (0..16).rev() {
+        key.push(char::from(
+            b"0123456789abcdef"[((hash >> (4 * shift)) & 0xf) as usize],
+        ));
+    }
+    key
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -636,6 +645,14 @@ mod tests {
 
     use super::*;
     use crate::upstream::EngineCalls;
+
+    #[test]
+    fn a_content_key_is_the_hash_of_the_first_bytes_in_hex() {
+        let body = b"0123456789";
+        let key = content_key(&(&body[..], &b""[..], false));
+        let hash = xxhash_rust::xxh3::xxh3_64(body);
+        assert_eq!(key, format!("#{hash:016x}"));
+    }
 
     fn chat(text: &str, n: u32) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({

@@ -245,3 +245,96 @@ impl Drop for Pooled {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A worker answering every request with `ok`; counts the connections it accepted.
+    async fn worker() -> (String, Arc<AtomicUsize>, tokio::task::JoinSet<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                conns.spawn(async move {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            return;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                            seen.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            if conn.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted, tasks)
+    }
+
+    fn get(url: &str) -> Request<Full<Bytes>> {
+        Request::get(format!("{url}/health"))
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_once_its_body_was_read_and_never_when_left_early() {
+        let (url, accepted, _worker) = worker().await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for _ in 0..3 {
+            let resp = pool.send(get(&url)).await.expect("answered");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(&body[..], b"ok");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for three requests"
+        );
+        // A body dropped unread: its connection may still carry its bytes, so it closes.
+        drop(pool.send(get(&url)).await.expect("answered"));
+        let resp = pool.send(get(&url)).await.expect("answered");
+        let _ = resp.into_body().collect().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a new connection after one left early"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_refuses_is_a_connect_error_and_a_bad_url_is_refused() {
+        let pool = Pool::new(Duration::from_secs(1));
+        // A port nothing listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let refused = pool.send(get(&format!("http://127.0.0.1:{port}"))).await;
+        assert!(
+            matches!(&refused, Err(e) if e.is_connect()),
+            "{:?}",
+            refused.err()
+        );
+        let bad = pool.send(get("https://127.0.0.1:1")).await;
+        assert!(matches!(bad, Err(SendError::BadUrl(_))));
+    }
+}
