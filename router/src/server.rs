@@ -1,7 +1,7 @@
 //! The router's HTTP server: the OpenAI proxy (`/v1/chat/completions`, `/v1/completions`,
 //! `/v1/models`), the coding agents' APIs (`/v1/messages`, `/v1/messages/count_tokens`,
 //! `/v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`),
-//! `/health`, and the operator API (`/admin/v1/...`). [`front`] serves the hot proxy
+//! `/health`, and the operator API (`/admin/v1/...`). `server/front.rs` serves the hot proxy
 //! routes without axum's router.
 
 use std::sync::Arc;
