@@ -84,7 +84,6 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let service = front;
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let probe_slots = Arc::new(Semaphore::new(limits.reserved_probes));
     let graceful = GracefulShutdown::new();
@@ -105,7 +104,7 @@ where
         };
         let _ = stream.set_nodelay(true);
         match slots.clone().try_acquire_owned() {
-            Ok(slot) => run(stream, service.clone(), slot, &limits, &graceful, &tasks),
+            Ok(slot) => run(stream, front.clone(), slot, &limits, &graceful, &tasks),
             Err(_) => match probe_slots.clone().try_acquire_owned() {
                 Ok(slot) => run(
                     stream,

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use prometheus::{CounterVec, Histogram, HistogramVec, IntCounter, IntCounterVec, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
 
 use ownerserve_planner::plan::{Action, Plan, StepClass};
 
@@ -54,10 +54,6 @@ pub const KV_MOVES: [&str; 3] = ["remote_prefill", "artifact_fetch", "migrate"];
 /// The router's decision and movement metrics.
 #[derive(Debug, Clone)]
 pub struct ProxyMetrics {
-    plans: IntCounterVec,
-    fallbacks: IntCounterVec,
-    decisions: IntCounterVec,
-    cost: CounterVec,
     session_steps: IntCounterVec,
     kv_moved: IntCounterVec,
     migrations: IntCounter,
@@ -69,8 +65,6 @@ pub struct ProxyMetrics {
     shed: IntCounterVec,
     /// New sessions' owner claims, by result.
     claims: IntCounterVec,
-    queue_time: HistogramVec,
-    ttft: HistogramVec,
     /// Each action's series (in `Action::ALL` order), looked up once: a labelled lookup
     /// hashes its values under a lock, and a proxied step made ~10 of them (~1 µs).
     by_action: Vec<ActionSeries>,
@@ -96,113 +90,119 @@ impl ProxyMetrics {
         reason = "one registration per metric family, in exposition order"
     )]
     pub fn register(registry: &Registry, policy: &str) -> prometheus::Result<Self> {
-        let mut m = Self {
-            by_action: Vec::new(),
-            plans: counter_vec(
-                registry,
-                "ownerserve_plans_total",
-                "Plans executed, by policy and action (baselines map to the action they amount to).",
-                &["policy", "action"],
-            )?,
-            fallbacks: counter_vec(
-                registry,
-                "ownerserve_plan_fallbacks_total",
-                "Plans whose KV transfer leg failed and were recomputed on the decode worker.",
-                &["policy", "action"],
-            )?,
-            decisions: counter_vec(
-                registry,
-                "ownerserve_planner_decisions_total",
-                "Cost-planner decisions, by chosen action and step class.",
-                &["action", "class"],
-            )?,
-            cost: float_counter_vec(
-                registry,
-                "ownerserve_planner_cost_seconds_total",
-                "Sum of the chosen plans' cost terms in seconds (hbm and interference weighted by lambda and mu), by action and term.",
-                &["action", "term"],
-            )?,
-            session_steps: counter_vec(
-                registry,
-                "ownerserve_session_steps_total",
-                "Routed steps of sessions, by where they ran against the directory's decode owner, or a demoted session's sealed-prefix owner (owner, elsewhere, unowned).",
-                &["placement"],
-            )?,
-            kv_moved: counter_vec(
-                registry,
-                "ownerserve_kv_moved_bytes_total",
-                "KV bytes moved between workers, as the receiving workers reported, by kind.",
-                &["kind"],
-            )?,
-            migrations: counter(
-                registry,
-                "ownerserve_migrations_total",
-                "Sessions whose ownership moved after their KV was copied to the target.",
-            )?,
-            demotions: counter(
-                registry,
-                "ownerserve_session_demotions_total",
-                "Idle sessions demoted when their lease lapsed.",
-            )?,
-            shed: counter_vec(
-                registry,
-                "ownerserve_admission_shed_total",
-                "Requests refused with a 429: the model's queue was full, no slot freed within queue_timeout_ms, or the API key was over its rate limit.",
-                &["reason"],
-            )?,
-            claims: counter_vec(
-                registry,
-                "ownerserve_ownership_claims_total",
-                "Owner claims committed before a session's first step (or a step of a session without a live owner): won, lost to another router (the step went to the winner), or failed (no answer within ownership_claim_timeout_ms; the step went where planned).",
-                &["result"],
-            )?,
-            ownership_records_dropped: counter(
-                registry,
-                "ownerserve_ownership_records_dropped_total",
-                "Routed requests whose ownership records were dropped because the directory sync was too far behind (a directory outage).",
-            )?,
-            queue_time: histogram_vec(
-                registry,
-                "ownerserve_request_queue_time_seconds",
-                "Time from a request's arrival until its decode leg is sent: planning, directory lookup and any prefill, pull or migration leg.",
-                &["action"],
-                LATENCY_BUCKETS,
-            )?,
-            ttft: histogram_vec(
-                registry,
-                "ownerserve_time_to_first_token_seconds",
-                "Time from a request's arrival until the first byte of the decode worker's response reached the router.",
-                &["action"],
-                LATENCY_BUCKETS,
-            )?,
-        };
-        m.by_action = Action::ALL
+        let plans = counter_vec(
+            registry,
+            "ownerserve_plans_total",
+            "Plans executed, by policy and action (baselines map to the action they amount to).",
+            &["policy", "action"],
+        )?;
+        let fallbacks = counter_vec(
+            registry,
+            "ownerserve_plan_fallbacks_total",
+            "Plans whose KV transfer leg failed and were recomputed on the decode worker.",
+            &["policy", "action"],
+        )?;
+        let decisions = counter_vec(
+            registry,
+            "ownerserve_planner_decisions_total",
+            "Cost-planner decisions, by chosen action and step class.",
+            &["action", "class"],
+        )?;
+        let cost = float_counter_vec(
+            registry,
+            "ownerserve_planner_cost_seconds_total",
+            "Sum of the chosen plans' cost terms in seconds (hbm and interference weighted by lambda and mu), by action and term.",
+            &["action", "term"],
+        )?;
+        let session_steps = counter_vec(
+            registry,
+            "ownerserve_session_steps_total",
+            "Routed steps of sessions, by where they ran against the directory's decode owner, or a demoted session's sealed-prefix owner (owner, elsewhere, unowned).",
+            &["placement"],
+        )?;
+        let kv_moved = counter_vec(
+            registry,
+            "ownerserve_kv_moved_bytes_total",
+            "KV bytes moved between workers, as the receiving workers reported, by kind.",
+            &["kind"],
+        )?;
+        let migrations = counter(
+            registry,
+            "ownerserve_migrations_total",
+            "Sessions whose ownership moved after their KV was copied to the target.",
+        )?;
+        let demotions = counter(
+            registry,
+            "ownerserve_session_demotions_total",
+            "Idle sessions demoted when their lease lapsed.",
+        )?;
+        let shed = counter_vec(
+            registry,
+            "ownerserve_admission_shed_total",
+            "Requests refused with a 429: the model's queue was full, no slot freed within queue_timeout_ms, or the API key was over its rate limit.",
+            &["reason"],
+        )?;
+        let claims = counter_vec(
+            registry,
+            "ownerserve_ownership_claims_total",
+            "Owner claims committed before a session's first step (or a step of a session without a live owner): won, lost to another router (the step went to the winner), or failed (no answer within ownership_claim_timeout_ms; the step went where planned).",
+            &["result"],
+        )?;
+        let ownership_records_dropped = counter(
+            registry,
+            "ownerserve_ownership_records_dropped_total",
+            "Routed requests whose ownership records were dropped because the directory sync was too far behind (a directory outage).",
+        )?;
+        let queue_time = histogram_vec(
+            registry,
+            "ownerserve_request_queue_time_seconds",
+            "Time from a request's arrival until its decode leg is sent: planning, directory lookup and any prefill, pull or migration leg.",
+            &["action"],
+            LATENCY_BUCKETS,
+        )?;
+        let ttft = histogram_vec(
+            registry,
+            "ownerserve_time_to_first_token_seconds",
+            "Time from a request's arrival until the first byte of the decode worker's response reached the router.",
+            &["action"],
+            LATENCY_BUCKETS,
+        )?;
+        let by_action = Action::ALL
             .iter()
             .map(|a| {
                 let action = a.name();
                 ActionSeries {
-                    plans: m.plans.with_label_values(&[policy, action]),
-                    fallbacks: m.fallbacks.with_label_values(&[policy, action]),
-                    queue_time: m.queue_time.with_label_values(&[action]),
-                    ttft: m.ttft.with_label_values(&[action]),
+                    plans: plans.with_label_values(&[policy, action]),
+                    fallbacks: fallbacks.with_label_values(&[policy, action]),
+                    queue_time: queue_time.with_label_values(&[action]),
+                    ttft: ttft.with_label_values(&[action]),
                     decisions: StepClass::ALL
                         .iter()
-                        .map(|c| m.decisions.with_label_values(&[action, c.name()]))
+                        .map(|c| decisions.with_label_values(&[action, c.name()]))
                         .collect(),
                     cost: COST_TERMS
                         .iter()
-                        .map(|term| m.cost.with_label_values(&[action, term]))
+                        .map(|term| cost.with_label_values(&[action, term]))
                         .collect(),
                 }
             })
             .collect();
         for p in Placement::ALL {
-            m.session_steps.with_label_values(&[p.name()]);
+            session_steps.with_label_values(&[p.name()]);
         }
         for kind in KV_MOVES {
-            m.kv_moved.with_label_values(&[kind]);
+            kv_moved.with_label_values(&[kind]);
         }
-        Ok(m)
+        Ok(Self {
+            session_steps,
+            kv_moved,
+            migrations,
+            demotions,
+            shed,
+            claims,
+            ownership_records_dropped,
+            by_action,
+        })
     }
 
     /// Counts a session owner claim by its result.

@@ -26,19 +26,17 @@ use crate::state::AppState;
 pub struct Front {
     state: Arc<AppState>,
     app: Router,
-    /// No client keys and no rates: the hot routes need no gate.
-    open: bool,
 }
 
 impl Front {
     pub fn new(state: Arc<AppState>, app: Router) -> Self {
-        let open = state.client_gate.is_open();
-        Self { state, app, open }
+        Self { state, app }
     }
 
-    /// The hot route `req` is for, if any.
+    /// The hot route `req` is for, if any (none while client keys or rates are set: those
+    /// requests go through the router's gate).
     fn hot(&self, req: &hyper::Request<Incoming>) -> Option<(Endpoint, &'static str)> {
-        if !self.open || req.method() != Method::POST {
+        if !self.state.client_gate.is_open() || req.method() != Method::POST {
             return None;
         }
         match req.uri().path() {
