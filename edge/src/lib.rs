@@ -8,7 +8,8 @@
 //! - [`api_keys`]: the client API's keys (`/v1`), never passed on to an engine;
 //!   [`rate_limit`]: token buckets, one per key.
 //! - [`request_id`]: the `X-Request-Id` kept or made; [`tracked`]: the one layer that
-//!   gives each request its id, span, JSON error shape and [`http_metrics`].
+//!   gives each request its id, JSON error shape and [`http_metrics`], and puts
+//!   it in [`request_scope`] for its log lines.
 //! - [`exposition`]: the Prometheus text exposition and registration helpers.
 //! - [`process`]: printed lines, binding a listener, signals into a cancellation.
 //! - [`serve`]: serving an app over HTTP/1 with connection limits and timeouts.
@@ -25,5 +26,6 @@ pub mod http_metrics;
 pub mod process;
 pub mod rate_limit;
 pub mod request_id;
+pub mod request_scope;
 pub mod serve;
 pub mod tracked;

@@ -5,7 +5,8 @@
 //! "A leaner HTTP path"). In order:
 //!
 //! - the request's id ([`crate::request_id::of`]) is put on the request (the proxy sends
-//!   it on every leg to the workers) and on the response, and carried by its span;
+//!   it on every leg to the workers) and on the response, and is in scope for the log
+//!   lines written while it is served ([`crate::request_scope`]);
 //! - an error answer that is not JSON is rewritten in OpenAI's shape
 //!   ([`crate::error_body::json_error`]);
 //! - the request is counted and timed until its body ends ([`HttpMetrics`]).
@@ -20,10 +21,10 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
 use axum::response::Response;
-use tracing::Instrument;
 
 use crate::http_metrics::{Executed, HttpMetrics, TimedBody};
 use crate::request_id;
+use crate::request_scope::{self, RequestScope};
 
 /// The layer: `router.layer(tracked::layer(metrics))`.
 #[derive(Clone)]
@@ -79,6 +80,7 @@ where
 }
 
 /// The route a request is counted under.
+#[derive(Clone)]
 pub enum Route {
     /// A route the server matched itself, without axum's router (the proxy's hot routes).
     Named(&'static str),
@@ -89,7 +91,7 @@ pub enum Route {
 }
 
 impl Route {
-    fn as_str(&self) -> &str {
+    pub fn as_str(&self) -> &str {
         match self {
             Route::Named(name) => name,
             Route::Matched(m) => m.as_str(),
@@ -113,13 +115,12 @@ where
     let started = Instant::now();
     let id = request_id::of(req.headers());
     req.headers_mut().insert(request_id::HEADER, id.clone());
-    let span = tracing::info_span!(
-        "request",
-        request_id = id.to_str().unwrap_or_default(),
-        method = %req.method(),
-        route = route.as_str(),
-    );
-    let answer = handler(req).instrument(span);
+    let scope = RequestScope {
+        request_id: id.clone(),
+        method: req.method().clone(),
+        route: route.clone(),
+    };
+    let answer = request_scope::scoped(scope, handler(req));
     let metrics = metrics.clone();
     Box::pin(async move {
         let Ok(resp) = answer.await;
