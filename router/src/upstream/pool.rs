@@ -258,6 +258,12 @@ mod tests {
 
     /// A worker answering every request with `ok`; counts the connections it accepted.
     async fn worker() -> (String, Arc<AtomicUsize>, tokio::task::JoinSet<()>) {
+        worker_closing(false).await
+    }
+
+    /// [`worker`], closing each connection after its first answer when `close` (as an
+    /// engine closes a keep-alive connection it found idle too long).
+    async fn worker_closing(close: bool) -> (String, Arc<AtomicUsize>, tokio::task::JoinSet<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
         let url = format!("http://{}", listener.local_addr().expect("address"));
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -278,7 +284,7 @@ mod tests {
                         while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
                             seen.drain(..end + 4);
                             let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                            if conn.write_all(answer).await.is_err() {
+                            if conn.write_all(answer).await.is_err() || close {
                                 return;
                             }
                         }
@@ -318,6 +324,20 @@ mod tests {
             2,
             "a new connection after one left early"
         );
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_worker_closed_while_idle_is_dropped_and_a_new_one_opened() {
+        let (url, accepted, _worker) = worker_closing(true).await;
+        let pool = Pool::new(Duration::from_secs(1));
+        for round in 1..=3 {
+            let resp = pool.send(get(&url)).await.expect("answered");
+            let body = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(&body[..], b"ok");
+            // Let the worker's close arrive before the next request takes the connection.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            assert_eq!(accepted.load(Ordering::SeqCst), round);
+        }
     }
 
     #[tokio::test]
