@@ -120,7 +120,9 @@ where
         method: req.method().clone(),
         route: route.clone(),
     };
-    let answer = request_scope::scoped(scope, handler(req));
+    // Boxed at once: the handler's future (the proxy's is several KB) is then moved by
+    // pointer into the scope and this future, not copied twice (~0.5 µs a request).
+    let answer = request_scope::scoped(scope, Box::pin(handler(req)));
     let metrics = metrics.clone();
     Box::pin(async move {
         let Ok(resp) = answer.await;

@@ -243,8 +243,8 @@ impl PromptHasher {
             seed,
             same,
         } = self.kept(&parsed.model, session, hashing, digest);
-        if let (true, Some(prev)) = (same, prev.as_ref()) {
-            self.remember(key, prev, digest);
+        // The lookup made it the most recently used: nothing to keep again.
+        if let (true, Some(prev)) = (same, &prev) {
             return Ok(prev.clone());
         }
         let input = model_input(tokenizer, parsed)?;
@@ -292,8 +292,8 @@ impl PromptHasher {
             seed,
             same,
         } = self.kept(model, session, hashing, digest);
-        if let (true, Some(prev)) = (same, prev.as_ref()) {
-            self.remember(key, prev, digest);
+        // The lookup made it the most recently used: nothing to keep again.
+        if let (true, Some(prev)) = (same, &prev) {
             return Ok(prev.clone());
         }
         let keep = key.is_some();
@@ -356,7 +356,13 @@ impl PromptHasher {
         hashing: Hashing,
         digest: InputDigest,
     ) -> Kept {
-        let key = session.map(|s| format!("{model}\u{1f}{s}"));
+        let key = session.map(|s| {
+            let mut key = String::with_capacity(model.len() + 1 + s.len());
+            key.push_str(model);
+            key.push('\u{1f}');
+            key.push_str(s);
+            key
+        });
         let found = key.as_deref().and_then(|k| self.cache.lookup(k));
         let same = found.as_ref().is_some_and(|(_, d)| d.matches(digest));
         Kept {

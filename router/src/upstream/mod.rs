@@ -9,7 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 
@@ -25,21 +25,40 @@ pub type HttpClient = pool::Pool;
 /// engine read nothing) is sent once more, on another connection.
 async fn request(
     client: &HttpClient,
-    req: Request<Full<Bytes>>,
+    build: impl Fn() -> Request<Full<Bytes>>,
 ) -> Result<Response<Pooled>, SendError> {
-    let (parts, body) = req.into_parts();
-    let copy = || {
-        let mut r = Request::new(body.clone());
-        *r.method_mut() = parts.method.clone();
-        *r.uri_mut() = parts.uri.clone();
-        *r.version_mut() = parts.version;
-        *r.headers_mut() = parts.headers.clone();
-        r
-    };
-    match client.send(copy()).await {
-        Err(e) if e.closed_before_answer() => client.send(copy()).await,
+    // Built again for the one retry rather than cloned ahead for it (~0.3 µs a request).
+    match client.send(build()).await {
+        Err(e) if e.closed_before_answer() => client.send(build()).await,
         other => other,
     }
+}
+
+/// A request with `method`, `uri`, `headers` (a later one replacing an earlier one of the
+/// same name) and `body` (shared, not copied).
+fn built(
+    method: &Method,
+    uri: &Uri,
+    headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
+    body: &Bytes,
+) -> Request<Full<Bytes>> {
+    let mut req = Request::new(Full::new(body.clone()));
+    *req.method_mut() = method.clone();
+    *req.uri_mut() = uri.clone();
+    // Inserted, not appended: a later header of the same name replaces an earlier one.
+    let out = req.headers_mut();
+    for (name, value) in headers {
+        out.insert(name, value);
+    }
+    req
+}
+
+/// The URI of `path` on the worker at `base_url`.
+fn worker_uri(base_url: &str, path: &str) -> Result<Uri, ForwardError> {
+    let mut url = String::with_capacity(base_url.len() + path.len());
+    url.push_str(base_url);
+    url.push_str(path);
+    Uri::try_from(url).map_err(|_| ForwardError::Failed)
 }
 
 /// Builds the client: a short connect timeout so a dead worker fails fast.
@@ -105,13 +124,13 @@ pub async fn get_small_as(
     authorization: Option<&HeaderValue>,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
-    let mut req = Request::get(format!("{base_url}{path}"))
-        .body(Full::new(Bytes::new()))
-        .map_err(|_| ForwardError::Failed)?;
-    if let Some(a) = authorization {
-        req.headers_mut().insert(header::AUTHORIZATION, a.clone());
-    }
-    send_small(client, req, timeout).await
+    let uri = worker_uri(base_url, path)?;
+    let body = Bytes::new();
+    let build = || {
+        let auth = authorization.map(|a| (header::AUTHORIZATION, a.clone()));
+        built(&Method::GET, &uri, auth, &body)
+    };
+    send_small(client, build, timeout).await
 }
 
 /// POSTs a JSON body with `headers` to `path` on a worker and reads its (small) answer:
@@ -124,26 +143,30 @@ async fn post_small(
     body: Bytes,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
-    let mut req = Request::post(format!("{base_url}{path}"))
-        .body(Full::new(body))
-        .map_err(|_| ForwardError::Failed)?;
-    req.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    for (name, v) in headers {
-        req.headers_mut().insert(name, v.clone());
-    }
-    send_small(client, req, timeout).await
+    let uri = worker_uri(base_url, path)?;
+    let build = || {
+        let json = (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        let extra = headers.iter().map(|(n, v)| (n.clone(), v.clone()));
+        built(
+            &Method::POST,
+            &uri,
+            std::iter::once(json).chain(extra),
+            &body,
+        )
+    };
+    send_small(client, build, timeout).await
 }
 
 async fn send_small(
     client: &HttpClient,
-    req: Request<Full<Bytes>>,
+    build: impl Fn() -> Request<Full<Bytes>>,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let read = async {
-        let resp = request(client, req).await.map_err(|e| {
+        let resp = request(client, build).await.map_err(|e| {
             if e.is_connect() {
                 ForwardError::Connect
             } else {
@@ -201,26 +224,27 @@ impl Upstream {
         extra: &[(HeaderName, HeaderValue)],
         body: Bytes,
     ) -> Result<Response<Pooled>, ForwardError> {
-        let mut req = Request::post(format!("{}{}", worker.spec.base_url, path))
-            .body(Full::new(body))
-            .map_err(|_| ForwardError::Failed)?;
-        let out = req.headers_mut();
-        out.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        for name in FORWARDED {
-            if let Some(v) = headers.get(*name) {
-                out.insert(HeaderName::from_static(name), v.clone());
-            }
-        }
-        if let Some(v) = headers.get("x-request-id") {
-            out.insert("x-request-id", v.clone());
-        }
-        for (name, v) in extra {
-            out.insert(name, v.clone());
-        }
-        match tokio::time::timeout(self.timeout, request(&self.client, req)).await {
+        let uri = worker_uri(&worker.spec.base_url, path)?;
+        let build = || {
+            let json = (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            let forwarded = FORWARDED
+                .iter()
+                .chain(&["x-request-id"])
+                .filter_map(|name| {
+                    Some((HeaderName::from_static(name), headers.get(*name)?.clone()))
+                });
+            let extra = extra.iter().map(|(n, v)| (n.clone(), v.clone()));
+            built(
+                &Method::POST,
+                &uri,
+                std::iter::once(json).chain(forwarded).chain(extra),
+                &body,
+            )
+        };
+        match tokio::time::timeout(self.timeout, request(&self.client, build)).await {
             Err(_) => Err(ForwardError::Timeout(self.timeout)),
             Ok(Err(e)) if e.is_connect() => Err(ForwardError::Connect),
             Ok(Err(_)) => Err(ForwardError::Failed),
