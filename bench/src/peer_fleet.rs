@@ -38,7 +38,9 @@ fn spawn(cpu: u32, program: &str, args: &[&str], stdout: bool) -> anyhow::Result
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", &cpu.to_string(), program])
         .args(args)
-        .env("OWNERSERVE_LOG", "error,openraft=off")
+        // OwnerServe logs at its default level, as deployed: its per-request logging costs
+        // are measured, not switched off.
+        .env_remove("OWNERSERVE_LOG")
         .stdin(Stdio::null())
         .stdout(if stdout {
             Stdio::piped()
