@@ -277,10 +277,12 @@ impl PromptHasher {
         self.compute(size, digest, key, work).await
     }
 
-    /// The prompt's tokens and block hashes by the built-in tokenizer.
+    /// The prompt's tokens and block hashes by the built-in tokenizer; `render` makes the
+    /// prompt, only when the cache does not hold this very input already (rendering a
+    /// chat is most of what a prompt sent again would cost). No prompt: no tokens.
     pub async fn hash(
         &self,
-        prompt: RenderedPrompt,
+        render: impl FnOnce() -> Option<RenderedPrompt>,
         model: &str,
         session: Option<&str>,
         hashing: Hashing,
@@ -296,6 +298,9 @@ impl PromptHasher {
         if let (true, Some(prev)) = (same, &prev) {
             return Ok(prev.clone());
         }
+        let Some(prompt) = render() else {
+            return Ok(Arc::default());
+        };
         let keep = key.is_some();
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
@@ -553,19 +558,17 @@ pub async fn identify<'a>(
         || matches!(&parsed.prompt, Prompt::Completion(p) if matches!(p.first(), Some(PromptInput::Tokens(_))));
     let prompt = match by_model {
         Some(prompt) => prompt,
-        None => match parsed.rendered_prompts().into_iter().next() {
+        None => {
             // An engine model's stand-in tokens are not its engine's: kept, never reused whole.
-            Some(prompt) => {
-                let digest = match hasher.tokenizer_of(&parsed.model, served.as_ref()) {
-                    Some(ModelTokenizer::Engine) => InputDigest::default(),
-                    _ => digest,
-                };
-                hasher
-                    .hash(prompt, &parsed.model, kept_as, hashing, digest)
-                    .await?
-            }
-            None => Arc::default(),
-        },
+            let digest = match hasher.tokenizer_of(&parsed.model, served.as_ref()) {
+                Some(ModelTokenizer::Engine) => InputDigest::default(),
+                _ => digest,
+            };
+            let render = || parsed.rendered_prompts().into_iter().next();
+            hasher
+                .hash(render, &parsed.model, kept_as, hashing, digest)
+                .await?
+        }
     };
     if let Some(limit) = served.and_then(|m| m.max_model_len).filter(|_| exact) {
         let (tokens, completion) = (
