@@ -52,6 +52,7 @@ pub enum Route {
 }
 
 impl Route {
+    /// The route as metrics count it and log lines name it.
     pub fn as_str(&self) -> &str {
         match self {
             Route::Named(name) => name,
