@@ -21,7 +21,6 @@
 //! predicted time and found a tenth of their prefix left.)
 
 use crate::ids::Role;
-use crate::roofline::StepWork;
 use crate::spec::ModelSpec;
 
 use super::PlanWorker;
@@ -101,21 +100,7 @@ fn decode_growth_tokens(w: &PlanWorker, model: &ModelSpec, wait_s: f64) -> u64 {
     if running == 0 || wait_s <= 0.0 {
         return 0;
     }
-    let held = match (w.kv_capacity_tokens, w.kv_free_tokens) {
-        (Some(c), Some(f)) => c.saturating_sub(f),
-        _ => 0,
-    };
-    let step = w
-        .roofline
-        .step_time(
-            model,
-            &StepWork {
-                decode_seqs: running,
-                decode_context_tokens: held,
-                ..StepWork::default()
-            },
-        )
-        .total_s;
+    let step = super::decode::decode_step_s(w, model, 0, 0);
     if step <= 0.0 {
         return 0;
     }

@@ -5,6 +5,7 @@ use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepWork};
 
 use super::admission::admitted_view;
+use super::decode::{expected_decode_steps, marginal_decode_s};
 use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
@@ -253,6 +254,8 @@ struct Pricing<'a, 'b> {
     prompt_bytes: f64,
     /// Sealed bytes of the prompt's tokens the artifact covers; 0 without one.
     artifact_sealed: f64,
+    /// Decode steps the step is expected to run (`decode::expected_decode_steps`).
+    decode_steps: Option<f64>,
 }
 
 impl<'a, 'b> Pricing<'a, 'b> {
@@ -264,6 +267,9 @@ impl<'a, 'b> Pricing<'a, 'b> {
             artifact_sealed: input
                 .artifact
                 .map_or(0.0, |a| bytes(a.tokens.min(input.prompt_tokens)).sealed),
+            decode_steps: (input.weights.rho > 0.0)
+                .then(|| expected_decode_steps(input.workers, input.model))
+                .flatten(),
         }
     }
 }
@@ -380,6 +386,14 @@ impl Pricing<'_, '_> {
         s
     }
 
+    /// Decode-seconds of the step's expected decode on `d` (`decode.rs`); 0 before any
+    /// decode lifetime is observed.
+    fn decode_s(&self, d: &PlanWorker) -> f64 {
+        self.decode_steps.map_or(0.0, |steps| {
+            marginal_decode_s(d, self.input.model, self.prompt(), steps)
+        })
+    }
+
     /// Decode-seconds `work` on `w` stalls the sequences decoding there: the marginal
     /// interference of the prefill on its running batch (`interference.rs`).
     fn interference_s(&self, w: &PlanWorker, work: Work) -> f64 {
@@ -445,7 +459,8 @@ impl Pricing<'_, '_> {
             self.interference_s(compute_on, work),
         )
         .with_eviction(self.eviction_s(decode_on))
-        .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64);
+        .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64)
+        .with_decode(self.input.weights, self.decode_s(decode_on));
         Candidate {
             action,
             compute_on: compute_on.id,

@@ -4,8 +4,8 @@ use serde::Serialize;
 
 use super::Weights;
 
-/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict + ν·D_queue
-/// (+ H_migrate) (+ κ·R_dup for a fork's copy) (+ T_host)`, with each
+/// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
+/// ν·D_queue + ρ·D_decode (+ H_migrate) (+ κ·R_dup for a fork's copy) (+ T_host)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -40,6 +40,9 @@ pub struct CostTerms {
     /// Copying the prompt's host-cached tokens back into HBM over PCIe, seconds (0 when
     /// recomputing them is cheaper, or the worker holds none in host memory).
     pub host_restore_s: f64,
+    /// Decode-seconds of the step's expected decode on its decode worker, its own and what
+    /// it adds to the sequences running there (`decode.rs`); weighted by ρ.
+    pub decode_s: f64,
     /// The weighted sum, seconds.
     pub total: f64,
 }
@@ -73,6 +76,7 @@ impl CostTerms {
             hysteresis_s: 0.0,
             duplicate_s: 0.0,
             host_restore_s: 0.0,
+            decode_s: 0.0,
             total,
         }
     }
@@ -81,6 +85,13 @@ impl CostTerms {
     pub fn with_host_restore(mut self, s: f64) -> Self {
         self.host_restore_s = s;
         self.total += s;
+        self
+    }
+
+    /// The same terms with `decode_s` decode-seconds on the decode worker added, at ρ.
+    pub fn with_decode(mut self, weights: Weights, decode_s: f64) -> Self {
+        self.decode_s = decode_s;
+        self.total += weights.rho * decode_s;
         self
     }
 

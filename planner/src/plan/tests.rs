@@ -587,6 +587,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             migrate_hysteresis: rng.next_f64() * 4.0,
             nu: rng.next_f64() * 2.0,
             kappa: rng.next_f64() * 2.0,
+            rho: rng.next_f64() * 0.5,
         };
     }
     s
@@ -1016,4 +1017,44 @@ fn a_fetch_restores_what_the_target_holds_in_host_memory_and_pulls_only_the_rest
     let slow = fetch_with_host(32_000, 10.0);
     assert_eq!(slow.restored_tokens, 0);
     assert_eq!(slow.network_bytes, none.network_bytes);
+}
+
+#[test]
+fn a_new_session_decodes_where_the_least_context_runs_not_where_the_fewest_sequences_do() {
+    // Two idle-queued decoders: `0` runs 10 sequences holding 300K KV tokens, `1` runs 14
+    // holding 100K. By count `0` is lighter; by what a decode step reads it is heavier.
+    let decoder = |id, decoding, running: u64| {
+        let mut w = worker(id, Role::Hybrid);
+        w.decoding = decoding;
+        w.kv_capacity_tokens = Some(430_000);
+        w.kv_free_tokens = Some(430_000 - running);
+        w.decode_lifetime_s = Some(5.0);
+        w
+    };
+    let mut s = Scenario::new(
+        8_000,
+        vec![decoder(0, 10, 300_000), decoder(1, 14, 100_000)],
+    );
+    let p = s.plan();
+    assert_eq!(p.chosen.decode_on, WorkerId(1), "{}", p.reason());
+    let on = |p: &Plan, id| {
+        p.candidates
+            .iter()
+            .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(id))
+            .map(|c| c.cost.decode_s)
+            .unwrap()
+    };
+    assert!(on(&p, 0) > on(&p, 1));
+    // Without the decode term the step is priced up to its first token only, where the
+    // decoder with fewer sequences to stall is cheaper.
+    s.weights.rho = 0.0;
+    assert_eq!(s.plan().chosen.decode_on, WorkerId(0));
+    // Before any decode lifetime is observed, the term is 0 and changes nothing.
+    s.weights.rho = Weights::default().rho;
+    for w in &mut s.workers {
+        w.decode_lifetime_s = None;
+    }
+    let p = s.plan();
+    assert_eq!(p.chosen.decode_on, WorkerId(0));
+    assert_eq!(on(&p, 1), 0.0);
 }

@@ -192,6 +192,9 @@ pub struct RouterSettings {
     /// κ: share of its recompute value charged for the second copy of a shared prefix a
     /// fork's branch holds off the prefix owner.
     pub planner_kappa: f64,
+    /// ρ: seconds charged per decode-second a step's expected decode takes on its decode
+    /// worker, its own and what it adds to the sequences running there.
+    pub planner_rho: f64,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill and decode times are scaled by it before calibrating
     /// the planner.
@@ -311,6 +314,7 @@ impl Default for RouterSettings {
             planner_mu: Weights::default().mu,
             planner_nu: Weights::default().nu,
             planner_kappa: Weights::default().kappa,
+            planner_rho: Weights::default().rho,
             planner_time_scale: 1.0,
             planner_calibrate: true,
             planner_links: Vec::new(),

@@ -156,6 +156,7 @@ fn planner_setup(
         mu: s.planner_mu,
         nu: s.planner_nu,
         kappa: s.planner_kappa,
+        rho: s.planner_rho,
         ..Weights::default()
     };
     for (field, v) in [
@@ -164,6 +165,7 @@ fn planner_setup(
         ("planner_mu", weights.mu),
         ("planner_nu", weights.nu),
         ("planner_kappa", weights.kappa),
+        ("planner_rho", weights.rho),
     ] {
         if !(v >= 0.0 && v.is_finite()) {
             return Err(ConfigError::router(field, "must be zero or positive"));

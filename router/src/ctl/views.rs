@@ -304,6 +304,7 @@ pub fn explain(answer: &Value) -> String {
         "RESTORE_S",
         "HBM_MB",
         "INTERF_S",
+        "DECODE_S",
     ]);
     let secs = |v: &Value| {
         v.as_f64()
@@ -335,6 +336,7 @@ pub fn explain(answer: &Value) -> String {
                 .as_f64()
                 .map_or_else(|| "-".to_owned(), |b| format!("{:.1}", b / 1e6)),
             secs(&cost["interference_s"]),
+            secs(&cost["decode_s"]),
         ]);
     }
     out.push_str(&t.render());

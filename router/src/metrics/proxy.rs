@@ -15,13 +15,14 @@ use ownerserve_edge::exposition::{
 };
 
 /// The cost terms of a plan, each in (weighted) seconds so they add up to its total.
-pub const COST_TERMS: [&str; 6] = [
+pub const COST_TERMS: [&str; 7] = [
     "queue",
     "compute",
     "network",
     "restore",
     "hbm",
     "interference",
+    "decode",
 ];
 
 /// Where a step of a session ran, against the directory's decode owner (for a demoted
@@ -247,6 +248,7 @@ impl ProxyMetrics {
             c.restore_s,
             weights.lambda_s_per_gb * c.hbm_bytes / 1e9,
             weights.mu * c.interference_s,
+            weights.rho * c.decode_s,
         ];
         for (counter, v) in series.cost.iter().zip(terms) {
             if v.is_finite() && v > 0.0 {
