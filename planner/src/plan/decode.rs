@@ -76,32 +76,15 @@ pub fn marginal_decode_s(w: &PlanWorker, model: &ModelSpec, prompt_tokens: u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{Role, WorkerId};
-    use crate::roofline::{Efficiency, Roofline};
-    use crate::spec::GpuSpec;
+    use crate::ids::Role;
 
     fn worker(decoding: u64, running_tokens: u64, lifetime: Option<f64>) -> PlanWorker {
-        let gpu = GpuSpec::preset("h100").unwrap();
-        PlanWorker {
-            id: WorkerId(0),
-            role: Role::Hybrid,
-            healthy: true,
-            draining: false,
-            roofline: Roofline::new(&gpu, 1, Efficiency::default()),
-            queue_s: 0.0,
-            decoding,
-            queued: 0,
-            cached_tokens: 0,
-            host_cached_tokens: 0,
-            pulls_kv: true,
-            pcie_bytes_per_s: 50e9,
-            prefill_scale: 1.0,
-            kv_room_tokens: None,
-            kv_free_tokens: Some(400_000 - running_tokens),
-            kv_capacity_tokens: Some(400_000),
-            waiting_tokens: 0,
-            decode_lifetime_s: lifetime,
-        }
+        let mut w = super::super::tests::worker(0, Role::Hybrid);
+        w.decoding = decoding;
+        w.kv_free_tokens = Some(400_000 - running_tokens);
+        w.kv_capacity_tokens = Some(400_000);
+        w.decode_lifetime_s = lifetime;
+        w
     }
 
     #[test]

@@ -5,7 +5,9 @@ use crate::policy::SplitMix64;
 use crate::roofline::Efficiency;
 use crate::spec::GpuSpec;
 
-fn worker(id: u32, role: Role) -> PlanWorker {
+/// A healthy, idle H100 worker with nothing cached and no load figures; tests set what
+/// they need (`decode.rs`'s tests too).
+pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
     PlanWorker {
         id: WorkerId(id),
         role,
