@@ -17,7 +17,8 @@
 //! - [`plan`]: the cost planner: step classes, the five actions priced on every worker
 //!   (pair), and the chosen plan with its cost breakdown; each worker is priced as the
 //!   step will find it when admitted there (`plan/admission.rs`: the wait for KV on a full
-//!   worker, the share of a cached prefix that survives the wait).
+//!   worker, the share of a cached prefix that survives the wait), and the decode the
+//!   placement commits the step to is priced at the decoder's batch (`plan/decode.rs`).
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements, and
 //!   those policies (the planner's `ownerserve` among them, and the peers' routers at their
 //!   own defaults: `dynamo_kv`, `dynamo_disagg`, `llm_d`, `smg_cache_aware`).
