@@ -1,0 +1,138 @@
+//! The planner's decode term end to end: two real `ownerserve sim-worker` processes, loaded
+//! by traffic sent straight to them, and two real routers with the `ownerserve` policy that
+//! see that load only through their metrics scrapes. Worker `w1` runs one sequence with a
+//! long context, `w0` two with short ones. Priced up to the first token (`planner_rho = 0`)
+//! a new session goes where fewer decodes would be stalled (`w1`); with the decode term on
+//! (the default) it goes where a decode step reads less KV (`w0`), and the explain output
+//! shows each decoder's decode-seconds.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{chat_body, client, eventually, temp_config, Proc, ADMIN_TOKEN};
+use serde_json::{json, Value};
+
+fn words(seed: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{seed}{i} ")).collect()
+}
+
+fn router(name: &str, workers: &[Proc], rho: Option<f64>) -> Proc {
+    let mut cfg = String::from(
+        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n",
+    );
+    if let Some(rho) = rho {
+        cfg.push_str(&format!("planner_rho = {rho}\n"));
+    }
+    for (i, w) in workers.iter().enumerate() {
+        cfg.push_str(&format!(
+            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"hybrid\"\nengine = \"sim\"\n",
+            w.url
+        ));
+    }
+    Proc::router(&[], &["--config", &temp_config(name, &cfg)])
+}
+
+/// A streamed request through `router`, read to its end: the router observes the stream's
+/// decode time, which the decode term needs (no term before any is observed).
+async fn one_stream(router: &Proc) {
+    let mut body = chat_body("warm up", 3);
+    body["stream"] = json!(true);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("x-session-id", format!("warm-{}", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+}
+
+/// A long stream sent straight to `worker`, held open in a task.
+fn load(worker: &Proc, prompt: String) -> tokio::task::JoinHandle<()> {
+    let url = format!("{}/v1/chat/completions", worker.url);
+    tokio::spawn(async move {
+        let mut body = chat_body(&prompt, 400);
+        body["stream"] = json!(true);
+        if let Ok(mut resp) = client().post(url).json(&body).send().await {
+            while let Ok(Some(_)) = resp.chunk().await {}
+        }
+    })
+}
+
+/// The plan `router` would make for a brand-new session's first step.
+async fn explain(router: &Proc) -> Value {
+    let resp = client()
+        .post(format!("{}/admin/v1/plan/explain", router.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-session-id", "brand-new")
+        .json(&chat_body("a new task: read the repository", 16))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// Decode-seconds of the colocation on worker `id` in `plan`.
+fn decode_s(plan: &Value, id: u64) -> f64 {
+    plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["action"] == "colocate" && c["decode_on"] == id)
+        .and_then(|c| c["cost"]["decode_s"].as_f64())
+        .unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_goes_where_a_decode_step_reads_less_kv_not_where_fewer_decodes_run() {
+    // 200 ms per engine step: the loads below decode for over a minute.
+    let flags = ["--step-overhead-s", "0.2", "--max-kv-blocks", "4000"];
+    let workers = vec![Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
+    let decode_term = router("decode-term.toml", &workers, None);
+    let first_token_only = router("first-token-only.toml", &workers, Some(0.0));
+    one_stream(&decode_term).await;
+    one_stream(&first_token_only).await;
+
+    let _loads = [
+        load(&workers[1], words("context", 6_000)),
+        load(&workers[0], words("short", 100)),
+        load(&workers[0], words("brief", 100)),
+    ];
+
+    // Once its scrapes show the load, the router pricing the first token only sends the
+    // new session to w1, where one decode is stalled instead of two. (Before they do,
+    // both workers look idle and the tie goes to w0: so this can only pass on the load.)
+    eventually(
+        Duration::from_secs(30),
+        "the first-token-only router prefers w1",
+        || async { explain(&first_token_only).await["chosen"]["decode_on"] == 1 },
+    )
+    .await;
+
+    // The default router sees the same load and prices each decoder's decode: w1's step
+    // reads the long context on every token.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let last = loop {
+        let plan = explain(&decode_term).await;
+        let (w0, w1) = (decode_s(&plan, 0), decode_s(&plan, 1));
+        if w0 > 0.0 && w1 > w0 {
+            break plan;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the decode term never priced w1 above w0: {plan:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "decode-seconds of a new session: w0 {:.4}, w1 {:.4}",
+        decode_s(&last, 0),
+        decode_s(&last, 1)
+    );
+    assert_eq!(last["chosen"]["decode_on"], 0, "{last:#}");
+}
