@@ -51,16 +51,16 @@ async fn one_stream(router: &Proc) {
     resp.bytes().await.unwrap();
 }
 
-/// A long stream sent straight to `worker`, held open in a task.
-fn load(worker: &Proc, prompt: String) -> tokio::task::JoinHandle<()> {
+/// A long stream sent straight to `worker`, held open in a task of `loads`.
+fn load(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {
     let url = format!("{}/v1/chat/completions", worker.url);
-    tokio::spawn(async move {
+    loads.spawn(async move {
         let mut body = chat_body(&prompt, 400);
         body["stream"] = json!(true);
         if let Ok(mut resp) = client().post(url).json(&body).send().await {
             while let Ok(Some(_)) = resp.chunk().await {}
         }
-    })
+    });
 }
 
 /// The plan `router` would make for a brand-new session's first step.
@@ -98,11 +98,10 @@ async fn a_new_session_goes_where_a_decode_step_reads_less_kv_not_where_fewer_de
     one_stream(&decode_term).await;
     one_stream(&first_token_only).await;
 
-    let _loads = [
-        load(&workers[1], words("context", 6_000)),
-        load(&workers[0], words("short", 100)),
-        load(&workers[0], words("brief", 100)),
-    ];
+    let mut loads = tokio::task::JoinSet::new();
+    load(&mut loads, &workers[1], words("context", 6_000));
+    load(&mut loads, &workers[0], words("short", 100));
+    load(&mut loads, &workers[0], words("brief", 100));
 
     // Once its scrapes show the load, the router pricing the first token only sends the
     // new session to w1, where one decode is stalled instead of two. (Before they do,
