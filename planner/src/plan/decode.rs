@@ -12,8 +12,8 @@
 //! `t` the decode step time and `S` the decode steps a sequence is expected to run. `S` is
 //! the fleet's observed decode lifetime over the decode step time it was observed at (as
 //! the decoder's step time is now); until a lifetime is observed the term is 0, and it
-//! changes no choice. A step sampling `n > 1` choices is priced as one sequence (its
-//! samples decode on the same worker, so the choice between decoders rarely turns on it). Placing a new session on the decoder with the least running context
+//! changes no choice. A step sampling `n > 1` choices is priced as one sequence, an
+//! approximation: each of its sequences reads the context. Placing a new session on the decoder with the least running context
 //! is what this prices; a pure count (`least_loaded`) ignores that a sequence's cost is
 //! its context.
 
