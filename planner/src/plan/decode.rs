@@ -9,13 +9,15 @@
 //! `D = S × (t(n + 1, C + L) + n × (t(n + 1, C + L) − t(n, C)))`
 //!
 //! with `n` sequences holding `C` KV tokens running on the decoder, a prompt of `L` tokens,
-//! `t` the decode step time and `S` the decode steps a sequence is expected to run. `S` is
-//! the fleet's observed decode lifetime over the decode step time it was observed at (as
-//! the decoder's step time is now); until a lifetime is observed the term is 0, and it
-//! changes no choice. A step sampling `n > 1` choices is priced as one sequence, an
-//! approximation: each of its sequences reads the context. Placing a new session on the decoder with the least running context
-//! is what this prices; a pure count (`least_loaded`) ignores that a sequence's cost is
-//! its context.
+//! `t` the decode step time and `S` the decode steps a sequence is expected to run: each
+//! decoder's observed decode lifetime over its decode step time now, averaged over the
+//! decoders that have one. Until a lifetime is observed the term is 0 and changes no
+//! choice. A step sampling `n > 1` choices is priced as one sequence, an approximation:
+//! each of its sequences reads the context.
+//!
+//! What this prices is placing a new session on the decoder with the least running
+//! context; a count of sequences (`least_loaded`) ignores that a sequence's cost is its
+//! context.
 
 use crate::roofline::StepWork;
 use crate::spec::ModelSpec;

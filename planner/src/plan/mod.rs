@@ -199,8 +199,9 @@ pub struct Weights {
 /// ρ's default, 0.1: chosen on runs held out of the evaluation matrix (seed 7; the matrix
 /// uses seed 1), Llama-3.1-8B SWE-smith ×200: against ρ = 0 it cut mean session E2E from
 /// 186 s to 174 s and p99 TTFT from 2.41 s to 0.81 s on 2p6d, and E2E from 171 s to 154 s
-/// on 8h. 0.05 gained less; 0.2 and above gained no E2E and moved more KV (ρ = 1 migrated
-/// 1.8 TB where 0.1 moved 0.34 TB on 8h: each step's decode saving then outweighs a copy).
+/// on 8h. 0.05 gained less; 0.2 gained no more E2E, had a worse p99 on 2p6d (1.75 s) and
+/// moved more KV; ρ = 1 migrated 1.8 TB where 0.1 moved 0.34 TB on 8h (each step's decode
+/// saving then outweighs a copy).
 pub const RHO: f64 = 0.1;
 
 impl Default for Weights {
