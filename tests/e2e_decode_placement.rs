@@ -12,12 +12,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, temp_config, Proc, ADMIN_TOKEN};
+use common::{chat_body, client, eventually, temp_config, words, Proc, ADMIN_TOKEN};
 use serde_json::{json, Value};
-
-fn words(seed: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{seed}{i} ")).collect()
-}
 
 fn router(name: &str, workers: &[Proc], rho: Option<f64>) -> Proc {
     let mut cfg = String::from(

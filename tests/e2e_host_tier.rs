@@ -12,7 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, get_text, metric, temp_config, Proc, ADMIN_TOKEN};
+use common::{
+    chat_body, client, eventually, get_text, metric, temp_config, words, Proc, ADMIN_TOKEN,
+};
 use serde_json::{json, Value};
 
 const SESSION: &str = "host-tier-1";
@@ -50,10 +52,6 @@ fn start(host: bool) -> Fleet {
         router,
         workers: workers.into_iter().map(|(w, _, _)| w).collect(),
     }
-}
-
-fn words(seed: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
 /// The session's conversation: the first turn, then the second.

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{chat_body, client, get_json, get_text, metric, Proc, MODEL};
+use common::{chat_body, client, get_json, get_text, metric, words, Proc, MODEL};
 use serde_json::{json, Value};
 
 async fn metrics(url: &str) -> String {
@@ -29,10 +29,6 @@ async fn ttft_of(url: &str, body: &Value) -> (f64, Value) {
     let before = metric(&metrics(url).await, key);
     let resp = chat(url, body).await;
     (metric(&metrics(url).await, key) - before, resp)
-}
-
-fn words(seed: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
 #[tokio::test]

@@ -184,6 +184,12 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// `n` distinct words `{seed}0 {seed}1 …`: a prompt of a known length whose content no
+/// other seed shares.
+pub fn words(seed: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{seed}{i} ")).collect()
+}
+
 pub fn chat_body(content: &str, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({
         "model": MODEL,
