@@ -1,8 +1,10 @@
-//! Talking to workers: one pool of HTTP/1.1 connections ([`pool`]), the streaming forward of a client's
+//! Talking to workers: one pool of HTTP/1.1 connections ([`pool`], over the hand-written
+//! wire of [`http1`]), the streaming forward of a client's
 //! request, and small calls that read a bounded answer (health, metrics, prefill legs,
 //! KV copies). [`EngineCalls`] is the seam the dispatch stage calls engines through, so
 //! its legs can be tested against a fake engine.
 
+pub mod http1;
 pub mod pool;
 
 use std::future::Future;
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 
 use crate::error::ApiError;
 use crate::registry::Worker;
@@ -25,7 +27,7 @@ pub type HttpClient = pool::Pool;
 /// engine read nothing) is sent once more, on another connection.
 async fn request(
     client: &HttpClient,
-    build: impl Fn() -> Request<Full<Bytes>>,
+    build: impl Fn() -> Request<Bytes>,
 ) -> Result<Response<Pooled>, SendError> {
     // Built again for the one retry rather than cloned ahead for it (~0.3 µs a request).
     match client.send(build()).await {
@@ -41,8 +43,8 @@ fn built(
     uri: &Uri,
     headers: impl IntoIterator<Item = (HeaderName, HeaderValue)>,
     body: &Bytes,
-) -> Request<Full<Bytes>> {
-    let mut req = Request::new(Full::new(body.clone()));
+) -> Request<Bytes> {
+    let mut req = Request::new(body.clone());
     *req.method_mut() = method.clone();
     *req.uri_mut() = uri.clone();
     // Inserted, not appended: a later header of the same name replaces an earlier one.
@@ -169,7 +171,7 @@ async fn post_small(
 
 async fn send_small(
     client: &HttpClient,
-    build: impl Fn() -> Request<Full<Bytes>>,
+    build: impl Fn() -> Request<Bytes>,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let read = async {
