@@ -57,6 +57,34 @@ pub fn prefill_pairs(new: u64, context: u64) -> u64 {
     new * context + new * (new + 1) / 2
 }
 
+/// A model's figures a decode-only step's time is made of, read once for the many decode
+/// steps a plan prices ([`Roofline::decode_step_s`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeFigures<'a> {
+    model: &'a ModelSpec,
+    two_params_active: f64,
+    attention_flops_per_pair: f64,
+    kv_bytes_per_token: f64,
+    /// The weights a step reads, when that does not depend on its batch (not MoE).
+    weight_bytes: Option<f64>,
+}
+
+impl<'a> DecodeFigures<'a> {
+    pub fn of(model: &'a ModelSpec) -> Self {
+        Self {
+            model,
+            two_params_active: 2.0 * model.params_active,
+            attention_flops_per_pair: model.attention_flops_per_pair(),
+            kv_bytes_per_token: model.kv_bytes_per_token(),
+            weight_bytes: model.moe.is_none().then(|| model.weight_bytes()),
+        }
+    }
+
+    pub fn model(&self) -> &'a ModelSpec {
+        self.model
+    }
+}
+
 /// The time a step takes and which bound set it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepTime {
@@ -127,9 +155,49 @@ impl Roofline {
     }
 }
 
+impl Roofline {
+    /// [`Self::step_time`]'s total for a step of `seqs` decoding sequences that read
+    /// `context` KV tokens: the same arithmetic, to the bit, with the model's figures read
+    /// once. A plan prices a few hundred such steps (the decode term), where the general
+    /// path cost ~30 ns each.
+    pub fn decode_step_s(&self, f: &DecodeFigures<'_>, seqs: u64, context: u64) -> f64 {
+        if seqs == 0 {
+            return 0.0;
+        }
+        let flops = f.two_params_active * seqs as f64 + f.attention_flops_per_pair * context as f64;
+        let weights = f
+            .weight_bytes
+            .unwrap_or_else(|| f.model.weight_bytes_touched(seqs));
+        let bytes = weights + f.kv_bytes_per_token * (context + seqs) as f64;
+        (flops / self.flops_per_s).max(bytes / self.bytes_per_s) + self.step_overhead_s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decode_step_costs_what_the_general_step_time_says_to_the_bit() {
+        let g = GpuSpec::preset("h100").unwrap();
+        let r = Roofline::new(&g, 2, Efficiency::default());
+        for name in ["llama-3.1-8b", "qwen3-30b-a3b"] {
+            let m = ModelSpec::preset(name).unwrap();
+            let f = DecodeFigures::of(&m);
+            for seqs in [0, 1, 7, 300, 5_000] {
+                for context in [0, 1, 90_000, 3_000_000] {
+                    let work = StepWork {
+                        decode_seqs: seqs,
+                        decode_context_tokens: context,
+                        ..StepWork::default()
+                    };
+                    let general = r.step_time(&m, &work).total_s;
+                    let fast = r.decode_step_s(&f, seqs, context);
+                    assert_eq!(general.to_bits(), fast.to_bits(), "{name} {seqs} {context}");
+                }
+            }
+        }
+    }
 
     fn llama_h100() -> (ModelSpec, Roofline) {
         let m = ModelSpec::preset("llama-3.1-8b").unwrap();

@@ -100,7 +100,8 @@ fn decode_growth_tokens(w: &PlanWorker, model: &ModelSpec, wait_s: f64) -> u64 {
     if running == 0 || wait_s <= 0.0 {
         return 0;
     }
-    let step = super::decode::decode_step_s(w, model, 0, 0);
+    let figures = crate::roofline::DecodeFigures::of(model);
+    let step = super::decode::decode_step_s(w, &figures, 0, 0);
     if step <= 0.0 {
         return 0;
     }

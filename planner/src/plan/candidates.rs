@@ -1,8 +1,10 @@
 //! Which candidates a step has, and what each costs.
 
+use std::cell::Cell;
+
 use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
-use crate::roofline::{prefill_pairs, StepWork};
+use crate::roofline::{prefill_pairs, DecodeFigures, StepWork};
 
 use super::admission::admitted_view;
 use super::decode::{expected_decode_steps, marginal_decode_s};
@@ -133,11 +135,24 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
+        // A move that cannot win is not priced: its copy alone (with the hysteresis) costs
+        // at least the cheapest candidate so far, which ties go to. The explain plan
+        // prices every one.
+        let beat = if input.exhaustive {
+            f64::INFINITY
+        } else {
+            out.iter()
+                .map(|c| c.cost.total)
+                .fold(f64::INFINITY, f64::min)
+        };
         for t in input
             .workers
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
+            if p.migration_floor_s(now, t, sent, could_stay) >= beat {
+                continue;
+            }
             let mut c = p.migrate(now, t, sent);
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
@@ -256,11 +271,17 @@ struct Pricing<'a, 'b> {
     artifact_sealed: f64,
     /// Decode steps the step is expected to run (`decode::expected_decode_steps`).
     decode_steps: Option<f64>,
+    /// The model's decode figures, read once.
+    figures: DecodeFigures<'b>,
+    /// The last decoder whose decode was priced, and its price: a decoder's colocation,
+    /// remote prefills and fetch are generated one after another and share it.
+    last_decode: Cell<Option<(WorkerId, f64)>>,
 }
 
 impl<'a, 'b> Pricing<'a, 'b> {
     fn new(input: &'a PlanInput<'b>) -> Self {
         let bytes = |tokens| input.model.prefix_bytes(tokens, input.block_size);
+        let figures = DecodeFigures::of(input.model);
         Self {
             input,
             prompt_bytes: bytes(input.prompt_tokens).total,
@@ -268,8 +289,10 @@ impl<'a, 'b> Pricing<'a, 'b> {
                 .artifact
                 .map_or(0.0, |a| bytes(a.tokens.min(input.prompt_tokens)).sealed),
             decode_steps: (input.weights.rho > 0.0)
-                .then(|| expected_decode_steps(input.workers, input.model))
+                .then(|| expected_decode_steps(input.workers, &figures))
                 .flatten(),
+            figures,
+            last_decode: Cell::new(None),
         }
     }
 }
@@ -389,9 +412,18 @@ impl Pricing<'_, '_> {
     /// Decode-seconds of the step's expected decode on `d` (`decode.rs`); 0 before any
     /// decode lifetime is observed.
     fn decode_s(&self, d: &PlanWorker) -> f64 {
-        self.decode_steps.map_or(0.0, |steps| {
-            marginal_decode_s(d, self.input.model, self.prompt(), steps)
-        })
+        let steps = match self.decode_steps {
+            Some(steps) => steps,
+            None => return 0.0,
+        };
+        if let Some((id, s)) = self.last_decode.get() {
+            if id == d.id {
+                return s;
+            }
+        }
+        let s = marginal_decode_s(d, &self.figures, self.prompt(), steps);
+        self.last_decode.set(Some((d.id, s)));
+        s
     }
 
     /// Decode-seconds `work` on `w` stalls the sequences decoding there: the marginal
@@ -573,18 +605,47 @@ impl Pricing<'_, '_> {
         c
     }
 
+    /// What a move from `d` to `t` reuses (tokens), sends and leaves duplicated (bytes):
+    /// see [`Pricing::migrate`].
+    fn migration_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> (u64, f64, f64) {
+        let held = d.cached_tokens.min(self.prompt());
+        let lacked = (sent - self.state_bytes(t.cached_tokens.min(held))).max(0.0);
+        match d.pulls_kv && t.pulls_kv {
+            true => (held, lacked, 0.0),
+            false => (0, 0.0, lacked),
+        }
+    }
+
+    /// The least a move from `d` to `t` can cost: its copy, the hysteresis on it when it
+    /// leaves an owner that could stay, and its decode on `t` (priced once: the move's
+    /// candidate reuses it). Every other term is ≥ 0; the margin covers the rounding of
+    /// summing in another order.
+    fn migration_floor_s(
+        &self,
+        d: &PlanWorker,
+        t: &PlanWorker,
+        sent: f64,
+        could_stay: bool,
+    ) -> f64 {
+        let w = self.input.weights;
+        let (_, moved, _) = self.migration_bytes(d, t, sent);
+        let (network_s, restore_s) = self.transfer_s(d.id, t, moved);
+        let copy = network_s + restore_s;
+        let hysteresis = if could_stay {
+            w.migrate_hysteresis.max(0.0) * copy
+        } else {
+            0.0
+        };
+        (copy + hysteresis + w.rho * self.decode_s(t)) * (1.0 - 1e-9)
+    }
+
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
     /// prompt. A copy sends what `t` lacks of it and the source frees it. Between engines
     /// that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing is sent: the target
     /// recomputes it, as the dispatch then does, and the source keeps its copy (vLLM and
     /// SGLang drop nothing on request), so it is a duplicate instead.
     fn migrate(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> Candidate {
-        let held = d.cached_tokens.min(self.prompt());
-        let lacked = (sent - self.state_bytes(t.cached_tokens.min(held))).max(0.0);
-        let (reused, moved, duplicated) = match d.pulls_kv && t.pulls_kv {
-            true => (held, lacked, 0.0),
-            false => (0, 0.0, lacked),
-        };
+        let (reused, moved, duplicated) = self.migration_bytes(d, t, sent);
         let new = self.to_compute(reused.max(t.cached_tokens));
         self.candidate(
             Action::Migrate,

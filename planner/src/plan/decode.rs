@@ -19,8 +19,7 @@
 //! context; a count of sequences (`least_loaded`) ignores that a sequence's cost is its
 //! context.
 
-use crate::roofline::StepWork;
-use crate::spec::ModelSpec;
+use crate::roofline::DecodeFigures;
 
 use super::interference::stalled_decodes;
 use super::PlanWorker;
@@ -35,32 +34,26 @@ fn running_kv_tokens(w: &PlanWorker) -> u64 {
 
 /// Seconds of one decode step on `w` with `extra_seqs` more sequences holding
 /// `extra_tokens` more KV than run there now; 0 for a worker that does not decode.
-pub fn decode_step_s(w: &PlanWorker, model: &ModelSpec, extra_seqs: u64, extra_tokens: u64) -> f64 {
+pub fn decode_step_s(
+    w: &PlanWorker,
+    f: &DecodeFigures<'_>,
+    extra_seqs: u64,
+    extra_tokens: u64,
+) -> f64 {
     let seqs = stalled_decodes(w.role, w.decoding) + extra_seqs;
-    if seqs == 0 {
-        return 0.0;
-    }
     w.roofline
-        .step_time(
-            model,
-            &StepWork {
-                decode_seqs: seqs,
-                decode_context_tokens: running_kv_tokens(w) + extra_tokens,
-                ..StepWork::default()
-            },
-        )
-        .total_s
+        .decode_step_s(f, seqs, running_kv_tokens(w) + extra_tokens)
 }
 
 /// Decode steps one sequence is expected to run: over the decoders with an observed
 /// decode lifetime, the mean of lifetime over their decode step time now. `None` before
 /// any lifetime is observed.
-pub fn expected_decode_steps(workers: &[PlanWorker], model: &ModelSpec) -> Option<f64> {
+pub fn expected_decode_steps(workers: &[PlanWorker], f: &DecodeFigures<'_>) -> Option<f64> {
     let (sum, n) = workers
         .iter()
         .filter_map(|w| {
             let lifetime = w.decode_lifetime_s?;
-            let step = decode_step_s(w, model, 1, 0);
+            let step = decode_step_s(w, f, 1, 0);
             (step > 0.0).then(|| lifetime / step)
         })
         .fold((0.0, 0u32), |(s, n), steps| (s + steps, n + 1));
@@ -69,9 +62,14 @@ pub fn expected_decode_steps(workers: &[PlanWorker], model: &ModelSpec) -> Optio
 
 /// Decode-seconds of a sequence of `prompt_tokens` decoding `steps` steps on `w`: its own
 /// decode time plus what it adds to the steps of every sequence running there.
-pub fn marginal_decode_s(w: &PlanWorker, model: &ModelSpec, prompt_tokens: u64, steps: f64) -> f64 {
-    let before = decode_step_s(w, model, 0, 0);
-    let after = decode_step_s(w, model, 1, prompt_tokens);
+pub fn marginal_decode_s(
+    w: &PlanWorker,
+    f: &DecodeFigures<'_>,
+    prompt_tokens: u64,
+    steps: f64,
+) -> f64 {
+    let before = decode_step_s(w, f, 0, 0);
+    let after = decode_step_s(w, f, 1, prompt_tokens);
     let others = stalled_decodes(w.role, w.decoding) as f64;
     steps * (after + others * (after - before).max(0.0))
 }
@@ -80,6 +78,7 @@ pub fn marginal_decode_s(w: &PlanWorker, model: &ModelSpec, prompt_tokens: u64, 
 mod tests {
     use super::*;
     use crate::ids::Role;
+    use crate::spec::ModelSpec;
 
     fn worker(decoding: u64, running_tokens: u64, lifetime: Option<f64>) -> PlanWorker {
         let mut w = super::super::tests::worker(0, Role::Hybrid);
@@ -92,7 +91,8 @@ mod tests {
 
     #[test]
     fn a_decoder_with_more_running_context_costs_more() {
-        let m = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let m = DecodeFigures::of(&model);
         let light = marginal_decode_s(&worker(10, 50_000, None), &m, 10_000, 200.0);
         let heavy = marginal_decode_s(&worker(10, 250_000, None), &m, 10_000, 200.0);
         let crowded = marginal_decode_s(&worker(30, 50_000, None), &m, 10_000, 200.0);
@@ -104,11 +104,12 @@ mod tests {
 
     #[test]
     fn the_sequence_slows_each_running_one_by_its_own_kv_read() {
-        let m = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let m = DecodeFigures::of(&model);
         let w = worker(20, 100_000, None);
         let own = decode_step_s(&w, &m, 1, 10_000);
         let added = own - decode_step_s(&w, &m, 0, 0);
-        let kv_read = m.kv_bytes_per_token() * 10_001.0 / w.roofline.bytes_per_s();
+        let kv_read = model.kv_bytes_per_token() * 10_001.0 / w.roofline.bytes_per_s();
         assert!((added - kv_read).abs() < 1e-9, "{added} {kv_read}");
         let d = marginal_decode_s(&w, &m, 10_000, 1.0);
         assert!((d - (own + 20.0 * added)).abs() < 1e-12);
@@ -116,7 +117,8 @@ mod tests {
 
     #[test]
     fn steps_come_from_observed_lifetimes_and_are_unknown_before() {
-        let m = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let m = DecodeFigures::of(&model);
         assert_eq!(expected_decode_steps(&[worker(5, 10_000, None)], &m), None);
         let w = worker(5, 10_000, Some(2.0));
         let step = decode_step_s(&w, &m, 1, 0);

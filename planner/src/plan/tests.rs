@@ -609,6 +609,30 @@ fn pruned_and_exhaustive(s: &mut Scenario) -> Option<(Plan, Plan)> {
     }
 }
 
+/// Every candidate `pruned` lists is in `all`, priced the same, in the same order; every
+/// move it leaves out costs at least what it chose (so it could not have won).
+fn assert_listed_in_full(pruned: &Plan, all: &Plan, step: usize) {
+    let mut rest = all.candidates.iter();
+    for c in &pruned.candidates {
+        assert!(
+            rest.any(|e| e == c),
+            "step {step}: {c:#?} is not listed in full"
+        );
+    }
+    for m in all
+        .candidates
+        .iter()
+        .filter(|c| c.action == Action::Migrate)
+    {
+        if !pruned.candidates.contains(m) {
+            assert!(
+                m.cost.total >= pruned.chosen.cost.total,
+                "step {step}: a move left out was cheaper: {m:#?}"
+            );
+        }
+    }
+}
+
 fn close(a: f64, b: f64) -> bool {
     a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
 }
@@ -617,6 +641,7 @@ fn close(a: f64, b: f64) -> bool {
 fn pruning_dominated_remote_prefills_keeps_the_choice() {
     let mut rng = SplitMix64::new(0x5eed);
     let mut remote_chosen = 0;
+    let mut moves_left_out = 0;
     for i in 0..3_000 {
         let mut s = random_scenario(&mut rng);
         let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
@@ -631,19 +656,20 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
         assert!(close(a.cost.total, b.cost.total), "step {i}");
         assert_eq!((pruned.class, &pruned.changes), (all.class, &all.changes));
         remote_chosen += usize::from(a.action == Action::RemotePrefill);
+        let moves = |p: &Plan| {
+            p.candidates
+                .iter()
+                .filter(|c| c.action == Action::Migrate)
+                .count()
+        };
+        moves_left_out += moves(&all) - moves(&pruned);
         // Every listed candidate is one of the full list, priced the same, in the same
-        // order; only remote prefills are dropped.
-        let mut rest = all.candidates.iter();
-        for c in &pruned.candidates {
-            assert!(
-                rest.any(|e| e == c),
-                "step {i}: {c:#?} is not listed in full"
-            );
-        }
+        // order; only remote prefills and moves that cannot win are dropped.
+        assert_listed_in_full(&pruned, &all, i);
         let others = |p: &Plan| {
             p.candidates
                 .iter()
-                .filter(|c| c.action != Action::RemotePrefill)
+                .filter(|c| !matches!(c.action, Action::RemotePrefill | Action::Migrate))
                 .cloned()
                 .collect::<Vec<_>>()
         };
@@ -676,11 +702,12 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
             );
         }
     }
-    // The fleets do exercise the pruned choice.
+    // The fleets do exercise the pruned choice, and moves left out unpriced.
     assert!(
         remote_chosen > 300,
         "{remote_chosen} remote prefills chosen"
     );
+    assert!(moves_left_out > 300, "{moves_left_out} moves left out");
 }
 
 #[test]
@@ -698,7 +725,15 @@ fn per_pair_links_list_every_pair() {
         let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
             continue;
         };
-        assert_eq!(pruned.candidates, all.candidates, "step {i}");
+        let pairs = |p: &Plan| {
+            p.candidates
+                .iter()
+                .filter(|c| c.action != Action::Migrate)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(pairs(&pruned), pairs(&all), "step {i}");
+        assert_listed_in_full(&pruned, &all, i);
         assert_eq!(pruned.chosen, all.chosen, "step {i}");
     }
     // And every pair is there: P prefill workers × D decoders, less the workers that are
