@@ -53,13 +53,16 @@ fi
 # passage the simulated engine samples its text from (workers-shim/src/sim/filler.rs). An
 # answer may start and end anywhere in it, so any of several words will do.
 answer_words="Lorem\|ipsum\|dolor\|amet\|consectetur\|adipiscing\|eiusmod\|tempor\|incididunt\|labore\|magna\|aliqua\|veniam\|nostrud\|exercitation\|ullamco\|laboris\|aliquip\|commodo\|consequat\|irure\|reprehenderit\|voluptate\|cillum\|fugiat\|pariatur"
-# Against real engines with random weights: any non-blank answer.
-if [ -n "$target" ]; then answer_words='[^[:space:]]'; fi
+# Against real engines with random weights: any non-blank answer. A turn there runs an
+# agent-sized prompt through a CPU engine: 7–160 s per turn were seen on one machine, so a
+# turn gets 600 s there (300 s against the simulated engine, which answers in seconds).
+turn_timeout=300
+if [ -n "$target" ]; then answer_words='[^[:space:]]'; turn_timeout=600; fi
 turn() {
   local name=$1; shift
   local out="$work/$name.out"
   local started=$SECONDS
-  if ! timeout 300 "$@" >"$out" 2>&1 || ! grep -q "$answer_words" "$out"; then
+  if ! timeout "$turn_timeout" "$@" >"$out" 2>&1 || ! grep -q "$answer_words" "$out"; then
     echo "$name failed:"; cat "$out"; exit 1
   fi
   echo "$name: ok in $((SECONDS - started)) s"

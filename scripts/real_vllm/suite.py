@@ -495,7 +495,7 @@ class Suite:
         try:
             run = subprocess.run(["bash", os.path.join(ROOT, "scripts/agents/check.sh"),
                                   self.args.ownerserve], capture_output=True, text=True,
-                                 env=env, timeout=1500)
+                                 env=env, timeout=2400)
             out, ok = run.stdout + run.stderr, run.returncode == 0
         except subprocess.TimeoutExpired as e:
             out, ok = f"timed out: {e.stdout or ''}", False

@@ -56,12 +56,10 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             let work = p.work(w, p.to_compute(local.reused));
             let computed =
                 p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
-            let interference_s = p.interference_s(w, work);
             Prefiller {
                 w,
                 work,
                 computed,
-                interference_s,
                 local,
             }
         })
@@ -193,8 +191,6 @@ struct Prefiller<'a> {
     work: Work,
     /// Bytes it computes, and so keeps a copy of.
     computed: f64,
-    /// Decode-seconds it stalls there ([`Pricing::interference_s`]).
-    interference_s: f64,
     /// What it restores from its host tier first ([`Pricing::local_reuse`]).
     local: LocalReuse,
 }
@@ -209,7 +205,7 @@ impl Prefiller<'_> {
             + self.work.compute_s
             + self.local.restore_s
             + weights.lambda_s_per_gb * self.computed / 1e9
-            + weights.mu * self.interference_s
+            + weights.mu * self.work.interference_s
             + weights.nu * self.work.compute_s * self.w.queued as f64
     }
 }
@@ -260,6 +256,17 @@ struct Work {
     /// Tokens computed in all.
     tokens: u64,
     compute_s: f64,
+    /// Decode-seconds it stalls where it runs ([`Pricing::interference_s`]).
+    interference_s: f64,
+}
+
+/// The terms of a step that depend on its decoder alone.
+#[derive(Debug, Clone, Copy)]
+struct DecoderTerms {
+    /// [`Pricing::eviction_s`].
+    evict_s: f64,
+    /// [`Pricing::decode_s`].
+    decode_s: f64,
 }
 
 /// Prices candidates; holds the step's byte figures every candidate is a difference from.
@@ -273,9 +280,9 @@ struct Pricing<'a, 'b> {
     decode_steps: Option<f64>,
     /// The model's decode figures, read once.
     figures: DecodeFigures<'b>,
-    /// The last decoder whose decode was priced, and its price: a decoder's colocation,
-    /// remote prefills and fetch are generated one after another and share it.
-    last_decode: Cell<Option<(WorkerId, f64)>>,
+    /// The last decoder whose own terms were priced, and them: a decoder's colocation,
+    /// remote prefills and fetch are generated one after another and share them.
+    last_decoder: Cell<Option<(WorkerId, DecoderTerms)>>,
 }
 
 impl<'a, 'b> Pricing<'a, 'b> {
@@ -292,7 +299,7 @@ impl<'a, 'b> Pricing<'a, 'b> {
                 .then(|| expected_decode_steps(input.workers, &figures))
                 .flatten(),
             figures,
-            last_decode: Cell::new(None),
+            last_decoder: Cell::new(None),
         }
     }
 }
@@ -370,10 +377,12 @@ impl Pricing<'_, '_> {
     /// vLLM's parallel sampling does).
     fn work(&self, w: &PlanWorker, new: u64) -> Work {
         let n = u64::from(self.input.samples.max(1));
+        let (tokens, compute_s) = (new * n, self.prefill_s(w, new, n));
         Work {
             new,
-            tokens: new * n,
-            compute_s: self.prefill_s(w, new, n),
+            tokens,
+            compute_s,
+            interference_s: self.interference_s(w, tokens, compute_s),
         }
     }
 
@@ -409,32 +418,39 @@ impl Pricing<'_, '_> {
         s
     }
 
+    /// What the step costs on its decoder `d` whoever prefills it: the prefixes it evicts
+    /// there and its decode.
+    fn decoder_terms(&self, d: &PlanWorker) -> DecoderTerms {
+        if let Some((id, terms)) = self.last_decoder.get() {
+            if id == d.id {
+                return terms;
+            }
+        }
+        let terms = DecoderTerms {
+            evict_s: self.eviction_s(d),
+            decode_s: self.decode_s(d),
+        };
+        self.last_decoder.set(Some((d.id, terms)));
+        terms
+    }
+
     /// Decode-seconds of the step's expected decode on `d` (`decode.rs`); 0 before any
     /// decode lifetime is observed.
     fn decode_s(&self, d: &PlanWorker) -> f64 {
-        let steps = match self.decode_steps {
-            Some(steps) => steps,
-            None => return 0.0,
-        };
-        if let Some((id, s)) = self.last_decode.get() {
-            if id == d.id {
-                return s;
-            }
-        }
-        let s = marginal_decode_s(d, &self.figures, self.prompt(), steps);
-        self.last_decode.set(Some((d.id, s)));
-        s
+        self.decode_steps.map_or(0.0, |steps| {
+            marginal_decode_s(d, &self.figures, self.prompt(), steps)
+        })
     }
 
     /// Decode-seconds `work` on `w` stalls the sequences decoding there: the marginal
     /// interference of the prefill on its running batch (`interference.rs`).
-    fn interference_s(&self, w: &PlanWorker, work: Work) -> f64 {
+    fn interference_s(&self, w: &PlanWorker, tokens: u64, compute_s: f64) -> f64 {
         marginal_interference_s(
             &w.roofline,
             self.input.model,
             stalled_decodes(w.role, w.decoding),
-            work.tokens,
-            work.compute_s,
+            tokens,
+            compute_s,
         )
     }
 
@@ -476,6 +492,7 @@ impl Pricing<'_, '_> {
             new,
             tokens: compute_tokens,
             compute_s,
+            interference_s,
         } = work;
         let (network_s, restore_s) = match source {
             Some(s) => self.transfer_s(s, decode_on, network_bytes),
@@ -488,11 +505,13 @@ impl Pricing<'_, '_> {
             network_s,
             restore_s,
             hbm_bytes,
-            self.interference_s(compute_on, work),
-        )
-        .with_eviction(self.eviction_s(decode_on))
-        .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64)
-        .with_decode(self.input.weights, self.decode_s(decode_on));
+            interference_s,
+        );
+        let on_decoder = self.decoder_terms(decode_on);
+        let cost = cost
+            .with_eviction(on_decoder.evict_s)
+            .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64)
+            .with_decode(self.input.weights, on_decoder.decode_s);
         Candidate {
             action,
             compute_on: compute_on.id,
@@ -616,10 +635,10 @@ impl Pricing<'_, '_> {
         }
     }
 
-    /// The least a move from `d` to `t` can cost: its copy, the hysteresis on it when it
-    /// leaves an owner that could stay, and its decode on `t` (priced once: the move's
-    /// candidate reuses it). Every other term is ≥ 0; the margin covers the rounding of
-    /// summing in another order.
+    /// The least a move from `d` to `t` can cost: `t`'s queue, the copy, the hysteresis on
+    /// it when it leaves an owner that could stay, and the decode on `t` (priced once: the
+    /// move's candidate reuses it). Every other term is ≥ 0; the margin covers the
+    /// rounding of summing in another order.
     fn migration_floor_s(
         &self,
         d: &PlanWorker,
@@ -636,7 +655,7 @@ impl Pricing<'_, '_> {
         } else {
             0.0
         };
-        (copy + hysteresis + w.rho * self.decode_s(t)) * (1.0 - 1e-9)
+        (t.queue_s + copy + hysteresis + w.rho * self.decoder_terms(t).decode_s) * (1.0 - 1e-9)
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
