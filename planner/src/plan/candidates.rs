@@ -133,8 +133,8 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
-        // A move that cannot win is not priced: its copy alone (with the hysteresis) costs
-        // at least the cheapest candidate so far, which ties go to. The explain plan
+        // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
+        // is at least the cheapest candidate so far, which ties go to. The explain plan
         // prices every one.
         let beat = if input.exhaustive {
             f64::INFINITY
