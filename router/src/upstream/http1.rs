@@ -49,7 +49,16 @@ pub enum WireError {
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
-    read: BytesMut,
+    read: Received,
+}
+
+/// The bytes read from a worker and not yet used, and what they say: the half of the wire
+/// that does no IO, fed from the socket by [`Conn`] (and from memory by `ownerserve fuzz`).
+/// Bounded: a head over 64 KB or a line over 8 KB is an error, and body bytes leave as
+/// they are framed.
+#[derive(Debug, Default)]
+pub struct Received {
+    buf: BytesMut,
 }
 
 /// A response's status, version and headers.
@@ -63,7 +72,7 @@ impl Conn {
     pub fn new(stream: TcpStream) -> Self {
         Self {
             stream,
-            read: BytesMut::new(),
+            read: Received::default(),
         }
     }
 
@@ -71,7 +80,7 @@ impl Conn {
     /// sent nothing since its last response. Costs no system call while the socket has had
     /// no event since it was last read to empty.
     pub fn still_open(&mut self) -> bool {
-        if !self.read.is_empty() {
+        if !self.read.buf.is_empty() {
             return false;
         }
         let mut cx = Context::from_waker(Waker::noop());
@@ -113,11 +122,8 @@ impl Conn {
     pub async fn read_head(&mut self, method: &Method) -> Result<(Head, Framing), WireError> {
         let mut answered = false;
         loop {
-            if let Some(parsed) = self.parse_head(method)? {
+            if let Some(parsed) = self.read.head(method)? {
                 return Ok(parsed);
-            }
-            if self.read.len() >= MAX_HEAD {
-                return Err(WireError::Malformed("response head too large"));
             }
             let n = std::future::poll_fn(|cx| self.poll_fill(cx))
                 .await
@@ -129,7 +135,7 @@ impl Conn {
                     }
                 })?;
             if n == 0 {
-                return Err(if answered || !self.read.is_empty() {
+                return Err(if answered || !self.read.buf.is_empty() {
                     WireError::Malformed("connection closed inside the response head")
                 } else {
                     WireError::ClosedBeforeAnswer
@@ -139,13 +145,63 @@ impl Conn {
         }
     }
 
-    /// The head at the front of what was read, if it is all there; 1xx heads are dropped.
-    fn parse_head(&mut self, method: &Method) -> Result<Option<(Head, Framing)>, WireError> {
+    /// Reads what the socket has into `read`; `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let buf = &mut self.read.buf;
+        if buf.capacity() - buf.len() < MIN_ROOM {
+            buf.reserve(READ_SIZE);
+        }
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, buf)
+    }
+
+    /// The next piece of a body framed by `framing`: `None` at its end.
+    pub fn poll_body(
+        &mut self,
+        framing: &mut Framing,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, WireError>>> {
+        loop {
+            match self.read.piece(framing) {
+                Err(e) => return Poll::Ready(Some(Err(e))),
+                Ok(Piece::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                Ok(Piece::End) => return Poll::Ready(None),
+                Ok(Piece::NeedMore) => {}
+            }
+            match self.poll_fill(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(WireError::Io(e)))),
+                Poll::Ready(Ok(0)) if framing.runs_until_close() => {
+                    framing.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    return Poll::Ready(Some(Err(WireError::Malformed(
+                        "connection closed inside the body",
+                    ))))
+                }
+                Poll::Ready(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+impl Received {
+    /// Appends bytes read from the worker.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The response head at the front of what was read, if it is all there (1xx heads are
+    /// dropped), and its body's framing for a request made with `method`.
+    pub fn head(&mut self, method: &Method) -> Result<Option<(Head, Framing)>, WireError> {
         loop {
             let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut resp = httparse::Response::new(&mut slots);
-            let len = match resp.parse(&self.read) {
+            let len = match resp.parse(&self.buf) {
                 Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) if self.buf.len() >= MAX_HEAD => {
+                    return Err(WireError::Malformed("response head too large"))
+                }
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => {
                     return Err(WireError::Malformed("too many headers"))
@@ -161,7 +217,7 @@ impl Conn {
                         "an upgrade the router never asked for",
                     ));
                 }
-                self.read.advance(len);
+                self.buf.advance(len);
                 continue;
             }
             let version = if resp.version == Some(0) {
@@ -173,7 +229,7 @@ impl Conn {
                 || status == StatusCode::NO_CONTENT
                 || status == StatusCode::NOT_MODIFIED;
             let (headers, framing) = read_headers(resp.headers, version, empty)?;
-            self.read.advance(len);
+            self.buf.advance(len);
             let head = Head {
                 status,
                 version,
@@ -183,46 +239,8 @@ impl Conn {
         }
     }
 
-    /// Reads what the socket has into `read`; `Ok(0)` at its end.
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if self.read.capacity() - self.read.len() < MIN_ROOM {
-            self.read.reserve(READ_SIZE);
-        }
-        tokio_util::io::poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.read)
-    }
-
-    /// The next piece of a body framed by `framing`: `None` at its end.
-    pub fn poll_body(
-        &mut self,
-        framing: &mut Framing,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Bytes, WireError>>> {
-        loop {
-            match self.next_piece(framing) {
-                Err(e) => return Poll::Ready(Some(Err(e))),
-                Ok(Piece::Data(data)) => return Poll::Ready(Some(Ok(data))),
-                Ok(Piece::End) => return Poll::Ready(None),
-                Ok(Piece::NeedMore) => {}
-            }
-            match self.poll_fill(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Err(e)) => return Poll::Ready(Some(Err(WireError::Io(e)))),
-                Poll::Ready(Ok(0)) if matches!(framing.state, State::UntilClose) => {
-                    framing.state = State::Done;
-                    return Poll::Ready(None);
-                }
-                Poll::Ready(Ok(0)) => {
-                    return Poll::Ready(Some(Err(WireError::Malformed(
-                        "connection closed inside the body",
-                    ))))
-                }
-                Poll::Ready(Ok(_)) => {}
-            }
-        }
-    }
-
     /// What the bytes read so far give of a body framed by `framing`, reading nothing.
-    fn next_piece(&mut self, framing: &mut Framing) -> Result<Piece, WireError> {
+    pub fn piece(&mut self, framing: &mut Framing) -> Result<Piece, WireError> {
         loop {
             match framing.state {
                 State::Done => return Ok(Piece::End),
@@ -230,9 +248,9 @@ impl Conn {
                     framing.state = State::Done;
                     return Ok(Piece::End);
                 }
-                State::Length(left) | State::ChunkData(left) if !self.read.is_empty() => {
-                    let take = (self.read.len() as u64).min(left);
-                    let data = self.read.split_to(take as usize).freeze();
+                State::Length(left) | State::ChunkData(left) if !self.buf.is_empty() => {
+                    let take = (self.buf.len() as u64).min(left);
+                    let data = self.buf.split_to(take as usize).freeze();
                     framing.state = match framing.state {
                         State::ChunkData(_) if take == left => State::ChunkEnd,
                         State::ChunkData(_) => State::ChunkData(left - take),
@@ -240,8 +258,8 @@ impl Conn {
                     };
                     return Ok(Piece::Data(data));
                 }
-                State::UntilClose if !self.read.is_empty() => {
-                    return Ok(Piece::Data(self.read.split().freeze()));
+                State::UntilClose if !self.buf.is_empty() => {
+                    return Ok(Piece::Data(self.buf.split().freeze()));
                 }
                 State::ChunkSize => match self.take_line()? {
                     Some(line) => {
@@ -252,11 +270,11 @@ impl Conn {
                     }
                     None => return Ok(Piece::NeedMore),
                 },
-                State::ChunkEnd if self.read.len() >= 2 => {
-                    if &self.read[..2] != b"\r\n" {
+                State::ChunkEnd if self.buf.len() >= 2 => {
+                    if &self.buf[..2] != b"\r\n" {
                         return Err(WireError::Malformed("chunk not ended by CRLF"));
                     }
-                    self.read.advance(2);
+                    self.buf.advance(2);
                     framing.state = State::ChunkSize;
                 }
                 // Trailers are read and dropped; an empty line ends the body.
@@ -281,13 +299,13 @@ impl Conn {
     /// A whole CRLF-ended line from the front of what was read, without its CRLF; `None`
     /// until it is all there.
     fn take_line(&mut self) -> Result<Option<BytesMut>, WireError> {
-        match self.read.windows(2).position(|w| w == b"\r\n") {
+        match self.buf.windows(2).position(|w| w == b"\r\n") {
             Some(end) => {
-                let line = self.read.split_to(end);
-                self.read.advance(2);
+                let line = self.buf.split_to(end);
+                self.buf.advance(2);
                 Ok(Some(line))
             }
-            None if self.read.len() > MAX_LINE => Err(WireError::Malformed("line too long")),
+            None if self.buf.len() > MAX_LINE => Err(WireError::Malformed("line too long")),
             None => Ok(None),
         }
     }
@@ -356,9 +374,13 @@ fn read_headers(
 }
 
 /// What the bytes already read give of a body.
-enum Piece {
+#[derive(Debug)]
+pub enum Piece {
+    /// Body bytes (never empty).
     Data(Bytes),
+    /// The body has ended.
     End,
+    /// More bytes must be read first.
     NeedMore,
 }
 
@@ -428,6 +450,11 @@ impl Framing {
     /// The body has been read to its end.
     pub fn is_done(&self) -> bool {
         matches!(self.state, State::Done | State::Length(0))
+    }
+
+    /// The body ends when the worker closes the connection (no length, not chunked).
+    pub fn runs_until_close(&self) -> bool {
+        matches!(self.state, State::UntilClose)
     }
 
     /// The body's bytes still to come, when its framing says.
