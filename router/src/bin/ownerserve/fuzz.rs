@@ -93,6 +93,16 @@ pub fn fuzz(args: &FuzzArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every target, in the order a run takes them.
+const TARGETS: [&str; 6] = [
+    "openai",
+    "kv-events",
+    "sse-relay",
+    "worker-http",
+    "directory",
+    "config",
+];
+
 /// The target called `name`.
 pub fn target(name: &str) -> anyhow::Result<Target> {
     Ok(match name {
@@ -103,7 +113,7 @@ pub fn target(name: &str) -> anyhow::Result<Target> {
         "directory" => directory_target(),
         "config" => config_target(),
         other => {
-            bail!("no fuzz target `{other}` (openai, kv-events, sse-relay, worker-http, directory, config)")
+            bail!("no fuzz target `{other}` ({})", TARGETS.join(", "))
         }
     })
 }
@@ -766,14 +776,7 @@ mod tests {
     /// The short run CI makes: every target, 20,000 inputs each, no panic.
     #[test]
     fn every_target_survives_a_short_run() {
-        for name in [
-            "openai",
-            "kv-events",
-            "sse-relay",
-            "worker-http",
-            "directory",
-            "config",
-        ] {
+        for name in TARGETS {
             let mut t = target(name).unwrap();
             let r = run(&mut t, 20_000, 1);
             assert_eq!(
@@ -791,14 +794,7 @@ mod tests {
 
     #[test]
     fn every_seed_is_accepted() {
-        for name in [
-            "openai",
-            "kv-events",
-            "sse-relay",
-            "worker-http",
-            "directory",
-            "config",
-        ] {
+        for name in TARGETS {
             let mut t = target(name).unwrap();
             let seeds = t.seeds.clone();
             for (i, s) in seeds.iter().enumerate() {
