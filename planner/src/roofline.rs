@@ -79,10 +79,6 @@ impl<'a> DecodeFigures<'a> {
             weight_bytes: model.moe.is_none().then(|| model.weight_bytes()),
         }
     }
-
-    pub fn model(&self) -> &'a ModelSpec {
-        self.model
-    }
 }
 
 /// The time a step takes and which bound set it.
@@ -153,9 +149,7 @@ impl Roofline {
             total_s: compute_s.max(memory_s) + self.step_overhead_s,
         }
     }
-}
 
-impl Roofline {
     /// [`Self::step_time`]'s total for a step of `seqs` decoding sequences that read
     /// `context` KV tokens: the same arithmetic, to the bit, with the model's figures read
     /// once. A plan prices a few hundred such steps (the decode term), where the general
