@@ -636,9 +636,9 @@ impl Pricing<'_, '_> {
     }
 
     /// The least a move from `d` to `t` can cost: `t`'s queue, the copy, the hysteresis on
-    /// it when it leaves an owner that could stay, and the decode on `t` (priced once: the
-    /// move's candidate reuses it). Every other term is ≥ 0; the margin covers the
-    /// rounding of summing in another order.
+    /// it when it leaves an owner that could stay, and what it evicts and decodes on `t`
+    /// (priced once: the move's candidate reuses them). Every other term is ≥ 0; the
+    /// margin covers the rounding of summing in another order.
     fn migration_floor_s(
         &self,
         d: &PlanWorker,
@@ -655,7 +655,8 @@ impl Pricing<'_, '_> {
         } else {
             0.0
         };
-        (t.queue_s + copy + hysteresis + w.rho * self.decoder_terms(t).decode_s) * (1.0 - 1e-9)
+        let on_t = self.decoder_terms(t);
+        (t.queue_s + copy + hysteresis + on_t.evict_s + w.rho * on_t.decode_s) * (1.0 - 1e-9)
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
