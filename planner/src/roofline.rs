@@ -57,10 +57,10 @@ pub fn prefill_pairs(new: u64, context: u64) -> u64 {
     new * context + new * (new + 1) / 2
 }
 
-/// A model's figures a decode-only step's time is made of, read once for the many decode
-/// steps a plan prices ([`Roofline::decode_step_s`]).
+/// A model's figures a step's time is made of, read once for the many prefill and decode
+/// steps a plan prices ([`Roofline::prefill_step_s`], [`Roofline::decode_step_s`]).
 #[derive(Debug, Clone, Copy)]
-pub struct DecodeFigures<'a> {
+pub struct StepFigures<'a> {
     model: &'a ModelSpec,
     two_params_active: f64,
     attention_flops_per_pair: f64,
@@ -69,7 +69,7 @@ pub struct DecodeFigures<'a> {
     weight_bytes: Option<f64>,
 }
 
-impl<'a> DecodeFigures<'a> {
+impl<'a> StepFigures<'a> {
     pub fn of(model: &'a ModelSpec) -> Self {
         Self {
             model,
@@ -154,15 +154,35 @@ impl Roofline {
     /// `context` KV tokens: the same arithmetic, to the bit, with the model's figures read
     /// once. A plan prices a few hundred such steps (the decode term), where the general
     /// path cost ~30 ns each.
-    pub fn decode_step_s(&self, f: &DecodeFigures<'_>, seqs: u64, context: u64) -> f64 {
-        if seqs == 0 {
+    pub fn decode_step_s(&self, f: &StepFigures<'_>, seqs: u64, context: u64) -> f64 {
+        self.figured_step_s(f, seqs, context, context + seqs)
+    }
+
+    /// [`Self::step_time`]'s total for a prefill-only step computing `tokens` tokens with
+    /// `pairs` attention pairs (see [`prefill_pairs`]) over `context` cached tokens: the
+    /// same arithmetic, to the bit, with the model's figures read once (a plan prices one
+    /// or two per worker).
+    pub fn prefill_step_s(
+        &self,
+        f: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+        context: u64,
+    ) -> f64 {
+        self.figured_step_s(f, tokens, pairs, context + tokens)
+    }
+
+    /// A step of `tokens` tokens (prefill tokens or decoding sequences) with `pairs`
+    /// attention pairs, reading `kv_tokens` KV tokens, as [`Self::step_time`] sums it.
+    fn figured_step_s(&self, f: &StepFigures<'_>, tokens: u64, pairs: u64, kv_tokens: u64) -> f64 {
+        if tokens == 0 {
             return 0.0;
         }
-        let flops = f.two_params_active * seqs as f64 + f.attention_flops_per_pair * context as f64;
+        let flops = f.two_params_active * tokens as f64 + f.attention_flops_per_pair * pairs as f64;
         let weights = f
             .weight_bytes
-            .unwrap_or_else(|| f.model.weight_bytes_touched(seqs));
-        let bytes = weights + f.kv_bytes_per_token * (context + seqs) as f64;
+            .unwrap_or_else(|| f.model.weight_bytes_touched(tokens));
+        let bytes = weights + f.kv_bytes_per_token * kv_tokens as f64;
         (flops / self.flops_per_s).max(bytes / self.bytes_per_s) + self.step_overhead_s
     }
 }
@@ -177,7 +197,7 @@ mod tests {
         let r = Roofline::new(&g, 2, Efficiency::default());
         for name in ["llama-3.1-8b", "qwen3-30b-a3b"] {
             let m = ModelSpec::preset(name).unwrap();
-            let f = DecodeFigures::of(&m);
+            let f = StepFigures::of(&m);
             for seqs in [0, 1, 7, 300, 5_000] {
                 for context in [0, 1, 90_000, 3_000_000] {
                     let work = StepWork {
@@ -188,6 +208,40 @@ mod tests {
                     let general = r.step_time(&m, &work).total_s;
                     let fast = r.decode_step_s(&f, seqs, context);
                     assert_eq!(general.to_bits(), fast.to_bits(), "{name} {seqs} {context}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_prefill_step_costs_what_the_general_step_time_says_to_the_bit() {
+        let g = GpuSpec::preset("h100").unwrap();
+        let r = Roofline::new(&g, 2, Efficiency::default());
+        for name in ["llama-3.1-8b", "qwen3-30b-a3b"] {
+            let m = ModelSpec::preset(name).unwrap();
+            let f = StepFigures::of(&m);
+            for tokens in [0, 1, 7, 8_192, 100_000] {
+                for context in [0, 1, 90_000, 3_000_000] {
+                    for n in [1, 3] {
+                        let work = StepWork {
+                            prefill_tokens: tokens * n,
+                            prefill_attention_pairs: prefill_pairs(tokens, context) * n,
+                            prefill_context_tokens: context * n,
+                            ..StepWork::default()
+                        };
+                        let general = r.step_time(&m, &work).total_s;
+                        let fast = r.prefill_step_s(
+                            &f,
+                            tokens * n,
+                            prefill_pairs(tokens, context) * n,
+                            context * n,
+                        );
+                        assert_eq!(
+                            general.to_bits(),
+                            fast.to_bits(),
+                            "{name} {tokens} {context}"
+                        );
+                    }
                 }
             }
         }

@@ -21,7 +21,7 @@
 //! predicted time and found a tenth of their prefix left.)
 
 use crate::ids::Role;
-use crate::spec::ModelSpec;
+use crate::roofline::StepFigures;
 
 use super::PlanWorker;
 
@@ -37,10 +37,10 @@ pub struct Admission {
 /// How the step is admitted on `w` (`prompt` tokens, `block` tokens per block): the wait
 /// for KV and what survives of its cached prefix. A worker whose KV figures or decode
 /// lifetime are unknown keeps the old view (no memory wait, every cached token reused).
-pub fn admission(w: &PlanWorker, model: &ModelSpec, prompt: u64, block: u64) -> Admission {
+pub fn admission(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64, block: u64) -> Admission {
     let memory_wait_s = memory_wait_s(w, prompt);
     let wait_s = w.queue_s.max(memory_wait_s);
-    let allocated = w.waiting_tokens + decode_growth_tokens(w, model, wait_s);
+    let allocated = w.waiting_tokens + decode_growth_tokens(w, figures, wait_s);
     let survive = survival(w, allocated);
     let block = block.max(1);
     let surviving_tokens = ((w.cached_tokens as f64 * survive) as u64) / block * block;
@@ -53,8 +53,13 @@ pub fn admission(w: &PlanWorker, model: &ModelSpec, prompt: u64, block: u64) -> 
 /// `w` as a step of `prompt` tokens will find it at admission: its queue is the longer
 /// of the compute queue and the wait for KV, and its cached prefix what survives that
 /// wait.
-pub fn admitted_view(w: &PlanWorker, model: &ModelSpec, prompt: u64, block: u64) -> PlanWorker {
-    let a = admission(w, model, prompt, block);
+pub fn admitted_view(
+    w: &PlanWorker,
+    figures: &StepFigures<'_>,
+    prompt: u64,
+    block: u64,
+) -> PlanWorker {
+    let a = admission(w, figures, prompt, block);
     // A worker with a host tier (it holds some of the prompt there) offloads what it
     // evicts meanwhile: that stays restorable, in front of what it holds there already.
     let host_cached_tokens = if w.host_cached_tokens > 0 {
@@ -95,13 +100,12 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
 
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
 /// per decode step, at the step time of its running batch.
-fn decode_growth_tokens(w: &PlanWorker, model: &ModelSpec, wait_s: f64) -> u64 {
+fn decode_growth_tokens(w: &PlanWorker, figures: &StepFigures<'_>, wait_s: f64) -> u64 {
     let running = super::interference::stalled_decodes(w.role, w.decoding);
     if running == 0 || wait_s <= 0.0 {
         return 0;
     }
-    let figures = crate::roofline::DecodeFigures::of(model);
-    let step = super::decode::decode_step_s(w, &figures, 0, 0);
+    let step = super::decode::decode_step_s(w, figures, 0, 0);
     if step <= 0.0 {
         return 0;
     }
@@ -131,7 +135,7 @@ mod tests {
     use super::*;
     use crate::ids::WorkerId;
     use crate::roofline::{Efficiency, Roofline};
-    use crate::spec::GpuSpec;
+    use crate::spec::{GpuSpec, ModelSpec};
 
     fn model() -> ModelSpec {
         ModelSpec::preset("llama-3.1-8b").unwrap_or_else(|e| panic!("{e}"))
@@ -168,7 +172,7 @@ mod tests {
     #[test]
     fn a_step_that_fits_the_free_kv_waits_for_nothing_and_keeps_its_prefix() {
         let w = decoder(100_000, 50_000, 30_000);
-        let a = admission(&w, &model(), 40_000, 16);
+        let a = admission(&w, &StepFigures::of(&model()), 40_000, 16);
         assert_eq!(a.memory_wait_s, 0.0);
         assert_eq!(a.surviving_tokens, 30_000);
     }
@@ -179,14 +183,14 @@ mod tests {
         // 40K short, a ninth of the running KV, released in a ninth of the lifetime.
         let mut w = decoder(40_000, 0, 0);
         w.waiting_tokens = 20_000;
-        let a = admission(&w, &model(), 60_000, 16);
+        let a = admission(&w, &StepFigures::of(&model()), 60_000, 16);
         assert!((a.memory_wait_s - 10.0 / 9.0).abs() < 1e-9, "{a:?}");
         // The view the planner prices: the longer of compute queue and memory wait.
         w.queue_s = 3.0;
-        let v = admitted_view(&w, &model(), 60_000, 16);
+        let v = admitted_view(&w, &StepFigures::of(&model()), 60_000, 16);
         assert_eq!(v.queue_s, 3.0);
         w.queue_s = 0.2;
-        let v = admitted_view(&w, &model(), 60_000, 16);
+        let v = admitted_view(&w, &StepFigures::of(&model()), 60_000, 16);
         assert!((v.queue_s - 10.0 / 9.0).abs() < 1e-9);
     }
 
@@ -195,7 +199,7 @@ mod tests {
         let mut w = decoder(1_000, 0, 30_000);
         w.decode_lifetime_s = None;
         w.kv_room_tokens = None;
-        let a = admission(&w, &model(), 60_000, 16);
+        let a = admission(&w, &StepFigures::of(&model()), 60_000, 16);
         assert_eq!((a.memory_wait_s, a.surviving_tokens), (0.0, 30_000));
         let mut p = decoder(1_000, 0, 0);
         p.role = Role::Prefill;
@@ -212,12 +216,15 @@ mod tests {
         // 60K queued ahead (which fits, so no wait and no decode growth): half the
         // evictable cache goes.
         w.waiting_tokens = 60_000;
-        let a = admission(&w, &model(), 40_000, 16);
+        let a = admission(&w, &StepFigures::of(&model()), 40_000, 16);
         assert_eq!(a.surviving_tokens, 16_000, "{a:?}");
         // Nothing queued, nothing waited for: all of it is there.
         w.waiting_tokens = 0;
         w.decoding = 0;
-        assert_eq!(admission(&w, &model(), 40_000, 16).surviving_tokens, 32_000);
+        assert_eq!(
+            admission(&w, &StepFigures::of(&model()), 40_000, 16).surviving_tokens,
+            32_000
+        );
     }
 
     #[test]
@@ -225,9 +232,9 @@ mod tests {
         // No empty block: the decodes' growth evicts from the first token.
         let mut w = decoder(100_000, 0, 32_000);
         w.queue_s = 0.1;
-        let short = admission(&w, &model(), 10_000, 16).surviving_tokens;
+        let short = admission(&w, &StepFigures::of(&model()), 10_000, 16).surviving_tokens;
         w.queue_s = 5.0;
-        let long = admission(&w, &model(), 10_000, 16).surviving_tokens;
+        let long = admission(&w, &StepFigures::of(&model()), 10_000, 16).surviving_tokens;
         assert!(long < short, "{long} vs {short}");
     }
 }

@@ -4,7 +4,7 @@ use std::cell::Cell;
 
 use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
-use crate::roofline::{prefill_pairs, DecodeFigures, StepWork};
+use crate::roofline::{prefill_pairs, StepFigures};
 
 use super::admission::admitted_view;
 use super::decode::{expected_decode_steps, marginal_decode_s};
@@ -19,17 +19,18 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // wait for KV, its cached prefix only what survives that wait (`admission.rs`). A
     // migration's source and a fetch's source are read at once, so they keep what they hold.
     let block = u64::from(input.block_size.max(1));
+    let figures = StepFigures::of(input.model);
     let admitted: Vec<PlanWorker> = input
         .workers
         .iter()
-        .map(|w| admitted_view(w, input.model, input.prompt_tokens, block))
+        .map(|w| admitted_view(w, &figures, input.prompt_tokens, block))
         .collect();
     let held_now = input.workers;
     let input = &PlanInput {
         workers: &admitted,
         ..input.clone()
     };
-    let p = Pricing::new(input);
+    let p = Pricing::new(input, figures);
     let owner = input
         .decode_owner
         .and_then(|d| input.workers.iter().find(|w| w.id == d));
@@ -134,9 +135,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
-        // is at least the cheapest candidate so far, which ties go to. The explain plan
-        // prices every one.
-        let beat = if input.exhaustive {
+        // is at least the cheapest candidate so far, which ties go to (earlier moves
+        // included). The explain plan prices every one.
+        let mut beat = if input.exhaustive {
             f64::INFINITY
         } else {
             out.iter()
@@ -148,12 +149,16 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .iter()
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
-            if p.migration_floor_s(now, t, sent, could_stay) >= beat {
+            let m = p.move_bytes(now, t, sent);
+            if p.migration_floor_s(t, m, could_stay) >= beat {
                 continue;
             }
-            let mut c = p.migrate(now, t, sent);
+            let mut c = p.migrate(now, t, m);
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
+            }
+            if !input.exhaustive {
+                beat = beat.min(c.cost.total);
             }
             out.push(c);
         }
@@ -260,6 +265,19 @@ struct Work {
     interference_s: f64,
 }
 
+/// What a move of the session to a worker reuses, sends and leaves behind.
+#[derive(Debug, Clone, Copy)]
+struct MoveBytes {
+    /// Leading prompt tokens the target need not compute.
+    reused: u64,
+    /// Bytes sent to the target.
+    moved: f64,
+    /// Bytes left as a second copy (engines that cannot pull KV from a peer).
+    duplicated: f64,
+    /// Seconds of the copy: network and restore.
+    copy_s: f64,
+}
+
 /// The terms of a step that depend on its decoder alone.
 #[derive(Debug, Clone, Copy)]
 struct DecoderTerms {
@@ -278,17 +296,16 @@ struct Pricing<'a, 'b> {
     artifact_sealed: f64,
     /// Decode steps the step is expected to run (`decode::expected_decode_steps`).
     decode_steps: Option<f64>,
-    /// The model's decode figures, read once.
-    figures: DecodeFigures<'b>,
+    /// The model's step figures, read once.
+    figures: StepFigures<'b>,
     /// The last decoder whose own terms were priced, and them: a decoder's colocation,
     /// remote prefills and fetch are generated one after another and share them.
     last_decoder: Cell<Option<(WorkerId, DecoderTerms)>>,
 }
 
 impl<'a, 'b> Pricing<'a, 'b> {
-    fn new(input: &'a PlanInput<'b>) -> Self {
+    fn new(input: &'a PlanInput<'b>, figures: StepFigures<'b>) -> Self {
         let bytes = |tokens| input.model.prefix_bytes(tokens, input.block_size);
-        let figures = DecodeFigures::of(input.model);
         Self {
             input,
             prompt_bytes: bytes(input.prompt_tokens).total,
@@ -388,13 +405,10 @@ impl Pricing<'_, '_> {
 
     fn prefill_s(&self, w: &PlanWorker, new: u64, n: u64) -> f64 {
         let context = self.prompt().saturating_sub(new);
-        let work = StepWork {
-            prefill_tokens: new * n,
-            prefill_attention_pairs: prefill_pairs(new, context) * n,
-            prefill_context_tokens: context * n,
-            ..StepWork::default()
-        };
-        w.roofline.step_time(self.input.model, &work).total_s * w.prefill_scale
+        let pairs = prefill_pairs(new, context) * n;
+        w.roofline
+            .prefill_step_s(&self.figures, new * n, pairs, context * n)
+            * w.prefill_scale
     }
 
     /// Seconds of prefill someone will redo because `d`, to hold this step's KV, must evict
@@ -447,7 +461,7 @@ impl Pricing<'_, '_> {
     fn interference_s(&self, w: &PlanWorker, tokens: u64, compute_s: f64) -> f64 {
         marginal_interference_s(
             &w.roofline,
-            self.input.model,
+            &self.figures,
             stalled_decodes(w.role, w.decoding),
             tokens,
             compute_s,
@@ -624,39 +638,43 @@ impl Pricing<'_, '_> {
         c
     }
 
-    /// What a move from `d` to `t` reuses (tokens), sends and leaves duplicated (bytes):
-    /// see [`Pricing::migrate`].
-    fn migration_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> (u64, f64, f64) {
+    /// What a move from `d` to `t` reuses, sends and leaves duplicated ([`MoveBytes`]);
+    /// `sent` is the bytes of `d`'s cached prefix of the prompt (see [`Pricing::migrate`]).
+    fn move_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> MoveBytes {
         let held = d.cached_tokens.min(self.prompt());
         let lacked = (sent - self.state_bytes(t.cached_tokens.min(held))).max(0.0);
-        match d.pulls_kv && t.pulls_kv {
+        let (reused, moved, duplicated) = match d.pulls_kv && t.pulls_kv {
             true => (held, lacked, 0.0),
             false => (0, 0.0, lacked),
+        };
+        let (network_s, restore_s) = self.transfer_s(d.id, t, moved);
+        MoveBytes {
+            reused,
+            moved,
+            duplicated,
+            copy_s: network_s + restore_s,
         }
     }
 
-    /// The least a move from `d` to `t` can cost: `t`'s queue, the copy, the hysteresis on
-    /// it when it leaves an owner that could stay, and what it evicts and decodes on `t`
-    /// (priced once: the move's candidate reuses them). Every other term is ≥ 0; the
-    /// margin covers the rounding of summing in another order.
-    fn migration_floor_s(
-        &self,
-        d: &PlanWorker,
-        t: &PlanWorker,
-        sent: f64,
-        could_stay: bool,
-    ) -> f64 {
+    /// The least a move to `t` that sends `m` can cost: `t`'s queue, the copy, the
+    /// hysteresis on it when it leaves an owner that could stay, and what it evicts and
+    /// decodes on `t` (priced once: the move's candidate reuses them). Every other term is
+    /// ≥ 0; the margin covers the rounding of summing in another order.
+    fn migration_floor_s(&self, t: &PlanWorker, m: MoveBytes, could_stay: bool) -> f64 {
+        let on_t = self.decoder_terms(t);
         let w = self.input.weights;
-        let (_, moved, _) = self.migration_bytes(d, t, sent);
-        let (network_s, restore_s) = self.transfer_s(d.id, t, moved);
-        let copy = network_s + restore_s;
+        (t.queue_s + self.copy_s(m, could_stay) + on_t.evict_s + w.rho * on_t.decode_s)
+            * (1.0 - 1e-9)
+    }
+
+    /// A move's copy, with the hysteresis on it when it leaves an owner that could stay.
+    fn copy_s(&self, m: MoveBytes, could_stay: bool) -> f64 {
         let hysteresis = if could_stay {
-            w.migrate_hysteresis.max(0.0) * copy
+            self.input.weights.migrate_hysteresis.max(0.0) * m.copy_s
         } else {
             0.0
         };
-        let on_t = self.decoder_terms(t);
-        (t.queue_s + copy + hysteresis + on_t.evict_s + w.rho * on_t.decode_s) * (1.0 - 1e-9)
+        m.copy_s + hysteresis
     }
 
     /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
@@ -664,17 +682,16 @@ impl Pricing<'_, '_> {
     /// that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing is sent: the target
     /// recomputes it, as the dispatch then does, and the source keeps its copy (vLLM and
     /// SGLang drop nothing on request), so it is a duplicate instead.
-    fn migrate(&self, d: &PlanWorker, t: &PlanWorker, sent: f64) -> Candidate {
-        let (reused, moved, duplicated) = self.migration_bytes(d, t, sent);
-        let new = self.to_compute(reused.max(t.cached_tokens));
+    fn migrate(&self, d: &PlanWorker, t: &PlanWorker, m: MoveBytes) -> Candidate {
+        let new = self.to_compute(m.reused.max(t.cached_tokens));
         self.candidate(
             Action::Migrate,
             t,
             t,
             Some(d.id),
             self.work(t, new),
-            moved,
-            duplicated,
+            m.moved,
+            m.duplicated,
         )
     }
 }

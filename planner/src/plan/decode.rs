@@ -19,7 +19,7 @@
 //! context; a count of sequences (`least_loaded`) ignores that a sequence's cost is its
 //! context.
 
-use crate::roofline::DecodeFigures;
+use crate::roofline::StepFigures;
 
 use super::interference::stalled_decodes;
 use super::PlanWorker;
@@ -36,7 +36,7 @@ fn running_kv_tokens(w: &PlanWorker) -> u64 {
 /// `extra_tokens` more KV than run there now; 0 for a worker that does not decode.
 pub fn decode_step_s(
     w: &PlanWorker,
-    f: &DecodeFigures<'_>,
+    f: &StepFigures<'_>,
     extra_seqs: u64,
     extra_tokens: u64,
 ) -> f64 {
@@ -48,7 +48,7 @@ pub fn decode_step_s(
 /// Decode steps one sequence is expected to run: over the decoders with an observed
 /// decode lifetime, the mean of lifetime over their decode step time now. `None` before
 /// any lifetime is observed.
-pub fn expected_decode_steps(workers: &[PlanWorker], f: &DecodeFigures<'_>) -> Option<f64> {
+pub fn expected_decode_steps(workers: &[PlanWorker], f: &StepFigures<'_>) -> Option<f64> {
     let (sum, n) = workers
         .iter()
         .filter_map(|w| {
@@ -64,7 +64,7 @@ pub fn expected_decode_steps(workers: &[PlanWorker], f: &DecodeFigures<'_>) -> O
 /// decode time plus what it adds to the steps of every sequence running there.
 pub fn marginal_decode_s(
     w: &PlanWorker,
-    f: &DecodeFigures<'_>,
+    f: &StepFigures<'_>,
     prompt_tokens: u64,
     steps: f64,
 ) -> f64 {
@@ -92,7 +92,7 @@ mod tests {
     #[test]
     fn a_decoder_with_more_running_context_costs_more() {
         let model = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let m = DecodeFigures::of(&model);
+        let m = StepFigures::of(&model);
         let light = marginal_decode_s(&worker(10, 50_000, None), &m, 10_000, 200.0);
         let heavy = marginal_decode_s(&worker(10, 250_000, None), &m, 10_000, 200.0);
         let crowded = marginal_decode_s(&worker(30, 50_000, None), &m, 10_000, 200.0);
@@ -105,7 +105,7 @@ mod tests {
     #[test]
     fn the_sequence_slows_each_running_one_by_its_own_kv_read() {
         let model = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let m = DecodeFigures::of(&model);
+        let m = StepFigures::of(&model);
         let w = worker(20, 100_000, None);
         let own = decode_step_s(&w, &m, 1, 10_000);
         let added = own - decode_step_s(&w, &m, 0, 0);
@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn steps_come_from_observed_lifetimes_and_are_unknown_before() {
         let model = ModelSpec::preset("llama-3.1-8b").unwrap();
-        let m = DecodeFigures::of(&model);
+        let m = StepFigures::of(&model);
         assert_eq!(expected_decode_steps(&[worker(5, 10_000, None)], &m), None);
         let w = worker(5, 10_000, Some(2.0));
         let step = decode_step_s(&w, &m, 1, 0);

@@ -16,8 +16,7 @@
 //! step waits for them, which its own `T_queue` carries.
 
 use crate::ids::Role;
-use crate::roofline::{Roofline, StepWork};
-use crate::spec::ModelSpec;
+use crate::roofline::{Roofline, StepFigures};
 
 /// Token budget of one engine step the planner assumes when it splits a prefill into
 /// chunks (vLLM's `max_num_batched_tokens` default with chunked prefill, and the
@@ -41,7 +40,7 @@ pub fn stalled_decodes(role: Role, running: u64) -> u64 {
 /// `decoding × compute_s`.
 pub fn marginal_interference_s(
     roofline: &Roofline,
-    model: &ModelSpec,
+    figures: &StepFigures<'_>,
     decoding: u64,
     tokens: u64,
     compute_s: f64,
@@ -51,15 +50,7 @@ pub fn marginal_interference_s(
     }
     let budget = CHUNK_TOKENS.saturating_sub(decoding).max(1);
     let chunks = tokens.div_ceil(budget);
-    let decode_only = roofline
-        .step_time(
-            model,
-            &StepWork {
-                decode_seqs: decoding,
-                ..StepWork::default()
-            },
-        )
-        .total_s;
+    let decode_only = roofline.decode_step_s(figures, decoding, 0);
     // The chunk steps' own overhead is in `compute_s` once; the decodes would have paid
     // it per decode-only step anyway, so it cancels with `decode_only`'s.
     let lost = (compute_s - chunks as f64 * decode_only).max(0.0);
@@ -69,8 +60,8 @@ pub fn marginal_interference_s(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::roofline::{prefill_pairs, Efficiency};
-    use crate::spec::GpuSpec;
+    use crate::roofline::{prefill_pairs, Efficiency, StepWork};
+    use crate::spec::{GpuSpec, ModelSpec};
 
     fn llama_h100() -> (ModelSpec, Roofline) {
         let m = ModelSpec::preset("llama-3.1-8b").unwrap_or_else(|e| panic!("{e}"));
@@ -100,7 +91,10 @@ mod tests {
     #[test]
     fn no_decodes_no_interference() {
         let (m, r) = llama_h100();
-        assert_eq!(marginal_interference_s(&r, &m, 0, 8_000, 0.5), 0.0);
+        assert_eq!(
+            marginal_interference_s(&r, &StepFigures::of(&m), 0, 8_000, 0.5),
+            0.0
+        );
     }
 
     #[test]
@@ -118,7 +112,7 @@ mod tests {
                 },
             )
             .total_s;
-        let i = marginal_interference_s(&r, &m, 10, 4_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 4_000, c);
         assert!((i - 10.0 * (c - dec)).abs() < 1e-12, "{i}");
         assert!(i < 10.0 * c);
     }
@@ -128,7 +122,7 @@ mod tests {
         let (m, r) = llama_h100();
         // 16 new tokens ride a memory-bound decode step almost for free.
         let c = prefill_s(&r, &m, 16);
-        let i = marginal_interference_s(&r, &m, 32, 16, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 16, c);
         assert!(i < 0.1 * 32.0 * c, "{i} vs {}", 32.0 * c);
     }
 
@@ -136,7 +130,7 @@ mod tests {
     fn a_long_prefill_stalls_each_decode_for_nearly_its_whole_time() {
         let (m, r) = llama_h100();
         let c = prefill_s(&r, &m, 32_000);
-        let i = marginal_interference_s(&r, &m, 8, 32_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 32_000, c);
         assert!(i > 0.9 * 8.0 * c && i <= 8.0 * c, "{i} vs {}", 8.0 * c);
     }
 }
