@@ -141,6 +141,11 @@ mod tests {
         ModelSpec::preset("llama-3.1-8b").unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// A step of `prompt` tokens admitted on `w`, 16-token blocks.
+    fn admit(w: &PlanWorker, prompt: u64) -> Admission {
+        admission(w, &StepFigures::of(&model()), prompt, 16)
+    }
+
     /// A decoder with 400K KV tokens, 20 sequences running, decode lifetime 10 s.
     fn decoder(free: u64, room: u64, cached: u64) -> PlanWorker {
         PlanWorker {
@@ -172,7 +177,7 @@ mod tests {
     #[test]
     fn a_step_that_fits_the_free_kv_waits_for_nothing_and_keeps_its_prefix() {
         let w = decoder(100_000, 50_000, 30_000);
-        let a = admission(&w, &StepFigures::of(&model()), 40_000, 16);
+        let a = admit(&w, 40_000);
         assert_eq!(a.memory_wait_s, 0.0);
         assert_eq!(a.surviving_tokens, 30_000);
     }
@@ -183,7 +188,7 @@ mod tests {
         // 40K short, a ninth of the running KV, released in a ninth of the lifetime.
         let mut w = decoder(40_000, 0, 0);
         w.waiting_tokens = 20_000;
-        let a = admission(&w, &StepFigures::of(&model()), 60_000, 16);
+        let a = admit(&w, 60_000);
         assert!((a.memory_wait_s - 10.0 / 9.0).abs() < 1e-9, "{a:?}");
         // The view the planner prices: the longer of compute queue and memory wait.
         w.queue_s = 3.0;
@@ -199,7 +204,7 @@ mod tests {
         let mut w = decoder(1_000, 0, 30_000);
         w.decode_lifetime_s = None;
         w.kv_room_tokens = None;
-        let a = admission(&w, &StepFigures::of(&model()), 60_000, 16);
+        let a = admit(&w, 60_000);
         assert_eq!((a.memory_wait_s, a.surviving_tokens), (0.0, 30_000));
         let mut p = decoder(1_000, 0, 0);
         p.role = Role::Prefill;
@@ -216,15 +221,12 @@ mod tests {
         // 60K queued ahead (which fits, so no wait and no decode growth): half the
         // evictable cache goes.
         w.waiting_tokens = 60_000;
-        let a = admission(&w, &StepFigures::of(&model()), 40_000, 16);
+        let a = admit(&w, 40_000);
         assert_eq!(a.surviving_tokens, 16_000, "{a:?}");
         // Nothing queued, nothing waited for: all of it is there.
         w.waiting_tokens = 0;
         w.decoding = 0;
-        assert_eq!(
-            admission(&w, &StepFigures::of(&model()), 40_000, 16).surviving_tokens,
-            32_000
-        );
+        assert_eq!(admit(&w, 40_000).surviving_tokens, 32_000);
     }
 
     #[test]
@@ -232,9 +234,9 @@ mod tests {
         // No empty block: the decodes' growth evicts from the first token.
         let mut w = decoder(100_000, 0, 32_000);
         w.queue_s = 0.1;
-        let short = admission(&w, &StepFigures::of(&model()), 10_000, 16).surviving_tokens;
+        let short = admit(&w, 10_000).surviving_tokens;
         w.queue_s = 5.0;
-        let long = admission(&w, &StepFigures::of(&model()), 10_000, 16).surviving_tokens;
+        let long = admit(&w, 10_000).surviving_tokens;
         assert!(long < short, "{long} vs {short}");
     }
 }
