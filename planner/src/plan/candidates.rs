@@ -11,9 +11,10 @@ use super::decode::{expected_decode_steps, marginal_decode_s};
 use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
-/// Every candidate `(action, workers)` for the step, except remote prefills that are
-/// provably dominated: with uniform links and no request for an exhaustive list, each
-/// decoder gets only its cheapest prefill partner (see [`best_partners`]).
+/// Every candidate `(action, workers)` for the step, except those provably unable to win
+/// when no exhaustive list is asked for: with uniform links each decoder gets only its
+/// cheapest prefill partner (see [`best_partners`]), and a decoder or a move whose floor
+/// is at least the cheapest candidate so far is not priced.
 pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // Every worker as this step will find it when admitted there: its queue includes the
     // wait for KV, its cached prefix only what survives that wait (`admission.rs`). A
@@ -78,7 +79,22 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let remote = partners.map_or(prefillers.len(), |_| 1);
     let mut out =
         Vec::with_capacity(decoders.clone().count() * (2 + remote) + 1 + input.workers.len());
+    // The cheapest candidate so far, which ties go to.
+    let mut beat = f64::INFINITY;
     for d in decoders {
+        // Outside explain, a decoder none of whose candidates can beat it is skipped: each
+        // pays what the step evicts and decodes there, and waits at least for d's queue
+        // (colocation, fetch) or the soonest remote prefill's leg. Every other term is
+        // ≥ 0; the margin covers the rounding of summing in another order.
+        if !input.exhaustive {
+            let on_d = p.decoder_terms(d);
+            let floor =
+                on_d.evict_s + input.weights.rho * on_d.decode_s + d.queue_s.min(earliest_leg_s);
+            if floor * (1.0 - 1e-9) >= beat {
+                continue;
+            }
+        }
+        let first = out.len();
         // What d holds, priced once; what it duplicates of the artifact and receives from
         // a prefill worker, whoever prefills.
         let cached = p.bytes(d.cached_tokens);
@@ -122,10 +138,16 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
                 out.extend(p.artifact_fetch(o, d, cached));
             }
         }
+        beat = out[first..]
+            .iter()
+            .map(|c| c.cost.total)
+            .fold(beat, f64::min);
     }
     if let Some(o) = artifact_owner {
         if o.takes_work() && o.role.serves_full_requests() && input.decode_owner != Some(o.id) {
-            out.push(p.tail_recompute(o));
+            let c = p.tail_recompute(o);
+            beat = beat.min(c.cost.total);
+            out.push(c);
         }
     }
     if let Some(d) = owner.filter(|d| d.healthy && !fork) {
@@ -135,15 +157,11 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
-        // is at least the cheapest candidate so far, which ties go to (earlier moves
-        // included). The explain plan prices every one.
-        let mut beat = if input.exhaustive {
-            f64::INFINITY
-        } else {
-            out.iter()
-                .map(|c| c.cost.total)
-                .fold(f64::INFINITY, f64::min)
-        };
+        // is at least the cheapest candidate so far (earlier moves included). The explain
+        // plan prices every one.
+        if input.exhaustive {
+            beat = f64::INFINITY;
+        }
         for t in input
             .workers
             .iter()

@@ -243,11 +243,12 @@ pub struct PlanInput<'a> {
     /// The client marked the request as a fork of its session.
     pub fork: bool,
     pub thresholds: ClassThresholds,
-    /// List every prefill × decode pair, even where a pair is provably dominated. The
-    /// explain API sets it so operators see every candidate; routing leaves it off, and
-    /// then, with uniform links, each decoder gets only its cheapest remote prefill: the
-    /// same choice from far fewer candidates, though the runner-up a plan's reason names
-    /// is the cheapest listed one, so it may differ.
+    /// List every prefill × decode pair and every move, even where one provably cannot
+    /// win. The explain API sets it so operators see every candidate; routing leaves it
+    /// off, and then, with uniform links, each decoder gets only its cheapest remote
+    /// prefill, and decoders and moves whose floor is no cheaper than a candidate already
+    /// priced are skipped: the same choice from far fewer candidates, though the runner-up
+    /// a plan's reason names is the cheapest listed one, so it may differ.
     pub exhaustive: bool,
 }
 
@@ -318,7 +319,8 @@ pub struct Plan {
     pub chosen: Candidate,
     pub changes: Vec<DirectoryChange>,
     /// Every candidate considered, in generation order (see [`Plan::ranked`]); dominated
-    /// remote prefills only if the input asked for an exhaustive list.
+    /// remote prefills, and decoders and moves that cannot win, only if the input asked
+    /// for an exhaustive list.
     pub candidates: Vec<Candidate>,
     /// The next cheapest candidate (an index into `candidates`), for [`Plan::reason`].
     runner_up: Option<usize>,

@@ -619,18 +619,34 @@ fn assert_listed_in_full(pruned: &Plan, all: &Plan, step: usize) {
             "step {step}: {c:#?} is not listed in full"
         );
     }
-    for m in all
+    // A candidate left out unpriced (a move, or any of a skipped decoder's) could not
+    // have won. Dominated remote prefills are checked by the caller.
+    for c in all
         .candidates
         .iter()
-        .filter(|c| c.action == Action::Migrate)
+        .filter(|c| c.action != Action::RemotePrefill)
     {
-        if !pruned.candidates.contains(m) {
+        if !pruned.candidates.contains(c) {
             assert!(
-                m.cost.total >= pruned.chosen.cost.total,
-                "step {step}: a move left out was cheaper: {m:#?}"
+                c.cost.total >= pruned.chosen.cost.total,
+                "step {step}: a candidate left out was cheaper: {c:#?}"
             );
         }
     }
+}
+
+/// The decoders `p` prices a colocation, remote prefill or fetch for.
+fn decoders_priced(p: &Plan) -> std::collections::BTreeSet<WorkerId> {
+    p.candidates
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.action,
+                Action::Colocate | Action::RemotePrefill | Action::ArtifactFetch
+            )
+        })
+        .map(|c| c.decode_on)
+        .collect()
 }
 
 fn close(a: f64, b: f64) -> bool {
@@ -642,6 +658,7 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
     let mut rng = SplitMix64::new(0x5eed);
     let mut remote_chosen = 0;
     let mut moves_left_out = 0;
+    let mut decoders_skipped = 0;
     for i in 0..3_000 {
         let mut s = random_scenario(&mut rng);
         let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
@@ -664,12 +681,15 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
         };
         moves_left_out += moves(&all) - moves(&pruned);
         // Every listed candidate is one of the full list, priced the same, in the same
-        // order; only remote prefills and moves that cannot win are dropped.
+        // order; only remote prefills, moves and decoders that cannot win are dropped.
         assert_listed_in_full(&pruned, &all, i);
+        let priced = decoders_priced(&pruned);
+        decoders_skipped += decoders_priced(&all).len() - priced.len();
         let others = |p: &Plan| {
             p.candidates
                 .iter()
                 .filter(|c| !matches!(c.action, Action::RemotePrefill | Action::Migrate))
+                .filter(|c| c.action == Action::TailRecompute || priced.contains(&c.decode_on))
                 .cloned()
                 .collect::<Vec<_>>()
         };
@@ -683,6 +703,10 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
                 .collect::<Vec<_>>()
         };
         for d in all.candidates.iter().map(|c| c.decode_on) {
+            if !priced.contains(&d) {
+                assert!(remote(&pruned, d).is_empty(), "step {i}");
+                continue;
+            }
             let full = remote(&all, d);
             let Some(best) = full
                 .iter()
@@ -708,6 +732,10 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
         "{remote_chosen} remote prefills chosen"
     );
     assert!(moves_left_out > 300, "{moves_left_out} moves left out");
+    assert!(
+        decoders_skipped > 300,
+        "{decoders_skipped} decoders skipped"
+    );
 }
 
 #[test]
@@ -725,10 +753,13 @@ fn per_pair_links_list_every_pair() {
         let Some((pruned, all)) = pruned_and_exhaustive(&mut s) else {
             continue;
         };
+        // Every pair of each decoder priced (a decoder that cannot win is skipped whole).
+        let priced = decoders_priced(&pruned);
         let pairs = |p: &Plan| {
             p.candidates
                 .iter()
                 .filter(|c| c.action != Action::Migrate)
+                .filter(|c| c.action == Action::TailRecompute || priced.contains(&c.decode_on))
                 .cloned()
                 .collect::<Vec<_>>()
         };
