@@ -48,6 +48,25 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// Times each of `fs` `n` times, one call of each in turn, so that every one sees the
+/// machine in the same states (a shared VM drifts between fast and slow spells over
+/// seconds, which skews ratios of cases timed one after another); returns each one's
+/// sorted per-call microseconds.
+pub fn time_interleaved_us(n: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<Vec<f64>> {
+    let mut out = vec![Vec::with_capacity(n); fs.len()];
+    for _ in 0..n {
+        for (f, samples) in fs.iter_mut().zip(&mut out) {
+            let t = std::time::Instant::now();
+            f();
+            samples.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    for samples in &mut out {
+        samples.sort_by(f64::total_cmp);
+    }
+    out
+}
+
 /// Times `f` `n` times; returns sorted per-call microseconds.
 pub fn time_us(n: usize, mut f: impl FnMut()) -> Vec<f64> {
     let mut out: Vec<f64> = (0..n)

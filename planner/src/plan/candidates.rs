@@ -168,10 +168,17 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
         {
             let m = p.move_bytes(now, t, sent);
-            if p.migration_floor_s(t, m, could_stay) >= beat {
+            let floor = p.migration_floor_s(t, m, could_stay);
+            if floor >= beat {
                 continue;
             }
-            let mut c = p.migrate(now, t, m);
+            // Then with the compute on t, which the move's candidate reuses.
+            let new = p.to_compute(m.reused.max(t.cached_tokens));
+            let compute_s = p.prefill_s(t, new, u64::from(input.samples.max(1)));
+            if floor + compute_s * (1.0 - 1e-9) >= beat {
+                continue;
+            }
+            let mut c = p.migrate(now, t, m, p.work_taking(t, new, compute_s));
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
             }
@@ -412,7 +419,12 @@ impl Pricing<'_, '_> {
     /// vLLM's parallel sampling does).
     fn work(&self, w: &PlanWorker, new: u64) -> Work {
         let n = u64::from(self.input.samples.max(1));
-        let (tokens, compute_s) = (new * n, self.prefill_s(w, new, n));
+        self.work_taking(w, new, self.prefill_s(w, new, n))
+    }
+
+    /// [`Pricing::work`] whose compute is known to take `compute_s`.
+    fn work_taking(&self, w: &PlanWorker, new: u64, compute_s: f64) -> Work {
+        let tokens = new * u64::from(self.input.samples.max(1));
         Work {
             new,
             tokens,
@@ -695,19 +707,18 @@ impl Pricing<'_, '_> {
         m.copy_s + hysteresis
     }
 
-    /// Move the session from `d` to `t`; `sent` is the bytes of `d`'s cached prefix of the
-    /// prompt. A copy sends what `t` lacks of it and the source frees it. Between engines
+    /// Move the session from `d` to `t`, sending `m` ([`Pricing::move_bytes`]) and computing
+    /// `work` there. A copy sends what `t` lacks of `d`'s cached prefix and the source frees it. Between engines
     /// that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing is sent: the target
     /// recomputes it, as the dispatch then does, and the source keeps its copy (vLLM and
     /// SGLang drop nothing on request), so it is a duplicate instead.
-    fn migrate(&self, d: &PlanWorker, t: &PlanWorker, m: MoveBytes) -> Candidate {
-        let new = self.to_compute(m.reused.max(t.cached_tokens));
+    fn migrate(&self, d: &PlanWorker, t: &PlanWorker, m: MoveBytes, work: Work) -> Candidate {
         self.candidate(
             Action::Migrate,
             t,
             t,
             Some(d.id),
-            self.work(t, new),
+            work,
             m.moved,
             m.duplicated,
         )
