@@ -127,41 +127,25 @@ impl Roofline {
 
     /// Time of one step doing `work` for `model`.
     pub fn step_time(&self, model: &ModelSpec, work: &StepWork) -> StepTime {
-        if work.is_empty() {
-            return StepTime {
-                compute_s: 0.0,
-                memory_s: 0.0,
-                total_s: 0.0,
-            };
-        }
         let tokens = work.prefill_tokens + work.decode_seqs;
-        let flops = 2.0 * model.params_active * tokens as f64
-            + model.attention_flops_per_pair()
-                * (work.prefill_attention_pairs + work.decode_context_tokens) as f64;
-        let kv_tokens = work.decode_context_tokens + work.prefill_context_tokens + tokens;
-        let bytes =
-            model.weight_bytes_touched(tokens) + model.kv_bytes_per_token() * kv_tokens as f64;
-        let compute_s = flops / self.flops_per_s;
-        let memory_s = bytes / self.bytes_per_s;
-        StepTime {
-            compute_s,
-            memory_s,
-            total_s: compute_s.max(memory_s) + self.step_overhead_s,
-        }
+        self.figured_step(
+            &StepFigures::of(model),
+            tokens,
+            work.prefill_attention_pairs + work.decode_context_tokens,
+            work.decode_context_tokens + work.prefill_context_tokens + tokens,
+        )
     }
 
     /// [`Self::step_time`]'s total for a step of `seqs` decoding sequences that read
-    /// `context` KV tokens: the same arithmetic, to the bit, with the model's figures read
-    /// once. A plan prices a few hundred such steps (the decode term), where the general
-    /// path cost ~30 ns each.
+    /// `context` KV tokens, with the model's figures read once: a plan prices a few hundred
+    /// such steps (the decode term).
     pub fn decode_step_s(&self, f: &StepFigures<'_>, seqs: u64, context: u64) -> f64 {
-        self.figured_step_s(f, seqs, context, context + seqs)
+        self.figured_step(f, seqs, context, context + seqs).total_s
     }
 
     /// [`Self::step_time`]'s total for a prefill-only step computing `tokens` tokens with
-    /// `pairs` attention pairs (see [`prefill_pairs`]) over `context` cached tokens: the
-    /// same arithmetic, to the bit, with the model's figures read once (a plan prices one
-    /// or two per worker).
+    /// `pairs` attention pairs (see [`prefill_pairs`]) over `context` cached tokens, with
+    /// the model's figures read once (a plan prices one or two per worker).
     pub fn prefill_step_s(
         &self,
         f: &StepFigures<'_>,
@@ -169,21 +153,39 @@ impl Roofline {
         pairs: u64,
         context: u64,
     ) -> f64 {
-        self.figured_step_s(f, tokens, pairs, context + tokens)
+        self.figured_step(f, tokens, pairs, context + tokens)
+            .total_s
     }
 
-    /// A step of `tokens` tokens (prefill tokens or decoding sequences) with `pairs`
-    /// attention pairs, reading `kv_tokens` KV tokens, as [`Self::step_time`] sums it.
-    fn figured_step_s(&self, f: &StepFigures<'_>, tokens: u64, pairs: u64, kv_tokens: u64) -> f64 {
+    /// A step of `tokens` tokens (prefill tokens and decoding sequences) with `pairs`
+    /// attention pairs (a decode's context counts one pair per token), reading `kv_tokens`
+    /// KV tokens: the longer of its compute and memory time, plus the step's overhead.
+    fn figured_step(
+        &self,
+        f: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+        kv_tokens: u64,
+    ) -> StepTime {
         if tokens == 0 {
-            return 0.0;
+            return StepTime {
+                compute_s: 0.0,
+                memory_s: 0.0,
+                total_s: 0.0,
+            };
         }
         let flops = f.two_params_active * tokens as f64 + f.attention_flops_per_pair * pairs as f64;
         let weights = f
             .weight_bytes
             .unwrap_or_else(|| f.model.weight_bytes_touched(tokens));
         let bytes = weights + f.kv_bytes_per_token * kv_tokens as f64;
-        (flops / self.flops_per_s).max(bytes / self.bytes_per_s) + self.step_overhead_s
+        let compute_s = flops / self.flops_per_s;
+        let memory_s = bytes / self.bytes_per_s;
+        StepTime {
+            compute_s,
+            memory_s,
+            total_s: compute_s.max(memory_s) + self.step_overhead_s,
+        }
     }
 }
 

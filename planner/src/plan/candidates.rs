@@ -79,14 +79,16 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let remote = partners.map_or(prefillers.len(), |_| 1);
     let mut out =
         Vec::with_capacity(decoders.clone().count() * (2 + remote) + 1 + input.workers.len());
-    // The cheapest candidate so far, which ties go to.
+    // Outside explain, what provably cannot beat the cheapest candidate so far (which ties
+    // go to) is not priced.
+    let prune = !input.exhaustive;
     let mut beat = f64::INFINITY;
     for d in decoders {
-        // Outside explain, a decoder none of whose candidates can beat it is skipped: each
-        // pays what the step evicts and decodes there, and waits at least for d's queue
-        // (colocation, fetch) or the soonest remote prefill's leg. Every other term is
-        // ≥ 0; the margin covers the rounding of summing in another order.
-        if !input.exhaustive {
+        // A decoder none of whose candidates can beat it is skipped: each pays what the
+        // step evicts and decodes there, and waits at least for d's queue (colocation,
+        // fetch) or the soonest remote prefill's leg. Every other term is ≥ 0; the margin
+        // covers the rounding of summing in another order.
+        if prune {
             let on_d = p.decoder_terms(d);
             let floor =
                 on_d.evict_s + input.weights.rho * on_d.decode_s + d.queue_s.min(earliest_leg_s);
@@ -157,11 +159,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.role.serves_full_requests();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
-        // is at least the cheapest candidate so far (earlier moves included). The explain
-        // plan prices every one.
-        if input.exhaustive {
-            beat = f64::INFINITY;
-        }
+        // is at least the cheapest candidate so far (earlier moves included).
         for t in input
             .workers
             .iter()
@@ -169,22 +167,20 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         {
             let m = p.move_bytes(now, t, sent);
             let floor = p.migration_floor_s(t, m, could_stay);
-            if floor >= beat {
+            if prune && floor >= beat {
                 continue;
             }
             // Then with the compute on t, which the move's candidate reuses.
             let new = p.to_compute(m.reused.max(t.cached_tokens));
             let compute_s = p.prefill_s(t, new, u64::from(input.samples.max(1)));
-            if floor + compute_s * (1.0 - 1e-9) >= beat {
+            if prune && floor + compute_s * (1.0 - 1e-9) >= beat {
                 continue;
             }
             let mut c = p.migrate(now, t, m, p.work_taking(t, new, compute_s));
             if could_stay {
                 c.cost = c.cost.with_hysteresis(input.weights);
             }
-            if !input.exhaustive {
-                beat = beat.min(c.cost.total);
-            }
+            beat = beat.min(c.cost.total);
             out.push(c);
         }
     }
