@@ -72,7 +72,8 @@ pub struct Prepared {
     pub body: Bytes,
     /// Headers for the decode worker: request id, authorization, session and epoch.
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// The session's epoch after the step (new after a migration).
+    /// The epoch the step runs under on its decode worker (new after a migration); `None`
+    /// when that worker is not the session's owner in the directory (an unrecorded step).
     pub epoch: Option<Epoch>,
     /// SGLang's prefill leg, to run concurrently with the decode leg.
     pub concurrent_prefill: Option<(Arc<Worker>, Bytes)>,
@@ -127,7 +128,14 @@ impl Dispatcher<'_> {
         decision: &Decision,
         decode: &Arc<Worker>,
     ) -> Prepared {
-        let epoch = step.fork_fence.map(|(_, e)| e).or(step.lookup.epoch);
+        // A session's epoch fences only the worker it was given to: a step planned off its
+        // owner whose claim or move did not commit (a directory electing a leader) runs
+        // unrecorded, never under the previous owner's epoch on another worker.
+        let owned = step
+            .lookup
+            .epoch
+            .filter(|_| step.lookup.owner == Some(decode.id));
+        let epoch = step.fork_fence.map(|(_, e)| e).or(owned);
         let mut out = Prepared {
             body: step.body.clone(),
             headers: headers_for(step, epoch),

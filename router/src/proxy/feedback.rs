@@ -153,7 +153,14 @@ fn effects(
     let moved = lookup.owner != Some(decision.worker);
     let fetched = matches!(decision.dispatch, Dispatch::Fetch { .. }) && !prepared.fell_back;
     Effects {
-        expect_epoch: if moved { prepared.epoch } else { None },
+        // The epoch the step ran under, or (run unrecorded after a claim that did not
+        // commit) the one it was planned against: the record moves the session only if
+        // nobody moved it since.
+        expect_epoch: if moved {
+            prepared.epoch.or(lookup.epoch)
+        } else {
+            None
+        },
         replicate: fetched
             .then_some(lookup.artifact_key.map(|k| k.0))
             .flatten(),
@@ -215,6 +222,20 @@ mod tests {
             &decision(2, Dispatch::Single),
             &lookup,
             &prepared(5, false),
+            None,
+            None,
+        );
+        assert_eq!(moved.expect_epoch, Some(Epoch(5)));
+        // Run unrecorded (its claim did not commit): the record still expects the epoch the
+        // step was planned against.
+        let unrecorded = Prepared {
+            epoch: None,
+            ..prepared(0, false)
+        };
+        let moved = effects(
+            &decision(2, Dispatch::Single),
+            &lookup,
+            &unrecorded,
             None,
             None,
         );

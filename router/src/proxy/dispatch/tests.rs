@@ -305,6 +305,31 @@ async fn a_migration_copies_first_and_without_a_directory_flip_recomputes() {
     );
     assert_eq!(prepared.migrated_bytes, Some(4096));
     assert!(prepared.fell_back);
-    assert_eq!(prepared.epoch, Some(Epoch(7)));
-    assert_eq!(header(&prepared.headers, "x-ownerserve-epoch"), Some("7"));
+    // Epoch 7 belongs to the source: without a flip the target runs the step unrecorded.
+    assert_eq!(prepared.epoch, None);
+    assert_eq!(header(&prepared.headers, "x-ownerserve-epoch"), None);
+}
+
+#[tokio::test]
+async fn a_step_is_fenced_by_its_sessions_epoch_only_on_that_epochs_owner() {
+    let mut case = Case::new(
+        fleet(EngineKind::Sim, EngineKind::Sim),
+        FakeEngine::answering(200, json!({})),
+    );
+    case.lookup.epoch = Some(Epoch(7));
+    case.lookup.owner = Some(WorkerId(1));
+    let on_owner = case.prepare(Dispatch::Single).await;
+    assert_eq!(on_owner.epoch, Some(Epoch(7)));
+    assert_eq!(header(&on_owner.headers, "x-ownerserve-epoch"), Some("7"));
+    assert_eq!(
+        header(&on_owner.headers, "x-ownerserve-session"),
+        Some("s1")
+    );
+    // Planned off its owner, the claim not committed (a directory electing a leader): the
+    // step runs unrecorded rather than under worker 0's epoch on worker 1.
+    case.lookup.owner = Some(WorkerId(0));
+    let elsewhere = case.prepare(Dispatch::Single).await;
+    assert_eq!(elsewhere.epoch, None);
+    assert_eq!(header(&elsewhere.headers, "x-ownerserve-epoch"), None);
+    assert_eq!(header(&elsewhere.headers, "x-ownerserve-session"), None);
 }
