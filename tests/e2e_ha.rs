@@ -404,6 +404,55 @@ async fn a_new_session_sent_to_both_routers_at_once_gets_one_owner_serving_both(
     }
 }
 
+/// A step planned off its session's owner while the directory cannot commit (every node
+/// stopped, so the claim times out) goes where it was planned, unrecorded: without an
+/// epoch, never under the previous owner's epoch on another worker (which a worker fences
+/// by, and which the directory gave to the owner alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_step_moved_while_the_directory_cannot_commit_runs_unrecorded() {
+    let ha = Ha::start("unrecorded");
+    ha.ready().await;
+    let router = &ha.routers[0].url;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut messages = vec![json!({"role": "user", "content": "first step ".repeat(40)})];
+    let (owner, epoch) = step(&http, router, "un-1", &messages).await.unwrap();
+    let epoch = epoch.expect("a new session's claim commits before its first step");
+    // The router's replica has the owner: the next step is planned against it.
+    let v: Value = admin()
+        .get(format!("{router}/admin/v1/sessions/un-1?linearizable=true"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["epoch"], json!(epoch), "{v}");
+    for i in 1..=3 {
+        ha.nodes.proc(i).unwrap().signal("-STOP");
+    }
+    let drained = admin()
+        .post(format!("{router}/admin/v1/workers/{owner}/drain"))
+        .send()
+        .await
+        .unwrap();
+    assert!(drained.status().is_success());
+    messages.push(json!({"role": "assistant", "content": "ok"}));
+    messages.push(json!({"role": "user", "content": "second step ".repeat(40)}));
+    let moved = step(&http, router, "un-1", &messages).await;
+    for i in 1..=3 {
+        ha.nodes.proc(i).unwrap().signal("-CONT");
+    }
+    let (worker, moved_epoch) = moved.unwrap();
+    assert_ne!(worker, owner, "a drained owner takes no step");
+    assert_eq!(
+        moved_epoch, None,
+        "the step on {worker} ran under {owner}'s epoch {epoch}"
+    );
+}
+
 /// 100 sessions × 8 steps over two routers, with a drain, a directory leader killed and a
 /// router stopped for 10 s on the way: every step served, each by its session's owner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
