@@ -306,6 +306,17 @@ def nixl_warm_up(prefill, decode, attempts=3):
     raise AssertionError(f"no NIXL transfer {prefill.name} -> {decode.name} in {attempts} tries")
 
 
+def plan_counts(r):
+    """Steps the router planned, by action (`ownerserve_plans_total`)."""
+    _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("ownerserve_plans_total{") and 'action="' in line:
+            action = line.split('action="', 1)[1].split('"', 1)[0]
+            counts[action] = counts.get(action, 0) + float(line.split()[-1])
+    return counts
+
+
 def fallback_count(r):
     """Dispatch legs that failed and fell back to the decode worker, per the router."""
     _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"})
@@ -550,17 +561,22 @@ class Suite:
         _, _, plan = r.post("/admin/v1/plan/explain", body, {"authorization": f"Bearer {TOKEN}"})
         before = (prefill.prompt_tokens("local_compute"),
                   decode.prompt_tokens("external_kv_transfer"))
+        planned = plan_counts(r)
         status, h, resp = r.post("/v1/chat/completions", body)
         n = (resp.get("usage") or {}).get("prompt_tokens", 0) if status == 200 else 0
         after = (prefill.prompt_tokens("local_compute"),
                  decode.prompt_tokens("external_kv_transfer"))
+        # The actions the router planned meanwhile: the request's own plan, which the
+        # explain above (a plan of its own) need not match, and any concurrent request's.
+        ran = [a for a, c in plan_counts(r).items() if c > planned.get(a, 0)]
         self.check(f"p/d {label}: prefill leg on {prefill.name}, KV pulled by {decode.name}",
                    status == 200 and h.get("x-ownerserve-worker") == decode.name
                    and want_action in (None, plan.get("action"))
                    and after[0] - before[0] >= n - BLOCK and after[1] - before[1] >= n and n > 0,
                    f"status {status}, served by {h.get('x-ownerserve-worker')}, prompt {n} tokens, "
                    f"prefill local_compute +{after[0] - before[0]:.0f}, decode "
-                   f"external_kv_transfer +{after[1] - before[1]:.0f}; plan: {plan.get('reason')}")
+                   f"external_kv_transfer +{after[1] - before[1]:.0f}; planned meanwhile {ran}; "
+                   f"explain: {plan.get('reason')}")
 
     def pd(self, e0, e1):
         """P/D with a real NixlConnector pair, then the prefill engine killed."""
