@@ -13,7 +13,9 @@
 //! answers where the gateway sends the request, claims a migration like any other move.
 //!
 //! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
-//! it the step goes where it was planned, unrecorded, and is counted.
+//! it the step goes where it was planned, unrecorded (no epoch fences it there: the one it
+//! was planned against is the previous owner's, `dispatch::Dispatcher::prepare`), and is
+//! counted.
 
 use ownerserve_ownership::ids::{Epoch, SessionId};
 use ownerserve_ownership::node::Lookup;
