@@ -418,11 +418,23 @@ async fn a_step_moved_while_the_directory_cannot_commit_runs_unrecorded() {
         .build()
         .unwrap();
     let mut messages = vec![json!({"role": "user", "content": "first step ".repeat(40)})];
-    let (owner, epoch) = step(&http, router, "un-1", &messages).await.unwrap();
-    let epoch = epoch.expect("a new session's claim commits before its first step");
+    // A new session's claim commits before its first step; on a loaded machine one may time
+    // out (or find its worker's lease not yet in the replica) and run unrecorded: then
+    // start another session.
+    let mut claimed = None;
+    for attempt in 0..10 {
+        let session = format!("un-{attempt}");
+        if let (owner, Some(epoch)) = step(&http, router, &session, &messages).await.unwrap() {
+            claimed = Some((session, owner, epoch));
+            break;
+        }
+    }
+    let (session, owner, epoch) = claimed.expect("no new session's claim committed in 10 tries");
     // The router's replica has the owner: the next step is planned against it.
     let v: Value = admin()
-        .get(format!("{router}/admin/v1/sessions/un-1?linearizable=true"))
+        .get(format!(
+            "{router}/admin/v1/sessions/{session}?linearizable=true"
+        ))
         .send()
         .await
         .unwrap()
@@ -441,7 +453,7 @@ async fn a_step_moved_while_the_directory_cannot_commit_runs_unrecorded() {
     assert!(drained.status().is_success());
     messages.push(json!({"role": "assistant", "content": "ok"}));
     messages.push(json!({"role": "user", "content": "second step ".repeat(40)}));
-    let moved = step(&http, router, "un-1", &messages).await;
+    let moved = step(&http, router, &session, &messages).await;
     for i in 1..=3 {
         ha.nodes.proc(i).unwrap().signal("-CONT");
     }
