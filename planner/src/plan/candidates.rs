@@ -704,10 +704,10 @@ impl Pricing<'_, '_> {
     }
 
     /// Move the session from `d` to `t`, sending `m` ([`Pricing::move_bytes`]) and computing
-    /// `work` there. A copy sends what `t` lacks of `d`'s cached prefix and the source frees it. Between engines
-    /// that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing is sent: the target
-    /// recomputes it, as the dispatch then does, and the source keeps its copy (vLLM and
-    /// SGLang drop nothing on request), so it is a duplicate instead.
+    /// `work` there. A copy sends what `t` lacks of `d`'s cached prefix and the source frees
+    /// it. Between engines that cannot pull KV from a peer (`PlanWorker::pulls_kv`) nothing
+    /// is sent: the target recomputes it, as the dispatch then does, and the source keeps its
+    /// copy (vLLM and SGLang drop nothing on request), so it is a duplicate instead.
     fn migrate(&self, d: &PlanWorker, t: &PlanWorker, m: MoveBytes, work: Work) -> Candidate {
         self.candidate(
             Action::Migrate,
