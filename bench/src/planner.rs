@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
-use ownerserve_planner::hash::{prompt_hashes, prompt_hashes_extending, HashedPrompt, XXH3_SEED};
+use ownerserve_planner::hash::{hashes_after, prompt_hashes, KeptChain, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::plan::{
     plan, ArtifactView, ClassThresholds, Link, Links, PlanInput, PlanWorker, Weights,
@@ -13,7 +13,7 @@ use ownerserve_planner::plan::{
 use ownerserve_planner::policy::SplitMix64;
 use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
-use ownerserve_planner::tokenized::Tokenized;
+use ownerserve_planner::tokenized::{with_headroom, Tokenized};
 
 use super::{percentile, time_interleaved_us};
 use ownerserve_eval::console::say;
@@ -112,10 +112,12 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
     // The step's tokens as the tokenizer hands them over: all but the last restart point's
     // worth (~64 tokens, 256 bytes) of the previous prompt taken as they were.
     let reused = kept_tokens.len().saturating_sub(64);
-    let previous = HashedPrompt {
-        hashes: prompt_hashes(&kept_tokens, BLOCK as usize, XXH3_SEED),
-        tokenized: Tokenized::from_tokens(kept_tokens),
-    };
+    // The kept chain, with the room the router keeps it with: a step nobody else holds
+    // the kept prompt of takes it and extends it in place (`KeptPrompt`).
+    let previous = prompt_hashes(&kept_tokens, BLOCK as usize, XXH3_SEED);
+    let kept_blocks = previous.len();
+    let mut kept_chain = Vec::with_capacity(with_headroom(prompt.len() / BLOCK as usize));
+    kept_chain.extend_from_slice(&previous);
     let step = Tokenized::from_tokens(prompt.clone()).with_reused(reused);
     for (label, owner, reuse, exhaustive, target) in [
         (
@@ -154,12 +156,14 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
         };
         let mut decide = || {
             if reuse {
-                black_box(prompt_hashes_extending(
-                    black_box(&previous),
-                    black_box(&step),
-                    BLOCK as usize,
-                    XXH3_SEED,
-                ));
+                let taken = KeptChain::Taken(std::mem::take(&mut kept_chain));
+                let mut chain =
+                    hashes_after(Some(taken), black_box(&step), BLOCK as usize, XXH3_SEED);
+                black_box(&chain);
+                // The router keeps the step's chain as the session's; cut back to the
+                // previous step's (O(1)), the next run extends it again.
+                chain.truncate(kept_blocks);
+                kept_chain = chain;
             } else {
                 black_box(prompt_hashes(black_box(&prompt), BLOCK as usize, XXH3_SEED));
             }

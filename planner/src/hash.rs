@@ -6,7 +6,10 @@
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3};
 
-use crate::tokenized::{common_prefix, Tokenized};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use crate::tokenized::{common_prefix, with_headroom, Tokenized};
 
 /// Seed of every xxh3 call in the scheme when there is no LoRA and no salt.
 pub const XXH3_SEED: u64 = 1337;
@@ -174,6 +177,82 @@ pub fn prompt_hashes_extending(
     out
 }
 
+/// A session's kept prompt as the base of its next step's: taken whole when nobody else
+/// holds it (its vectors become the step's, cut back and extended in place: nothing
+/// copied), else read (its reused tokens and hashes copied).
+#[derive(Debug)]
+pub enum KeptPrompt {
+    Taken(HashedPrompt),
+    Shared(Arc<HashedPrompt>),
+}
+
+/// What a step's hashes are chained onto: [`KeptPrompt::split`]'s second half.
+#[derive(Debug)]
+pub enum KeptChain<'a> {
+    /// The kept prompt's hashes, taken: the step's first [`Tokenized::reused`] tokens are
+    /// the kept prompt's, and the hashes of their full blocks are kept as they are.
+    Taken(Vec<u64>),
+    /// The kept prompt, read ([`prompt_hashes_extending`]).
+    Shared(&'a HashedPrompt),
+}
+
+impl KeptPrompt {
+    /// Taken when `prompt` is held nowhere else, else shared.
+    pub fn new(prompt: Arc<HashedPrompt>) -> Self {
+        match Arc::try_unwrap(prompt) {
+            Ok(p) => KeptPrompt::Taken(p),
+            Err(p) => KeptPrompt::Shared(p),
+        }
+    }
+
+    /// The kept prompt as it is (before [`Self::split`]).
+    pub fn prompt(&self) -> &HashedPrompt {
+        match self {
+            KeptPrompt::Taken(p) => p,
+            KeptPrompt::Shared(p) => p,
+        }
+    }
+
+    /// The tokens to tokenize the step after and the chain to hash it onto; a taken
+    /// prompt's vectors move out (what is left of it holds nothing).
+    pub fn split(&mut self) -> (Cow<'_, Tokenized>, KeptChain<'_>) {
+        match self {
+            KeptPrompt::Taken(p) => (
+                Cow::Owned(std::mem::take(&mut p.tokenized)),
+                KeptChain::Taken(std::mem::take(&mut p.hashes)),
+            ),
+            KeptPrompt::Shared(p) => {
+                let p: &HashedPrompt = p;
+                (Cow::Borrowed(&p.tokenized), KeptChain::Shared(p))
+            }
+        }
+    }
+}
+
+/// `prompt_hashes(&next.tokens, ..)`, chained onto what `next` was tokenized after, if
+/// anything: a taken chain is cut back to the blocks of `next`'s reused tokens and
+/// extended in place, with room to grow ([`with_headroom`]).
+pub fn hashes_after(
+    kept: Option<KeptChain<'_>>,
+    next: &Tokenized,
+    block_size: usize,
+    seed: u64,
+) -> Vec<u64> {
+    let bs = block_size.max(1);
+    match kept {
+        None => prompt_hashes(&next.tokens, bs, seed),
+        Some(KeptChain::Shared(prev)) => prompt_hashes_extending(prev, next, bs, seed),
+        Some(KeptChain::Taken(mut hashes)) => {
+            let keep = (next.reused().min(next.tokens.len()) / bs).min(hashes.len());
+            hashes.truncate(keep);
+            let blocks = next.tokens.len() / bs;
+            hashes.reserve(with_headroom(blocks) - keep);
+            chain_blocks(&mut hashes, &next.tokens[keep * bs..], bs, seed);
+            hashes
+        }
+    }
+}
+
 /// Appends the hashes of `tokens`' full blocks to `out`, chained onto its last hash.
 fn chain_blocks(out: &mut Vec<u64>, tokens: &[u32], bs: usize, seed: u64) {
     let mut parent = out.last().copied();
@@ -303,6 +382,19 @@ mod tests {
                         prompt_hashes(&tokens, bs, XXH3_SEED),
                         "block size {bs}, {reused} reused"
                     );
+                    // The kept prompt taken whole or read, the same hashes.
+                    for shared in [false, true] {
+                        let arc = Arc::new(prev.clone());
+                        let _other = shared.then(|| arc.clone());
+                        let mut kept = KeptPrompt::new(arc);
+                        assert_eq!(matches!(kept, KeptPrompt::Shared(_)), shared);
+                        let (_, chain) = kept.split();
+                        assert_eq!(
+                            hashes_after(Some(chain), &next, bs, XXH3_SEED),
+                            prompt_hashes(&tokens, bs, XXH3_SEED),
+                            "block size {bs}, {reused} reused, shared {shared}"
+                        );
+                    }
                 }
             }
         }

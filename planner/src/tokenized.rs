@@ -7,6 +7,8 @@
 //! both texts have the same tokens, and tokenizing the rest afresh from that boundary gives
 //! what tokenizing the whole would.
 
+use std::borrow::Cow;
+
 use crate::tokenizer::{piece_id, pre_token_len, split_long};
 
 /// Pre-token boundaries are remembered about this often (bytes of text).
@@ -69,6 +71,13 @@ impl Tokenized {
         self
     }
 
+    /// This, its leading tokens that equal `prev`'s counted as reused (compared: for tokens
+    /// that were not tokenized after `prev`, such as a prompt sent as token ids).
+    pub fn reusing(self, prev: &Tokenized) -> Self {
+        let same = common_prefix(&prev.tokens, &self.tokens);
+        self.with_reused(same)
+    }
+
     /// Leading tokens taken as they were from the previous text (see [`Self::with_reused`]).
     pub fn reused(&self) -> usize {
         self.reused
@@ -102,20 +111,49 @@ impl Tokenized {
     }
 
     /// Tokenizes `text`, reusing `prev`'s tokens up to the last boundary safely inside the
-    /// part both texts start with. Same result as [`Tokenized::new`].
-    pub fn after(prev: &Tokenized, text: String) -> Self {
+    /// part both texts start with. Same result as [`Tokenized::new`]. An owned `prev`'s
+    /// vectors become this one's ([`Tokenized::into_prefix`]).
+    pub fn after(prev: Cow<'_, Tokenized>, text: String) -> Self {
         let Some((byte, tokens, keep)) = prev.resume_point(&text, LOOKAHEAD_BYTES) else {
             return Self::new(text);
         };
+        let more = (text.len() - byte) / 3 + 1;
+        let (tokens_before, checkpoints) = Self::into_prefix(prev, tokens, keep, more);
         let mut t = Self {
-            tokens: Vec::with_capacity(tokens + (text.len() - byte) / 3 + 1),
+            tokens: tokens_before,
             text,
-            checkpoints: prev.checkpoints[..keep].to_vec(),
+            checkpoints,
             reused: tokens,
         };
-        t.tokens.extend_from_slice(&prev.tokens[..tokens]);
         t.encode_from(byte);
         t
+    }
+
+    /// `prev`'s first `tokens` tokens and first `checkpoints` restart points (a
+    /// [`Tokenized::resume_point`]), with room for `more` tokens: an owned `prev`'s own
+    /// vectors cut back, so a session's step extends its kept prompt without copying it
+    /// (a 100K-token prompt's tokens are 400 KB); a borrowed one's copied.
+    pub fn into_prefix(
+        prev: Cow<'_, Tokenized>,
+        tokens: usize,
+        checkpoints: usize,
+        more: usize,
+    ) -> (Vec<u32>, Vec<(usize, usize)>) {
+        match prev {
+            Cow::Owned(mut p) => {
+                p.tokens.truncate(tokens);
+                p.tokens.reserve(more);
+                p.checkpoints.truncate(checkpoints);
+                (p.tokens, p.checkpoints)
+            }
+            Cow::Borrowed(p) => {
+                let tokens = &p.tokens[..tokens.min(p.tokens.len())];
+                let mut all = Vec::with_capacity(tokens.len() + more);
+                all.extend_from_slice(tokens);
+                let checkpoints = &p.checkpoints[..checkpoints.min(p.checkpoints.len())];
+                (all, checkpoints.to_vec())
+            }
+        }
     }
 
     /// Heap bytes held (for cache budgets).
@@ -123,11 +161,14 @@ impl Tokenized {
         self.text.capacity() + self.tokens.capacity() * 4 + self.checkpoints.capacity() * 16
     }
 
-    /// Releases spare capacity (a kept entry should cost what it holds).
-    pub fn shrink_to_fit(&mut self) {
+    /// Releases spare capacity beyond [`with_headroom`] (a kept entry should cost about
+    /// what it holds, yet its next step extends its tokens in place without reallocating
+    /// them). The text is replaced by the next step's, not extended: none kept for it.
+    pub fn shrink_to_keep(&mut self) {
         self.text.shrink_to_fit();
-        self.tokens.shrink_to_fit();
-        self.checkpoints.shrink_to_fit();
+        self.tokens.shrink_to(with_headroom(self.tokens.len()));
+        self.checkpoints
+            .shrink_to(with_headroom(self.checkpoints.len()));
     }
 
     /// Appends the tokens of `text[start..]`, `start` being a pre-token boundary, and
@@ -152,6 +193,13 @@ impl Tokenized {
             at += len;
         }
     }
+}
+
+/// Capacity for `len` items that a session's next steps extend in place: a sixteenth
+/// more, about eight steps of an agent's 100K-token prompt growing by 2 KB of text each
+/// before the vector is reallocated (and copied) once.
+pub fn with_headroom(len: usize) -> usize {
+    len + len / 16 + 16
 }
 
 /// Length of the longest common prefix, compared a chunk at a time (a memcmp each for
@@ -211,11 +259,19 @@ mod tests {
             let len = (state >> 58) as usize * 8;
             let suffix = random_text(&mut state, len);
             let text = format!("{}{suffix}", &base[..cut]);
-            let after = Tokenized::after(&prev, text.clone());
+            let after = Tokenized::after(Cow::Borrowed(&prev), text.clone());
             assert_eq!(
                 after.tokens,
                 encode(&text),
                 "{base:?} cut at {cut} + {suffix:?}"
+            );
+            let mut kept = prev.clone();
+            kept.shrink_to_keep();
+            let owned = Tokenized::after(Cow::Owned(kept), text.clone());
+            assert_eq!(
+                (&owned, owned.reused()),
+                (&after, after.reused()),
+                "a prompt taken whole extends as one read does"
             );
             assert_eq!(after, Tokenized::new(text), "the same boundaries too");
             let shared = common_prefix(base.as_bytes(), after.text.as_bytes());
@@ -233,7 +289,7 @@ mod tests {
         let step1 = "<|user|>\nfix the bug in parser.rs\n".repeat(200) + "<|assistant|>\n";
         let prev = Tokenized::new(step1.clone());
         let step2 = format!("{step1}looking at it\n<|user|>\ntool output\n<|assistant|>\n");
-        let after = Tokenized::after(&prev, step2.clone());
+        let after = Tokenized::after(Cow::Borrowed(&prev), step2.clone());
         assert_eq!(after.tokens, encode(&step2));
         let kept = after.checkpoints.last().map_or(0, |&(b, _)| b);
         assert!(

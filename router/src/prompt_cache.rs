@@ -78,6 +78,31 @@ impl PromptCache {
         Some((Arc::clone(prompt), *input))
     }
 
+    /// [`Self::lookup`] for a step that keeps its own prompt next: the entry is taken out
+    /// when the cache is its only holder, so the step can extend it in place
+    /// ([`ownerserve_planner::hash::KeptPrompt`]) and keep the result instead. One still
+    /// held elsewhere (the previous step in flight) stays and is shared. A step of the same
+    /// session arriving while one computes from a taken entry finds none and tokenizes
+    /// its prompt whole; an agent's steps come one after the other.
+    pub fn take(&self, session: &str) -> Option<(Arc<HashedPrompt>, InputDigest)> {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        // Only this cache can hand out new references, and it is locked: a count of 1
+        // cannot grow meanwhile.
+        let sole = guard
+            .entries
+            .get(session)
+            .is_some_and(|(_, p, _)| Arc::strong_count(p) == 1);
+        if !sole {
+            drop(guard);
+            return self.lookup(session);
+        }
+        let lru = &mut *guard;
+        let (used, prompt, input) = lru.entries.remove(session)?;
+        lru.order.remove(&used);
+        lru.bytes -= prompt.heap_bytes() + session.len();
+        Some((prompt, input))
+    }
+
     /// Keeps `prompt` as the session's last, evicting the least recently used sessions
     /// beyond the budget (a prompt larger than the whole budget is not kept).
     #[cfg(test)]
@@ -156,5 +181,22 @@ mod tests {
         let off = PromptCache::new(0);
         off.put("a", prompt(16));
         assert!(off.get("a").is_none());
+    }
+
+    #[test]
+    fn a_prompt_is_taken_out_only_when_the_cache_is_its_sole_holder() {
+        let cache = PromptCache::new(1 << 20);
+        cache.put("a", prompt(1600));
+        let (taken, _) = cache.take("a").expect("kept");
+        assert_eq!(Arc::strong_count(&taken), 1, "the step owns it");
+        assert!(cache.get("a").is_none());
+        assert_eq!(cache.bytes(), 0);
+        // Held by a step still in flight: shared, and left in the cache.
+        cache.put("a", taken);
+        let in_flight = cache.get("a").expect("kept");
+        let (shared, _) = cache.take("a").expect("kept");
+        assert!(Arc::ptr_eq(&shared, &in_flight));
+        assert!(cache.get("a").is_some());
+        assert!(cache.take("b").is_none());
     }
 }

@@ -6,6 +6,7 @@
 //! session's next prompt from the previous one equals tokenizing it whole.
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use ownerserve_planner::policy::SplitMix64;
@@ -138,7 +139,14 @@ fn differential(tok: &HfTokenizer, name: &str) {
                 }
                 let text = render(tok, &next);
                 let whole = tok.encode(text.clone(), false).unwrap();
-                let after = tok.encode_after(&prev, text).unwrap();
+                // Read, and taken whole (its vectors extended in place): the same.
+                let taken = tok.encode_after(Cow::Owned(prev.clone()), text.clone()).unwrap();
+                let after = tok.encode_after(Cow::Borrowed(&prev), text).unwrap();
+                assert_eq!(
+                    (&taken, taken.reused()),
+                    (&after, after.reused()),
+                    "{name}: taken differs from read"
+                );
                 assert_eq!(
                     after.tokens, whole.tokens,
                     "{name}: incremental differs from whole\nprevious {:?}\nnext {:?}",

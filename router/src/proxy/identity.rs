@@ -7,6 +7,7 @@
 //! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
 //! hashed on the blocking pool, one computation per input at a time ([`PromptFlights`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue};
 
 use bytes::Bytes;
 use ownerserve_planner::hash::{
-    block_seed, prompt_hashes, prompt_hashes_extending, HashedPrompt, XXH3_SEED,
+    block_seed, hashes_after, HashedPrompt, KeptChain, KeptPrompt, XXH3_SEED,
 };
 use ownerserve_planner::tokenized::Tokenized;
 
@@ -172,7 +173,9 @@ impl PromptHasher {
         };
         let kept = self.kept(&parsed.model, session, hashing, InputDigest::default());
         let tokenized = Tokenized::from_tokens(tokens);
-        let hashes = hashes_of(kept.prev.as_deref(), &tokenized, self.block_size, kept.seed);
+        // The engine's tokens reuse nothing: compared with the kept prompt's whole.
+        let chain = kept.prev.as_deref().map(KeptChain::Shared);
+        let hashes = hashes_after(chain, &tokenized, self.block_size, kept.seed);
         let hashed = Arc::new(HashedPrompt { tokenized, hashes });
         self.remember(kept.key, &hashed, InputDigest::default());
         Ok(Some(hashed))
@@ -243,8 +246,9 @@ impl PromptHasher {
             seed,
             same,
         } = self.kept(&parsed.model, session, hashing, digest);
-        // The lookup made it the most recently used: nothing to keep again.
+        // This very input's prompt: a taken one goes back to the cache as it is.
         if let (true, Some(prev)) = (same, &prev) {
+            self.remember(key, prev, digest);
             return Ok(prev.clone());
         }
         let input = model_input(tokenizer, parsed)?;
@@ -252,26 +256,33 @@ impl PromptHasher {
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
         let size = input.size();
         let work = move || -> Result<HashedPrompt, PromptError> {
-            let mut tokenized = match (input, &prev) {
-                (ModelInput::Chat(chat), prev) => {
+            let mut prev = prev.map(KeptPrompt::new);
+            let (base, chain) = prev.as_mut().map(KeptPrompt::split).unzip();
+            // Tokens not tokenized after the kept prompt are compared with it.
+            let compared = |t: Tokenized, base: Option<Cow<'_, Tokenized>>| match base {
+                Some(base) => t.reusing(&base),
+                None => t,
+            };
+            let mut tokenized = match input {
+                ModelInput::Chat(chat) => {
                     let text = tokenizer
                         .render_chat(&chat.messages, chat.tools.as_deref(), chat.generation)
                         .map_err(|e| PromptError::Template(e.to_string()))?;
-                    match prev {
-                        Some(prev) => tokenizer.encode_after(&prev.tokenized, text),
+                    match base {
+                        Some(base) => tokenizer.encode_after(base, text),
                         None => tokenizer.encode(text, false),
                     }
                     .map_err(PromptError::encode)?
                 }
-                (ModelInput::Text(text), _) => {
-                    tokenizer.encode(text, true).map_err(PromptError::encode)?
+                ModelInput::Text(text) => {
+                    compared(tokenizer.encode(text, true).map_err(PromptError::encode)?, base)
                 }
-                (ModelInput::Tokens(tokens), _) => Tokenized::from_tokens(tokens),
+                ModelInput::Tokens(tokens) => compared(Tokenized::from_tokens(tokens), base),
             };
             if keep {
-                tokenized.shrink_to_fit();
+                tokenized.shrink_to_keep();
             }
-            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
+            let hashes = hashes_after(chain, &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
         self.compute(size, digest, key, work).await
@@ -294,8 +305,9 @@ impl PromptHasher {
             seed,
             same,
         } = self.kept(model, session, hashing, digest);
-        // The lookup made it the most recently used: nothing to keep again.
+        // This very input's prompt: a taken one goes back to the cache as it is.
         if let (true, Some(prev)) = (same, &prev) {
+            self.remember(key, prev, digest);
             return Ok(prev.clone());
         }
         let Some(prompt) = render() else {
@@ -305,16 +317,19 @@ impl PromptHasher {
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
         let work = move || {
-            // Only a kept prompt needs restart points, and should hold no spare capacity
-            // (the tokenizer reserves for a dense text).
+            let mut prev = prev.map(KeptPrompt::new);
+            let (base, chain) = prev.as_mut().map(KeptPrompt::split).unzip();
+            // Only a kept prompt needs restart points, and should hold little spare
+            // capacity (the tokenizer reserves for a dense text).
             let tokenized = if keep {
-                let mut t = prompt.into_tokenized(prev.as_deref().map(|p| &p.tokenized));
-                t.shrink_to_fit();
+                let mut t = prompt.into_tokenized(base);
+                t.shrink_to_keep();
                 t
             } else {
+                // A dry run: the kept prompt is read (shared: the cache still holds it).
                 Tokenized::from_tokens(prompt.into_tokens())
             };
-            let hashes = hashes_of(prev.as_deref(), &tokenized, block_size, seed);
+            let hashes = hashes_after(chain, &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
         self.compute(prompt_len, digest, key, work).await
@@ -368,7 +383,13 @@ impl PromptHasher {
             key.push_str(s);
             key
         });
-        let found = key.as_deref().and_then(|k| self.cache.lookup(k));
+        // A step that keeps its prompt takes the kept one out to extend it in place
+        // (`PromptCache::take`; a step whose prompt then fails to compute loses it, and
+        // the session's next step tokenizes whole); a dry run only reads it.
+        let found = key.as_deref().and_then(|k| match hashing {
+            Hashing::Keep => self.cache.take(k),
+            _ => self.cache.lookup(k),
+        });
         let same = found.as_ref().is_some_and(|(_, d)| d.matches(digest));
         Kept {
             key: key.filter(|_| hashing == Hashing::Keep),
@@ -420,19 +441,6 @@ struct Kept {
     seed: u64,
     /// `prev` was computed from this request's very input: it is this prompt.
     same: bool,
-}
-
-/// Block hashes of `tokenized`, reusing those of the previous prompt where they agree.
-fn hashes_of(
-    prev: Option<&HashedPrompt>,
-    tokenized: &Tokenized,
-    block_size: usize,
-    seed: u64,
-) -> Vec<u64> {
-    match prev {
-        Some(prev) => prompt_hashes_extending(prev, tokenized, block_size, seed),
-        None => prompt_hashes(&tokenized.tokens, block_size, seed),
-    }
 }
 
 /// Why a prompt's computation failed.
@@ -650,6 +658,7 @@ fn child_session(session: &str, fork: Option<&str>, request_id: &HeaderValue) ->
 
 #[cfg(test)]
 mod tests {
+    use ownerserve_planner::hash::prompt_hashes;
     use ownerserve_shim::openai::{parse, Endpoint};
 
     use super::*;

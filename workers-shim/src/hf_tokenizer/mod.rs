@@ -20,6 +20,7 @@ mod added_split;
 pub mod chat_template;
 mod fast_encode;
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
@@ -219,20 +220,19 @@ impl HfTokenizer {
 
     /// Tokenizes `text` (no special tokens added), reusing `prev`'s tokens up to the last
     /// added token well inside the part both texts start with. Same result as
-    /// [`HfTokenizer::encode`].
+    /// [`HfTokenizer::encode`]. An owned `prev`'s vectors become the result's
+    /// ([`Tokenized::into_prefix`]: nothing copied).
     pub fn encode_after(
         &self,
-        prev: &Tokenized,
+        prev: Cow<'_, Tokenized>,
         text: String,
     ) -> Result<Tokenized, HfTokenizerError> {
         let Some((byte, tokens, keep)) = prev.resume_point(&text, self.lookahead) else {
             return self.encode(text, false);
         };
         let (tail, tail_checkpoints) = self.encode_part(&text, byte, tokens, false)?;
-        let mut all = Vec::with_capacity(tokens + tail.len());
-        all.extend_from_slice(&prev.tokens[..tokens]);
+        let (mut all, mut checkpoints) = Tokenized::into_prefix(prev, tokens, keep, tail.len());
         all.extend(tail);
-        let mut checkpoints = prev.checkpoints()[..keep].to_vec();
         checkpoints.extend(tail_checkpoints);
         Ok(Tokenized::from_parts(text, all, checkpoints).with_reused(tokens))
     }

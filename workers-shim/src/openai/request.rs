@@ -688,11 +688,13 @@ impl RenderedPrompt {
 
     /// Tokenized, kept with its text; text that extends `prev`'s is tokenized only from
     /// near where the two differ.
-    pub fn into_tokenized(self, prev: Option<&Tokenized>) -> Tokenized {
+    /// An owned `prev` is extended in place ([`Tokenized::after`]).
+    pub fn into_tokenized(self, prev: Option<Cow<'_, Tokenized>>) -> Tokenized {
         match (self, prev) {
             (RenderedPrompt::Text(t), Some(prev)) => Tokenized::after(prev, t),
             (RenderedPrompt::Text(t), None) => Tokenized::new(t),
-            (RenderedPrompt::Tokens(t), _) => Tokenized::from_tokens(t),
+            (RenderedPrompt::Tokens(t), Some(prev)) => Tokenized::from_tokens(t).reusing(&prev),
+            (RenderedPrompt::Tokens(t), None) => Tokenized::from_tokens(t),
         }
     }
 }
