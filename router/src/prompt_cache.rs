@@ -2,7 +2,9 @@
 //! which almost always extends it, tokenizes and hashes only what it adds. Bounded by bytes, least
 //! recently used out first. Each entry also holds a digest of the request input it was
 //! computed from, so a request whose input is the same (a retry, a stateless prompt sent
-//! again) takes the kept prompt as it is, without rendering or tokenizing anything.
+//! again) takes the kept prompt as it is, without rendering or tokenizing anything. A step
+//! that keeps its own prompt takes the entry out when the cache is its only holder
+//! ([`PromptCache::take`]), so the step extends it in place instead of copying it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

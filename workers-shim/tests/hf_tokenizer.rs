@@ -140,7 +140,9 @@ fn differential(tok: &HfTokenizer, name: &str) {
                 let text = render(tok, &next);
                 let whole = tok.encode(text.clone(), false).unwrap();
                 // Read, and taken whole (its vectors extended in place): the same.
-                let taken = tok.encode_after(Cow::Owned(prev.clone()), text.clone()).unwrap();
+                let taken = tok
+                    .encode_after(Cow::Owned(prev.clone()), text.clone())
+                    .unwrap();
                 let after = tok.encode_after(Cow::Borrowed(&prev), text).unwrap();
                 assert_eq!(
                     (&taken, taken.reused()),

@@ -4,7 +4,8 @@
 //! dispatch legs, and the ownership records of the feedback stage).
 //!
 //! A session's prompt is kept for its next step, which then tokenizes and hashes only
-//! what it adds. Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
+//! what it adds, extending the kept prompt's vectors in place when nobody else holds it
+//! (`PromptCache::take`, [`KeptPrompt`]). Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
 //! hashed on the blocking pool, one computation per input at a time ([`PromptFlights`]).
 
 use std::borrow::Cow;
@@ -274,9 +275,10 @@ impl PromptHasher {
                     }
                     .map_err(PromptError::encode)?
                 }
-                ModelInput::Text(text) => {
-                    compared(tokenizer.encode(text, true).map_err(PromptError::encode)?, base)
-                }
+                ModelInput::Text(text) => compared(
+                    tokenizer.encode(text, true).map_err(PromptError::encode)?,
+                    base,
+                ),
                 ModelInput::Tokens(tokens) => compared(Tokenized::from_tokens(tokens), base),
             };
             if keep {
