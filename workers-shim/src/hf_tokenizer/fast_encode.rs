@@ -29,7 +29,9 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
+use regex_automata::dfa::{dense, dense::DFA as DenseDfa, Automaton, StartKind};
 use regex_automata::hybrid::dfa::{Cache as LazyCache, DFA as LazyDfa};
+use regex_automata::util::primitives::StateID;
 use regex_automata::{meta, Anchored, Input, Match};
 use serde_json::Value;
 use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
@@ -50,9 +52,17 @@ const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 #[derive(Debug)]
 struct Scanner {
     dfa: LazyDfa,
+    /// The pattern's fully built DFA and its anchored start state, when it fits in
+    /// [`DENSE_DFA_BYTES`]: a transition is then one table read, where the lazy DFA's
+    /// checks its cache on every byte, and the start state is found once, not per piece.
+    dense: Option<(DenseDfa<Vec<u32>>, StateID)>,
     /// Bytes a match can start with (the others lead the start state to the dead state).
     starts: [bool; 256],
 }
+
+/// Most memory a split pattern's dense DFA may take (and its determinization), beyond
+/// which it is walked lazily. DeepSeek's three patterns take well under it.
+const DENSE_DFA_BYTES: usize = 8 << 20;
 
 /// Failed anchored attempts in one gap may walk this many bytes per gap byte (plus
 /// [`SCAN_SLACK`]) before the search falls back to the `meta` engine's linear one (a
@@ -77,7 +87,51 @@ impl Scanner {
             let next = dfa.next_state(&mut cache, start, b as u8).ok()?;
             *can = !next.is_dead();
         }
-        Some(Self { dfa, starts })
+        // Without look-around the start state is the same at every position.
+        let dense = dense::Builder::new()
+            .configure(
+                dense::Config::new()
+                    .start_kind(StartKind::Anchored)
+                    .dfa_size_limit(Some(DENSE_DFA_BYTES))
+                    .determinize_size_limit(Some(DENSE_DFA_BYTES)),
+            )
+            .build(pattern)
+            .ok()
+            .and_then(|d| {
+                let start = d
+                    .start_state_forward(&Input::new("").anchored(Anchored::Yes))
+                    .ok()?;
+                Some((d, start))
+            });
+        Some(Self { dfa, dense, starts })
+    }
+
+    /// [`Self::anchored_end`] on the dense DFA.
+    fn dense_end(
+        dfa: &DenseDfa<Vec<u32>>,
+        start: StateID,
+        s: &[u8],
+        at: usize,
+    ) -> Option<Result<usize, usize>> {
+        let mut sid = start;
+        let mut end = None;
+        for (i, &b) in s.iter().enumerate().skip(at) {
+            sid = dfa.next_state(sid, b);
+            if dfa.is_special_state(sid) {
+                if dfa.is_match_state(sid) {
+                    // Matches show one byte late: this one ended before byte `i`.
+                    end = Some(i);
+                } else if dfa.is_dead_state(sid) {
+                    return Some(end.ok_or(i + 1 - at));
+                } else if dfa.is_quit_state(sid) {
+                    return None;
+                }
+            }
+        }
+        if dfa.is_match_state(dfa.next_eoi_state(sid)) {
+            end = Some(s.len());
+        }
+        Some(end.ok_or(s.len() - at))
     }
 
     /// The end of the leftmost-first match that starts at `at` (`Ok`), or the bytes walked
@@ -89,6 +143,9 @@ impl Scanner {
         s: &[u8],
         at: usize,
     ) -> Option<Result<usize, usize>> {
+        if let Some((dense, start)) = &self.dense {
+            return Self::dense_end(dense, *start, s, at);
+        }
         let found = |end: Option<usize>, walked: usize| end.ok_or(walked);
         let dfa = &self.dfa;
         let mut sid = dfa
@@ -533,9 +590,10 @@ mod tests {
     const DEEPSEEK: &str =
         r"[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-    /// The byte walk splits as the `meta` engine does, on random text for several patterns,
-    /// including one whose failed attempts would walk quadratically (`a+b` on `a` runs)
-    /// and must fall back, and a look-behind one it must leave alone.
+    /// The byte walk, on the dense DFA and on the lazy one, splits as the `meta` engine
+    /// does, on random text for several patterns, including one whose failed attempts would
+    /// walk quadratically (`a+b` on `a` runs) and must fall back, and a look-behind one it
+    /// must leave alone.
     #[test]
     fn the_byte_walk_splits_as_the_meta_engine_does() {
         let parts = [
@@ -554,7 +612,16 @@ mod tests {
             let mut meta_only = SplitRegex::new(pattern).unwrap();
             meta_only.scan = None;
             meta_only.head_scan = None;
+            let mut lazy = SplitRegex::new(pattern).unwrap();
+            for scan in [&mut lazy.scan, &mut lazy.head_scan].into_iter().flatten() {
+                scan.dense = None;
+            }
             assert_eq!(walked.scan.is_some(), !pattern.contains(r"\b"), "{pattern}");
+            assert_eq!(
+                walked.scan.as_ref().is_some_and(|s| s.dense.is_some()),
+                walked.scan.is_some(),
+                "{pattern}: every walked pattern here fits a dense DFA"
+            );
             let mut texts: Vec<String> = (0..400)
                 .map(|i| {
                     (0..1 + i % 60)
@@ -570,7 +637,9 @@ mod tests {
                     r.pieces(&mut r.caches(), &text, &mut |p| out.push(p.to_owned()));
                     out
                 };
-                assert_eq!(split(&walked), split(&meta_only), "{pattern} on {text:?}");
+                let want = split(&meta_only);
+                assert_eq!(split(&walked), want, "{pattern} on {text:?}");
+                assert_eq!(split(&lazy), want, "{pattern} on {text:?}, lazily");
             }
         }
     }
