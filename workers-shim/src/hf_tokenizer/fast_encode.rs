@@ -9,9 +9,10 @@
 //! match single words), the text between them is split by DFAs, and each piece's ids come
 //! from a small cache of their own (text repeats its words) or from the BPE model.
 //!
-//! A split pattern without look-around is walked byte by byte on its lazy DFA from each
-//! byte a match can start with (`Scanner`): pieces are a few bytes long, and a search
-//! through the `meta` engine costs far more per call than walking them. Other patterns,
+//! A split pattern without look-around is walked byte by byte on its DFA from each byte a
+//! match can start with (`Scanner`): pieces are a few bytes long, and a search through
+//! the `meta` engine costs far more per call than walking them. The DFA is built whole at
+//! load when it fits in 8 MiB (DeepSeek's and GPT-2's patterns do), else walked lazily. Other patterns,
 //! and gaps where failed attempts would walk too much, go through the `meta` engine (a
 //! match anchored where the previous one ended first: pieces are contiguous in most text).
 //! The DFAs' caches and the piece cache are kept in a pool of scratch states, one per
