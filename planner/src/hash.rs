@@ -205,14 +205,6 @@ impl KeptPrompt {
         }
     }
 
-    /// The kept prompt as it is (before [`Self::split`]).
-    pub fn prompt(&self) -> &HashedPrompt {
-        match self {
-            KeptPrompt::Taken(p) => p,
-            KeptPrompt::Shared(p) => p,
-        }
-    }
-
     /// The tokens to tokenize the step after and the chain to hash it onto; a taken
     /// prompt's vectors move out (what is left of it holds nothing).
     pub fn split(&mut self) -> (Cow<'_, Tokenized>, KeptChain<'_>) {

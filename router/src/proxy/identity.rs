@@ -5,8 +5,9 @@
 //!
 //! A session's prompt is kept for its next step, which then tokenizes and hashes only
 //! what it adds, extending the kept prompt's vectors in place when nobody else holds it
-//! (`PromptCache::take`, [`KeptPrompt`]). Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
-//! hashed on the blocking pool, one computation per input at a time ([`PromptFlights`]).
+//! (`PromptCache::take`, [`KeptPrompt`]). Prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB)
+//! are rendered, tokenized and hashed on the blocking pool, one computation per input at
+//! a time ([`PromptFlights`]).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

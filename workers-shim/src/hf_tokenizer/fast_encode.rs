@@ -12,9 +12,10 @@
 //! A split pattern without look-around is walked byte by byte on its DFA from each byte a
 //! match can start with (`Scanner`): pieces are a few bytes long, and a search through
 //! the `meta` engine costs far more per call than walking them. The DFA is built whole at
-//! load when it fits in 8 MiB (DeepSeek's and GPT-2's patterns do), else walked lazily. Other patterns,
-//! and gaps where failed attempts would walk too much, go through the `meta` engine (a
-//! match anchored where the previous one ended first: pieces are contiguous in most text).
+//! load when it fits in 8 MiB (DeepSeek's and GPT-2's patterns do), else walked lazily.
+//! Other patterns, and gaps where failed attempts would walk too much, go through the
+//! `meta` engine (a match anchored where the previous one ended first: pieces are
+//! contiguous in most text).
 //! The DFAs' caches and the piece cache are kept in a pool of scratch states, one per
 //! thread encoding at a time (not the `regex` crate's shared pool, whose slow path every
 //! thread but the first takes on each search).
