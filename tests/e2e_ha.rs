@@ -431,16 +431,10 @@ async fn a_step_moved_while_the_directory_cannot_commit_runs_unrecorded() {
     }
     let (session, owner, epoch) = claimed.expect("no new session's claim committed in 10 tries");
     // The router's replica has the owner: the next step is planned against it.
-    let v: Value = admin()
-        .get(format!(
-            "{router}/admin/v1/sessions/{session}?linearizable=true"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = common::get_json(&format!(
+        "{router}/admin/v1/sessions/{session}?linearizable=true"
+    ))
+    .await;
     assert_eq!(v["epoch"], json!(epoch), "{v}");
     for i in 1..=3 {
         ha.nodes.proc(i).unwrap().signal("-STOP");
