@@ -51,6 +51,20 @@ struct Lru {
     bytes: usize,
 }
 
+impl Lru {
+    /// The session's entry, shared and made the most recently used.
+    fn lookup(&mut self, session: &str) -> Option<(Arc<HashedPrompt>, InputDigest)> {
+        self.tick += 1;
+        let tick = self.tick;
+        let (used, prompt, input) = self.entries.get_mut(session)?;
+        if let Some(name) = self.order.remove(used) {
+            self.order.insert(tick, name);
+        }
+        *used = tick;
+        Some((Arc::clone(prompt), *input))
+    }
+}
+
 impl PromptCache {
     /// A cache holding at most `budget_bytes` of prompts (0 keeps nothing).
     pub fn new(budget_bytes: usize) -> Self {
@@ -68,16 +82,10 @@ impl PromptCache {
 
     /// The session's last prompt and the digest of its input, if kept.
     pub fn lookup(&self, session: &str) -> Option<(Arc<HashedPrompt>, InputDigest)> {
-        let mut lru = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let lru = &mut *lru;
-        lru.tick += 1;
-        let tick = lru.tick;
-        let (used, prompt, input) = lru.entries.get_mut(session)?;
-        if let Some(name) = lru.order.remove(used) {
-            lru.order.insert(tick, name);
-        }
-        *used = tick;
-        Some((Arc::clone(prompt), *input))
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .lookup(session)
     }
 
     /// [`Self::lookup`] for a step that keeps its own prompt next: the entry is taken out
@@ -95,8 +103,7 @@ impl PromptCache {
             .get(session)
             .is_some_and(|(_, p, _)| Arc::strong_count(p) == 1);
         if !sole {
-            drop(guard);
-            return self.lookup(session);
+            return guard.lookup(session);
         }
         let lru = &mut *guard;
         let (used, prompt, input) = lru.entries.remove(session)?;
