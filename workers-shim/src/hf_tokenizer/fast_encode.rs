@@ -47,19 +47,29 @@ const BYTE_LEVEL_PATTERN: &str =
 /// The whitespace lookahead this emulates, at the end of a pattern.
 const LOOKAHEAD_TAIL: &str = r"|\s+(?!\S)|\s+";
 
-/// A pattern's lazy DFA walked byte by byte for anchored matches: a split's pieces are a
-/// few bytes long, and a search through the `meta` engine costs far more per call than
-/// walking them. Only for patterns without look-around assertions (`^`, `\b`, ...: the
-/// start state is then the same everywhere) that cannot match the empty string.
+/// A pattern's DFA walked byte by byte for anchored matches: a split's pieces are a few
+/// bytes long, and a search through the `meta` engine costs far more per call than walking
+/// them. Only for patterns without look-around assertions (`^`, `\b`, ...: the start state
+/// is then the same everywhere) that cannot match the empty string.
 #[derive(Debug)]
 struct Scanner {
-    dfa: LazyDfa,
-    /// The pattern's fully built DFA and its anchored start state, when it fits in
-    /// [`DENSE_DFA_BYTES`]: a transition is then one table read, where the lazy DFA's
-    /// checks its cache on every byte, and the start state is found once, not per piece.
-    dense: Option<(DenseDfa<Vec<u32>>, StateID)>,
+    walk: Walk,
     /// Bytes a match can start with (the others lead the start state to the dead state).
     starts: [bool; 256],
+}
+
+/// The DFA a [`Scanner`] walks.
+#[derive(Debug)]
+enum Walk {
+    /// Built whole, with its anchored start state: a transition is one table read, and the
+    /// start state is found once, not per piece.
+    Dense {
+        dfa: DenseDfa<Vec<u32>>,
+        start: StateID,
+    },
+    /// Built as it is walked, in a cache per thread ([`Scanner::cache`]), for a pattern
+    /// whose whole DFA would not fit: each transition checks the cache.
+    Lazy(LazyDfa),
 }
 
 /// Most memory a split pattern's dense DFA may take (and its determinization), beyond
@@ -73,87 +83,94 @@ const SCAN_WASTE_PER_BYTE: usize = 4;
 const SCAN_SLACK: usize = 256;
 
 impl Scanner {
-    fn new(pattern: &str) -> Option<Self> {
+    /// The scanner of `pattern`, on its dense DFA when that fits in `dense_bytes`, else on
+    /// its lazy one; `None` for a pattern it cannot walk.
+    fn new(pattern: &str, dense_bytes: usize) -> Option<Self> {
         let hir = regex_automata::util::syntax::parse(pattern).ok()?;
         let props = hir.properties();
         if !props.look_set().is_empty() || props.minimum_len().is_none_or(|n| n == 0) {
             return None;
         }
-        let dfa = LazyDfa::new(pattern).ok()?;
-        let mut cache = dfa.create_cache();
-        let start = dfa
-            .start_state_forward(&mut cache, &Input::new("").anchored(Anchored::Yes))
-            .ok()?;
-        let mut starts = [true; 256];
-        for (b, can) in starts.iter_mut().enumerate() {
-            let next = dfa.next_state(&mut cache, start, b as u8).ok()?;
-            *can = !next.is_dead();
-        }
         // Without look-around the start state is the same at every position.
+        let anchored = Input::new("").anchored(Anchored::Yes);
         let dense = dense::Builder::new()
             .configure(
                 dense::Config::new()
                     .start_kind(StartKind::Anchored)
-                    .dfa_size_limit(Some(DENSE_DFA_BYTES))
-                    .determinize_size_limit(Some(DENSE_DFA_BYTES)),
+                    .dfa_size_limit(Some(dense_bytes))
+                    .determinize_size_limit(Some(dense_bytes)),
             )
             .build(pattern)
-            .ok()
-            .and_then(|d| {
-                let start = d
-                    .start_state_forward(&Input::new("").anchored(Anchored::Yes))
-                    .ok()?;
-                Some((d, start))
-            });
-        Some(Self { dfa, dense, starts })
+            .ok();
+        let mut starts = [true; 256];
+        let walk = match dense {
+            Some(dfa) => {
+                let start = dfa.start_state_forward(&anchored).ok()?;
+                for (b, can) in starts.iter_mut().enumerate() {
+                    *can = !dfa.is_dead_state(dfa.next_state(start, b as u8));
+                }
+                Walk::Dense { dfa, start }
+            }
+            None => {
+                let dfa = LazyDfa::new(pattern).ok()?;
+                let mut cache = dfa.create_cache();
+                let start = dfa.start_state_forward(&mut cache, &anchored).ok()?;
+                for (b, can) in starts.iter_mut().enumerate() {
+                    let next = dfa.next_state(&mut cache, start, b as u8).ok()?;
+                    *can = !next.is_dead();
+                }
+                Walk::Lazy(dfa)
+            }
+        };
+        Some(Self { walk, starts })
     }
 
-    /// [`Self::anchored_end`] on the dense DFA.
-    fn dense_end(
-        dfa: &DenseDfa<Vec<u32>>,
-        start: StateID,
-        s: &[u8],
-        at: usize,
-    ) -> Option<Result<usize, usize>> {
-        let mut sid = start;
-        let mut end = None;
-        for (i, &b) in s.iter().enumerate().skip(at) {
-            sid = dfa.next_state(sid, b);
-            if dfa.is_special_state(sid) {
-                if dfa.is_match_state(sid) {
-                    // Matches show one byte late: this one ended before byte `i`.
-                    end = Some(i);
-                } else if dfa.is_dead_state(sid) {
-                    return Some(end.ok_or(i + 1 - at));
-                } else if dfa.is_quit_state(sid) {
-                    return None;
-                }
-            }
+    /// The cache a thread walks a lazy DFA in (`None`: a dense one needs none).
+    fn cache(&self) -> Option<LazyCache> {
+        match &self.walk {
+            Walk::Dense { .. } => None,
+            Walk::Lazy(dfa) => Some(dfa.create_cache()),
         }
-        if dfa.is_match_state(dfa.next_eoi_state(sid)) {
-            end = Some(s.len());
-        }
-        Some(end.ok_or(s.len() - at))
     }
 
     /// The end of the leftmost-first match that starts at `at` (`Ok`), or the bytes walked
-    /// to find there is none (`Err`); `None` when the lazy DFA cannot tell (its cache gave
-    /// up, or it quit).
+    /// to find there is none (`Err`); `None` when the DFA cannot tell (a lazy one's cache
+    /// gave up or is missing, or it quit).
     fn anchored_end(
         &self,
-        cache: &mut LazyCache,
+        cache: Option<&mut LazyCache>,
         s: &[u8],
         at: usize,
     ) -> Option<Result<usize, usize>> {
-        if let Some((dense, start)) = &self.dense {
-            return Self::dense_end(dense, *start, s, at);
-        }
         let found = |end: Option<usize>, walked: usize| end.ok_or(walked);
-        let dfa = &self.dfa;
+        let mut end = None;
+        let dfa = match &self.walk {
+            Walk::Dense { dfa, start } => {
+                let mut sid = *start;
+                for (i, &b) in s.iter().enumerate().skip(at) {
+                    sid = dfa.next_state(sid, b);
+                    if dfa.is_special_state(sid) {
+                        if dfa.is_match_state(sid) {
+                            // Matches show one byte late: this one ended before byte `i`.
+                            end = Some(i);
+                        } else if dfa.is_dead_state(sid) {
+                            return Some(found(end, i + 1 - at));
+                        } else if dfa.is_quit_state(sid) {
+                            return None;
+                        }
+                    }
+                }
+                if dfa.is_match_state(dfa.next_eoi_state(sid)) {
+                    end = Some(s.len());
+                }
+                return Some(found(end, s.len() - at));
+            }
+            Walk::Lazy(dfa) => dfa,
+        };
+        let cache = cache?;
         let mut sid = dfa
             .start_state_forward(cache, &Input::new(s).range(at..).anchored(Anchored::Yes))
             .ok()?;
-        let mut end = None;
         for (i, &b) in s.iter().enumerate().skip(at) {
             sid = dfa.next_state(cache, sid, b).ok()?;
             if sid.is_tagged() {
@@ -177,14 +194,14 @@ impl Scanner {
     /// The leftmost-first match in `s[at..]` (`Some(None)`: there is none), found by
     /// anchored attempts at each byte a match can start with; `None` when the attempts
     /// cannot tell or have walked too much.
-    fn find(&self, cache: &mut LazyCache, s: &str, at: usize) -> Option<Option<Match>> {
+    fn find(&self, mut cache: Option<&mut LazyCache>, s: &str, at: usize) -> Option<Option<Match>> {
         let bytes = s.as_bytes();
         let mut wasted = 0;
         for p in at..bytes.len() {
             if !self.starts[usize::from(bytes[p])] || !s.is_char_boundary(p) {
                 continue;
             }
-            match self.anchored_end(cache, bytes, p)? {
+            match self.anchored_end(cache.as_deref_mut(), bytes, p)? {
                 Ok(end) => return Some(Some(Match::must(0, p..end))),
                 Err(walked) => {
                     wasted += walked;
@@ -223,6 +240,11 @@ struct SplitCaches {
 
 impl SplitRegex {
     fn new(pattern: &str) -> Option<Self> {
+        Self::with_dense_limit(pattern, DENSE_DFA_BYTES)
+    }
+
+    /// [`Self::new`], its scanners' dense DFAs limited to `dense_bytes` (0: all lazy).
+    fn with_dense_limit(pattern: &str, dense_bytes: usize) -> Option<Self> {
         let (body, head) = match pattern.strip_suffix(LOOKAHEAD_TAIL) {
             Some(head) => (format!(r"{head}|\s+"), Some(head)),
             None => (pattern.to_owned(), None),
@@ -235,29 +257,29 @@ impl SplitRegex {
         }
         Some(Self {
             regex: meta::Regex::new(&body).ok()?,
-            scan: Scanner::new(&body),
+            scan: Scanner::new(&body, dense_bytes),
             head: match head {
                 Some(h) => Some(meta::Regex::new(h).ok()?),
                 None => None,
             },
-            head_scan: head.and_then(Scanner::new),
+            head_scan: head.and_then(|h| Scanner::new(h, dense_bytes)),
         })
     }
 
     fn caches(&self) -> SplitCaches {
         SplitCaches {
             regex: self.regex.create_cache(),
-            scan: self.scan.as_ref().map(|s| s.dfa.create_cache()),
+            scan: self.scan.as_ref().and_then(Scanner::cache),
             head: self.head.as_ref().map(meta::Regex::create_cache),
-            head_scan: self.head_scan.as_ref().map(|s| s.dfa.create_cache()),
+            head_scan: self.head_scan.as_ref().and_then(Scanner::cache),
         }
     }
 
     /// The leftmost-first match in `s[at..]`: by the byte walk where it can tell, else by
     /// the `meta` engine.
     fn find_at(&self, c: &mut SplitCaches, s: &str, at: usize) -> Option<Match> {
-        if let (Some(scan), Some(cache)) = (&self.scan, c.scan.as_mut()) {
-            if let Some(m) = scan.find(cache, s, at) {
+        if let Some(scan) = &self.scan {
+            if let Some(m) = scan.find(c.scan.as_mut(), s, at) {
                 return m;
             }
         }
@@ -314,8 +336,8 @@ impl SplitRegex {
         if !s[start..end].chars().all(char::is_whitespace) {
             return false;
         }
-        if let (Some(scan), Some(lazy)) = (&self.head_scan, c.head_scan.as_mut()) {
-            if let Some(end) = scan.anchored_end(lazy, s.as_bytes(), start) {
+        if let Some(scan) = &self.head_scan {
+            if let Some(end) = scan.anchored_end(c.head_scan.as_mut(), s.as_bytes(), start) {
                 return end.is_err();
             }
         }
@@ -614,15 +636,22 @@ mod tests {
             let mut meta_only = SplitRegex::new(pattern).unwrap();
             meta_only.scan = None;
             meta_only.head_scan = None;
-            let mut lazy = SplitRegex::new(pattern).unwrap();
-            for scan in [&mut lazy.scan, &mut lazy.head_scan].into_iter().flatten() {
-                scan.dense = None;
-            }
+            let lazy = SplitRegex::with_dense_limit(pattern, 0).unwrap();
             assert_eq!(walked.scan.is_some(), !pattern.contains(r"\b"), "{pattern}");
             assert_eq!(
-                walked.scan.as_ref().is_some_and(|s| s.dense.is_some()),
+                walked
+                    .scan
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.walk, Walk::Dense { .. })),
                 walked.scan.is_some(),
                 "{pattern}: every walked pattern here fits a dense DFA"
+            );
+            assert_eq!(
+                lazy.scan
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.walk, Walk::Lazy(_))),
+                walked.scan.is_some(),
+                "{pattern}: with no room for a dense DFA, the lazy one"
             );
             let mut texts: Vec<String> = (0..400)
                 .map(|i| {
