@@ -268,7 +268,55 @@ pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
     for &size in &args.prune_sizes {
         prune_case(size, workers, &mut rng);
     }
+
+    // 5. Approximate mode: a new session's prompt recorded into a full index.
+    routed_case(&mut rng);
     Ok(())
+}
+
+/// Approximate mode (no KV events): a full 1M-block index of routed 40K-token prompts on
+/// two workers, then new 40K-token prompts recorded one by one, each evicting about as
+/// many blocks as it adds (what a fleet of agent sessions does to the router's index).
+/// Baseline: a walk of the same number of blocks already in the index, one lookup each.
+fn routed_case(rng: &mut SplitMix64) {
+    const TTL_MS: u64 = 120_000;
+    let blocks = 40_000 / BLOCK;
+    let mut ix = KvIndex::new(KvIndexConfig::default());
+    let record = |ix: &mut KvIndex, rng: &mut SplitMix64, i: u64| {
+        let hashes = prompt_hashes(&random_tokens(rng, blocks * BLOCK), BLOCK, XXH3_SEED);
+        ix.insert_routed(WorkerId((i % 2) as u32), &hashes, 0, TTL_MS);
+        hashes
+    };
+    let mut i = 0;
+    let mut held = Vec::new();
+    while ix.len() < KvIndexConfig::default().max_blocks {
+        held = record(&mut ix, rng, i);
+        i += 1;
+    }
+    let fresh: Vec<Vec<u64>> = (0..40)
+        .map(|_| prompt_hashes(&random_tokens(rng, blocks * BLOCK), BLOCK, XXH3_SEED))
+        .collect();
+    let mut times = Vec::new();
+    for (k, hashes) in fresh.iter().enumerate() {
+        let t = Instant::now();
+        ix.insert_routed(WorkerId((k % 2) as u32), hashes, 0, TTL_MS);
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    let walk = time_us(20, || {
+        black_box(ix.find_matches_linear(black_box(&held)));
+    });
+    line(
+        &format!("record a routed {blocks}-block prompt into a full 1M-block index, p50 (p99)"),
+        &format!(
+            "{:.0} µs ({:.0})",
+            percentile(&times, 50.0),
+            percentile(&times, 99.0)
+        ),
+        &format!("{:.0} µs plain walk", percentile(&walk, 50.0)),
+        percentile(&times, 50.0) / percentile(&walk, 50.0),
+        "O(blocks), no allocation per block",
+    );
 }
 
 /// A full index of `size` blocks (100K-token chains, spread over the workers), then
@@ -297,6 +345,7 @@ fn prune_case(size: usize, workers: u32, rng: &mut SplitMix64) {
         store_next(&mut ix, rng);
         times.push(t.elapsed().as_secs_f64() * 1e6);
     }
+    times.sort_by(f64::total_cmp);
     let walk = time_us(5, || {
         black_box(ix.gpu_replication());
     });

@@ -13,15 +13,16 @@
 mod event;
 mod fast_hash;
 mod matching;
+mod node_store;
 #[cfg(test)]
 mod tests;
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, VecDeque};
 
 use smallvec::SmallVec;
 
 use fast_hash::FastMap;
+use node_store::NodeStore;
 
 pub use event::{KvEvent, Tier};
 pub use matching::{MatchScratch, WorkerMatch};
@@ -119,6 +120,9 @@ impl ChainPos {
 #[derive(Debug, Clone, Default)]
 struct Node {
     parent: Option<u64>,
+    /// Where the parent sits in the [`NodeStore`]: a hint, checked before use, that saves
+    /// an eviction walking up a chain one map probe (a cache miss) per block.
+    parent_slot: Option<u32>,
     /// Inline up to one (a chain's blocks have one child, its last none).
     children: SmallVec<[u64; 1]>,
     /// Inline up to one (most blocks are held by one worker).
@@ -195,7 +199,7 @@ impl GpuReplication {
 #[derive(Debug, Clone)]
 pub struct KvIndex {
     cfg: KvIndexConfig,
-    nodes: FastMap<u64, Node>,
+    nodes: NodeStore,
     /// Per worker: engine block id → our sequence hash, for event-fed holds.
     engine_ids: FastMap<WorkerId, FastMap<u64, u64>>,
     /// Per worker: approximate-mode holds. They are not in `engine_ids` (their engine id is
@@ -223,7 +227,7 @@ impl KvIndex {
                 block_size: cfg.block_size.max(1),
                 ..cfg
             },
-            nodes: FastMap::default(),
+            nodes: NodeStore::default(),
             engine_ids: FastMap::default(),
             routed_holds: FastMap::default(),
             gpu_holds: FastMap::default(),
@@ -384,16 +388,7 @@ impl KvIndex {
         self.tick += 1;
         let tick = self.tick;
         let parent = pos.parent;
-        let (fresh, node) = match self.nodes.entry(seq) {
-            Entry::Occupied(e) => (false, e.into_mut()),
-            Entry::Vacant(e) => (
-                true,
-                e.insert(Node {
-                    parent,
-                    ..Node::default()
-                }),
-            ),
-        };
+        let (fresh, node) = self.nodes.get_or_insert(seq, parent);
         if node.children.is_empty() {
             if !fresh {
                 self.leaves.remove(&(node.last_used, seq));
@@ -649,6 +644,9 @@ impl KvIndex {
         let start = hashes.partition_point(|&seq| held(self, seq));
         let mut prev = start.checked_sub(1).map(|i| hashes[i]);
         let new = &hashes[start..];
+        // Each block's map probe is a cache miss in a large index; probed in a tight loop
+        // first, independent of each other, they overlap instead of waiting in turn.
+        self.nodes.warm(new);
         for (i, &seq) in new.iter().enumerate() {
             let pos = ChainPos::of(prev, i, new.len());
             let previous = self.add_holder(seq, worker, Tier::Gpu, seq, Some(expires), pos);
@@ -696,36 +694,37 @@ impl KvIndex {
     /// way without entering the order block by block), while the index is over its size.
     /// The block where it stops enters the order, or goes if nobody holds it.
     fn evict_up(&mut self, mut seq: u64) {
+        let Some(mut slot) = self.nodes.slot(&seq) else {
+            return;
+        };
         loop {
-            let Some(node) = self.nodes.remove(&seq) else {
-                return;
-            };
+            let node = self.nodes.take(slot, seq);
             if !node.holders.is_empty() {
                 self.stats.blocks_pruned += 1;
             }
             for h in &node.holders {
                 self.forget_hold(h, seq, true);
             }
-            let Some(p) = node.parent else {
-                return;
+            let Some((p, parent)) = node.parent.zip(self.nodes.parent_slot(&node, seq)) else {
+                break;
             };
-            let Some(pn) = self.nodes.get_mut(&p) else {
-                return;
-            };
+            let pn = self.nodes.at_mut(parent);
             pn.children.retain(|c| *c != seq);
             if !pn.children.is_empty() {
-                return;
+                break;
             }
             let key = (pn.last_used, p);
             let goes_next = self.nodes.len() > self.cfg.max_blocks
                 && self.leaves.first().is_none_or(|&first| key < first);
             if !goes_next {
                 self.leaves.insert(key);
+                self.nodes.unmap_taken();
                 self.gc(p);
                 return;
             }
-            seq = p;
+            (seq, slot) = (p, parent);
         }
+        self.nodes.unmap_taken();
     }
 
     /// Marks `seq` (the deepest block a request matched) as just used, so its chain is

@@ -407,7 +407,11 @@ fn prune_by_scanning(ix: &mut KvIndex, max_blocks: usize) {
         else {
             return;
         };
-        let holders: Vec<_> = ix.nodes[&seq].holders.to_vec();
+        let holders: Vec<_> = ix
+            .nodes
+            .get(&seq)
+            .map(|n| n.holders.to_vec())
+            .unwrap_or_default();
         for h in holders {
             if let Some(ids) = ix.engine_ids.get_mut(&h.worker) {
                 if ids.get(&h.engine_hash) == Some(&seq) {
@@ -433,7 +437,7 @@ fn assert_consistent(ix: &KvIndex, max_blocks: usize) {
         .map(|(&s, n)| (n.last_used, s))
         .collect();
     assert_eq!(ix.leaves, leaves);
-    for (s, n) in &ix.nodes {
+    for (s, n) in ix.nodes.iter() {
         if let Some(p) = n.parent {
             assert!(ix.nodes.get(&p).is_none_or(|pn| pn.children.contains(s)));
         }
