@@ -7,7 +7,7 @@
 //! split, and in the BPE model's per-token strings. Here the added tokens are split off by
 //! `added_split` (the crate's own `AddedVocabulary` only for tokens that strip spaces or
 //! match single words), the text between them is split by DFAs, and each piece's ids come
-//! from a small cache of their own (text repeats its words) or from the BPE model.
+//! from a cache of their own (`piece_cache`: text repeats its words) or from the BPE model.
 //!
 //! A split pattern without look-around is walked byte by byte on its DFA from each byte a
 //! match can start with (`Scanner`): pieces are a few bytes long, and a search through
@@ -27,8 +27,6 @@
 //! with other lookarounds, other pre-tokenizers, normalizers, truncation or padding keep
 //! the crate's pipeline. Differential tests compare both on random text.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use regex_automata::dfa::{dense, dense::DFA as DenseDfa, Automaton, StartKind};
@@ -39,6 +37,7 @@ use serde_json::Value;
 use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
 
 use super::added_split::{AddedSplit, Segment};
+use super::piece_cache::PieceCache;
 
 /// The crate's `ByteLevel` pre-tokenizer's own split pattern (`use_regex: true`).
 const BYTE_LEVEL_PATTERN: &str =
@@ -349,40 +348,17 @@ impl SplitRegex {
 /// Ids, and `(byte just past, tokens up to)` per added token.
 type Encoded = (Vec<u32>, Vec<(usize, usize)>);
 
-/// Pieces one scratch state keeps the ids of (beyond, it starts over: text with ever new
-/// pieces costs a bounded cache), and the longest piece kept (long pieces rarely repeat).
-const MAX_CACHED_PIECES: usize = 1 << 16;
-const MAX_CACHED_PIECE_BYTES: usize = 64;
-
 /// Scratch states kept for reuse (one per thread that encodes at a time; more are made
 /// and dropped when more threads encode at once).
 const MAX_IDLE_SCRATCH: usize = 16;
-
-/// The piece cache's hasher: xxh3 over a piece's bytes (keys come from clients' text).
-#[derive(Debug, Default)]
-struct PieceHasher(u64);
-
-impl Hasher for PieceHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        self.0 = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, self.0);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.0 = (self.0 ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
 
 /// What one encoding works with, handed to the next one.
 #[derive(Debug)]
 struct Scratch {
     /// One per split pattern.
     splits: Vec<SplitCaches>,
-    /// A piece's bytes → its ids.
-    pieces: HashMap<Box<[u8]>, Box<[u32]>, BuildHasherDefault<PieceHasher>>,
+    /// Pieces' bytes → their ids.
+    pieces: PieceCache,
     /// A piece in the byte-level alphabet, for the model.
     mapped: String,
 }
@@ -487,7 +463,7 @@ impl FastEncode {
         let idle = self.scratch.lock().ok().and_then(|mut v| v.pop());
         idle.unwrap_or_else(|| Scratch {
             splits: self.splits.iter().map(SplitRegex::caches).collect(),
-            pieces: HashMap::default(),
+            pieces: PieceCache::default(),
             mapped: String::new(),
         })
     }
@@ -562,12 +538,7 @@ impl FastEncode {
                     Ok(tokens) => {
                         let first = ids.len();
                         ids.extend(tokens.iter().map(|t| t.id));
-                        if piece.len() <= MAX_CACHED_PIECE_BYTES {
-                            if pieces.len() >= MAX_CACHED_PIECES {
-                                pieces.clear();
-                            }
-                            pieces.insert(piece.as_bytes().into(), ids[first..].into());
-                        }
+                        pieces.insert(piece.as_bytes(), &ids[first..]);
                     }
                     Err(e) => failed = failed.take().or(Some(e)),
                 }

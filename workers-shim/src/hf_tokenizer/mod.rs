@@ -19,6 +19,7 @@
 mod added_split;
 pub mod chat_template;
 mod fast_encode;
+mod piece_cache;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
