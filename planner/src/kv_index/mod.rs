@@ -9,6 +9,9 @@
 //! would stop there anyway. That closure makes a longest-prefix match a search for the
 //! depths where the holder set changes, found by bisection with an order-independent
 //! fingerprint of each holder set: a 100K-token prompt costs tens of lookups, not thousands.
+//!
+//! Files: `event.rs` (the events' shape), `matching.rs` (the bisection), `node_store.rs`
+//! (the blocks, in a slab behind a map of slots), `fast_hash.rs` (the maps' hasher).
 
 mod event;
 mod fast_hash;

@@ -5,8 +5,8 @@
 //! new block evicts an old one, and an eviction walks its chain up through the parent
 //! links. With the nodes inline in a 1M-block map (120 B buckets) each step of that walk
 //! and each insert waited on two dependent cache misses (the map's control bytes, then the
-//! bucket): ~0.8 µs per block recorded, so a new 40K-token session's prompt took ~2 ms of
-//! the router's core. Here:
+//! bucket): ~1 µs per block recorded, so a new 40K-token session's prompt took 2–3.5 ms
+//! of the router's core. Here:
 //! - the map holds 16 B per block, and a freed slot is the next new block's, still cached
 //!   from the eviction that freed it;
 //! - each node keeps its parent's slot as a hint, so the walk up a chain reads the parent
@@ -15,8 +15,8 @@
 //!   chain's new blocks are probed together before their inserts: independent probes,
 //!   whose misses overlap instead of waiting in turn.
 //!
-//! Measured by `ownerserve bench kv` ("record a routed 2500-block prompt into a full
-//! 1M-block index"); figures in docs/BENCHMARKS.md.
+//! `ownerserve bench kv` ("record a routed 2500-block prompt into a full 1M-block index"):
+//! 0.31–0.38× the time of the map of nodes, run by run; figures in docs/BENCHMARKS.md.
 
 use std::collections::hash_map::Entry;
 
@@ -144,9 +144,18 @@ impl NodeStore {
         self.slots.iter().map(|(seq, &i)| (seq, &self.nodes[i]))
     }
 
-    /// Every node, in no particular order.
+    /// Every node, in slab order: a walk of the whole index reads the slab front to back
+    /// (through the map, each node would be a random read).
     pub(super) fn values(&self) -> impl Iterator<Item = &Node> {
-        self.slots.values().map(|&i| &self.nodes[i])
+        let mut free = self.free.clone();
+        free.sort_unstable();
+        let mut free = free.into_iter().peekable();
+        self.nodes.iter().enumerate().filter_map(move |(i, node)| {
+            if free.next_if_eq(&i).is_some() {
+                return None;
+            }
+            Some(node)
+        })
     }
 }
 
@@ -195,5 +204,8 @@ mod tests {
         let mut seen: Vec<(u64, u64)> = store.iter().map(|(&s, n)| (s, n.last_used)).collect();
         seen.sort_unstable();
         assert_eq!(seen, vec![(1, 10), (7, 0)]);
+        let mut walked: Vec<u64> = store.values().map(|n| n.last_used).collect();
+        walked.sort_unstable();
+        assert_eq!(walked, vec![0, 10], "free slots are skipped");
     }
 }

@@ -14,7 +14,7 @@
 //! - [`chat_template`]: the Jinja template rendered as `transformers` renders it.
 //! - `fast_encode`: the same ids as the `tokenizers` crate's pipeline for byte-level BPE
 //!   tokenizers with regex splits, several times faster on long prompts; `added_split`:
-//!   its split at added tokens.
+//!   its split at added tokens; `piece_cache`: the ids of pieces it has encoded.
 
 mod added_split;
 pub mod chat_template;
