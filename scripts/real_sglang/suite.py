@@ -374,6 +374,7 @@ class Suite:
         watcher.start()
         rng = random.Random(13)
         statuses = []
+        bad = []
         started = time.time()
         try:
             time.sleep(IDLE_S)
@@ -396,6 +397,9 @@ class Suite:
                                                            and "[DONE]" in resp
                                                            and '"error"' not in resp))
                     statuses.append(status if ok else f"{status}!")
+                    if not ok and len(bad) < 3:
+                        # What the client got, so a failure says why.
+                        bad.append(f"{path} stream={stream}: {str(resp)[-200:]!r}")
                 time.sleep(rng.uniform(0.0, 3.0))
         finally:
             stop.set()
@@ -410,7 +414,7 @@ class Suite:
                    f"logged {downs} times")
         self.check("health (default settings): 0 failed requests over mixed idle and traffic",
                    statuses and not failed,
-                   f"{len(statuses) - len(failed)}/{len(statuses)} ok, failed {failed[:10]}")
+                   f"{len(statuses) - len(failed)}/{len(statuses)} ok, failed {failed[:10]} {bad}")
 
     # --- 6. kill -9 mid-stream ------------------------------------------------------------------
 
