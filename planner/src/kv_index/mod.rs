@@ -700,6 +700,8 @@ impl KvIndex {
         let Some(mut slot) = self.nodes.slot(&seq) else {
             return;
         };
+        // Where the walk stops short of a root: that block enters the eviction order.
+        let mut stopped = None;
         loop {
             let node = self.nodes.take(slot, seq);
             if !node.holders.is_empty() {
@@ -721,13 +723,16 @@ impl KvIndex {
                 && self.leaves.first().is_none_or(|&first| key < first);
             if !goes_next {
                 self.leaves.insert(key);
-                self.nodes.unmap_taken();
-                self.gc(p);
-                return;
+                stopped = Some(p);
+                break;
             }
             (seq, slot) = (p, parent);
         }
+        // Every way out of the walk unmaps what it took, before anything looks blocks up.
         self.nodes.unmap_taken();
+        if let Some(p) = stopped {
+            self.gc(p);
+        }
     }
 
     /// Marks `seq` (the deepest block a request matched) as just used, so its chain is

@@ -19,7 +19,7 @@ use std::hash::{BuildHasher, Hasher};
 /// cache).
 const MAX_PIECES: usize = 1 << 16;
 /// The longest piece kept (long pieces rarely repeat).
-pub(super) const MAX_PIECE_BYTES: usize = 64;
+const MAX_PIECE_BYTES: usize = 64;
 /// The longest piece kept inline in a `u128` key (one byte holds the length).
 const SHORT_PIECE_BYTES: usize = 15;
 
