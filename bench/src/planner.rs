@@ -64,6 +64,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             cached_tokens: rng.next_u64() % tokens.max(1) / u64::from(BLOCK) * u64::from(BLOCK),
             host_cached_tokens: 0,
             pulls_kv: true,
+            prefill_decodes: false,
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),

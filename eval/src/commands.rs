@@ -48,6 +48,10 @@ pub struct SimulateArgs {
     /// Every worker's engine settings (the same flags `ownerserve sim-worker` takes).
     #[command(flatten)]
     engine: SimSettings,
+    /// Let the cost planner decode on prefill workers too (the router's
+    /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
+    #[arg(long)]
+    prefill_workers_decode: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -109,6 +113,10 @@ pub struct ReportArgs {
     capacity_tolerance: f64,
     #[command(flatten)]
     engine: SimSettings,
+    /// Let the cost planner decode on prefill workers too (the router's
+    /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
+    #[arg(long)]
+    prefill_workers_decode: bool,
     #[arg(long)]
     quiet: bool,
 }
@@ -209,7 +217,8 @@ fn policies(list: &str) -> Vec<String> {
 /// Runs the simulator and prints one summary line per policy, then a Markdown table.
 pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     let wl = args.workload.build()?;
-    let cluster = Cluster::parse(&args.cluster, &args.engine)?;
+    let cluster = Cluster::parse(&args.cluster, &args.engine)?
+        .with_prefill_workers_decode(args.prefill_workers_decode);
     say(&format!("workload: {}", wl.stats()));
     let runs = report::run_all(
         &wl,
@@ -250,7 +259,8 @@ pub fn report(args: ReportArgs) -> Result<(), CommandError> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
     {
-        let cluster = Cluster::parse(spec, &args.engine)?;
+        let cluster = Cluster::parse(spec, &args.engine)?
+            .with_prefill_workers_decode(args.prefill_workers_decode);
         let runs = report::run_all(
             &wl,
             &cluster,
@@ -328,7 +338,8 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
         {
             let wl = spec.build()?;
             for c in list(&args.clusters) {
-                let cluster = Cluster::parse(&c, &engine)?;
+                let cluster = Cluster::parse(&c, &engine)?
+                    .with_prefill_workers_decode(args.prefill_workers_decode);
                 let configs = cluster.build()?;
                 let runs = report::run_all(
                     &wl,

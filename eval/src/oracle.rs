@@ -237,6 +237,7 @@ mod tests {
             cached_blocks: if w.id == a { 6 } else { 0 },
             host_cached_blocks: 0,
             pulls_kv: true,
+            prefill_decodes: true,
             ..w
         });
         assert_eq!(

@@ -69,6 +69,14 @@ impl EngineKind {
     pub fn pulls_kv(self) -> bool {
         self == EngineKind::Sim
     }
+
+    /// Whether an instance started in the prefill role still serves whole requests
+    /// (`WorkerView::prefill_decodes`): vLLM's NIXL connector acts only on requests that
+    /// carry `kv_transfer_params`, and the simulated engine has no role; SGLang's
+    /// `--disaggregation-mode prefill` server only ever hands its KV to a decode server.
+    pub fn decodes_in_prefill_role(self) -> bool {
+        self != EngineKind::Sglang
+    }
 }
 
 /// A role or engine name that is not one we know.
@@ -109,5 +117,17 @@ impl FromStr for EngineKind {
                 expected: "vllm, sglang, sim",
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sglang_prefill_servers_never_serve_whole_requests() {
+        assert!(EngineKind::Vllm.decodes_in_prefill_role());
+        assert!(EngineKind::Sim.decodes_in_prefill_role());
+        assert!(!EngineKind::Sglang.decodes_in_prefill_role());
     }
 }

@@ -440,6 +440,7 @@ impl Registry {
                 cached_blocks: 0,
                 host_cached_blocks: 0,
                 pulls_kv: w.spec.engine.pulls_kv(),
+                prefill_decodes: w.spec.engine.decodes_in_prefill_role(),
                 load: w.load(),
             })
             .collect()

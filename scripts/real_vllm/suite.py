@@ -578,6 +578,33 @@ class Suite:
                    f"external_kv_transfer +{after[1] - before[1]:.0f}; planned meanwhile {ran}; "
                    f"explain: {plan.get('reason')}")
 
+    def pd_prefill_decodes(self, prefill, decode, conv):
+        """With `planner_prefill_workers_decode` a new session, while `decode` is busy
+        decoding, is served whole by the idle `prefill` engine (a NixlConnector instance
+        serves requests without `kv_transfer_params` as a plain engine): computed there, no
+        KV pulled by `decode`."""
+        workers = prefill.worker_toml("prefill") + decode.worker_toml("decode")
+        r = self.router("ownerserve-prefill-decodes", "ownerserve", workers, TOKENIZER_FIXTURE,
+                        "planner_calibrate = false\nplanner_prefill_workers_decode = true\n")
+        time.sleep(1.5)  # its scrapes see the decode engine's running streams
+        body = {"model": MODEL, "messages": conv, "max_tokens": 4}
+        _, _, plan = r.post("/admin/v1/plan/explain", body, {"authorization": f"Bearer {TOKEN}"})
+        before = (prefill.prompt_tokens("local_compute"),
+                  decode.prompt_tokens("external_kv_transfer"))
+        status, h, resp = r.post("/v1/chat/completions", body)
+        n = (resp.get("usage") or {}).get("prompt_tokens", 0) if status == 200 else 0
+        after = (prefill.prompt_tokens("local_compute"),
+                 decode.prompt_tokens("external_kv_transfer"))
+        self.check(f"p/d ownerserve (prefill workers decode): a new session served whole by "
+                   f"{prefill.name} while {decode.name} is busy",
+                   status == 200 and h.get("x-ownerserve-worker") == prefill.name
+                   and after[0] - before[0] >= n - BLOCK and after[1] == before[1] and n > 0,
+                   f"status {status}, served by {h.get('x-ownerserve-worker')}, prompt {n} "
+                   f"tokens, prefill local_compute +{after[0] - before[0]:.0f}, decode "
+                   f"external_kv_transfer +{after[1] - before[1]:.0f}; explain: "
+                   f"{plan.get('reason')}")
+        r.stop()
+
     def pd(self, e0, e1):
         """P/D with a real NixlConnector pair, then the prefill engine killed."""
         nixl_warm_up(e0, e1)
@@ -592,6 +619,7 @@ class Suite:
             time.sleep(1.5)  # the streams are running and the engine's metrics scraped
             self.pd_step("ownerserve (decode engine busy)", planner, e0, e1,
                          conversation(rng, 300), "remote_prefill")
+            self.pd_prefill_decodes(e0, e1, conversation(rng, 300))
             e0.kill9()
             for label, r in [("ownerserve", planner), ("static_pd", static)]:
                 fallbacks = fallback_count(r)

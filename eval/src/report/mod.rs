@@ -12,7 +12,7 @@ pub use table::{markdown_table, summary_line};
 
 use std::path::{Path, PathBuf};
 
-use ownerserve_planner::policy::{self, Policy, PolicySettings};
+use ownerserve_planner::policy::{self, OwnerServeConfig, Policy, PolicySettings};
 
 use crate::bound::{lower_bound, BOUND};
 use crate::oracle::Oracle;
@@ -65,7 +65,10 @@ pub fn make_policy(
     }
     let configs = cluster.build()?;
     let settings = PolicySettings {
-        ownerserve: Cluster::planner_config(&configs),
+        ownerserve: Cluster::planner_config(&configs).map(|c| OwnerServeConfig {
+            prefill_workers_decode: cluster.prefill_workers_decode,
+            ..c
+        }),
         ..PolicySettings::default()
     };
     policy::by_name(name, &settings).map_err(|_| ReportError::Policy(name.to_owned()))

@@ -25,6 +25,10 @@ pub struct Cluster {
     /// Short name, e.g. `2p6d`.
     pub name: String,
     pub workers: Vec<ClusterWorker>,
+    /// Its prefill workers also serve whole requests and the cost planner may decode there
+    /// (the router's `planner_prefill_workers_decode`; the simulated engine can). Off by
+    /// default; the peers' routers keep their sources' roles either way.
+    pub prefill_workers_decode: bool,
 }
 
 /// A cluster spec that cannot be built.
@@ -94,7 +98,16 @@ impl Cluster {
         Ok(Self {
             name: spec.trim().to_ascii_lowercase(),
             workers,
+            prefill_workers_decode: false,
         })
+    }
+
+    /// The same fleet with its prefill workers allowed to decode (or not).
+    pub fn with_prefill_workers_decode(self, on: bool) -> Self {
+        Self {
+            prefill_workers_decode: on,
+            ..self
+        }
     }
 
     /// Every worker's engine configuration, in worker order.
@@ -144,6 +157,7 @@ impl Cluster {
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: first.scheduler.pcie_bytes_per_s,
+            prefill_workers_decode: false,
         })
     }
 }

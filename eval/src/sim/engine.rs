@@ -62,6 +62,7 @@ impl Engine {
             cached_blocks: hashes.map_or(0, |h| self.sched.cached_prefix(h) as u32),
             host_cached_blocks: hashes.map_or(0, |h| self.sched.host_cached_prefix(h) as u32),
             pulls_kv: true,
+            prefill_decodes: true,
             load: Some(EngineLoad {
                 running: self.sched.num_running() as f64,
                 waiting: self.sched.num_waiting() as f64,

@@ -20,7 +20,6 @@
 //! as the wait: on decoders whose KV was full the steps that set the p99 waited 3–4× the
 //! predicted time and found a tenth of their prefix left.)
 
-use crate::ids::Role;
 use crate::roofline::StepFigures;
 
 use super::PlanWorker;
@@ -87,7 +86,7 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     else {
         return 0.0;
     };
-    if w.role == Role::Prefill || lifetime <= 0.0 {
+    if !w.decodes() || lifetime <= 0.0 {
         return 0.0;
     }
     let deficit = (w.waiting_tokens + prompt).saturating_sub(free);
@@ -101,7 +100,7 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
 /// per decode step, at the step time of its running batch.
 fn decode_growth_tokens(w: &PlanWorker, figures: &StepFigures<'_>, wait_s: f64) -> u64 {
-    let running = super::interference::stalled_decodes(w.role, w.decoding);
+    let running = super::interference::stalled_decodes(w.decodes(), w.decoding);
     if running == 0 || wait_s <= 0.0 {
         return 0;
     }
@@ -133,7 +132,7 @@ fn survival(w: &PlanWorker, allocated: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::WorkerId;
+    use crate::ids::{Role, WorkerId};
     use crate::roofline::{Efficiency, Roofline};
     use crate::spec::{GpuSpec, ModelSpec};
 
@@ -164,6 +163,7 @@ mod tests {
             cached_tokens: cached,
             host_cached_tokens: 0,
             pulls_kv: true,
+            prefill_decodes: false,
             pcie_bytes_per_s: 50e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(room),

@@ -46,7 +46,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let decoders = sole
         .map_or(input.workers, std::slice::from_ref)
         .iter()
-        .filter(|w| sole.is_some() || (w.takes_work() && w.role.serves_full_requests()));
+        .filter(|w| sole.is_some() || (w.takes_work() && w.decodes()));
     // Each prefill worker's share of a remote prefill, computed once for every decoder:
     // the work, and the bytes it computes (and keeps a copy of).
     let prefillers: Vec<Prefiller<'_>> = input
@@ -146,7 +146,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .fold(beat, f64::min);
     }
     if let Some(o) = artifact_owner {
-        if o.takes_work() && o.role.serves_full_requests() && input.decode_owner != Some(o.id) {
+        if o.takes_work() && o.decodes() && input.decode_owner != Some(o.id) {
             let c = p.tail_recompute(o);
             beat = beat.min(c.cost.total);
             out.push(c);
@@ -157,13 +157,13 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         let sent = p.state_bytes(now.cached_tokens.min(input.prompt_tokens));
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
-        let could_stay = d.takes_work() && d.role.serves_full_requests();
+        let could_stay = d.takes_work() && d.decodes();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
         // is at least the cheapest candidate so far (earlier moves included).
         for t in input
             .workers
             .iter()
-            .filter(|t| t.id != d.id && t.takes_work() && t.role.serves_full_requests())
+            .filter(|t| t.id != d.id && t.takes_work() && t.decodes())
         {
             let m = p.move_bytes(now, t, sent);
             let floor = p.migration_floor_s(t, m, could_stay);
@@ -488,7 +488,7 @@ impl Pricing<'_, '_> {
         marginal_interference_s(
             &w.roofline,
             &self.figures,
-            stalled_decodes(w.role, w.decoding),
+            stalled_decodes(w.decodes(), w.decoding),
             tokens,
             compute_s,
         )

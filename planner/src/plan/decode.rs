@@ -40,7 +40,7 @@ pub fn decode_step_s(
     extra_seqs: u64,
     extra_tokens: u64,
 ) -> f64 {
-    let seqs = stalled_decodes(w.role, w.decoding) + extra_seqs;
+    let seqs = stalled_decodes(w.decodes(), w.decoding) + extra_seqs;
     w.roofline
         .decode_step_s(f, seqs, running_kv_tokens(w) + extra_tokens)
 }
@@ -70,7 +70,7 @@ pub fn marginal_decode_s(
 ) -> f64 {
     let before = decode_step_s(w, f, 0, 0);
     let after = decode_step_s(w, f, 1, prompt_tokens);
-    let others = stalled_decodes(w.role, w.decoding) as f64;
+    let others = stalled_decodes(w.decodes(), w.decoding) as f64;
     steps * (after + others * (after - before).max(0.0))
 }
 

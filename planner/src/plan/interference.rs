@@ -15,7 +15,6 @@
 //! queued ahead of this prefill are not delayed by it (first come, first served); this
 //! step waits for them, which its own `T_queue` carries.
 
-use crate::ids::Role;
 use crate::roofline::{Roofline, StepFigures};
 
 /// Token budget of one engine step the planner assumes when it splits a prefill into
@@ -23,12 +22,16 @@ use crate::roofline::{Roofline, StepFigures};
 /// simulated engine's).
 pub const CHUNK_TOKENS: u64 = 8_192;
 
-/// The sequences a prefill on a worker of `role` with `running` sequences stalls: its
-/// decodes. A prefill worker's running sequences are prefill legs, not decodes.
-pub fn stalled_decodes(role: Role, running: u64) -> u64 {
-    match role {
-        Role::Prefill => 0,
-        _ => running,
+/// The sequences a prefill on a worker with `running` sequences stalls: its decodes, on a
+/// worker that `decodes` (`PlanWorker::decodes`). A prefill-only worker's running
+/// sequences are prefill legs, not decodes. A prefill worker that may also decode counts
+/// all of them: the router cannot tell its prefill legs from its decodes, so this prices
+/// the worst case.
+pub fn stalled_decodes(decodes: bool, running: u64) -> u64 {
+    if decodes {
+        running
+    } else {
+        0
     }
 }
 
@@ -83,9 +86,8 @@ mod tests {
 
     #[test]
     fn a_prefill_worker_stalls_no_decode() {
-        assert_eq!(stalled_decodes(Role::Prefill, 12), 0);
-        assert_eq!(stalled_decodes(Role::Decode, 12), 12);
-        assert_eq!(stalled_decodes(Role::Hybrid, 3), 3);
+        assert_eq!(stalled_decodes(false, 12), 0);
+        assert_eq!(stalled_decodes(true, 12), 12);
     }
 
     #[test]

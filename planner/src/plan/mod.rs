@@ -107,6 +107,8 @@ pub struct PlanWorker {
     /// It can pull a sealed prefix from a peer and serve one (`WorkerView::pulls_kv`):
     /// a fetch needs it on both ends; a migration without it recomputes on the target.
     pub pulls_kv: bool,
+    /// A prefill worker that may also decode (`WorkerView::prefill_decodes`).
+    pub prefill_decodes: bool,
     /// Host-to-GPU bandwidth its restores run at, bytes per second (the GPU preset's
     /// `pcie_gbs`).
     pub pcie_bytes_per_s: f64,
@@ -133,6 +135,12 @@ impl PlanWorker {
     /// Whether new work may go there.
     pub fn takes_work(&self) -> bool {
         self.healthy && !self.draining
+    }
+
+    /// Whether a session may decode there: a decode or hybrid worker, or a prefill worker
+    /// allowed to decode too.
+    pub fn decodes(&self) -> bool {
+        self.role.serves_full_requests() || (self.role == Role::Prefill && self.prefill_decodes)
     }
 }
 

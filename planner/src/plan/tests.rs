@@ -20,6 +20,7 @@ pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
         cached_tokens: 0,
         host_cached_tokens: 0,
         pulls_kv: true,
+        prefill_decodes: false,
         pcie_bytes_per_s: 50e9,
         prefill_scale: 1.0,
         kv_room_tokens: None,
@@ -149,6 +150,39 @@ fn a_new_long_prompt_is_prefilled_remotely_when_the_decoder_is_busy() {
         .unwrap();
     assert!(colocate.cost.interference_s > 0.0);
     assert_eq!(p.changes, [DirectoryChange::SetDecodeOwner(WorkerId(1))]);
+}
+
+#[test]
+fn a_prefill_worker_allowed_to_decode_takes_a_new_session_off_a_busy_decoder() {
+    let mut d = worker(1, Role::Decode);
+    d.decoding = 64;
+    let mut pre = worker(0, Role::Prefill);
+    pre.prefill_decodes = true;
+    let s = Scenario::new(30_000, vec![pre.clone(), d.clone()]);
+    let p = s.plan();
+    // The idle prefill worker computes the prompt and keeps it: nothing is shipped and no
+    // running decode is stalled.
+    assert_chosen(&p, Action::Colocate, 0);
+    assert_eq!(p.chosen.network_bytes, 0.0);
+    assert_eq!(p.changes, [DirectoryChange::SetDecodeOwner(WorkerId(0))]);
+
+    // Once it decodes, its running sequences are stalled by a prefill there like any
+    // decoder's, so the next long prompt is not piled onto it for free.
+    let mut busy = pre;
+    busy.decoding = 64;
+    let s = Scenario::new(30_000, vec![busy, d.clone()]);
+    let p = s.plan();
+    let on_prefill_worker = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Colocate && c.decode_on == WorkerId(0))
+        .unwrap();
+    assert!(on_prefill_worker.cost.interference_s > 0.0);
+
+    // A prefill worker not allowed to decode is never a decode candidate.
+    let s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
+    let p = s.plan();
+    assert!(p.candidates.iter().all(|c| c.decode_on == WorkerId(1)));
 }
 
 #[test]
@@ -544,6 +578,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
                 _ => 0,
             },
             pulls_kv: pick(rng, 4) != 0,
+            prefill_decodes: pick(rng, 2) == 0,
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 0.5 + rng.next_f64() * 1.5,
             kv_room_tokens: match pick(rng, 3) {

@@ -79,6 +79,12 @@ pub struct WorkerView {
     /// simulated engine's `/kv/fetch`). vLLM's NIXL connector and SGLang move KV only from
     /// a prefill leg to its decode leg, so a fetch or migration there recomputes instead.
     pub pulls_kv: bool,
+    /// Its engine serves whole requests even in the prefill role (vLLM's NIXL instances,
+    /// the simulated engine; not SGLang's `--disaggregation-mode prefill` servers), so the
+    /// cost planner may decode there when its config allows it
+    /// (`OwnerServeConfig::prefill_workers_decode`). The peers' routers keep their sources'
+    /// roles and never read it.
+    pub prefill_decodes: bool,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,
 }
@@ -97,6 +103,7 @@ impl WorkerView {
             cached_blocks: 0,
             host_cached_blocks: 0,
             pulls_kv: true,
+            prefill_decodes: false,
             load: None,
         }
     }

@@ -32,6 +32,13 @@ pub struct OwnerServeConfig {
     /// Host-to-GPU bandwidth of every worker's host-DRAM KV tier, bytes per second (the
     /// GPU preset's `pcie_gbs`): what restoring a host-cached prefix costs.
     pub pcie_bytes_per_s: f64,
+    /// Sessions may decode on prefill workers whose engine serves whole requests
+    /// (`WorkerView::prefill_decodes`): a P/D fleet's prefill GPUs, idle between
+    /// prefills, then also hold decodes when the cost says so, priced like a hybrid
+    /// worker's (their running prefill legs counted as stalled decodes). Off by default:
+    /// an operator who split the fleet may have sized its prefill instances for prefill
+    /// only.
+    pub prefill_workers_decode: bool,
 }
 
 impl OwnerServeConfig {
@@ -54,6 +61,7 @@ impl OwnerServeConfig {
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
+            prefill_workers_decode: false,
         })
     }
 
@@ -111,6 +119,7 @@ impl OwnerServe {
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
             host_cached_tokens: u64::from(w.host_cached_blocks) * u64::from(block_size),
             pulls_kv: w.pulls_kv,
+            prefill_decodes: self.cfg.prefill_workers_decode && w.prefill_decodes,
             pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
             prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),

@@ -195,6 +195,9 @@ pub struct RouterSettings {
     /// ρ: seconds charged per decode-second a step's expected decode takes on its decode
     /// worker, its own and what it adds to the sequences running there.
     pub planner_rho: f64,
+    /// Let the cost planner decode sessions on prefill workers whose engine serves whole
+    /// requests (vLLM, sim; never SGLang's prefill servers) when that is the cheaper plan.
+    pub planner_prefill_workers_decode: bool,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill and decode times are scaled by it before calibrating
     /// the planner.
@@ -315,6 +318,7 @@ impl Default for RouterSettings {
             planner_nu: Weights::default().nu,
             planner_kappa: Weights::default().kappa,
             planner_rho: Weights::default().rho,
+            planner_prefill_workers_decode: false,
             planner_time_scale: 1.0,
             planner_calibrate: true,
             planner_links: Vec::new(),

@@ -205,6 +205,7 @@ fn planner_setup(
         // What restoring a host-cached prefix costs (workers whose engines report host
         // holds, medium CPU): the planner GPU preset's host link.
         pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
+        prefill_workers_decode: s.planner_prefill_workers_decode,
     })
 }
 

@@ -1,0 +1,115 @@
+//! `planner_prefill_workers_decode` end to end: two real `ownerserve sim-worker` processes,
+//! `w0` in the prefill role and `w1` in the decode role, with `w1` loaded by streams sent
+//! straight to it, and two real routers with the `ownerserve` policy that see the load only
+//! through their metrics scrapes. The router with the setting off never plans a decode on
+//! `w0`; the router with it on moves a new session off the busy decoder onto the idle
+//! prefill worker, and a real request through it is served there whole.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{chat_body, client, eventually, temp_config, words, Proc, ADMIN_TOKEN};
+use serde_json::{json, Value};
+
+fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
+    let mut cfg = format!(
+        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n\
+         planner_prefill_workers_decode = {prefill_decodes}\n"
+    );
+    for (i, (w, role)) in workers.iter().zip(["prefill", "decode"]).enumerate() {
+        cfg.push_str(&format!(
+            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"{role}\"\nengine = \"sim\"\n",
+            w.url
+        ));
+    }
+    Proc::router(&[], &["--config", &temp_config(name, &cfg)])
+}
+
+/// A long stream sent straight to `worker`, held open in a task of `loads`.
+fn load(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {
+    let url = format!("{}/v1/chat/completions", worker.url);
+    loads.spawn(async move {
+        let mut body = chat_body(&prompt, 400);
+        body["stream"] = json!(true);
+        if let Ok(mut resp) = client().post(url).json(&body).send().await {
+            while let Ok(Some(_)) = resp.chunk().await {}
+        }
+    });
+}
+
+/// The plan `router` would make for a brand-new session's first step.
+async fn explain(router: &Proc) -> Value {
+    let resp = client()
+        .post(format!("{}/admin/v1/plan/explain", router.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-session-id", "brand-new")
+        .json(&chat_body(&words("task", 2_000), 16))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// The workers `plan` priced a decode on.
+fn decoders(plan: &Value) -> Vec<u64> {
+    let mut ids: Vec<u64> = plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["decode_on"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_decodes_on_the_idle_prefill_worker_only_when_allowed() {
+    // 200 ms per engine step: the loads below decode for over a minute.
+    let flags = ["--step-overhead-s", "0.2", "--max-kv-blocks", "4000"];
+    let workers = vec![Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
+    let allowed = router("prefill-decodes.toml", &workers, true);
+    let split = router("roles-kept.toml", &workers, false);
+
+    let mut loads = tokio::task::JoinSet::new();
+    for i in 0..3 {
+        load(&mut loads, &workers[1], words(&format!("busy{i}-"), 1_500));
+    }
+
+    // Once its scrapes show w1's decodes, the router allowed to decode on the prefill
+    // worker puts the new session there: no decode is stalled and no KV is shipped.
+    eventually(
+        Duration::from_secs(30),
+        "the router allowed to decode on w0 chooses it",
+        || async {
+            let plan = explain(&allowed).await;
+            plan["chosen"]["decode_on"] == 0 && plan["chosen"]["action"] == "colocate"
+        },
+    )
+    .await;
+
+    // The router keeping the roles sees the same load and still decodes on w1 only.
+    let plan = explain(&split).await;
+    assert_eq!(decoders(&plan), [1], "{plan:#}");
+    assert_eq!(plan["chosen"]["decode_on"], 1, "{plan:#}");
+
+    // A real request of a new session through the allowed router is served whole by w0.
+    let mut body = chat_body(&words("task", 2_000), 4);
+    body["stream"] = json!(true);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", allowed.url))
+        .header("x-session-id", "served-on-the-prefill-worker")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-ownerserve-worker"], "w0");
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    loads.abort_all();
+}
