@@ -12,7 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, temp_config, words, Proc, ADMIN_TOKEN};
+use common::{chat_body, client, eventually, hold_stream, temp_config, words, Proc, ADMIN_TOKEN};
 use serde_json::{json, Value};
 
 fn router(name: &str, workers: &[Proc], rho: Option<f64>) -> Proc {
@@ -45,18 +45,6 @@ async fn one_stream(router: &Proc) {
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
-}
-
-/// A long stream sent straight to `worker`, held open in a task of `loads`.
-fn load(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {
-    let url = format!("{}/v1/chat/completions", worker.url);
-    loads.spawn(async move {
-        let mut body = chat_body(&prompt, 400);
-        body["stream"] = json!(true);
-        if let Ok(mut resp) = client().post(url).json(&body).send().await {
-            while let Ok(Some(_)) = resp.chunk().await {}
-        }
-    });
 }
 
 /// The plan `router` would make for a brand-new session's first step.
@@ -95,9 +83,9 @@ async fn a_new_session_goes_where_a_decode_step_reads_less_kv_not_where_fewer_de
     one_stream(&first_token_only).await;
 
     let mut loads = tokio::task::JoinSet::new();
-    load(&mut loads, &workers[1], words("context", 6_000));
-    load(&mut loads, &workers[0], words("short", 100));
-    load(&mut loads, &workers[0], words("brief", 100));
+    hold_stream(&mut loads, &workers[1], words("context", 6_000));
+    hold_stream(&mut loads, &workers[0], words("short", 100));
+    hold_stream(&mut loads, &workers[0], words("brief", 100));
 
     // Once its scrapes show the load, the router pricing the first token only sends the
     // new session to w1, where one decode is stalled instead of two. (Before they do,

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, temp_config, words, Proc, ADMIN_TOKEN};
+use common::{chat_body, client, eventually, hold_stream, temp_config, words, Proc, ADMIN_TOKEN};
 use serde_json::{json, Value};
 
 fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
@@ -26,18 +26,6 @@ fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
         ));
     }
     Proc::router(&[], &["--config", &temp_config(name, &cfg)])
-}
-
-/// A long stream sent straight to `worker`, held open in a task of `loads`.
-fn load(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {
-    let url = format!("{}/v1/chat/completions", worker.url);
-    loads.spawn(async move {
-        let mut body = chat_body(&prompt, 400);
-        body["stream"] = json!(true);
-        if let Ok(mut resp) = client().post(url).json(&body).send().await {
-            while let Ok(Some(_)) = resp.chunk().await {}
-        }
-    });
 }
 
 /// The plan `router` would make for a brand-new session's first step.
@@ -77,7 +65,7 @@ async fn a_new_session_decodes_on_the_idle_prefill_worker_only_when_allowed() {
 
     let mut loads = tokio::task::JoinSet::new();
     for i in 0..3 {
-        load(&mut loads, &workers[1], words(&format!("busy{i}-"), 1_500));
+        hold_stream(&mut loads, &workers[1], words(&format!("busy{i}-"), 1_500));
     }
 
     // Once its scrapes show w1's decodes, the router allowed to decode on the prefill

@@ -190,6 +190,19 @@ pub fn words(seed: &str, n: usize) -> String {
     (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
+/// A long stream sent straight to `worker` (no router), held open in a task of `loads`:
+/// load that routers see only through their scrapes of the worker's metrics.
+pub fn hold_stream(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {
+    let url = format!("{}/v1/chat/completions", worker.url);
+    loads.spawn(async move {
+        let mut body = chat_body(&prompt, 400);
+        body["stream"] = serde_json::json!(true);
+        if let Ok(mut resp) = client().post(url).json(&body).send().await {
+            while let Ok(Some(_)) = resp.chunk().await {}
+        }
+    });
+}
+
 pub fn chat_body(content: &str, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({
         "model": MODEL,
