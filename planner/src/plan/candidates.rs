@@ -38,11 +38,12 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let artifact_owner = input
         .artifact
         .and_then(|a| input.workers.iter().find(|w| w.id == a.owner && w.healthy));
-    // Where the session can decode: its owner while it takes work, else anywhere. A fork
-    // is a new branch reading the shared prefix: it may start anywhere, and never moves
-    // its parent.
+    // Where the session can decode: its owner while it takes work and may decode (a
+    // prefill worker stops being one when the option is turned off), else anywhere. A
+    // fork is a new branch reading the shared prefix: it may start anywhere, and never
+    // moves its parent.
     let fork = input.is_fork();
-    let sole = owner.filter(|d| d.takes_work() && !fork);
+    let sole = owner.filter(|d| d.takes_work() && d.decodes() && !fork);
     let decoders = sole
         .map_or(input.workers, std::slice::from_ref)
         .iter()

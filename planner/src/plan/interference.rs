@@ -85,7 +85,7 @@ mod tests {
     }
 
     #[test]
-    fn a_prefill_worker_stalls_no_decode() {
+    fn only_a_worker_that_decodes_stalls_decodes() {
         assert_eq!(stalled_decodes(false, 12), 0);
         assert_eq!(stalled_decodes(true, 12), 12);
     }

@@ -180,9 +180,26 @@ fn a_prefill_worker_allowed_to_decode_takes_a_new_session_off_a_busy_decoder() {
     assert!(on_prefill_worker.cost.interference_s > 0.0);
 
     // A prefill worker not allowed to decode is never a decode candidate.
-    let s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d]);
+    let s = Scenario::new(30_000, vec![worker(0, Role::Prefill), d.clone()]);
     let p = s.plan();
     assert!(p.candidates.iter().all(|c| c.decode_on == WorkerId(1)));
+
+    // Nor is it once the option is off for a session it already owns: the session goes to
+    // a decoder (here prefilled where its history is, then shipped), and a move off the
+    // prefill worker pays no hysteresis, since that owner could not keep it.
+    let mut owner = worker(0, Role::Prefill);
+    owner.cached_tokens = 29_000;
+    let mut s = Scenario::new(30_000, vec![owner, d]);
+    s.decode_owner = Some(0);
+    let p = s.plan();
+    assert!(p.candidates.iter().all(|c| c.decode_on == WorkerId(1)), "{p:#?}");
+    assert_eq!(p.chosen.compute_on, WorkerId(0), "{p:#?}");
+    let moved = p
+        .candidates
+        .iter()
+        .find(|c| c.action == Action::Migrate)
+        .unwrap();
+    assert_eq!(moved.cost.hysteresis_s, 0.0);
 }
 
 #[test]
