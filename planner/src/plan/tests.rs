@@ -192,7 +192,10 @@ fn a_prefill_worker_allowed_to_decode_takes_a_new_session_off_a_busy_decoder() {
     let mut s = Scenario::new(30_000, vec![owner, d]);
     s.decode_owner = Some(0);
     let p = s.plan();
-    assert!(p.candidates.iter().all(|c| c.decode_on == WorkerId(1)), "{p:#?}");
+    assert!(
+        p.candidates.iter().all(|c| c.decode_on == WorkerId(1)),
+        "{p:#?}"
+    );
     assert_eq!(p.chosen.compute_on, WorkerId(0), "{p:#?}");
     let moved = p
         .candidates
