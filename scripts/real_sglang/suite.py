@@ -398,8 +398,12 @@ class Suite:
                                                            and '"error"' not in resp))
                     statuses.append(status if ok else f"{status}!")
                     if not ok and len(bad) < 3:
-                        # What the client got, so a failure says why.
-                        bad.append(f"{path} stream={stream}: {str(resp)[-200:]!r}")
+                        # What the client got, so a failure says why: around the error if
+                        # the body names one, else its end.
+                        text = str(resp)
+                        at = text.find('"error"')
+                        part = text[max(0, at - 200):at + 300] if at >= 0 else text[-200:]
+                        bad.append(f"{path} stream={stream} ({len(text)} chars): {part!r}")
                 time.sleep(rng.uniform(0.0, 3.0))
         finally:
             stop.set()
