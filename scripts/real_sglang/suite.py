@@ -60,10 +60,11 @@ def _vllm_suite():
 
 
 _shared = _vllm_suite()
-TOKENIZER_FIXTURE, conversation, free_port, http, ok_status, settle, wait_for, \
-    write_model_config = (_shared.TOKENIZER_FIXTURE, _shared.conversation, _shared.free_port,
-                          _shared.http, _shared.ok_status, _shared.settle, _shared.wait_for,
-                          _shared.write_model_config)
+TOKENIZER_FIXTURE, conversation, error_event, free_port, http, ok_status, settle, \
+    sse_payloads, wait_for, write_model_config = (
+        _shared.TOKENIZER_FIXTURE, _shared.conversation, _shared.error_event, _shared.free_port,
+        _shared.http, _shared.ok_status, _shared.settle, _shared.sse_payloads, _shared.wait_for,
+        _shared.write_model_config)
 
 TOKEN = "real-sglang-suite"
 MODEL = "tiny"
@@ -393,16 +394,16 @@ class Suite:
                                 "max_tokens": 16, "stream": stream}
                         path = "/v1/completions"
                     status, _, resp = r.post(path, body)
-                    ok = status == 200 and (not stream or (isinstance(resp, str)
-                                                           and "[DONE]" in resp
-                                                           and '"error"' not in resp))
+                    ok = status == 200 and (not stream or (
+                        isinstance(resp, str) and "[DONE]" in resp
+                        and error_event(sse_payloads(resp)) is None))
                     statuses.append(status if ok else f"{status}!")
                     if not ok and len(bad) < 3:
-                        # What the client got, so a failure says why: around the error if
-                        # the body names one, else its end.
+                        # What the client got, so a failure says why: its error event if
+                        # it has one, else its end.
                         text = str(resp)
-                        at = text.find('"error"')
-                        part = text[max(0, at - 200):at + 300] if at >= 0 else text[-200:]
+                        err = error_event(sse_payloads(text)) if isinstance(resp, str) else None
+                        part = err if err is not None else text[-200:]
                         bad.append(f"{path} stream={stream} ({len(text)} chars): {part!r}")
                 time.sleep(rng.uniform(0.0, 3.0))
         finally:
@@ -440,7 +441,7 @@ class Suite:
                 victim.kill9()
                 killed_at = time.time()
         ended = time.time()
-        err = next((json.loads(e) for e in events if e.startswith("{") and '"error"' in e), None)
+        err = error_event(events)
         self.check("kill -9 mid-stream: SSE error event then [DONE]",
                    killed_at is not None and err is not None and events[-1] == "[DONE]",
                    f"{len(events)} events from {name}, stream ended "

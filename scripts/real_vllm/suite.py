@@ -73,6 +73,25 @@ class EngineExited(Exception):
     """An engine process ended while the suite waited for it."""
 
 
+def error_event(payloads):
+    """The first SSE `data:` payload that is an error event: JSON with a top-level `error`.
+    (A generated token may well be the word "error", inside a content delta: a random-weight
+    model writes one now and then, so a substring test fails about one stream in 80.)"""
+    for p in payloads:
+        try:
+            obj = json.loads(p)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "error" in obj:
+            return obj
+    return None
+
+
+def sse_payloads(text):
+    """The `data:` payloads of an SSE body."""
+    return [l[5:].strip() for l in text.splitlines() if l.startswith("data:")]
+
+
 def free_port():
     """A free port below the kernel's ephemeral range (32768 and up on Linux), never handed
     out twice. A port the kernel hands out (bind to 0) can be taken again, by any outgoing
@@ -662,7 +681,7 @@ class Suite:
                 killed_at = time.time()
         ended = time.time()
         tail = events[-2:]
-        err = next((json.loads(e) for e in events if e.startswith("{") and '"error"' in e), None)
+        err = error_event(events)
         self.check("kill -9 mid-stream: SSE error event then [DONE]",
                    err is not None and events[-1] == "[DONE]",
                    f"{len(events)} events from {name}, stream ended "
