@@ -12,7 +12,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, hold_stream, temp_config, words, Proc, ADMIN_TOKEN};
+use common::{
+    chat_body, client, eventually, explain_new_session, hold_stream, temp_config, words, Proc,
+};
 use serde_json::{json, Value};
 
 fn router(name: &str, workers: &[Proc], rho: Option<f64>) -> Proc {
@@ -49,16 +51,7 @@ async fn one_stream(router: &Proc) {
 
 /// The plan `router` would make for a brand-new session's first step.
 async fn explain(router: &Proc) -> Value {
-    let resp = client()
-        .post(format!("{}/admin/v1/plan/explain", router.url))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("x-session-id", "brand-new")
-        .json(&chat_body("a new task: read the repository", 16))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
+    explain_new_session(router, &chat_body("a new task: read the repository", 16)).await
 }
 
 /// Decode-seconds of the colocation on worker `id` in `plan`.

@@ -11,7 +11,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, hold_stream, temp_config, words, Proc, ADMIN_TOKEN};
+use common::{
+    chat_body, client, eventually, explain_new_session, hold_stream, temp_config, words, Proc,
+};
 use serde_json::{json, Value};
 
 fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
@@ -30,16 +32,7 @@ fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
 
 /// The plan `router` would make for a brand-new session's first step.
 async fn explain(router: &Proc) -> Value {
-    let resp = client()
-        .post(format!("{}/admin/v1/plan/explain", router.url))
-        .bearer_auth(ADMIN_TOKEN)
-        .header("x-session-id", "brand-new")
-        .json(&chat_body(&words("task", 2_000), 16))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.json().await.unwrap()
+    explain_new_session(router, &chat_body(&words("task", 2_000), 16)).await
 }
 
 /// The workers `plan` priced a decode on.

@@ -190,6 +190,21 @@ pub fn words(seed: &str, n: usize) -> String {
     (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
+/// The plan `router` would make for a brand-new session's first step with `body`
+/// (`POST /admin/v1/plan/explain`, nothing sent to a worker).
+pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> serde_json::Value {
+    let resp = client()
+        .post(format!("{}/admin/v1/plan/explain", router.url))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("x-session-id", "brand-new")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
 /// A long stream sent straight to `worker` (no router), held open in a task of `loads`:
 /// load that routers see only through their scrapes of the worker's metrics.
 pub fn hold_stream(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {

@@ -12,7 +12,7 @@ pub use table::{markdown_table, summary_line};
 
 use std::path::{Path, PathBuf};
 
-use ownerserve_planner::policy::{self, OwnerServeConfig, Policy, PolicySettings};
+use ownerserve_planner::policy::{self, Policy, PolicySettings};
 
 use crate::bound::{lower_bound, BOUND};
 use crate::oracle::Oracle;
@@ -65,10 +65,7 @@ pub fn make_policy(
     }
     let configs = cluster.build()?;
     let settings = PolicySettings {
-        ownerserve: Cluster::planner_config(&configs).map(|c| OwnerServeConfig {
-            prefill_workers_decode: cluster.prefill_workers_decode,
-            ..c
-        }),
+        ownerserve: cluster.planner_config(&configs),
         ..PolicySettings::default()
     };
     policy::by_name(name, &settings).map_err(|_| ReportError::Policy(name.to_owned()))

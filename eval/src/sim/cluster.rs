@@ -123,9 +123,10 @@ impl Cluster {
             .collect()
     }
 
-    /// The cost planner's figures for this fleet: each worker's own roofline and the
-    /// links its settings give (what an operator configures the live router with).
-    pub fn planner_config(configs: &[SimConfig]) -> Option<OwnerServeConfig> {
+    /// The cost planner's figures for this fleet (`configs`, its workers' engine
+    /// configurations): each worker's own roofline, the links its settings give and whether
+    /// its prefill workers may decode (what an operator configures the live router with).
+    pub fn planner_config(&self, configs: &[SimConfig]) -> Option<OwnerServeConfig> {
         let first = configs.first()?;
         let link_of = |c: &SimConfig| Link {
             bytes_per_s: c.transfer.link.bytes_per_s,
@@ -157,7 +158,7 @@ impl Cluster {
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: first.scheduler.pcie_bytes_per_s,
-            prefill_workers_decode: false,
+            prefill_workers_decode: self.prefill_workers_decode,
         })
     }
 }
@@ -192,7 +193,7 @@ mod tests {
     fn the_planner_sees_each_workers_roofline() {
         let c = Cluster::parse("1p1d", &SimSettings::default()).expect("parses");
         let configs = c.build().expect("builds");
-        let p = Cluster::planner_config(&configs).expect("a planner config");
+        let p = c.planner_config(&configs).expect("a planner config");
         assert_eq!(p.rooflines.len(), 2);
         assert!((p.links.default.bytes_per_s - 50e9).abs() < 1.0);
     }
