@@ -360,8 +360,10 @@ async fn explain(router: &str, content: &str) -> Value {
 /// The live router feeds its policy the decode lifetime the simulator feeds it
 /// (`Policy::observe_decode`): a streamed response's first frame to its end, scaled to
 /// the planner's time. The admission model waits that long for a decoder whose running
-/// sequences hold the KV a step needs: here `a`'s whole configured capacity must be freed
-/// for a prompt as large as it, so the plan's wait is the observed lifetime itself.
+/// sequences hold the KV a step needs: here the prompt is larger than `a`'s whole
+/// configured capacity, so it waits for everything running there to be released (one
+/// lifetime) and for as much again as it needs beyond one pool (a lifetime per pool): the
+/// plan's wait is the observed lifetime times prompt over capacity.
 #[tokio::test]
 async fn ownerserve_waits_for_kv_on_a_full_decoder_for_the_decode_lifetime_it_observed() {
     // Four simulated seconds per wall-clock second, ~10 ms of simulated time per token.
@@ -397,8 +399,10 @@ async fn ownerserve_waits_for_kv_on_a_full_decoder_for_the_decode_lifetime_it_ob
     let _holder = first_chunk_of(&router.url, &running, 2000).await;
     let plan = explain(&router.url, &large).await;
     let wait_s = plan["chosen"]["cost"]["queue_s"].as_f64().unwrap();
+    let expected_s = lifetime_s * large_tokens as f64 / capacity as f64;
     assert!(
-        (wait_s - lifetime_s).abs() <= 0.25 * lifetime_s,
-        "planned wait {wait_s} s against an observed decode lifetime of {lifetime_s} s: {plan:#}"
+        (wait_s - expected_s).abs() <= 0.25 * expected_s,
+        "planned wait {wait_s} s against {expected_s} s (an observed decode lifetime of \
+         {lifetime_s} s, {large_tokens} tokens asked of {capacity}): {plan:#}"
     );
 }

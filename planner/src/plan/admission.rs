@@ -38,15 +38,32 @@ pub struct Admission {
 /// lifetime are unknown keeps the old view (no memory wait, every cached token reused).
 pub fn admission(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64, block: u64) -> Admission {
     let memory_wait_s = memory_wait_s(w, prompt);
-    let wait_s = w.queue_s.max(memory_wait_s);
-    let allocated = w.waiting_tokens + decode_growth_tokens(w, figures, wait_s);
-    let survive = survival(w, allocated);
+    let survive = survival_share(w, figures, memory_wait_s);
     let block = block.max(1);
     let surviving_tokens = ((w.cached_tokens as f64 * survive) as u64) / block * block;
     Admission {
         memory_wait_s,
         surviving_tokens: surviving_tokens.min(w.cached_tokens),
     }
+}
+
+/// Share of a prefix in `w`'s evictable cache expected to survive until a step that
+/// waits `memory_wait_s` for KV there is admitted.
+fn survival_share(w: &PlanWorker, figures: &StepFigures<'_>, memory_wait_s: f64) -> f64 {
+    let wait_s = w.queue_s.max(memory_wait_s);
+    survival(
+        w,
+        w.waiting_tokens + decode_growth_tokens(w, figures, wait_s),
+    )
+}
+
+/// Share of a prefix moved to `w` (as `w` is now) for a step of `prompt` tokens that is
+/// expected to be there when the step is admitted. The copy lands in `w`'s cache ahead of
+/// the step's turn, held for it only while nothing running needs the blocks (the
+/// simulated engine's `add_holding_prefix`: running work comes first), so it is as
+/// exposed to what is allocated meanwhile as a prefix `w` already holds.
+pub fn moved_prefix_survival(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64) -> f64 {
+    survival_share(w, figures, memory_wait_s(w, prompt))
 }
 
 /// `w` as a step of `prompt` tokens will find it at admission: its queue is the longer
@@ -78,7 +95,13 @@ pub fn admitted_view(
 /// there and this step's `prompt` need beyond its free tokens. A running sequence holds
 /// its KV for about the observed decode lifetime `L`, and at a random moment the ones
 /// running are spread over their lifetimes, so a share `x` of their KV is released
-/// within `x · L`: the wait is `min(deficit / held, 1) · L`. A prefill worker's running
+/// within `x · L`: a deficit up to what they hold waits `deficit / held · L`. A deficit
+/// beyond that waits for the sequences admitted into the released KV to finish in their
+/// turn, a whole pool (`capacity`) per lifetime: `L + (deficit − held) / capacity · L`.
+/// (Capping the wait at one lifetime made a worker with five pools' worth of prompts
+/// queued look no busier than one with a single pool's worth: on Qwen3-30B SWE-smith
+/// sessions, which overload every worker, moves herded onto one worker with 40 steps
+/// waiting, planned at 13 s and admitted after 69 s.) A prefill worker's running
 /// sequences are prefill legs that end with the compute queue, which `queue_s` carries.
 fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     let (Some(free), Some(capacity), Some(lifetime)) =
@@ -94,7 +117,9 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     if deficit == 0 || held == 0 {
         return 0.0;
     }
-    (deficit as f64 / held as f64).min(1.0) * lifetime
+    let now_running = deficit.min(held) as f64 / held as f64;
+    let later_pools = deficit.saturating_sub(held) as f64 / capacity as f64;
+    (now_running + later_pools) * lifetime
 }
 
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
@@ -197,6 +222,22 @@ mod tests {
         w.queue_s = 0.2;
         let v = admitted_view(&w, &StepFigures::of(&model()), 60_000, 16);
         assert!((v.queue_s - 10.0 / 9.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn prompts_queued_beyond_what_runs_wait_a_lifetime_per_further_pool() {
+        // 360K held, 40K free, 700K queued ahead + 60K prompt: 720K short. The running
+        // sequences release 360K within a lifetime (10 s); the other 360K waits for the
+        // sequences admitted into it, 0.9 of the 400K pool, so 0.9 lifetimes more.
+        let mut w = decoder(40_000, 0, 0);
+        w.waiting_tokens = 700_000;
+        let a = admit(&w, 60_000);
+        assert!((a.memory_wait_s - 19.0).abs() < 1e-9, "{a:?}");
+        // The wait keeps growing with the queue: a worker with twice as much queued is
+        // never priced the same (a cap at one lifetime made them equal, and moves herded
+        // onto the longest queue).
+        w.waiting_tokens = 1_400_000;
+        assert!(admit(&w, 60_000).memory_wait_s > 1.5 * a.memory_wait_s);
     }
 
     #[test]

@@ -1003,6 +1003,36 @@ fn a_migration_sends_what_its_source_holds_now_not_what_would_survive_there() {
     assert_eq!(m.reused_tokens, 48_000, "{m:?}");
 }
 
+#[test]
+fn a_move_onto_a_full_worker_ships_only_what_survives_its_queue_there() {
+    // The owner holds 48K of the 50K prompt. The target has 100K evictable cached tokens
+    // and 10K empty, and 60K queued ahead of the step: 50K of the evictable go first, so
+    // half of a copy landing there is evicted before the step's turn. The move ships and
+    // counts as reused only that half (24K); the rest is recomputed.
+    let owner = pressured(1, 110_000, 10_000, 48_000);
+    let mut full = pressured(2, 110_000, 10_000, 0);
+    full.waiting_tokens = 60_000;
+    full.decoding = 0;
+    let mut s = Scenario::new(50_000, vec![owner, full]);
+    s.decode_owner = Some(1);
+    s.exhaustive = true;
+    let moved = |s: &Scenario| {
+        s.plan()
+            .candidates
+            .iter()
+            .find(|c| c.action == Action::Migrate)
+            .cloned()
+            .unwrap()
+    };
+    let m = moved(&s);
+    assert_eq!(m.reused_tokens, 24_000, "{m:?}");
+    let half_bytes = s.model.prefix_bytes(24_000, 16).total;
+    assert!((m.network_bytes - half_bytes).abs() < 1.0, "{m:?}");
+    // Onto a worker with nothing queued, all of it moves.
+    s.workers[1].waiting_tokens = 0;
+    assert_eq!(moved(&s).reused_tokens, 48_000);
+}
+
 /// The colocate candidate on a lone hybrid worker that holds `hbm` tokens of a 32K prompt
 /// in HBM and `host` more in host memory, restoring at `pcie_gbs`.
 fn colocate_with_host(hbm: u64, host: u64, pcie_gbs: f64) -> Candidate {
