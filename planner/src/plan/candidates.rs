@@ -161,13 +161,14 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         let could_stay = d.takes_work() && d.decodes();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
         // is at least the cheapest candidate so far (earlier moves included).
-        for t in input
+        // `admitted` was built from `held_now` in order, so each target pairs with itself.
+        for (t, t_now) in input
             .workers
             .iter()
-            .filter(|t| t.id != d.id && t.takes_work() && t.decodes())
+            .zip(held_now)
+            .filter(|(t, _)| t.id != d.id && t.takes_work() && t.decodes())
         {
             // What the move lands on t waits there for the step's turn (`admission.rs`).
-            let t_now = held_now.iter().find(|w| w.id == t.id).unwrap_or(t);
             let surviving = moved_prefix_survival(t_now, &p.figures, input.prompt_tokens);
             let m = p.move_bytes(now, t, sent, surviving);
             let floor = p.migration_floor_s(t, m, could_stay);
