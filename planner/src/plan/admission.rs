@@ -17,7 +17,7 @@
 //! those; where in that order it sits is unknown, so it is taken to be anywhere in it
 //! alike, and the share of it expected to survive is what the plan may count as reused.
 //! A copy a migration moves there for the step lands in that same cache ahead of the
-//! step's turn and is as exposed (`moved_prefix_survival`).
+//! step's turn and is as exposed (`Admission::surviving_share`).
 //! (Before this, a plan counted every cached token as reused and the compute queue alone
 //! as the wait: on decoders whose KV was full the steps that set the p99 waited 3–4× the
 //! predicted time and found a tenth of their prefix left.)
@@ -33,6 +33,12 @@ pub struct Admission {
     pub memory_wait_s: f64,
     /// Leading prompt tokens of the step expected to still be cached when it is admitted.
     pub surviving_tokens: u64,
+    /// Share of a prefix in the worker's evictable cache expected to survive until then.
+    /// A copy a migration moves there for the step lands in that cache ahead of the step's
+    /// turn, held for it only while nothing running needs the blocks (the simulated
+    /// engine's `add_holding_prefix`: running work comes first), so it survives by this
+    /// share too.
+    pub surviving_share: f64,
 }
 
 /// How the step is admitted on `w` (`prompt` tokens, `block` tokens per block): the wait
@@ -40,44 +46,22 @@ pub struct Admission {
 /// lifetime are unknown keeps the old view (no memory wait, every cached token reused).
 pub fn admission(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64, block: u64) -> Admission {
     let memory_wait_s = memory_wait_s(w, prompt);
-    let survive = survival_share(w, figures, memory_wait_s);
+    let wait_s = w.queue_s.max(memory_wait_s);
+    let allocated = w.waiting_tokens + decode_growth_tokens(w, figures, wait_s);
+    let surviving_share = survival(w, allocated);
     let block = block.max(1);
-    let surviving_tokens = ((w.cached_tokens as f64 * survive) as u64) / block * block;
+    let surviving_tokens = ((w.cached_tokens as f64 * surviving_share) as u64) / block * block;
     Admission {
         memory_wait_s,
         surviving_tokens: surviving_tokens.min(w.cached_tokens),
+        surviving_share,
     }
-}
-
-/// Share of a prefix in `w`'s evictable cache expected to survive until a step that
-/// waits `memory_wait_s` for KV there is admitted.
-fn survival_share(w: &PlanWorker, figures: &StepFigures<'_>, memory_wait_s: f64) -> f64 {
-    let wait_s = w.queue_s.max(memory_wait_s);
-    survival(
-        w,
-        w.waiting_tokens + decode_growth_tokens(w, figures, wait_s),
-    )
-}
-
-/// Share of a prefix moved to `w` (as `w` is now) for a step of `prompt` tokens that is
-/// expected to be there when the step is admitted. The copy lands in `w`'s cache ahead of
-/// the step's turn, held for it only while nothing running needs the blocks (the
-/// simulated engine's `add_holding_prefix`: running work comes first), so it is as
-/// exposed to what is allocated meanwhile as a prefix `w` already holds.
-pub fn moved_prefix_survival(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64) -> f64 {
-    survival_share(w, figures, memory_wait_s(w, prompt))
 }
 
 /// `w` as a step of `prompt` tokens will find it at admission: its queue is the longer
 /// of the compute queue and the wait for KV, and its cached prefix what survives that
-/// wait.
-pub fn admitted_view(
-    w: &PlanWorker,
-    figures: &StepFigures<'_>,
-    prompt: u64,
-    block: u64,
-) -> PlanWorker {
-    let a = admission(w, figures, prompt, block);
+/// wait (`a`, its [`admission`]).
+pub fn admitted_view(w: &PlanWorker, a: &Admission) -> PlanWorker {
     // A worker with a host tier (it holds some of the prompt there) offloads what it
     // evicts meanwhile: that stays restorable, in front of what it holds there already.
     let host_cached_tokens = if w.host_cached_tokens > 0 {
@@ -219,10 +203,10 @@ mod tests {
         assert!((a.memory_wait_s - 10.0 / 9.0).abs() < 1e-9, "{a:?}");
         // The view the planner prices: the longer of compute queue and memory wait.
         w.queue_s = 3.0;
-        let v = admitted_view(&w, &StepFigures::of(&model()), 60_000, 16);
+        let v = admitted_view(&w, &admit(&w, 60_000));
         assert_eq!(v.queue_s, 3.0);
         w.queue_s = 0.2;
-        let v = admitted_view(&w, &StepFigures::of(&model()), 60_000, 16);
+        let v = admitted_view(&w, &admit(&w, 60_000));
         assert!((v.queue_s - 10.0 / 9.0).abs() < 1e-9);
     }
 

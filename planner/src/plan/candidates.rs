@@ -6,7 +6,7 @@ use crate::ids::{Role, WorkerId};
 use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepFigures};
 
-use super::admission::{admitted_view, moved_prefix_survival};
+use super::admission::{admission, admitted_view, Admission};
 use super::decode::{expected_decode_steps, marginal_decode_s};
 use super::interference::{marginal_interference_s, stalled_decodes};
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
@@ -21,10 +21,16 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // migration's source and a fetch's source are read at once, so they keep what they hold.
     let block = u64::from(input.block_size.max(1));
     let figures = StepFigures::of(input.model);
+    let admissions: Vec<Admission> = input
+        .workers
+        .iter()
+        .map(|w| admission(w, &figures, input.prompt_tokens, block))
+        .collect();
     let admitted: Vec<PlanWorker> = input
         .workers
         .iter()
-        .map(|w| admitted_view(w, &figures, input.prompt_tokens, block))
+        .zip(&admissions)
+        .map(|(w, a)| admitted_view(w, a))
         .collect();
     let held_now = input.workers;
     let input = &PlanInput {
@@ -161,16 +167,15 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         let could_stay = d.takes_work() && d.decodes();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
         // is at least the cheapest candidate so far (earlier moves included).
-        // `admitted` was built from `held_now` in order, so each target pairs with itself.
-        for (t, t_now) in input
+        // `admissions` were made in the workers' order, so each target pairs with its own.
+        for (t, a) in input
             .workers
             .iter()
-            .zip(held_now)
+            .zip(&admissions)
             .filter(|(t, _)| t.id != d.id && t.takes_work() && t.decodes())
         {
             // What the move lands on t waits there for the step's turn (`admission.rs`).
-            let surviving = moved_prefix_survival(t_now, &p.figures, input.prompt_tokens);
-            let m = p.move_bytes(now, t, sent, surviving);
+            let m = p.move_bytes(now, t, sent, a.surviving_share);
             let floor = p.migration_floor_s(t, m, could_stay);
             if prune && floor >= beat {
                 continue;
@@ -673,7 +678,7 @@ impl Pricing<'_, '_> {
     /// `sent` is the bytes of `d`'s cached prefix of the prompt (see [`Pricing::migrate`]).
     /// Only the leading `surviving` share of that prefix is moved and counted as reused:
     /// the rest would be evicted on `t` before the step's turn there
-    /// (`admission::moved_prefix_survival`), so it is recomputed rather than shipped.
+    /// (`Admission::surviving_share`), so it is recomputed rather than shipped.
     /// (Counting all of it, moves onto full workers planned to reuse 36% of their prompts
     /// and found 14%: Qwen3-30B SWE-smith ×200 on 8h, seed 7.)
     fn move_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64, surviving: f64) -> MoveBytes {
