@@ -12,9 +12,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{
-    chat_body, client, eventually, get_text, metric, temp_config, words, Proc, ADMIN_TOKEN,
-};
+use common::{chat_body, client, eventually, get_text, metric, temp_config, words, Proc};
 use serde_json::{json, Value};
 
 const SESSION: &str = "host-tier-1";
@@ -101,16 +99,7 @@ impl Fleet {
     }
 
     async fn explain(&self, body: &Value) -> Value {
-        let resp = client()
-            .post(format!("{}/admin/v1/plan/explain", self.router.url))
-            .bearer_auth(ADMIN_TOKEN)
-            .header("x-session-id", SESSION)
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        resp.json().await.unwrap()
+        common::explain_session(&self.router, SESSION, body).await
     }
 
     /// Other traffic straight to worker `i`: two prompts as long as the session's.

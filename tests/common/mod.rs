@@ -190,19 +190,28 @@ pub fn words(seed: &str, n: usize) -> String {
     (0..n).map(|i| format!("{seed}{i} ")).collect()
 }
 
-/// The plan `router` would make for a brand-new session's first step with `body`
+/// The plan `router` would make for session `session`'s step with `body`
 /// (`POST /admin/v1/plan/explain`, nothing sent to a worker).
-pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> serde_json::Value {
+pub async fn explain_session(
+    router: &Proc,
+    session: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
     let resp = client()
         .post(format!("{}/admin/v1/plan/explain", router.url))
         .bearer_auth(ADMIN_TOKEN)
-        .header("x-session-id", "brand-new")
+        .header("x-session-id", session)
         .json(body)
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
     resp.json().await.unwrap()
+}
+
+/// The plan `router` would make for a brand-new session's first step with `body`.
+pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> serde_json::Value {
+    explain_session(router, "brand-new", body).await
 }
 
 /// A long stream sent straight to `worker` (no router), held open in a task of `loads`:
