@@ -54,6 +54,9 @@ impl Default for PrefillCalibration {
 
 impl PrefillCalibration {
     /// Records a prefill the preset predicted to take `predicted_s` that took `observed_s`.
+    /// `predicted_s` must be the preset's own time (`Candidate::preset_compute_s`), not
+    /// one this scale already multiplied: the plan's calibrated time made the scale settle
+    /// at the square root of the true ratio.
     pub fn observe(&mut self, predicted_s: f64, observed_s: f64) {
         if predicted_s > 0.0 && observed_s > 0.0 {
             self.ratio.observe(observed_s / predicted_s);

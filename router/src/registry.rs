@@ -220,6 +220,24 @@ impl Worker {
         *self.load.lock().unwrap_or_else(|e| e.into_inner()) = load;
     }
 
+    /// The policy's view of it now, with no cached blocks (the caller looks those up).
+    pub fn view(&self) -> WorkerView {
+        WorkerView {
+            id: self.id,
+            role: self.spec.role,
+            healthy: self.is_healthy(),
+            draining: self.is_draining(),
+            in_flight: self.in_flight(),
+            active_blocks: self.active_blocks(),
+            active_prefill_tokens: self.active_prefill_tokens.load(Ordering::Relaxed),
+            cached_blocks: 0,
+            host_cached_blocks: 0,
+            pulls_kv: self.spec.engine.pulls_kv(),
+            prefill_decodes: self.spec.engine.decodes_in_prefill_role(),
+            load: self.load(),
+        }
+    }
+
     /// KV blocks of requests in flight there (the router's prediction).
     pub fn active_blocks(&self) -> u64 {
         self.active_blocks.load(Ordering::Relaxed)
@@ -429,20 +447,7 @@ impl Registry {
         self.all()
             .iter()
             .filter(|w| w.serves(model) && !excluded.contains(&w.id))
-            .map(|w| WorkerView {
-                id: w.id,
-                role: w.spec.role,
-                healthy: w.is_healthy(),
-                draining: w.is_draining(),
-                in_flight: w.in_flight(),
-                active_blocks: w.active_blocks(),
-                active_prefill_tokens: w.active_prefill_tokens.load(Ordering::Relaxed),
-                cached_blocks: 0,
-                host_cached_blocks: 0,
-                pulls_kv: w.spec.engine.pulls_kv(),
-                prefill_decodes: w.spec.engine.decodes_in_prefill_role(),
-                load: w.load(),
-            })
+            .map(|w| w.view())
             .collect()
     }
 

@@ -74,7 +74,8 @@ struct Req {
     leg_charged: Option<(usize, u64, u64)>,
     phase: Phase,
     transit: Option<InTransit>,
-    /// The plan's predicted prefill time, for calibration.
+    /// The preset's time for its remote prefill leg, when that leg calibrates
+    /// (`calibrating_leg`).
     predicted_prefill_s: Option<f64>,
     /// The prefix key a migration moves in the directory.
     artifact_key: Option<u64>,
@@ -389,7 +390,7 @@ impl<'w> Sim<'w> {
             leg_charged: None,
             phase: Phase::Decode,
             transit: None,
-            predicted_prefill_s: decision.plan.as_ref().map(|p| p.chosen.cost.compute_s),
+            predicted_prefill_s: calibrating_leg(&decision, &views, route.prompt_tokens),
             artifact_key: found.artifact_key,
             placement,
         }));
@@ -823,6 +824,21 @@ impl<'w> Sim<'w> {
             }
         }
     }
+}
+
+/// The preset's time for a remote prefill's leg, when its observed time will measure
+/// the prefill worker's rate: the leg starts at once there (the router's rule,
+/// `WorkerView::starts_prefill_now`).
+fn calibrating_leg(d: &Decision, views: &[WorkerView], prompt_tokens: u32) -> Option<f64> {
+    let Dispatch::Disaggregated { prefill } = d.dispatch else {
+        return None;
+    };
+    let plan = d.plan.as_ref()?;
+    views
+        .iter()
+        .find(|v| v.id == prefill)
+        .filter(|v| v.starts_prefill_now(u64::from(prompt_tokens)))
+        .map(|_| plan.chosen.preset_compute_s)
 }
 
 /// What a step's record says about where it ran, what its plan predicted and what the

@@ -571,6 +571,11 @@ impl Pricing<'_, '_> {
             reused_tokens: self.prompt().saturating_sub(new),
             restored_tokens: 0,
             network_bytes,
+            preset_compute_s: if compute_on.prefill_scale > 0.0 {
+                compute_s / compute_on.prefill_scale
+            } else {
+                compute_s
+            },
             cost,
         }
     }

@@ -303,6 +303,10 @@ pub struct Candidate {
     pub restored_tokens: u64,
     /// Bytes moved between workers.
     pub network_bytes: f64,
+    /// `cost.compute_s` as the roofline preset alone predicts it, before the compute
+    /// worker's calibration scale: what an observed prefill is compared with
+    /// (`Policy::observe_prefill`).
+    pub preset_compute_s: f64,
     pub cost: CostTerms,
 }
 

@@ -113,6 +113,17 @@ impl WorkerView {
         self.healthy && !self.draining
     }
 
+    /// Whether a prefill of `prompt_tokens` sent there now starts at once: nothing the
+    /// router sent is still prefilling, the engine has nothing waiting, and its free KV
+    /// (when known) holds the prompt. Only such a prefill's time measures the worker's
+    /// prefill rate; one that waited measures its queue too (`Policy::observe_prefill`).
+    pub fn starts_prefill_now(&self, prompt_tokens: u64) -> bool {
+        self.active_prefill_tokens == 0
+            && self.load.is_none_or(|l| {
+                l.waiting <= 0.0 && l.kv_free_tokens.is_none_or(|f| f >= prompt_tokens)
+            })
+    }
+
     /// Sequences running there: the engine's gauge once scraped, else the router's count.
     pub fn decoding(&self) -> u64 {
         self.load
@@ -229,8 +240,10 @@ pub trait Policy: Send {
         false
     }
 
-    /// Feeds back an observed prefill: `predicted_s` was the plan's compute time on
-    /// `worker`, `observed_s` what it took. Policies that calibrate keep an EWMA.
+    /// Feeds back an observed prefill: `predicted_s` was the roofline preset's compute
+    /// time on `worker` (`Candidate::preset_compute_s`), `observed_s` what it took. Only a
+    /// prefill that started at once (`WorkerView::starts_prefill_now`) is fed back.
+    /// Policies that calibrate keep an EWMA.
     fn observe_prefill(&mut self, _worker: WorkerId, _predicted_s: f64, _observed_s: f64) {}
 
     /// Feeds back a finished request: its sequences decoded on `worker` for `decode_s`
@@ -386,6 +399,35 @@ pub(crate) fn live_owner<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefill_starts_at_once_only_with_nothing_ahead_and_room_for_it() {
+        let idle = WorkerView::idle(WorkerId(0), Role::Prefill);
+        assert!(idle.starts_prefill_now(10_000));
+        let with = |load: EngineLoad| WorkerView {
+            load: Some(load),
+            ..idle
+        };
+        let roomy = EngineLoad {
+            running: 3.0,
+            kv_free_tokens: Some(20_000),
+            ..EngineLoad::default()
+        };
+        assert!(with(roomy).starts_prefill_now(10_000));
+        // The router's own legs still prefilling there, the engine's queue, or too
+        // little free KV: the prefill would wait first.
+        let sent = WorkerView {
+            active_prefill_tokens: 1,
+            ..with(roomy)
+        };
+        assert!(!sent.starts_prefill_now(10_000));
+        let queued = EngineLoad {
+            waiting: 1.0,
+            ..roomy
+        };
+        assert!(!with(queued).starts_prefill_now(10_000));
+        assert!(!with(roomy).starts_prefill_now(30_000));
+    }
 
     #[test]
     fn every_listed_name_builds_and_reports_its_name() {

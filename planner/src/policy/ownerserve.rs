@@ -80,7 +80,8 @@ impl OwnerServeConfig {
 #[derive(Debug, Clone)]
 pub struct OwnerServe {
     cfg: OwnerServeConfig,
-    calibration: HashMap<WorkerId, PrefillCalibration>,
+    /// Observed prefill speed per roofline (`OwnerServe::calibration_of`).
+    calibration: Vec<(Roofline, PrefillCalibration)>,
     /// Observed decode lifetime per worker (`Policy::observe_decode`).
     decode_lifetime: HashMap<WorkerId, Ewma>,
 }
@@ -92,7 +93,7 @@ impl OwnerServe {
     pub fn new(cfg: OwnerServeConfig) -> Self {
         Self {
             cfg,
-            calibration: HashMap::new(),
+            calibration: Vec::new(),
             decode_lifetime: HashMap::new(),
         }
     }
@@ -102,17 +103,34 @@ impl OwnerServe {
         &self.cfg
     }
 
+    /// What the prefills observed on workers with `roofline` taught: one calibration per
+    /// kind of worker, not per worker. A prefill's time depends on the batch it shares
+    /// steps with as much as on the worker, so one sample says little; per worker, a
+    /// worker that happened to serve few prefills that started at once kept its first
+    /// few samples for good, and identical workers were priced 2–5× apart (on 8 Qwen3
+    /// hybrids the cheapest-looking one drew moves until 26 steps waited there).
+    fn calibration_of(&self, roofline: &Roofline) -> Option<&PrefillCalibration> {
+        self.calibration
+            .iter()
+            .find(|(r, _)| r == roofline)
+            .map(|(_, c)| c)
+    }
+
     /// The planner's view of `w`: its roofline, calibration, queue and decode batch.
     fn plan_worker(&self, w: &WorkerView, model: &ModelSpec, block_size: u32) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
         // Prefills the engine has queued (its gauge once scraped; else none known).
         let queued = w.load.map_or(0, |l| l.waiting.max(0.0) as u64);
+        let prefill_scale = self
+            .calibration_of(&roofline)
+            .map_or(1.0, PrefillCalibration::scale);
         PlanWorker {
             id: w.id,
             role: w.role,
             healthy: w.healthy,
             draining: w.draining,
-            queue_s: queue_s(&roofline, model, w.active_prefill_tokens, queued),
+            // The queued prompts are prefilled at the rate this step's is priced at.
+            queue_s: queue_s(&roofline, model, w.active_prefill_tokens, queued) * prefill_scale,
             roofline,
             decoding: w.decoding(),
             queued,
@@ -121,7 +139,7 @@ impl OwnerServe {
             pulls_kv: w.pulls_kv,
             prefill_decodes: self.cfg.prefill_workers_decode && w.prefill_decodes,
             pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
-            prefill_scale: self.calibration.get(&w.id).map_or(1.0, |c| c.scale()),
+            prefill_scale,
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
             kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
             kv_capacity_tokens: w.load.and_then(|l| l.kv_capacity_tokens),
@@ -272,10 +290,16 @@ impl Policy for OwnerServe {
     }
 
     fn observe_prefill(&mut self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
-        self.calibration
-            .entry(worker)
-            .or_default()
-            .observe(predicted_s, observed_s);
+        let roofline = self.cfg.roofline_of(worker);
+        let at = match self.calibration.iter().position(|(r, _)| r == roofline) {
+            Some(i) => i,
+            None => {
+                self.calibration
+                    .push((roofline.clone(), PrefillCalibration::default()));
+                self.calibration.len() - 1
+            }
+        };
+        self.calibration[at].1.observe(predicted_s, observed_s);
     }
 
     fn observe_decode(&mut self, worker: WorkerId, decode_s: f64) {
@@ -384,9 +408,91 @@ mod tests {
         assert_eq!((remote(&routed), remote(&explained)), (2, 4));
     }
 
+    /// A policy whose worker 3 has GPUs of another kind (two per worker).
+    fn policy_with_other_worker_3() -> OwnerServe {
+        let mut cfg = OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap();
+        let h100 = GpuSpec::preset("h100").unwrap();
+        cfg.rooflines
+            .insert(WorkerId(3), Roofline::new(&h100, 2, Efficiency::default()));
+        OwnerServe::new(cfg)
+    }
+
+    /// The prefill scale the planner applies to `w`.
+    fn scale(p: &OwnerServe, w: &WorkerView) -> f64 {
+        p.plan_worker(w, &p.cfg.model, 16).prefill_scale
+    }
+
+    #[test]
+    fn workers_of_one_kind_share_what_their_prefills_taught() {
+        let mut p = policy_with_other_worker_3();
+        let w = |id| WorkerView::idle(WorkerId(id), Role::Prefill);
+        for _ in 0..50 {
+            p.observe_prefill(WorkerId(1), 0.1, 0.3);
+        }
+        // Worker 2 never ran a timed prefill: it is the same kind of worker as 1.
+        assert!((scale(&p, &w(1)) - 3.0).abs() < 1e-6);
+        assert_eq!(scale(&p, &w(2)), scale(&p, &w(1)));
+        // Worker 3's GPUs differ: what 1 taught says nothing about it.
+        assert_eq!(scale(&p, &w(3)), 1.0);
+        p.observe_prefill(WorkerId(3), 0.1, 0.05);
+        assert!((scale(&p, &w(3)) - 0.5).abs() < 1e-9);
+        assert!((scale(&p, &w(1)) - 3.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fed_the_presets_time_the_calibration_settles_at_the_observed_ratio() {
+        // A prefill worker that really takes 3× the preset's time. Each observation is
+        // compared with the preset's time the plan reports; compared with the calibrated
+        // time instead, the scale settled at √3.
+        let mut p = policy();
+        let ws = [
+            WorkerView::idle(WorkerId(0), Role::Prefill),
+            WorkerView::idle(WorkerId(1), Role::Decode),
+        ];
+        let on_prefill = |p: &OwnerServe| {
+            let plan = p.explain_plan(&req(16_000), &ws).unwrap();
+            plan.candidates
+                .into_iter()
+                .find(|c| c.action == Action::RemotePrefill && c.compute_on == WorkerId(0))
+                .unwrap()
+        };
+        for _ in 0..60 {
+            let c = on_prefill(&p);
+            p.observe_prefill(WorkerId(0), c.preset_compute_s, 3.0 * c.preset_compute_s);
+        }
+        let c = on_prefill(&p);
+        let ratio = c.cost.compute_s / c.preset_compute_s;
+        assert!((ratio - 3.0).abs() < 1e-3, "{ratio}");
+    }
+
+    #[test]
+    fn prompts_queued_on_a_worker_wait_at_its_calibrated_rate() {
+        let mut p = policy();
+        let w = WorkerView {
+            active_prefill_tokens: 40_000,
+            load: Some(EngineLoad {
+                waiting: 4.0,
+                ..EngineLoad::default()
+            }),
+            ..WorkerView::idle(WorkerId(0), Role::Prefill)
+        };
+        let m = p.cfg.model.clone();
+        let preset = p.plan_worker(&w, &m, 16).queue_s;
+        assert!(preset > 0.0);
+        for _ in 0..50 {
+            p.observe_prefill(WorkerId(0), 0.1, 0.2);
+        }
+        let calibrated = p.plan_worker(&w, &m, 16).queue_s;
+        assert!(
+            (calibrated / preset - 2.0).abs() < 1e-6,
+            "{preset} {calibrated}"
+        );
+    }
+
     #[test]
     fn explaining_uses_what_calibration_learned() {
-        let mut p = policy();
+        // Workers of two kinds: what one's prefills teach moves routing to the other.
+        let mut p = policy_with_other_worker_3();
         let ws = [
             WorkerView::idle(WorkerId(2), Role::Decode),
             WorkerView::idle(WorkerId(3), Role::Decode),

@@ -61,6 +61,7 @@ pub struct Step<'a> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefillTiming {
     pub worker: WorkerId,
+    /// The roofline preset's time for it (`Candidate::preset_compute_s`).
     pub predicted_s: f64,
     /// Wall-clock seconds (the caller scales them to engine time).
     pub observed_s: f64,
@@ -225,11 +226,16 @@ impl Dispatcher<'_> {
             _ => match self.nixl_prefill(step, &p).await {
                 Some((body, observed_s)) => {
                     out.body = body;
-                    out.prefill = decision.plan.as_ref().map(|plan| PrefillTiming {
-                        worker: p.id,
-                        predicted_s: plan.chosen.cost.compute_s,
-                        observed_s,
-                    });
+                    out.prefill =
+                        decision
+                            .plan
+                            .as_ref()
+                            .zip(observed_s)
+                            .map(|(plan, observed_s)| PrefillTiming {
+                                worker: p.id,
+                                predicted_s: plan.chosen.preset_compute_s,
+                                observed_s,
+                            });
                 }
                 None => out.fell_back = true,
             },
@@ -237,11 +243,14 @@ impl Dispatcher<'_> {
     }
 
     /// vLLM NIXL step 1: the prefill leg, whose returned params make the decode leg's
-    /// body. Returns that body and the leg's wall-clock seconds.
-    async fn nixl_prefill(&self, step: &Step<'_>, p: &Arc<Worker>) -> Option<(Bytes, f64)> {
+    /// body. Returns that body and the leg's wall-clock seconds when it measured the
+    /// worker's prefill rate: it started at once there (`WorkerView::starts_prefill_now`);
+    /// a leg that queued behind others measured their prefills too.
+    async fn nixl_prefill(&self, step: &Step<'_>, p: &Arc<Worker>) -> Option<(Bytes, Option<f64>)> {
         let original: Value = serde_json::from_slice(step.body).ok()?;
         let body = Bytes::from(vllm::prefill_request(&original).to_string());
         let tokens = step.hashes.len() as u64 * step.block;
+        let alone = p.view().starts_prefill_now(tokens);
         let _in_flight = p.start_request(step.hashes.len() as u64, tokens);
         let started = Instant::now();
         let headers = headers_for(step, step.lookup.epoch);
@@ -268,7 +277,7 @@ impl Dispatcher<'_> {
             tracing::warn!(worker = %p.spec.name, "prefill leg returned no kv_transfer_params");
             return None;
         };
-        let observed_s = started.elapsed().as_secs_f64();
+        let observed_s = alone.then(|| started.elapsed().as_secs_f64());
         Some((
             Bytes::from(vllm::decode_request(&original, params).to_string()),
             observed_s,
