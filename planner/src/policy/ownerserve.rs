@@ -107,8 +107,8 @@ impl OwnerServe {
     /// kind of worker, not per worker. A prefill's time depends on the batch it shares
     /// steps with as much as on the worker, so one sample says little; per worker, a
     /// worker that happened to serve few prefills that started at once kept its first
-    /// few samples for good, and identical workers were priced 2–5× apart (on 8 Qwen3
-    /// hybrids the cheapest-looking one drew moves until 26 steps waited there).
+    /// few samples for good (on 8 identical Qwen3 hybrids the scales stood at 2.0–4.8
+    /// for a whole run, and the cheaper-looking workers drew moves).
     fn calibration_of(&self, roofline: &Roofline) -> Option<&PrefillCalibration> {
         self.calibration
             .iter()
