@@ -17,8 +17,9 @@ a prefill engine or as a decode engine. Routers come and go in front of them:
    then the built-in approximate tokenizer's figures, printed for comparison (no check).
 3. `static_pd` and `ownerserve` with a prefill and a decode engine: the prefill leg runs on
    the prefill engine and the decode engine's `external_kv_transfer` prompt tokens rise by
-   the prompt's length; after a `kill -9` of the prefill engine, requests degrade to
-   recompute on the decode engine.
+   the prompt's length; the timed prefill leg calibrates the planner, which then prices
+   both engines' prefill at the same observed rate; after a `kill -9` of the prefill
+   engine, requests degrade to recompute on the decode engine.
 4. `kill -9` of an engine mid-stream: the client gets an SSE error event and `[DONE]`, later
    requests go to the other engine, and the dead engine's blocks leave the index.
 
@@ -566,10 +567,10 @@ class Suite:
     # --- P/D --------------------------------------------------------------------------------
 
     def pd_router(self, label, policy, prefill, decode):
-        # The planner's presets price an H100; these engines are CPUs. Calibration from timed
-        # prefill legs would make the prefill engine (the only one timed) look 100x slower
-        # than the untimed decode engine, so it is off here: both run on the same preset.
-        extra = "planner_calibrate = false\n" if policy == "ownerserve" else ""
+        # The planner's presets price an H100; these engines are CPUs. Calibration is on:
+        # the prefill legs it times (on the prefill engine only) teach the planner the rate
+        # of every engine of that kind, so the untimed decode engine is priced as slowly.
+        extra = ""
         workers = prefill.worker_toml("prefill") + decode.worker_toml("decode")
         return self.router(label, policy, workers, TOKENIZER_FIXTURE, extra)
 
@@ -603,6 +604,21 @@ class Suite:
                    f"prefill local_compute +{computed:.0f}, decode "
                    f"external_kv_transfer +{pulled:.0f}; planned meanwhile {ran}; "
                    f"explain: {plan.get('reason')}")
+
+    def pd_calibrated(self, r, conv):
+        """After the timed prefill leg, `r` prices every engine's prefill at the observed
+        rate: CPU engines are far slower than the H100 preset, and the decode engine, whose
+        prefills are never timed, is the same kind of worker as the prefill engine."""
+        body = {"model": MODEL, "messages": conv, "max_tokens": 4}
+        _, _, plan = r.post("/admin/v1/plan/explain", body, {"authorization": f"Bearer {TOKEN}"})
+        ratios = sorted({(c["compute_on"], round(c["cost"]["compute_s"] / c["preset_compute_s"], 3))
+                         for c in plan.get("candidates", []) if c.get("preset_compute_s", 0) > 0})
+        workers = {w for w, _ in ratios}
+        scales = [x for _, x in ratios]
+        self.check("p/d ownerserve: the timed prefill leg calibrates both engines' prefill rate",
+                   len(workers) == 2 and min(scales, default=0) > 2
+                   and max(scales) <= 1.01 * min(scales),
+                   f"calibrated / preset compute per engine: {ratios}")
 
     def pd_prefill_decodes(self, prefill, decode, conv):
         """With `planner_prefill_workers_decode` a new session, while `decode` is busy
@@ -638,6 +654,7 @@ class Suite:
             time.sleep(1.5)  # the streams are running and the engine's metrics scraped
             self.pd_step("ownerserve (decode engine busy)", planner, e0, e1,
                          conversation(rng, 300), "remote_prefill")
+            self.pd_calibrated(planner, conversation(rng, 300))
             self.pd_prefill_decodes(e0, e1, conversation(rng, 300))
             e0.kill9()
             for label, r in [("ownerserve", planner), ("static_pd", static)]:
