@@ -13,40 +13,25 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chat_body, client, eventually, explain_new_session, hold_stream, temp_config, words, Proc,
+    chat_body, eventually, explain_new_session, hold_stream, planner_router, stream_step, words,
+    Proc,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn router(name: &str, workers: &[Proc], rho: Option<f64>) -> Proc {
-    let mut cfg = String::from(
-        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n",
-    );
-    if let Some(rho) = rho {
-        cfg.push_str(&format!("planner_rho = {rho}\n"));
-    }
-    for (i, w) in workers.iter().enumerate() {
-        cfg.push_str(&format!(
-            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"hybrid\"\nengine = \"sim\"\n",
-            w.url
-        ));
-    }
-    Proc::router(&[], &["--config", &temp_config(name, &cfg)])
+    let extra = rho.map_or(String::new(), |rho| format!("planner_rho = {rho}\n"));
+    planner_router(name, workers, &vec!["hybrid"; workers.len()], &extra)
 }
 
 /// A streamed request through `router`, read to its end: the router observes the stream's
 /// decode time, which the decode term needs (no term before any is observed).
 async fn one_stream(router: &Proc) {
-    let mut body = chat_body("warm up", 3);
-    body["stream"] = json!(true);
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .header("x-session-id", format!("warm-{}", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.bytes().await.unwrap();
+    stream_step(
+        router,
+        &format!("warm-{}", router.url),
+        &chat_body("warm up", 3),
+    )
+    .await;
 }
 
 /// The plan `router` would make for a brand-new session's first step.

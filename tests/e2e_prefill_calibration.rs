@@ -13,9 +13,10 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chat_body, client, eventually, explain_new_session, hold_stream, temp_config, words, Proc,
+    chat_body, eventually, explain_new_session, hold_stream, planner_router, stream_step, words,
+    Proc,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The remote prefill on `w0` among `plan`'s candidates.
 fn prefill_on_w0(plan: &Value) -> Value {
@@ -37,16 +38,7 @@ fn scale(c: &Value) -> f64 {
 async fn a_prefill_leg_on_an_idle_worker_calibrates_its_compute() {
     let flags = ["--step-overhead-s", "0.5", "--max-kv-blocks", "4000"];
     let workers = [Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
-    let mut cfg = "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\n\
-                   scrape_interval_ms = 100\n"
-        .to_owned();
-    for (i, (w, role)) in workers.iter().zip(["prefill", "decode"]).enumerate() {
-        cfg.push_str(&format!(
-            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"{role}\"\nengine = \"sim\"\n",
-            w.url
-        ));
-    }
-    let router = Proc::router(&[], &["--config", &temp_config("calibration.toml", &cfg)]);
+    let router = planner_router("calibration.toml", &workers, &["prefill", "decode"], "");
     let body = chat_body(&words("task", 2_000), 4);
 
     // Nothing observed yet: the plan prices w0 at the preset's time.
@@ -68,19 +60,7 @@ async fn a_prefill_leg_on_an_idle_worker_calibrates_its_compute() {
     )
     .await;
 
-    let mut sent = body.clone();
-    sent["stream"] = json!(true);
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .header("x-session-id", "calibrates-w0")
-        .json(&sent)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-ownerserve-worker"], "w1");
-    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
-    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(stream_step(&router, "calibrates-w0", &body).await, "w1");
 
     // The leg took the preset's time plus at least one 0.5 s step overhead (a tenth off
     // for rounding): the planner now prices w0 at what it observed.

@@ -12,22 +12,14 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chat_body, client, eventually, explain_new_session, hold_stream, temp_config, words, Proc,
+    chat_body, eventually, explain_new_session, hold_stream, planner_router, stream_step, words,
+    Proc,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn router(name: &str, workers: &[Proc], prefill_decodes: bool) -> Proc {
-    let mut cfg = format!(
-        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n\
-         planner_prefill_workers_decode = {prefill_decodes}\n"
-    );
-    for (i, (w, role)) in workers.iter().zip(["prefill", "decode"]).enumerate() {
-        cfg.push_str(&format!(
-            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"{role}\"\nengine = \"sim\"\n",
-            w.url
-        ));
-    }
-    Proc::router(&[], &["--config", &temp_config(name, &cfg)])
+    let extra = format!("planner_prefill_workers_decode = {prefill_decodes}\n");
+    planner_router(name, workers, &["prefill", "decode"], &extra)
 }
 
 /// The plan `router` would make for a brand-new session's first step.
@@ -79,18 +71,8 @@ async fn a_new_session_decodes_on_the_idle_prefill_worker_only_when_allowed() {
     assert_eq!(plan["chosen"]["decode_on"], 1, "{plan:#}");
 
     // A real request of a new session through the allowed router is served whole by w0.
-    let mut body = chat_body(&words("task", 2_000), 4);
-    body["stream"] = json!(true);
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", allowed.url))
-        .header("x-session-id", "served-on-the-prefill-worker")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-ownerserve-worker"], "w0");
-    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
-    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let body = chat_body(&words("task", 2_000), 4);
+    let served = stream_step(&allowed, "served-on-the-prefill-worker", &body).await;
+    assert_eq!(served, "w0");
     loads.abort_all();
 }

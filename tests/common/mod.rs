@@ -214,6 +214,44 @@ pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> ser
     explain_session(router, "brand-new", body).await
 }
 
+/// `ownerserve router` with the `ownerserve` policy and an embedded directory in front of
+/// the sim `workers`, named `w0`, `w1`, … in the roles of `roles` (in order), scraping their
+/// metrics every 100 ms; `extra` adds `[router]` keys.
+pub fn planner_router(name: &str, workers: &[Proc], roles: &[&str], extra: &str) -> Proc {
+    let mut cfg = format!(
+        "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n{extra}"
+    );
+    for (i, (w, role)) in workers.iter().zip(roles).enumerate() {
+        cfg.push_str(&format!(
+            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"{role}\"\nengine = \"sim\"\n",
+            w.url
+        ));
+    }
+    Proc::router(&[], &["--config", &temp_config(name, &cfg)])
+}
+
+/// `body` streamed through `router` as a step of `session`: checks it is answered 200 and
+/// ends with `[DONE]`, and returns the worker that served it (`x-ownerserve-worker`).
+pub async fn stream_step(router: &Proc, session: &str, body: &serde_json::Value) -> String {
+    let mut body = body.clone();
+    body["stream"] = serde_json::json!(true);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("x-session-id", session)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let worker = resp.headers()["x-ownerserve-worker"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let text = String::from_utf8(resp.bytes().await.unwrap().to_vec()).unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    worker
+}
+
 /// A long stream sent straight to `worker` (no router), held open in a task of `loads`:
 /// load that routers see only through their scrapes of the worker's metrics.
 pub fn hold_stream(loads: &mut tokio::task::JoinSet<()>, worker: &Proc, prompt: String) {

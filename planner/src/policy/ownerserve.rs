@@ -1,7 +1,8 @@
 //! `ownerserve`: the cost planner as a routing policy. It turns the router's view of the
 //! workers and the directory's view of the session into a [`PlanInput`], plans, and maps
-//! the chosen candidate onto a [`Dispatch`]. Observed prefill times calibrate each worker's
-//! roofline (an EWMA of observed over predicted).
+//! the chosen candidate onto a [`Dispatch`]. Observed prefill times calibrate the roofline
+//! of each kind of worker (an EWMA of observed over the preset's time, from prefills that
+//! started at once).
 
 use std::collections::{BTreeMap, HashMap};
 
