@@ -113,14 +113,18 @@ impl WorkerView {
         self.healthy && !self.draining
     }
 
-    /// Whether a prefill of `prompt_tokens` sent there now starts at once: nothing the
-    /// router sent is still prefilling, the engine has nothing waiting, and its free KV
-    /// (when known) holds the prompt. Only such a prefill's time measures the worker's
-    /// prefill rate; one that waited measures its queue too (`Policy::observe_prefill`).
+    /// Whether a prefill of `prompt_tokens` sent there now starts at once and alone:
+    /// nothing the router sent is still prefilling, the engine has nothing waiting, its
+    /// free KV (when known) holds the prompt, and on a prefill worker nothing runs (its
+    /// running sequences are other prefills, whose chunks would share every step). Only
+    /// such a prefill's time measures the worker's prefill rate; one that waited or shared
+    /// measures the others too (`Policy::observe_prefill`).
     pub fn starts_prefill_now(&self, prompt_tokens: u64) -> bool {
         self.active_prefill_tokens == 0
             && self.load.is_none_or(|l| {
-                l.waiting <= 0.0 && l.kv_free_tokens.is_none_or(|f| f >= prompt_tokens)
+                l.waiting <= 0.0
+                    && (self.role != Role::Prefill || l.running <= 0.0)
+                    && l.kv_free_tokens.is_none_or(|f| f >= prompt_tokens)
             })
     }
 
@@ -409,7 +413,6 @@ mod tests {
             ..idle
         };
         let roomy = EngineLoad {
-            running: 3.0,
             kv_free_tokens: Some(20_000),
             ..EngineLoad::default()
         };
@@ -427,6 +430,19 @@ mod tests {
         };
         assert!(!with(queued).starts_prefill_now(10_000));
         assert!(!with(roomy).starts_prefill_now(30_000));
+        // Running sequences on a prefill worker are other prefills; on a worker that
+        // decodes, they are the batch every prefill there shares.
+        let running = EngineLoad {
+            running: 3.0,
+            kv_free_tokens: Some(20_000),
+            ..EngineLoad::default()
+        };
+        assert!(!with(running).starts_prefill_now(10_000));
+        let hybrid = WorkerView {
+            role: Role::Hybrid,
+            ..with(running)
+        };
+        assert!(hybrid.starts_prefill_now(10_000));
     }
 
     #[test]
