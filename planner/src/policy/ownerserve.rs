@@ -292,15 +292,14 @@ impl Policy for OwnerServe {
 
     fn observe_prefill(&mut self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
         let roofline = self.cfg.roofline_of(worker);
-        let at = match self.calibration.iter().position(|(r, _)| r == roofline) {
-            Some(i) => i,
+        match self.calibration.iter_mut().find(|(r, _)| r == roofline) {
+            Some((_, c)) => c.observe(predicted_s, observed_s),
             None => {
-                self.calibration
-                    .push((roofline.clone(), PrefillCalibration::default()));
-                self.calibration.len() - 1
+                let mut c = PrefillCalibration::default();
+                c.observe(predicted_s, observed_s);
+                self.calibration.push((roofline.clone(), c));
             }
-        };
-        self.calibration[at].1.observe(predicted_s, observed_s);
+        }
     }
 
     fn observe_decode(&mut self, worker: WorkerId, decode_s: f64) {
