@@ -72,6 +72,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             kv_capacity_tokens: Some(4 * tokens.max(1) + rng.next_u64() % (4 * tokens.max(1))),
             waiting_tokens: rng.next_u64() % tokens.max(1),
             decode_lifetime_s: Some((rng.next_u64() % 1000) as f64 / 1e2),
+            kv_release_per_s: None,
         })
         .collect();
     let links = Links {

@@ -14,6 +14,8 @@
 //! - [`ewma`]: smoothed observations (prefill calibration, tool-call gaps and the idle
 //!   lease they imply).
 //! - [`kv_index`]: which worker holds which KV block chain, per tier, and prefix matching.
+//! - [`kv_release`]: how fast a worker's running decodes release their KV (the observed
+//!   decode lifetimes and the ages of the decodes running there).
 //! - [`plan`]: the cost planner: step classes, the five actions priced on every worker
 //!   (pair), and the chosen plan with its cost breakdown; each worker is priced as the
 //!   step will find it when admitted there (`plan/admission.rs`: the wait for KV on a full
@@ -28,6 +30,7 @@ pub mod ewma;
 pub mod hash;
 pub mod ids;
 pub mod kv_index;
+pub mod kv_release;
 pub mod kv_state;
 pub mod plan;
 pub mod policy;

@@ -16,6 +16,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+use ownerserve_planner::kv_release::DecodeAges;
 use ownerserve_planner::policy::{EngineLoad, WorkerView};
 
 use crate::config::WorkerSpec;
@@ -42,6 +43,9 @@ pub struct Worker {
     load: Mutex<Option<EngineLoad>>,
     /// KV capacity in tokens, as the engine reports it in its metrics (0: not reported).
     reported_kv_tokens: AtomicU64,
+    /// The streams decoding there: how long they have decoded tells the planner how soon
+    /// their KV is released (`WorkerView::decode_ages`).
+    decodes: Mutex<Decodes>,
     /// Fires when the worker is retired (its pod went away): its probe, scrape and event
     /// tasks end.
     retired: CancellationToken,
@@ -86,6 +90,7 @@ impl Worker {
             models: RwLock::new(Arc::from(Vec::new())),
             load: Mutex::new(None),
             reported_kv_tokens: AtomicU64::new(0),
+            decodes: Mutex::new(Decodes::default()),
             retired: CancellationToken::new(),
         }
     }
@@ -235,7 +240,24 @@ impl Worker {
             pulls_kv: self.spec.engine.pulls_kv(),
             prefill_decodes: self.spec.engine.decodes_in_prefill_role(),
             load: self.load(),
+            // Filled by the step's view in the planner's time (`Sources::candidates`).
+            decode_ages: DecodeAges::default(),
         }
+    }
+
+    /// KV held by the streams decoding there, by how long they have decoded, in the
+    /// planner's time (`time_scale` times the wall clock's).
+    pub fn decode_ages(&self, time_scale: f64) -> DecodeAges {
+        let now = Instant::now();
+        let mut ages = DecodeAges::default();
+        let decodes = self.decodes.lock().unwrap_or_else(|e| e.into_inner());
+        for (since, tokens) in decodes.slots.iter().flatten() {
+            ages.add(
+                now.duration_since(*since).as_secs_f64() * time_scale,
+                *tokens,
+            );
+        }
+        ages
     }
 
     /// KV blocks of requests in flight there (the router's prediction).
@@ -243,9 +265,14 @@ impl Worker {
         self.active_blocks.load(Ordering::Relaxed)
     }
 
-    /// Counts a request as in flight, holding `blocks` of KV and `prefill_tokens` still to
-    /// prefill, until the guard drops.
-    pub fn start_request(self: &Arc<Self>, blocks: u64, prefill_tokens: u64) -> InFlight {
+    /// Counts a request of `prompt_tokens` as in flight, holding `blocks` of KV and
+    /// `prefill_tokens` still to prefill, until the guard drops.
+    pub fn start_request(
+        self: &Arc<Self>,
+        blocks: u64,
+        prefill_tokens: u64,
+        prompt_tokens: u64,
+    ) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_blocks.fetch_add(blocks, Ordering::Relaxed);
         self.active_prefill_tokens
@@ -254,6 +281,39 @@ impl Worker {
             worker: self.clone(),
             blocks,
             prefill_tokens,
+            prompt_tokens,
+            decode: None,
+        }
+    }
+}
+
+/// The streams decoding on a worker (first frame relayed, not ended): since when, and the
+/// prompt tokens whose KV each holds (what the router knows of it; the tokens decoded
+/// since are few beside an agent's prompt). Ended slots are reused.
+#[derive(Debug, Default)]
+struct Decodes {
+    slots: Vec<Option<(Instant, u64)>>,
+    free: Vec<usize>,
+}
+
+impl Decodes {
+    fn start(&mut self, since: Instant, tokens: u64) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some((since, tokens));
+                slot
+            }
+            None => {
+                self.slots.push(Some((since, tokens)));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn end(&mut self, slot: usize) {
+        if let Some(s) = self.slots.get_mut(slot).filter(|s| s.is_some()) {
+            *s = None;
+            self.free.push(slot);
         }
     }
 }
@@ -265,6 +325,9 @@ pub struct InFlight {
     worker: Arc<Worker>,
     blocks: u64,
     prefill_tokens: u64,
+    prompt_tokens: u64,
+    /// Its slot among the worker's decodes, once its stream decodes.
+    decode: Option<usize>,
 }
 
 impl InFlight {
@@ -275,12 +338,30 @@ impl InFlight {
             .active_prefill_tokens
             .fetch_sub(t, Ordering::Relaxed);
     }
+
+    /// Its stream's first frame came: it decodes from now on, holding its prompt's KV.
+    pub fn decoding(&mut self) {
+        if self.decode.is_none() {
+            let mut decodes = self
+                .worker
+                .decodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.decode = Some(decodes.start(Instant::now(), self.prompt_tokens));
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.prefill_done();
         let w = &self.worker;
+        if let Some(slot) = self.decode.take() {
+            w.decodes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .end(slot);
+        }
         w.in_flight.fetch_sub(1, Ordering::Relaxed);
         w.active_blocks.fetch_sub(self.blocks, Ordering::Relaxed);
     }
@@ -708,7 +789,7 @@ mod tests {
         for w in r.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
-        let mut g = r.all()[1].start_request(10, 320);
+        let mut g = r.all()[1].start_request(10, 320, 400);
         assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 320);
         g.prefill_done();
         assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 0);
@@ -720,7 +801,20 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![0, 1]
         );
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 0);
+        g.decoding();
+        g.decoding();
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 400);
+        let mut h = r.all()[1].start_request(1, 0, 50);
+        h.decoding();
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 450);
         drop(g);
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 50);
+        let mut k = r.all()[1].start_request(1, 0, 7);
+        k.decoding();
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 57);
+        drop((h, k));
+        assert_eq!(r.all()[1].decode_ages(1.0).total(), 0);
         assert_eq!(r.all()[1].in_flight(), 0);
         assert_eq!(r.all()[1].active_blocks(), 0);
         assert_eq!(r.candidates("m", &[WorkerId(0)]).len(), 1);

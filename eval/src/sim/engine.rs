@@ -4,6 +4,7 @@
 //! step's end is an event at `start + duration`.
 
 use ownerserve_planner::ids::{Role, WorkerId};
+use ownerserve_planner::kv_release::DecodeAges;
 use ownerserve_planner::policy::{EngineLoad, WorkerView};
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::kv_transfer::{block_bytes, LinkModel};
@@ -27,6 +28,9 @@ pub(crate) struct Engine {
     pub busy_s: f64,
     /// Running sequences preempted so far.
     pub preempted: u64,
+    /// Requests decoding here (first token seen, not finished), as the router's relay
+    /// knows them: their ages go in the view (`WorkerView::decode_ages`).
+    pub decoding: Vec<usize>,
 }
 
 impl Engine {
@@ -46,10 +50,12 @@ impl Engine {
             active_prefill_tokens: 0,
             busy_s: 0.0,
             preempted: 0,
+            decoding: Vec::new(),
         }
     }
 
-    /// What the router sees of this worker for a prompt whose blocks hash to `hashes`.
+    /// What the router sees of this worker for a prompt whose blocks hash to `hashes`,
+    /// its decodes' ages not counted (`Run` adds them: it holds the requests).
     pub fn view(&self, id: usize, hashes: Option<&[u64]>) -> WorkerView {
         WorkerView {
             id: WorkerId(id as u32),
@@ -78,6 +84,7 @@ impl Engine {
                         * u64::from(self.sched.config().block_size),
                 ),
             }),
+            decode_ages: DecodeAges::default(),
         }
     }
 }

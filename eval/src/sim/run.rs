@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
+use ownerserve_planner::kv_release::DecodeAges;
 use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest, WorkerView};
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_shim::sim::config::SimConfig;
@@ -322,6 +323,7 @@ impl<'w> Sim<'w> {
                 if match_prefix {
                     v.cached_blocks = cached[i] as u32;
                 }
+                v.decode_ages = self.decode_ages(i, now);
                 v
             })
             .collect();
@@ -701,6 +703,7 @@ impl<'w> Sim<'w> {
             r.first_token_s = Some(now);
             let e = &mut self.engines[r.worker];
             e.active_prefill_tokens = e.active_prefill_tokens.saturating_sub(r.prefill_charged);
+            e.decoding.push(id);
         }
         r.last_token_s = now;
         r.tokens += 1;
@@ -740,12 +743,28 @@ impl<'w> Sim<'w> {
             placement: r.placement,
         });
         let e = &mut self.engines[r.worker];
+        if let Some(i) = e.decoding.iter().position(|&d| d == id) {
+            e.decoding.swap_remove(i);
+        }
         e.in_flight = e.in_flight.saturating_sub(1);
         e.active_blocks = e
             .active_blocks
             .saturating_sub((r.prompt.len() as u64).div_ceil(u64::from(self.block)));
         self.end_idle_tracking(r.session, now);
         self.step_completed(r.session, r.step, now);
+    }
+
+    /// KV held by the requests decoding on `worker`, by how long they have decoded: their
+    /// prompts', as the live router's relay counts them (`registry::Worker::decode_ages`).
+    fn decode_ages(&self, worker: usize, now: f64) -> DecodeAges {
+        let mut ages = DecodeAges::default();
+        for &id in &self.engines[worker].decoding {
+            if let Some(Some(r)) = self.reqs.get(id) {
+                let first = r.first_token_s.unwrap_or(now);
+                ages.add(now - first, r.prompt.len() as u64);
+            }
+        }
+        ages
     }
 
     fn end_idle_tracking(&mut self, session: usize, now: f64) {

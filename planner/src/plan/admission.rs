@@ -78,7 +78,10 @@ pub fn admitted_view(w: &PlanWorker, a: &Admission) -> PlanWorker {
 }
 
 /// Seconds until running sequences on `w` have released the KV that the prompts queued
-/// there and this step's `prompt` need beyond its free tokens. A running sequence holds
+/// there and this step's `prompt` need beyond its free tokens. A deficit up to what they
+/// hold waits for it at the rate their ages imply (`PlanWorker::kv_release_per_s`,
+/// `kv_release`): a worker held by decodes that have already run long frees its KV more
+/// slowly than one whose decodes just began. Without that rate, a running sequence holds
 /// its KV for about the observed decode lifetime `L`, and at a random moment the ones
 /// running are spread over their lifetimes, so a share `x` of their KV is released
 /// within `x · L`: a deficit up to what they hold waits `deficit / held · L`. A deficit
@@ -103,9 +106,15 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     if deficit == 0 || held == 0 {
         return 0.0;
     }
-    let now_running = deficit.min(held) as f64 / held as f64;
+    // Seconds for the running decodes to release what they hold of the deficit: at the
+    // rate their ages imply, else what they hold over one lifetime.
+    let rate = w
+        .kv_release_per_s
+        .filter(|r| *r > 0.0)
+        .unwrap_or(held as f64 / lifetime);
+    let now_running = deficit.min(held) as f64 / rate;
     let later_pools = deficit.saturating_sub(held) as f64 / capacity as f64;
-    (now_running + later_pools) * lifetime
+    now_running + later_pools * lifetime
 }
 
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
@@ -182,6 +191,7 @@ mod tests {
             kv_capacity_tokens: Some(400_000),
             waiting_tokens: 0,
             decode_lifetime_s: Some(10.0),
+            kv_release_per_s: None,
         }
     }
 

@@ -129,6 +129,11 @@ pub struct PlanWorker {
     /// Observed seconds a sequence decoding there holds its KV (first to last token, an
     /// EWMA); `None` until observed (no memory wait then, `admission.rs`).
     pub decode_lifetime_s: Option<f64>,
+    /// KV tokens per second its running decodes release, from their ages and the
+    /// observed lifetimes (`kv_release`); `None` when unknown or not needed (the
+    /// admission model then takes them to release what they hold over one
+    /// `decode_lifetime_s`).
+    pub kv_release_per_s: Option<f64>,
 }
 
 impl PlanWorker {

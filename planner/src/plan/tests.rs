@@ -28,6 +28,7 @@ pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
         kv_capacity_tokens: None,
         waiting_tokens: 0,
         decode_lifetime_s: None,
+        kv_release_per_s: None,
     }
 }
 
@@ -617,6 +618,10 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             decode_lifetime_s: match pick(rng, 3) {
                 0 => None,
                 _ => Some(rng.next_f64() * 20.0),
+            },
+            kv_release_per_s: match pick(rng, 3) {
+                0 => None,
+                _ => Some(rng.next_f64() * 50_000.0),
             },
         });
     }

@@ -32,6 +32,7 @@ pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
 pub use static_pd::StaticPd;
 
 use crate::ids::{Role, WorkerId};
+use crate::kv_release::DecodeAges;
 use crate::plan::{Action, ArtifactView, Plan};
 
 /// Load an engine reports in its `/metrics` (vLLM or SGLang gauges).
@@ -87,6 +88,10 @@ pub struct WorkerView {
     pub prefill_decodes: bool,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,
+    /// KV held by the requests the router sent there that are decoding (first token
+    /// seen), by how long they have decoded: how soon that KV is released
+    /// (`kv_release`). Only the cost planner reads it.
+    pub decode_ages: DecodeAges,
 }
 
 impl WorkerView {
@@ -105,6 +110,7 @@ impl WorkerView {
             pulls_kv: true,
             prefill_decodes: false,
             load: None,
+            decode_ages: DecodeAges::default(),
         }
     }
 

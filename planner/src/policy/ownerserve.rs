@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::{Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView};
 use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
+use crate::kv_release::DecodeLifetimes;
 use crate::plan::{
     plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
 };
@@ -85,6 +86,9 @@ pub struct OwnerServe {
     calibration: Vec<(Roofline, PrefillCalibration)>,
     /// Observed decode lifetime per worker (`Policy::observe_decode`).
     decode_lifetime: HashMap<WorkerId, Ewma>,
+    /// Every worker's observed decode lifetimes, as a distribution: their shape says how
+    /// soon decodes of a given age end (`kv_release`).
+    lifetimes: DecodeLifetimes,
 }
 
 /// Weight of a new decode-lifetime sample in its EWMA.
@@ -96,6 +100,7 @@ impl OwnerServe {
             cfg,
             calibration: Vec::new(),
             decode_lifetime: HashMap::new(),
+            lifetimes: DecodeLifetimes::default(),
         }
     }
 
@@ -117,14 +122,22 @@ impl OwnerServe {
             .map(|(_, c)| c)
     }
 
-    /// The planner's view of `w`: its roofline, calibration, queue and decode batch.
-    fn plan_worker(&self, w: &WorkerView, model: &ModelSpec, block_size: u32) -> PlanWorker {
+    /// The planner's view of `w` for a step of `prompt` tokens: its roofline,
+    /// calibration, queue, decode batch and how fast its KV is released.
+    fn plan_worker(
+        &self,
+        w: &WorkerView,
+        model: &ModelSpec,
+        block_size: u32,
+        prompt: u64,
+    ) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
         // Prefills the engine has queued (its gauge once scraped; else none known).
         let queued = w.load.map_or(0, |l| l.waiting.max(0.0) as u64);
         let prefill_scale = self
             .calibration_of(&roofline)
             .map_or(1.0, PrefillCalibration::scale);
+        let decode_lifetime_s = self.decode_lifetime.get(&w.id).and_then(Ewma::value);
         PlanWorker {
             id: w.id,
             role: w.role,
@@ -145,8 +158,22 @@ impl OwnerServe {
             kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
             kv_capacity_tokens: w.load.and_then(|l| l.kv_capacity_tokens),
             waiting_tokens: w.active_prefill_tokens,
-            decode_lifetime_s: self.decode_lifetime.get(&w.id).and_then(Ewma::value),
+            decode_lifetime_s,
+            kv_release_per_s: self.kv_release_per_s(w, prompt),
         }
+    }
+
+    /// How fast `w`'s running decodes release KV, worked out only when a step of
+    /// `prompt` tokens would wait for it (the prompts queued there and it need more than
+    /// is free): the admission model is the only reader.
+    fn kv_release_per_s(&self, w: &WorkerView, prompt: u64) -> Option<f64> {
+        let load = w.load?;
+        let (free, capacity) = (load.kv_free_tokens?, load.kv_capacity_tokens?);
+        if w.active_prefill_tokens + prompt <= free {
+            return None;
+        }
+        self.lifetimes
+            .release_per_s(&w.decode_ages, capacity.saturating_sub(free))
     }
 
     /// Plans `req` over `workers` as routing does, without deciding anything: dominated
@@ -179,7 +206,7 @@ impl OwnerServe {
         let model = self.cfg.model_for(req.model);
         let plan_workers: Vec<PlanWorker> = workers
             .iter()
-            .map(|w| self.plan_worker(w, model, block_size))
+            .map(|w| self.plan_worker(w, model, block_size, u64::from(req.prompt_tokens)))
             .collect();
         let input = PlanInput {
             model,
@@ -304,6 +331,7 @@ impl Policy for OwnerServe {
 
     fn observe_decode(&mut self, worker: WorkerId, decode_s: f64) {
         if decode_s > 0.0 {
+            self.lifetimes.observe(decode_s);
             self.decode_lifetime
                 .entry(worker)
                 .or_insert_with(|| Ewma::new(DECODE_LIFETIME_ALPHA))
@@ -419,7 +447,7 @@ mod tests {
 
     /// The prefill scale the planner applies to `w`.
     fn scale(p: &OwnerServe, w: &WorkerView) -> f64 {
-        p.plan_worker(w, &p.cfg.model, 16).prefill_scale
+        p.plan_worker(w, &p.cfg.model, 16, 0).prefill_scale
     }
 
     #[test]
@@ -477,12 +505,12 @@ mod tests {
             ..WorkerView::idle(WorkerId(0), Role::Prefill)
         };
         let m = p.cfg.model.clone();
-        let preset = p.plan_worker(&w, &m, 16).queue_s;
+        let preset = p.plan_worker(&w, &m, 16, 0).queue_s;
         assert!(preset > 0.0);
         for _ in 0..50 {
             p.observe_prefill(WorkerId(0), 0.1, 0.2);
         }
-        let calibrated = p.plan_worker(&w, &m, 16).queue_s;
+        let calibrated = p.plan_worker(&w, &m, 16, 0).queue_s;
         assert!(
             (calibrated / preset - 2.0).abs() < 1e-6,
             "{preset} {calibrated}"
@@ -604,7 +632,7 @@ mod tests {
                 pulls_kv: true,
                 ..WorkerView::idle(WorkerId(id), Role::Decode)
             };
-            p.plan_worker(&v, &p.config().model, 16)
+            p.plan_worker(&v, &p.config().model, 16, 0)
         };
         let dir = Some(ArtifactView {
             owner: WorkerId(1),
@@ -652,7 +680,7 @@ mod tests {
             }),
             ..WorkerView::idle(WorkerId(3), Role::Decode)
         };
-        let w = p.plan_worker(&view, &p.config().model, 16);
+        let w = p.plan_worker(&view, &p.config().model, 16, 0);
         assert_eq!((w.queued, w.decoding), (4, 9));
         assert!(w.queue_s > 0.0);
     }
@@ -662,17 +690,73 @@ mod tests {
         let mut p = policy();
         let v = WorkerView::idle(WorkerId(2), Role::Decode);
         let m = p.config().model.clone();
-        assert_eq!(p.plan_worker(&v, &m, 16).decode_lifetime_s, None);
+        assert_eq!(p.plan_worker(&v, &m, 16, 0).decode_lifetime_s, None);
         p.observe_decode(WorkerId(2), 8.0);
         p.observe_decode(WorkerId(2), 0.0);
         p.observe_decode(WorkerId(2), 18.0);
-        let w = p.plan_worker(&v, &m, 16);
+        let w = p.plan_worker(&v, &m, 16, 0);
         assert!((w.decode_lifetime_s.unwrap() - 9.0).abs() < 1e-9, "{w:?}");
         assert_eq!(
-            p.plan_worker(&WorkerView::idle(WorkerId(3), Role::Decode), &m, 16)
+            p.plan_worker(&WorkerView::idle(WorkerId(3), Role::Decode), &m, 16, 0)
                 .decode_lifetime_s,
             None
         );
+    }
+
+    /// A decoder whose 100K-token pool is full, every token held by decodes of `age_s`.
+    fn full_decoder(id: u32, age_s: f64) -> WorkerView {
+        let mut decode_ages = crate::kv_release::DecodeAges::default();
+        decode_ages.add(age_s, 100_000);
+        WorkerView {
+            load: Some(EngineLoad {
+                running: 8.0,
+                kv_usage: 1.0,
+                kv_free_tokens: Some(0),
+                kv_capacity_tokens: Some(100_000),
+                kv_room_tokens: Some(0),
+                ..EngineLoad::default()
+            }),
+            decode_ages,
+            ..WorkerView::idle(WorkerId(id), Role::Decode)
+        }
+    }
+
+    #[test]
+    fn a_full_decoder_held_by_old_decodes_of_a_heavy_tail_waits_longer() {
+        let mut p = policy();
+        // Four in five decodes end within 2 s, one runs 70 s: on both workers alike.
+        for _ in 0..20 {
+            for l in [1.5, 1.5, 2.0, 2.0, 70.0] {
+                p.observe_decode(WorkerId(1), l);
+                p.observe_decode(WorkerId(2), l);
+            }
+        }
+        let m = p.config().model.clone();
+        let young = p.plan_worker(&full_decoder(1, 0.5), &m, 16, 10_000);
+        let old = p.plan_worker(&full_decoder(2, 20.0), &m, 16, 10_000);
+        let (fast, slow) = (
+            young.kv_release_per_s.unwrap(),
+            old.kv_release_per_s.unwrap(),
+        );
+        assert!(fast > 5.0 * slow, "young {fast} old {slow}");
+        // A step that fits the free KV waits for none: no rate is worked out.
+        let roomy = WorkerView {
+            load: Some(EngineLoad {
+                kv_free_tokens: Some(50_000),
+                ..full_decoder(1, 0.5).load.unwrap()
+            }),
+            ..full_decoder(1, 0.5)
+        };
+        assert_eq!(p.plan_worker(&roomy, &m, 16, 10_000).kv_release_per_s, None);
+        // The step goes where the KV frees first, whichever worker that is.
+        let d = p
+            .choose(&req(10_000), &[full_decoder(1, 0.5), full_decoder(2, 20.0)])
+            .unwrap();
+        assert_eq!(d.worker, WorkerId(1));
+        let d = p
+            .choose(&req(10_000), &[full_decoder(1, 20.0), full_decoder(2, 0.5)])
+            .unwrap();
+        assert_eq!(d.worker, WorkerId(2));
     }
 
     #[test]

@@ -159,7 +159,11 @@ pub async fn pick(
         prompt: id.prompt.clone(),
         effects: Effects::default(),
     });
-    let in_flight = worker.start_request(view.route.prompt_blocks(), 0);
+    let in_flight = worker.start_request(
+        view.route.prompt_blocks(),
+        0,
+        u64::from(view.route.prompt_tokens),
+    );
     Ok(Picked {
         endpoints,
         worker: worker.id,

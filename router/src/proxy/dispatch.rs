@@ -251,7 +251,7 @@ impl Dispatcher<'_> {
         let body = Bytes::from(vllm::prefill_request(&original).to_string());
         let tokens = step.hashes.len() as u64 * step.block;
         let alone = p.view().starts_prefill_now(tokens);
-        let _in_flight = p.start_request(step.hashes.len() as u64, tokens);
+        let _in_flight = p.start_request(step.hashes.len() as u64, tokens, tokens);
         let started = Instant::now();
         let headers = headers_for(step, step.lookup.epoch);
         let sent = self

@@ -267,7 +267,11 @@ impl Attempt<'_> {
         feedback::legs_ran(st, action, &prepared);
         let prefill =
             u64::from(view.route.prompt_tokens).saturating_sub(cached_blocks * self.step.block);
-        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill);
+        let in_flight = worker.start_request(
+            view.route.prompt_blocks(),
+            prefill,
+            u64::from(view.route.prompt_tokens),
+        );
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,

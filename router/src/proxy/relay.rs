@@ -153,6 +153,7 @@ impl<B: http_body::Body> RelayBody<B> {
         if let Some(f) = self.first_byte.take() {
             f.histogram.observe(f.started.elapsed().as_secs_f64());
             if self.sse {
+                self.in_flight.decoding();
                 self.decoding = f.decoded.map(|d| (Instant::now(), d));
             }
         }
@@ -337,7 +338,7 @@ mod tests {
         let relayed = relay(
             resp,
             &worker,
-            worker.start_request(1, 1),
+            worker.start_request(1, 1, 1),
             None,
             Some(first_byte),
             patience,
@@ -345,6 +346,61 @@ mod tests {
         );
         let _ = relayed.into_body().collect().await;
         reported.load(Ordering::Relaxed)
+    }
+
+    /// The KV tokens the worker counts among its decodes' ages after the relayed body's
+    /// first frame, and after its end.
+    async fn decode_counted(sse: bool) -> (u64, u64) {
+        let registry = Registry::new(vec![WorkerSpec::new(
+            "w0",
+            "http://127.0.0.1:9",
+            Role::Hybrid,
+            EngineKind::Vllm,
+        )]);
+        let worker = registry.get(WorkerId(0)).expect("worker");
+        let frames: VecDeque<_> = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]
+            .into_iter()
+            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
+            .collect();
+        let mut resp = Response::new(Scripted(frames));
+        if sse {
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+        }
+        let first_byte = FirstByte {
+            histogram: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t"))
+                .expect("histogram"),
+            started: Instant::now(),
+            decoded: None,
+        };
+        let patience = Patience {
+            first: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            failure_threshold: 1_000_000,
+        };
+        let mut body = relay(
+            resp,
+            &worker,
+            worker.start_request(1, 1, 500),
+            None,
+            Some(first_byte),
+            patience,
+            Endpoint::ChatCompletions,
+        )
+        .into_body();
+        let _ = body.frame().await;
+        let decoding = worker.decode_ages(1.0).total();
+        let _ = body.collect().await;
+        (decoding, worker.decode_ages(1.0).total())
+    }
+
+    #[tokio::test]
+    async fn a_stream_counts_among_its_workers_decodes_from_its_first_frame_to_its_end() {
+        assert_eq!(decode_counted(true).await, (500, 0));
+        // A whole body's decode was over before it came: its age is unknown.
+        assert_eq!(decode_counted(false).await, (0, 0));
     }
 
     #[tokio::test]

@@ -34,6 +34,9 @@ pub struct Sources<'a> {
     pub registry: &'a Registry,
     pub kv: &'a KvRouting,
     pub directory: Option<&'a dyn DirectoryClient>,
+    /// Planner seconds per wall-clock second (`planner_time_scale`): decode ages are
+    /// counted in the planner's time, like the lifetimes it observes.
+    pub time_scale: f64,
 }
 
 /// The planner's request for a step, and what the directory said about it.
@@ -106,6 +109,11 @@ impl<'a> Sources<'a> {
     ) -> Vec<WorkerView> {
         let mut views = self.registry.candidates(model, excluded);
         self.predicted_kv_usage(&mut views);
+        for v in &mut views {
+            if let Some(w) = self.registry.get(v.id) {
+                v.decode_ages = w.decode_ages(self.time_scale);
+            }
+        }
         if needs.prefix_match {
             self.kv.fill_cached(hashes, &mut views);
         }
@@ -207,6 +215,7 @@ mod tests {
             registry: &registry,
             kv: &kv,
             directory: Some(&directory),
+            time_scale: 1.0,
         };
         let id = identity(40);
         let step = sources.step("m", &id, 2, Needs::ALL);
@@ -253,6 +262,7 @@ mod tests {
             registry: &registry,
             kv: &kv,
             directory: None,
+            time_scale: 1.0,
         };
         let cached = |needs, excluded: &[WorkerId]| -> Vec<(WorkerId, u32)> {
             sources

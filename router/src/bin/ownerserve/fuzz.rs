@@ -373,7 +373,7 @@ fn sse_relay_target() -> anyhow::Result<Target> {
                     http::HeaderValue::from_static("text/event-stream"),
                 );
             }
-            let in_flight = worker.start_request(1, 1);
+            let in_flight = worker.start_request(1, 1, 1);
             let got = runtime.block_on(async {
                 let relayed = relay(
                     resp,
