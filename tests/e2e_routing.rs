@@ -406,3 +406,64 @@ async fn ownerserve_waits_for_kv_on_a_full_decoder_for_the_decode_lifetime_it_ob
          {lifetime_s} s, {large_tokens} tokens asked of {capacity}): {plan:#}"
     );
 }
+
+/// Streams `n` chat requests of `max_tokens` at once to their end: `n` decode lifetimes
+/// the router observes.
+async fn decode_to_the_end(router: &str, n: usize, max_tokens: u32) {
+    let streams = (0..n).map(|i| async move {
+        let mut resp =
+            first_chunk_of(router, &format!("story {i} of {max_tokens}"), max_tokens).await;
+        while resp.chunk().await.unwrap().is_some() {}
+    });
+    futures_util::future::join_all(streams).await;
+}
+
+/// The live router counts how long each stream has decoded on its worker, in the
+/// planner's time (`registry::Worker::decode_ages`), and the admission model reads it
+/// (`kv_release`): once the observed lifetimes are heavy-tailed (most decodes end at once,
+/// one in five runs long), the KV a stream holds is expected back soon while it is young,
+/// and later once it has run past the short decodes: the same step on the same full
+/// decoder is planned to wait longer.
+#[tokio::test]
+async fn ownerserve_waits_longer_for_kv_held_by_a_stream_that_has_decoded_longer() {
+    let a = Proc::sim_worker(&["--time-scale", "4"]);
+    let cfg = temp_config(
+        "decode_ages.toml",
+        &format!(
+            "[router]\npolicy = \"ownerserve\"\nplanner_time_scale = 4\n\n\
+             [[workers]]\nname = \"a\"\nurl = \"{}\"\nrole = \"decode\"\n\
+             kv_capacity_tokens = 2048\n",
+            a.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    // 20 short decodes (~0.2 simulated seconds) and 5 long ones (~7 s).
+    decode_to_the_end(&router.url, 20, 20).await;
+    decode_to_the_end(&router.url, 5, 800).await;
+
+    // A stream holds most of `a`'s KV; a step that needs more than is left waits for it.
+    let running: String = (0..290).map(|i| format!("running step {i}; ")).collect();
+    let probe: String = (0..120).map(|i| format!("probe step {i}; ")).collect();
+    let tokens = |plan: &Value| plan["inputs"]["prompt_tokens"].as_u64().unwrap();
+    let held = tokens(&explain(&router.url, &running).await);
+    let asked = tokens(&explain(&router.url, &probe).await);
+    assert!(
+        held < 2048 && asked > 2048 - held && asked < held,
+        "{held} held, {asked} asked of 2048"
+    );
+    let _holder = first_chunk_of(&router.url, &running, 2000).await;
+    let young = explain(&router.url, &probe).await["chosen"]["cost"]["queue_s"]
+        .as_f64()
+        .unwrap();
+    // Half a second of wall clock is two simulated seconds: past every short decode, a
+    // long one (they have a few seconds more to run).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let plan = explain(&router.url, &probe).await;
+    let old = plan["chosen"]["cost"]["queue_s"].as_f64().unwrap();
+    assert!(young > 0.0, "the probe must wait for KV: {plan:#}");
+    assert!(
+        old > 1.5 * young,
+        "planned wait {young} s behind a young stream, {old} s behind the same stream \
+         older: {plan:#}"
+    );
+}

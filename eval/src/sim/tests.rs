@@ -119,3 +119,59 @@ fn a_host_tier_restores_evicted_prefixes_and_raises_reuse() {
         assert!(on.duplicate_factor >= 1.0);
     }
 }
+
+/// Round robin, noting at each decision the KV its views count among decodes on each
+/// worker, and the most the requests in flight there could hold.
+struct AgesSeen {
+    inner: ownerserve_planner::policy::RoundRobin,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u64, u64)>>>,
+    longest_prompt: u64,
+}
+
+impl Policy for AgesSeen {
+    fn name(&self) -> &'static str {
+        "ages_seen"
+    }
+
+    fn choose(
+        &mut self,
+        req: &ownerserve_planner::policy::RouteRequest<'_>,
+        workers: &[ownerserve_planner::policy::WorkerView],
+    ) -> Result<ownerserve_planner::policy::Decision, ownerserve_planner::policy::PolicyError> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for w in workers {
+            let bound = u64::from(w.in_flight) * self.longest_prompt;
+            seen.push((w.decode_ages.total(), bound));
+        }
+        self.inner.choose(req, workers)
+    }
+}
+
+#[test]
+fn the_views_count_the_kv_of_the_requests_decoding_on_each_worker_until_they_end() {
+    let wl = swe_smith();
+    let longest_prompt = wl
+        .sessions
+        .iter()
+        .flat_map(|s| s.steps.iter())
+        .map(|st| u64::from(st.input_tokens))
+        .max()
+        .unwrap_or(0);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let policy = AgesSeen {
+        inner: ownerserve_planner::policy::RoundRobin::default(),
+        seen: seen.clone(),
+        longest_prompt,
+    };
+    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    simulate(&wl, &c, Box::new(policy), &SimOptions::default(), &|_| {}).expect("runs");
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(seen.iter().any(|(ages, _)| *ages > 0), "no decode counted");
+    // A request that ended no longer counts: what is counted fits the requests in flight.
+    for (ages, bound) in seen.iter() {
+        assert!(
+            ages <= bound,
+            "{ages} counted with at most {bound} in flight"
+        );
+    }
+}

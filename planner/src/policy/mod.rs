@@ -258,7 +258,8 @@ pub trait Policy: Send {
 
     /// Feeds back a finished request: its sequences decoded on `worker` for `decode_s`
     /// seconds (first to last token), holding their KV. Policies that model the wait for
-    /// KV (`plan::admission`) keep an EWMA.
+    /// KV (`plan::admission`) keep an EWMA per worker and the lifetimes' distribution
+    /// (`kv_release`).
     fn observe_decode(&mut self, _worker: WorkerId, _decode_s: f64) {}
 
     /// The cost plan this policy would make for `req`, every candidate listed, without
