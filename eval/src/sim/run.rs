@@ -314,6 +314,7 @@ impl<'w> Sim<'w> {
             .collect();
         let match_prefix = self.policy.needs_prefix_match();
         let uses_dir = self.policy.needs_directory();
+        let reads_ages = self.policy.needs_decode_ages();
         let views: Vec<_> = self
             .engines
             .iter()
@@ -323,7 +324,9 @@ impl<'w> Sim<'w> {
                 if match_prefix {
                     v.cached_blocks = cached[i] as u32;
                 }
-                v.decode_ages = self.decode_ages(i, now);
+                if reads_ages {
+                    v.decode_ages = self.decode_ages(i, now);
+                }
                 v
             })
             .collect();

@@ -133,6 +133,10 @@ impl Policy for AgesSeen {
         "ages_seen"
     }
 
+    fn needs_decode_ages(&self) -> bool {
+        true
+    }
+
     fn choose(
         &mut self,
         req: &ownerserve_planner::policy::RouteRequest<'_>,

@@ -250,6 +250,12 @@ pub trait Policy: Send {
         false
     }
 
+    /// Whether the policy reads how long the requests decoding on each worker have
+    /// decoded (`WorkerView::decode_ages`); the shells count them only then.
+    fn needs_decode_ages(&self) -> bool {
+        false
+    }
+
     /// Feeds back an observed prefill: `predicted_s` was the roofline preset's compute
     /// time on `worker` (`Candidate::preset_compute_s`), `observed_s` what it took. Only a
     /// prefill that started at once (`WorkerView::starts_prefill_now`) is fed back.

@@ -317,6 +317,10 @@ impl Policy for OwnerServe {
         true
     }
 
+    fn needs_decode_ages(&self) -> bool {
+        true
+    }
+
     fn observe_prefill(&mut self, worker: WorkerId, predicted_s: f64, observed_s: f64) {
         let roofline = self.cfg.roofline_of(worker);
         match self.calibration.iter_mut().find(|(r, _)| r == roofline) {

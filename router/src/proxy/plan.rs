@@ -26,6 +26,7 @@ impl RoutingPolicy {
         let needs = Needs {
             prefix_match: policy.needs_prefix_match(),
             directory: policy.needs_directory(),
+            decode_ages: policy.needs_decode_ages(),
         };
         Self {
             policy: Arc::new(Mutex::new(policy)),

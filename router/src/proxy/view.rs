@@ -18,6 +18,8 @@ pub struct Needs {
     pub prefix_match: bool,
     /// Read the session's owner and the owned prefix from the directory.
     pub directory: bool,
+    /// Count how long the streams decoding on each worker have decoded.
+    pub decode_ages: bool,
 }
 
 impl Needs {
@@ -25,6 +27,7 @@ impl Needs {
     pub const ALL: Needs = Needs {
         prefix_match: true,
         directory: true,
+        decode_ages: true,
     };
 }
 
@@ -109,9 +112,11 @@ impl<'a> Sources<'a> {
     ) -> Vec<WorkerView> {
         let mut views = self.registry.candidates(model, excluded);
         self.predicted_kv_usage(&mut views);
-        for v in &mut views {
-            if let Some(w) = self.registry.get(v.id) {
-                v.decode_ages = w.decode_ages(self.time_scale);
+        if needs.decode_ages {
+            for v in &mut views {
+                if let Some(w) = self.registry.get(v.id) {
+                    v.decode_ages = w.decode_ages(self.time_scale);
+                }
             }
         }
         if needs.prefix_match {
@@ -236,6 +241,7 @@ mod tests {
             Needs {
                 prefix_match: true,
                 directory: false,
+                decode_ages: false,
             },
         );
         assert_eq!(blind.lookup, Lookup::default());
@@ -279,7 +285,8 @@ mod tests {
             cached(
                 Needs {
                     prefix_match: false,
-                    directory: true
+                    directory: true,
+                    decode_ages: false,
                 },
                 &[]
             ),
