@@ -297,8 +297,10 @@ mod tests {
         }
     }
 
-    /// How many decode times a relayed response reported.
-    async fn decodes_reported(sse: bool, fails: bool) -> usize {
+    /// A worker's two-frame response (then a failure if `fails`; an SSE stream if `sse`)
+    /// relayed for a request of 500 prompt tokens, its decode time reported to `decoded`:
+    /// the client's body and the worker.
+    fn relayed(sse: bool, fails: bool, decoded: Option<Decoded>) -> (Body, Arc<Worker>) {
         let registry = Registry::new(vec![WorkerSpec::new(
             "w0",
             "http://127.0.0.1:9",
@@ -320,67 +322,18 @@ mod tests {
                 HeaderValue::from_static("text/event-stream"),
             );
         }
-        let reported = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::clone(&reported);
         let first_byte = FirstByte {
             histogram: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t"))
                 .expect("histogram"),
             started: Instant::now(),
-            decoded: Some(Box::new(move |_| {
-                seen.fetch_add(1, Ordering::Relaxed);
-            })),
+            decoded,
         };
         let patience = Patience {
             first: Duration::from_secs(60),
             idle: Duration::from_secs(60),
             failure_threshold: 1_000_000,
         };
-        let relayed = relay(
-            resp,
-            &worker,
-            worker.start_request(1, 1, 1),
-            None,
-            Some(first_byte),
-            patience,
-            Endpoint::ChatCompletions,
-        );
-        let _ = relayed.into_body().collect().await;
-        reported.load(Ordering::Relaxed)
-    }
-
-    /// The KV tokens the worker counts among its decodes' ages after the relayed body's
-    /// first frame, and after its end.
-    async fn decode_counted(sse: bool) -> (u64, u64) {
-        let registry = Registry::new(vec![WorkerSpec::new(
-            "w0",
-            "http://127.0.0.1:9",
-            Role::Hybrid,
-            EngineKind::Vllm,
-        )]);
-        let worker = registry.get(WorkerId(0)).expect("worker");
-        let frames: VecDeque<_> = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]
-            .into_iter()
-            .map(|f| Ok(Bytes::from_static(f.as_bytes())))
-            .collect();
-        let mut resp = Response::new(Scripted(frames));
-        if sse {
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-        }
-        let first_byte = FirstByte {
-            histogram: prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t"))
-                .expect("histogram"),
-            started: Instant::now(),
-            decoded: None,
-        };
-        let patience = Patience {
-            first: Duration::from_secs(60),
-            idle: Duration::from_secs(60),
-            failure_threshold: 1_000_000,
-        };
-        let mut body = relay(
+        let body = relay(
             resp,
             &worker,
             worker.start_request(1, 1, 500),
@@ -390,6 +343,28 @@ mod tests {
             Endpoint::ChatCompletions,
         )
         .into_body();
+        (body, worker)
+    }
+
+    /// How many decode times a relayed response reported.
+    async fn decodes_reported(sse: bool, fails: bool) -> usize {
+        let reported = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&reported);
+        let (body, _worker) = relayed(
+            sse,
+            fails,
+            Some(Box::new(move |_| {
+                seen.fetch_add(1, Ordering::Relaxed);
+            })),
+        );
+        let _ = body.collect().await;
+        reported.load(Ordering::Relaxed)
+    }
+
+    /// The KV tokens the worker counts among its decodes' ages after the relayed body's
+    /// first frame, and after its end.
+    async fn decode_counted(sse: bool) -> (u64, u64) {
+        let (mut body, worker) = relayed(sse, false, None);
         let _ = body.frame().await;
         let decoding = worker.decode_ages(1.0).total();
         let _ = body.collect().await;
