@@ -69,6 +69,12 @@ impl DecodeAges {
         self.tokens[b] = self.tokens[b].saturating_add(kv_tokens);
     }
 
+    /// Uncounts a decode counted with `add` at `age_s` (it ended).
+    pub fn remove(&mut self, age_s: f64, kv_tokens: u64) {
+        let b = bin_of(age_s);
+        self.tokens[b] = self.tokens[b].saturating_sub(kv_tokens);
+    }
+
     /// KV tokens counted, all ages.
     pub fn total(&self) -> u64 {
         self.tokens.iter().fold(0, |a, &t| a.saturating_add(t))

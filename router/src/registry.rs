@@ -248,16 +248,10 @@ impl Worker {
     /// KV held by the streams decoding there, by how long they have decoded, in the
     /// planner's time (`time_scale` times the wall clock's).
     pub fn decode_ages(&self, time_scale: f64) -> DecodeAges {
-        let now = Instant::now();
-        let mut ages = DecodeAges::default();
-        let decodes = self.decodes.lock().unwrap_or_else(|e| e.into_inner());
-        for (since, tokens) in decodes.slots.iter().flatten() {
-            ages.add(
-                now.duration_since(*since).as_secs_f64() * time_scale,
-                *tokens,
-            );
-        }
-        ages
+        self.decodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ages(Instant::now(), time_scale)
     }
 
     /// KV blocks of requests in flight there (the router's prediction).
@@ -287,6 +281,11 @@ impl Worker {
     }
 }
 
+/// How long a worker's decode ages, counted once, serve the views that follow: the bins
+/// are a quarter second wide at the finest, and recounting every stream for every
+/// candidate of every request would cost a walk over thousands of streams per request.
+const DECODE_AGES_FOR: Duration = Duration::from_millis(50);
+
 /// The streams decoding on a worker (first frame relayed, not ended): since when, and the
 /// prompt tokens whose KV each holds (what the router knows of it; the tokens decoded
 /// since are few beside an agent's prompt). Ended slots are reused.
@@ -294,10 +293,40 @@ impl Worker {
 struct Decodes {
     slots: Vec<Option<(Instant, u64)>>,
     free: Vec<usize>,
+    /// The ages as last counted: when, in which time scale; streams that started or
+    /// ended since are added or taken out as of that moment.
+    counted: Option<(Instant, f64, DecodeAges)>,
 }
 
 impl Decodes {
+    /// The ages at `now` in the planner's time (`time_scale`), counted anew at most every
+    /// `DECODE_AGES_FOR`.
+    fn ages(&mut self, now: Instant, time_scale: f64) -> DecodeAges {
+        if let Some((at, scale, ages)) = self.counted {
+            if scale == time_scale && now.saturating_duration_since(at) < DECODE_AGES_FOR {
+                return ages;
+            }
+        }
+        let mut ages = DecodeAges::default();
+        for (since, tokens) in self.slots.iter().flatten() {
+            ages.add(
+                now.saturating_duration_since(*since).as_secs_f64() * time_scale,
+                *tokens,
+            );
+        }
+        self.counted = Some((now, time_scale, ages));
+        ages
+    }
+
+    /// A decode's age in the last count's time scale, as of that count.
+    fn counted_age(at: Instant, scale: f64, since: Instant) -> f64 {
+        at.saturating_duration_since(since).as_secs_f64() * scale
+    }
+
     fn start(&mut self, since: Instant, tokens: u64) -> usize {
+        if let Some((at, scale, ages)) = &mut self.counted {
+            ages.add(Self::counted_age(*at, *scale, since), tokens);
+        }
         match self.free.pop() {
             Some(slot) => {
                 self.slots[slot] = Some((since, tokens));
@@ -311,9 +340,13 @@ impl Decodes {
     }
 
     fn end(&mut self, slot: usize) {
-        if let Some(s) = self.slots.get_mut(slot).filter(|s| s.is_some()) {
-            *s = None;
-            self.free.push(slot);
+        if let Some(s) = self.slots.get_mut(slot) {
+            if let Some((since, tokens)) = s.take() {
+                if let Some((at, scale, ages)) = &mut self.counted {
+                    ages.remove(Self::counted_age(*at, *scale, since), tokens);
+                }
+                self.free.push(slot);
+            }
         }
     }
 }
@@ -781,6 +814,35 @@ mod tests {
         r.all()[0].set_reported_kv_tokens(Some(16_384));
         assert_eq!(r.all()[0].kv_capacity_tokens(), Some(4096));
         assert_eq!(r.describe()[0].kv_capacity_source, "configured");
+    }
+
+    #[test]
+    fn decode_ages_are_counted_once_per_window_and_kept_true_as_streams_come_and_go() {
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        let mut d = Decodes::default();
+        let old = d.start(t0, 100);
+        let at_10s = d.ages(later(10_000), 1.0);
+        let mut expected = DecodeAges::default();
+        expected.add(10.0, 100);
+        assert_eq!(at_10s, expected);
+        // Within the window the count stands, with streams that start or end since.
+        let young = d.start(later(10_010), 7);
+        expected.add(0.0, 7);
+        assert_eq!(d.ages(later(10_020), 1.0), expected);
+        d.end(old);
+        d.end(old);
+        expected.remove(10.0, 100);
+        assert_eq!(d.ages(later(10_030), 1.0), expected);
+        // After it, or in another time scale, it is counted anew.
+        let mut recount = DecodeAges::default();
+        recount.add(4.0 * 0.02, 7);
+        assert_eq!(d.ages(later(10_030), 4.0), recount);
+        let mut recount = DecodeAges::default();
+        recount.add(1.0, 7);
+        assert_eq!(d.ages(later(11_010), 1.0), recount);
+        d.end(young);
+        assert_eq!(d.ages(later(11_020), 1.0).total(), 0);
     }
 
     #[test]
