@@ -137,7 +137,6 @@ impl OwnerServe {
         let prefill_scale = self
             .calibration_of(&roofline)
             .map_or(1.0, PrefillCalibration::scale);
-        let decode_lifetime_s = self.decode_lifetime.get(&w.id).and_then(Ewma::value);
         PlanWorker {
             id: w.id,
             role: w.role,
@@ -158,7 +157,7 @@ impl OwnerServe {
             kv_free_tokens: w.load.and_then(|l| l.kv_free_tokens),
             kv_capacity_tokens: w.load.and_then(|l| l.kv_capacity_tokens),
             waiting_tokens: w.active_prefill_tokens,
-            decode_lifetime_s,
+            decode_lifetime_s: self.decode_lifetime.get(&w.id).and_then(Ewma::value),
             kv_release_per_s: self.kv_release_per_s(w, prompt),
         }
     }
