@@ -240,7 +240,7 @@ impl Worker {
             pulls_kv: self.spec.engine.pulls_kv(),
             prefill_decodes: self.spec.engine.decodes_in_prefill_role(),
             load: self.load(),
-            // Filled by the step's view in the planner's time (`Sources::candidates`).
+            // Counted only for a policy that reads them (`Registry::candidates`).
             decode_ages: DecodeAges::default(),
         }
     }
@@ -556,12 +556,24 @@ impl Registry {
     }
 
     /// Policy views of the workers that serve `model`, minus `excluded` ones (workers that
-    /// already failed this request).
-    pub fn candidates(&self, model: &str, excluded: &[WorkerId]) -> Vec<WorkerView> {
+    /// already failed this request); with their decodes' ages in the planner's time when
+    /// `ages_time_scale` is given (`Worker::decode_ages`).
+    pub fn candidates(
+        &self,
+        model: &str,
+        excluded: &[WorkerId],
+        ages_time_scale: Option<f64>,
+    ) -> Vec<WorkerView> {
         self.all()
             .iter()
             .filter(|w| w.serves(model) && !excluded.contains(&w.id))
-            .map(|w| w.view())
+            .map(|w| {
+                let mut v = w.view();
+                if let Some(scale) = ages_time_scale {
+                    v.decode_ages = w.decode_ages(scale);
+                }
+                v
+            })
             .collect()
     }
 
@@ -852,12 +864,12 @@ mod tests {
             w.mark_healthy(vec!["m".into()]);
         }
         let mut g = r.all()[1].start_request(10, 320, 400);
-        assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 320);
+        assert_eq!(r.candidates("m", &[], None)[1].active_prefill_tokens, 320);
         g.prefill_done();
-        assert_eq!(r.candidates("m", &[])[1].active_prefill_tokens, 0);
-        assert_eq!(r.candidates("m", &[])[1].active_blocks, 10);
+        assert_eq!(r.candidates("m", &[], None)[1].active_prefill_tokens, 0);
+        assert_eq!(r.candidates("m", &[], None)[1].active_blocks, 10);
         assert_eq!(
-            r.candidates("m", &[])
+            r.candidates("m", &[], None)
                 .iter()
                 .map(|v| v.in_flight)
                 .collect::<Vec<_>>(),
@@ -879,7 +891,7 @@ mod tests {
         assert_eq!(r.all()[1].decode_ages(1.0).total(), 0);
         assert_eq!(r.all()[1].in_flight(), 0);
         assert_eq!(r.all()[1].active_blocks(), 0);
-        assert_eq!(r.candidates("m", &[WorkerId(0)]).len(), 1);
-        assert!(r.candidates("other", &[]).is_empty());
+        assert_eq!(r.candidates("m", &[WorkerId(0)], None).len(), 1);
+        assert!(r.candidates("other", &[], None).is_empty());
     }
 }

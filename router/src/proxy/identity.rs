@@ -188,7 +188,7 @@ impl PromptHasher {
         let engines = self.engines.as_ref()?;
         let worker = engines
             .registry
-            .candidates(&parsed.model, &[])
+            .candidates(&parsed.model, &[], None)
             .into_iter()
             .find(|w| w.healthy)?;
         let base = engines.registry.get(worker.id)?.spec.base_url.clone();

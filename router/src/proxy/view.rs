@@ -110,15 +110,9 @@ impl<'a> Sources<'a> {
         excluded: &[WorkerId],
         needs: Needs,
     ) -> Vec<WorkerView> {
-        let mut views = self.registry.candidates(model, excluded);
+        let ages_time_scale = needs.decode_ages.then_some(self.time_scale);
+        let mut views = self.registry.candidates(model, excluded, ages_time_scale);
         self.predicted_kv_usage(&mut views);
-        if needs.decode_ages {
-            for v in &mut views {
-                if let Some(w) = self.registry.get(v.id) {
-                    v.decode_ages = w.decode_ages(self.time_scale);
-                }
-            }
-        }
         if needs.prefix_match {
             self.kv.fill_cached(hashes, &mut views);
         }
