@@ -65,6 +65,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             host_cached_tokens: 0,
             pulls_kv: true,
             prefill_decodes: false,
+            decode_leg_at_dispatch: false,
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(rng.next_u64() % (2 * tokens.max(1))),

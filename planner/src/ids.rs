@@ -77,6 +77,15 @@ impl EngineKind {
     pub fn decodes_in_prefill_role(self) -> bool {
         self != EngineKind::Sglang
     }
+
+    /// Whether a decode instance gets a remote prefill's decode leg at the same time as
+    /// the prefill leg (`WorkerView::decode_leg_at_dispatch`): SGLang's bootstrap pair is
+    /// sent to both servers at once, and the decode server holds the request in its queue
+    /// while the prefill runs. vLLM's NIXL two-step sends the decode leg only once the
+    /// prefill leg has answered, and the simulated engine's flow does the same.
+    pub fn decode_leg_at_dispatch(self) -> bool {
+        self == EngineKind::Sglang
+    }
 }
 
 /// A role or engine name that is not one we know.

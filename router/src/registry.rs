@@ -239,6 +239,7 @@ impl Worker {
             host_cached_blocks: 0,
             pulls_kv: self.spec.engine.pulls_kv(),
             prefill_decodes: self.spec.engine.decodes_in_prefill_role(),
+            decode_leg_at_dispatch: self.spec.engine.decode_leg_at_dispatch(),
             load: self.load(),
             // Counted only for a policy that reads them (`Registry::candidates`).
             decode_ages: DecodeAges::default(),

@@ -69,6 +69,9 @@ impl Engine {
             host_cached_blocks: hashes.map_or(0, |h| self.sched.host_cached_prefix(h) as u32),
             pulls_kv: true,
             prefill_decodes: true,
+            // The simulator runs a remote prefill as vLLM's two-step: the decode leg is
+            // submitted when the KV arrives (`sim::run`).
+            decode_leg_at_dispatch: false,
             load: Some(EngineLoad {
                 running: self.sched.num_running() as f64,
                 waiting: self.sched.num_waiting() as f64,

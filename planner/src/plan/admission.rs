@@ -92,6 +92,12 @@ pub fn admitted_view(w: &PlanWorker, a: &Admission) -> PlanWorker {
 /// sessions, which overload every worker, moves herded onto one worker with 40 steps
 /// waiting, planned at 13 s and admitted after 69 s.) A prefill worker's running
 /// sequences are prefill legs that end with the compute queue, which `queue_s` carries.
+/// The deficit is rounded up to whole running sequences ([`whole_sequences`]): a sequence
+/// frees its KV only when it ends, so a step a few blocks short on a worker running two
+/// long contexts waits for one of them to end, not for a few blocks' share of a lifetime.
+/// (Priced as a fluid, such steps on Qwen3-30B coding-agent sessions, 30–40K-token
+/// prompts beside two or three running sequences, were planned at 0.1–0.5 s and waited
+/// 2.3–3.8 s for admission.)
 fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     let (Some(free), Some(capacity), Some(lifetime)) =
         (w.kv_free_tokens, w.kv_capacity_tokens, w.decode_lifetime_s)
@@ -106,15 +112,26 @@ fn memory_wait_s(w: &PlanWorker, prompt: u64) -> f64 {
     if deficit == 0 || held == 0 {
         return 0.0;
     }
-    // Seconds for the running decodes to release what they hold of the deficit: at the
-    // rate their ages imply, else what they hold over one lifetime.
+    // Seconds for the running decodes to release what they hold of the deficit, in whole
+    // sequences: at the rate their ages imply, else what they hold over one lifetime.
     let rate = w
         .kv_release_per_s
         .filter(|r| *r > 0.0)
         .unwrap_or(held as f64 / lifetime);
-    let now_running = deficit.min(held) as f64 / rate;
+    let now_running = whole_sequences(deficit.min(held), held, w.decoding) as f64 / rate;
     let later_pools = deficit.saturating_sub(held) as f64 / capacity as f64;
     now_running + later_pools * lifetime
+}
+
+/// The KV tokens released by the time `tokens` (≤ `held`) are free, when `running`
+/// sequences hold `held` between them: a sequence releases its KV only when it ends, all
+/// at once, so the release comes in whole sequences, `held / running` each on average.
+fn whole_sequences(tokens: u64, held: u64, running: u64) -> u64 {
+    if running == 0 || tokens == 0 {
+        return tokens;
+    }
+    let each = held.div_ceil(running).max(1);
+    (tokens.div_ceil(each) * each).min(held)
 }
 
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
@@ -184,6 +201,7 @@ mod tests {
             host_cached_tokens: 0,
             pulls_kv: true,
             prefill_decodes: false,
+            decode_leg_at_dispatch: false,
             pcie_bytes_per_s: 50e9,
             prefill_scale: 1.0,
             kv_room_tokens: Some(room),
@@ -205,19 +223,41 @@ mod tests {
 
     #[test]
     fn a_full_decoder_admits_once_running_sequences_release_the_deficit() {
-        // 360K held by running sequences, 40K free; 20K queued ahead + 60K prompt:
-        // 40K short, a ninth of the running KV, released in a ninth of the lifetime.
+        // 360K held by 20 running sequences (18K each), 40K free; 20K queued ahead + 60K
+        // prompt: 40K short, so three sequences must end (54K, 0.15 of the running KV),
+        // which takes 0.15 of the lifetime.
         let mut w = decoder(40_000, 0, 0);
         w.waiting_tokens = 20_000;
         let a = admit(&w, 60_000);
-        assert!((a.memory_wait_s - 10.0 / 9.0).abs() < 1e-9, "{a:?}");
+        assert!((a.memory_wait_s - 1.5).abs() < 1e-9, "{a:?}");
         // The view the planner prices: the longer of compute queue and memory wait.
         w.queue_s = 3.0;
         let v = admitted_view(&w, &admit(&w, 60_000));
         assert_eq!(v.queue_s, 3.0);
         w.queue_s = 0.2;
         let v = admitted_view(&w, &admit(&w, 60_000));
-        assert!((v.queue_s - 10.0 / 9.0).abs() < 1e-9);
+        assert!((v.queue_s - 1.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn kv_is_released_a_whole_sequence_at_a_time() {
+        // Two sequences hold 360K (180K each), 40K free; a 42K prompt is 2K short. As a
+        // fluid that is 2/360 of a lifetime (56 ms); one of the two must end first: half
+        // a lifetime.
+        let mut w = decoder(40_000, 0, 0);
+        w.decoding = 2;
+        let a = admit(&w, 42_000);
+        assert!((a.memory_wait_s - 5.0).abs() < 1e-9, "{a:?}");
+        // With many short sequences running, the rounding is small.
+        w.decoding = 360;
+        let a = admit(&w, 42_000);
+        assert!(
+            (a.memory_wait_s - 10.0 * 2_000.0 / 360_000.0).abs() < 1e-9,
+            "{a:?}"
+        );
+        assert_eq!(whole_sequences(0, 360_000, 2), 0);
+        assert_eq!(whole_sequences(2_000, 360_000, 0), 2_000);
+        assert_eq!(whole_sequences(200_000, 360_000, 2), 360_000);
     }
 
     #[test]

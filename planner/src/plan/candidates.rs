@@ -73,8 +73,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             }
         })
         .collect();
-    // The soonest any remote prefill's KV can reach a decoder: its decode leg then waits
-    // behind what the decoder has queued for longer than that (first come, first served).
+    // The soonest any remote prefill's KV can reach a decoder (`decode_leg_wait_s`).
     let earliest_leg_s = prefillers
         .iter()
         .map(|pre| pre.w.queue_s + pre.work.compute_s)
@@ -93,12 +92,17 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     for d in decoders {
         // A decoder none of whose candidates can beat it is skipped: each pays what the
         // step evicts and decodes there, and waits at least for d's queue (colocation,
-        // fetch) or the soonest remote prefill's leg. Every other term is ≥ 0; the margin
+        // fetch; a remote prefill's leg behind it) or, where the leg holds its place from
+        // dispatch, the soonest remote prefill's leg. Every other term is ≥ 0; the margin
         // covers the rounding of summing in another order.
         if prune {
             let on_d = p.decoder_terms(d);
-            let floor =
-                on_d.evict_s + input.weights.rho * on_d.decode_s + d.queue_s.min(earliest_leg_s);
+            let wait_s = if d.decode_leg_at_dispatch {
+                d.queue_s.min(earliest_leg_s)
+            } else {
+                d.queue_s
+            };
+            let floor = on_d.evict_s + input.weights.rho * on_d.decode_s + wait_s;
             if floor * (1.0 - 1e-9) >= beat {
                 continue;
             }
@@ -197,17 +201,28 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     out
 }
 
-/// How long a remote prefill's decode leg waits on decoder `d` after its KV arrives: what
-/// `d` has queued beyond `earliest_leg_s`, the soonest any prefill worker can finish the
-/// leg (the decoder's queue drains meanwhile). Depends on the decoder alone, so the
-/// cheapest prefill partner stays the same for every decoder ([`best_partners`]). A remote
-/// prefill to a decoder whose queue is long waits there anyway: without this it looked
-/// as fast as on an idle decoder.
+/// How long a remote prefill's decode leg waits on decoder `d` after its KV arrives.
+/// Depends on the decoder alone, so the cheapest prefill partner stays the same for every
+/// decoder ([`best_partners`]). A remote prefill to a decoder whose queue is long waits
+/// there too: without this it looked as fast as on an idle decoder.
+///
+/// - Where the leg reaches `d` only after the prefill (vLLM's NIXL two-step, the simulated
+///   engine), it joins the back of `d`'s queue as that queue is then, and a queue that is
+///   long now is long because steps keep arriving as fast as `d` drains them: the leg
+///   waits `d`'s whole queue. (Crediting the drain meanwhile, as below, made remote
+///   prefills between saturated hybrid workers look cheap: on Qwen3-30B SWE-smith ×200 on
+///   `8h`, seed 7, 28 of the 50 slowest steps were such legs, which waited ~20 s on their
+///   prefill worker and then ~28 s more on their decoder, planned at ~24 s in all.)
+/// - Where the leg is sent with the prefill and holds its place from dispatch (SGLang's
+///   bootstrap pair), it waits what `d` has queued beyond `earliest_leg_s`, the soonest any
+///   prefill worker can finish the leg: `d`'s queue ahead of it drains meanwhile.
 fn decode_leg_wait_s(d: &PlanWorker, earliest_leg_s: f64) -> f64 {
-    if earliest_leg_s.is_finite() {
+    if !earliest_leg_s.is_finite() {
+        0.0
+    } else if d.decode_leg_at_dispatch {
         (d.queue_s - earliest_leg_s).max(0.0)
     } else {
-        0.0
+        d.queue_s
     }
 }
 

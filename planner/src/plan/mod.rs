@@ -109,6 +109,10 @@ pub struct PlanWorker {
     pub pulls_kv: bool,
     /// A prefill worker that may also decode (`WorkerView::prefill_decodes`).
     pub prefill_decodes: bool,
+    /// A remote prefill's decode leg holds its place in this decoder's queue from
+    /// dispatch (`WorkerView::decode_leg_at_dispatch`); else it joins the queue when the
+    /// prefill ends (`candidates::decode_leg_wait_s`).
+    pub decode_leg_at_dispatch: bool,
     /// Host-to-GPU bandwidth its restores run at, bytes per second (the GPU preset's
     /// `pcie_gbs`).
     pub pcie_bytes_per_s: f64,

@@ -21,6 +21,7 @@ pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
         host_cached_tokens: 0,
         pulls_kv: true,
         prefill_decodes: false,
+        decode_leg_at_dispatch: false,
         pcie_bytes_per_s: 50e9,
         prefill_scale: 1.0,
         kv_room_tokens: None,
@@ -600,6 +601,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             },
             pulls_kv: pick(rng, 4) != 0,
             prefill_decodes: pick(rng, 2) == 0,
+            decode_leg_at_dispatch: pick(rng, 2) == 0,
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_scale: 0.5 + rng.next_f64() * 1.5,
             kv_room_tokens: match pick(rng, 3) {
@@ -876,21 +878,34 @@ fn uniform_links_list_one_remote_prefill_per_decoder() {
 fn a_remote_prefill_waits_for_the_decoder_s_queue_too() {
     // Both decoders are equally far from the prefill worker; one has 5 s of prefills
     // queued. Its decode leg would wait behind them after the KV arrives.
-    let mut busy = worker(1, Role::Decode);
-    busy.queue_s = 5.0;
-    busy.decoding = 30;
-    let mut idle = worker(2, Role::Decode);
-    idle.decoding = 30;
-    let s = Scenario::new(16_000, vec![worker(0, Role::Prefill), busy, idle]);
-    let p = s.plan();
-    let remote_to = |d: u32| {
+    let scenario = |at_dispatch: bool| {
+        let mut busy = worker(1, Role::Decode);
+        busy.queue_s = 5.0;
+        busy.decoding = 30;
+        busy.decode_leg_at_dispatch = at_dispatch;
+        let mut idle = worker(2, Role::Decode);
+        idle.decoding = 30;
+        idle.decode_leg_at_dispatch = at_dispatch;
+        Scenario::new(16_000, vec![worker(0, Role::Prefill), busy, idle])
+    };
+    let remote_to = |p: &Plan, d: u32| {
         p.candidates
             .iter()
             .find(|c| c.action == Action::RemotePrefill && c.decode_on == WorkerId(d))
             .unwrap()
             .cost
     };
-    let (b, i) = (remote_to(1), remote_to(2));
+    // vLLM's two-step: the leg reaches the busy decoder after the prefill and finds its
+    // queue as long as it is now.
+    let p = scenario(false).plan();
+    let (b, i) = (remote_to(&p, 1), remote_to(&p, 2));
+    assert!((b.queue_s - 5.0).abs() < 1e-9, "{b:?} vs {i:?}");
+    assert_eq!(i.queue_s, 0.0);
+    assert_chosen(&p, Action::RemotePrefill, 2);
+    // SGLang's pair: the leg holds its place from dispatch, so the decoder's queue drains
+    // while the prefill runs.
+    let p = scenario(true).plan();
+    let (b, i) = (remote_to(&p, 1), remote_to(&p, 2));
     let leg = i.queue_s + i.compute_s;
     assert!((b.queue_s - (5.0 - leg)).abs() < 1e-9, "{b:?} vs {i:?}");
     assert_eq!(i.queue_s, 0.0);
@@ -979,14 +994,15 @@ fn a_prefix_the_queue_ahead_will_evict_is_not_counted_as_reused() {
 
 #[test]
 fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
-    // 380K of 400K held by running sequences: a 40K prompt is 20K short, so it waits for
-    // a nineteenth of the running KV to be released, a nineteenth of the lifetime.
+    // 380K of 400K held by 20 running sequences (19K each): a 40K prompt is 20K short,
+    // so it waits for two of them to end, a tenth of the running KV, a tenth of the
+    // lifetime.
     let full = pressured(1, 20_000, 0, 0);
     let roomy = pressured(2, 200_000, 200_000, 0);
     let s = Scenario::new(40_000, vec![full, roomy]);
     let p = s.plan();
     let on = |d: u32| colocate_cost(&p, d);
-    assert!((on(1).queue_s - 10.0 / 19.0).abs() < 1e-9, "{:?}", on(1));
+    assert!((on(1).queue_s - 1.0).abs() < 1e-9, "{:?}", on(1));
     assert_eq!(on(2).queue_s, 0.0);
     assert_chosen(&p, Action::Colocate, 2);
 }

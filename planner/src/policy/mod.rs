@@ -86,6 +86,11 @@ pub struct WorkerView {
     /// (`OwnerServeConfig::prefill_workers_decode`). The peers' routers keep their sources'
     /// roles and never read it.
     pub prefill_decodes: bool,
+    /// Its engine takes a remote prefill's decode leg when the prefill leg is sent, and
+    /// the leg keeps its place in its queue from then on (SGLang); else the leg reaches it
+    /// only after the prefill and joins the back of its queue then
+    /// (`EngineKind::decode_leg_at_dispatch`). Only the cost planner reads it.
+    pub decode_leg_at_dispatch: bool,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,
     /// KV held by the requests the router sent there that are decoding (first token
@@ -109,6 +114,7 @@ impl WorkerView {
             host_cached_blocks: 0,
             pulls_kv: true,
             prefill_decodes: false,
+            decode_leg_at_dispatch: false,
             load: None,
             decode_ages: DecodeAges::default(),
         }

@@ -151,6 +151,7 @@ impl OwnerServe {
             host_cached_tokens: u64::from(w.host_cached_blocks) * u64::from(block_size),
             pulls_kv: w.pulls_kv,
             prefill_decodes: self.cfg.prefill_workers_decode && w.prefill_decodes,
+            decode_leg_at_dispatch: w.decode_leg_at_dispatch,
             pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
             prefill_scale,
             kv_room_tokens: w.load.and_then(|l| l.kv_room_tokens),
