@@ -16,8 +16,9 @@
 //! freed cached one. A cached prefix of the step's prompt that nobody runs on is one of
 //! those; where in that order it sits is unknown, so it is taken to be anywhere in it
 //! alike, and the share of it expected to survive is what the plan may count as reused.
-//! A copy a migration moves there for the step lands in that same cache ahead of the
-//! step's turn and is as exposed (`Admission::surviving_share`).
+//! A copy a migration moves there for the step is not anywhere in that order: it lands
+//! as the newest content of the free pool, so the allocations ahead of the step take
+//! every older free block before any of it (`Admission::copy_room_tokens`).
 //! (Before this, a plan counted every cached token as reused and the compute queue alone
 //! as the wait: on decoders whose KV was full the steps that set the p99 waited 3–4× the
 //! predicted time and found a tenth of their prefix left.)
@@ -33,12 +34,18 @@ pub struct Admission {
     pub memory_wait_s: f64,
     /// Leading prompt tokens of the step expected to still be cached when it is admitted.
     pub surviving_tokens: u64,
-    /// Share of a prefix in the worker's evictable cache expected to survive until then.
-    /// A copy a migration moves there for the step lands in that cache ahead of the step's
-    /// turn, held for it only while nothing running needs the blocks (the simulated
-    /// engine's `add_holding_prefix`: running work comes first), so it survives by this
-    /// share too.
-    pub surviving_share: f64,
+    /// KV tokens of a copy landing there now for the step that are still cached when it
+    /// is admitted, at most: what is free beyond what is allocated before the step
+    /// (`u64::MAX` when the free KV is unknown). The copy is held for the step only while
+    /// nothing running needs the blocks (the simulated engine's `add_holding_prefix`:
+    /// running work comes first), and it is the newest content of the free pool, so
+    /// every allocation ahead of the step evicts an older free block before any of it.
+    /// (Priced as exposed as the worker's own cached prefix, anywhere in the eviction
+    /// order, moves onto workers whose free KV was a few thousand tokens with 55–180K
+    /// queued ahead shipped copies that were all gone at admission: on Qwen3-30B
+    /// SWE-smith ×200 on `8h`, seed 7, moves that waited 5–15 s found 7% of their prompts
+    /// cached, as moves that shipped nothing did, and 750 GB had been shipped.)
+    pub copy_room_tokens: u64,
 }
 
 /// How the step is admitted on `w` (`prompt` tokens, `block` tokens per block): the wait
@@ -54,7 +61,9 @@ pub fn admission(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64, block: 
     Admission {
         memory_wait_s,
         surviving_tokens: surviving_tokens.min(w.cached_tokens),
-        surviving_share,
+        copy_room_tokens: w
+            .kv_free_tokens
+            .map_or(u64::MAX, |free| free.saturating_sub(allocated)),
     }
 }
 
@@ -304,6 +313,19 @@ mod tests {
         w.waiting_tokens = 0;
         w.decoding = 0;
         assert_eq!(admit(&w, 40_000).surviving_tokens, 32_000);
+    }
+
+    #[test]
+    fn a_copy_landing_for_the_step_keeps_what_is_free_beyond_the_queue_ahead() {
+        // 100K free, 60K queued ahead (it fits: no wait, no decode growth): a copy keeps
+        // at most 40K, whatever the worker's own cache holds.
+        let mut w = decoder(100_000, 20_000, 32_000);
+        w.waiting_tokens = 60_000;
+        assert_eq!(admit(&w, 40_000).copy_room_tokens, 40_000);
+        w.waiting_tokens = 150_000;
+        assert_eq!(admit(&w, 40_000).copy_room_tokens, 0);
+        w.kv_free_tokens = None;
+        assert_eq!(admit(&w, 40_000).copy_room_tokens, u64::MAX);
     }
 
     #[test]

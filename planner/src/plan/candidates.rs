@@ -179,7 +179,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             .filter(|(t, _)| t.id != d.id && t.takes_work() && t.decodes())
         {
             // What the move lands on t waits there for the step's turn (`admission.rs`).
-            let m = p.move_bytes(now, t, sent, a.surviving_share);
+            let m = p.move_bytes(now, t, sent, a.copy_room_tokens);
             let floor = p.migration_floor_s(t, m, could_stay);
             if prune && floor >= beat {
                 continue;
@@ -696,17 +696,18 @@ impl Pricing<'_, '_> {
 
     /// What a move from `d` to `t` reuses, sends and leaves duplicated ([`MoveBytes`]);
     /// `sent` is the bytes of `d`'s cached prefix of the prompt (see [`Pricing::migrate`]).
-    /// Only the leading `surviving` share of that prefix is moved and counted as reused:
-    /// the rest would be evicted on `t` before the step's turn there
-    /// (`Admission::surviving_share`), so it is recomputed rather than shipped.
+    /// Of what `t` lacks of that prefix, only the leading `room` tokens are moved and
+    /// counted as reused: the rest would be evicted on `t` before the step's turn there
+    /// (`Admission::copy_room_tokens`), so it is recomputed rather than shipped.
     /// (Counting all of it, moves onto full workers planned to reuse 36% of their prompts
     /// and found 14%: Qwen3-30B SWE-smith ×200 on 8h, seed 7.)
-    fn move_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64, surviving: f64) -> MoveBytes {
+    fn move_bytes(&self, d: &PlanWorker, t: &PlanWorker, sent: f64, room: u64) -> MoveBytes {
         let mut held = d.cached_tokens.min(self.prompt());
         let mut sent = sent;
-        if surviving < 1.0 {
+        let own = t.cached_tokens.min(held);
+        if held - own > room {
             let block = u64::from(self.input.block_size.max(1));
-            held = ((held as f64 * surviving.max(0.0)) as u64) / block * block;
+            held = (own + room) / block * block;
             sent = self.state_bytes(held);
         }
         let lacked = (sent - self.state_bytes(t.cached_tokens.min(held))).max(0.0);

@@ -1026,13 +1026,14 @@ fn a_migration_sends_what_its_source_holds_now_not_what_would_survive_there() {
 
 #[test]
 fn a_move_onto_a_full_worker_ships_only_what_survives_its_queue_there() {
-    // The owner holds 48K of the 50K prompt. The target has 100K evictable cached tokens
-    // and 10K empty, and 60K queued ahead of the step: 50K of the evictable go first, so
-    // half of a copy landing there is evicted before the step's turn. The move ships and
-    // counts as reused only that half (24K); the rest is recomputed.
+    // The owner holds 48K of the 50K prompt. The target has 110K free (10K empty, 100K of
+    // older cached prefixes) and 90K queued ahead of the step. The copy lands as the
+    // newest free content, so the queued prompts take the 110K − 48K older free tokens
+    // first and then 28K of the copy: the move ships and counts as reused only the 20K
+    // that are left; the rest is recomputed.
     let owner = pressured(1, 110_000, 10_000, 48_000);
     let mut full = pressured(2, 110_000, 10_000, 0);
-    full.waiting_tokens = 60_000;
+    full.waiting_tokens = 90_000;
     full.decoding = 0;
     let mut s = Scenario::new(50_000, vec![owner, full]);
     s.decode_owner = Some(1);
@@ -1046,9 +1047,17 @@ fn a_move_onto_a_full_worker_ships_only_what_survives_its_queue_there() {
             .unwrap()
     };
     let m = moved(&s);
-    assert_eq!(m.reused_tokens, 24_000, "{m:?}");
-    let half_bytes = s.model.prefix_bytes(24_000, 16).total;
-    assert!((m.network_bytes - half_bytes).abs() < 1.0, "{m:?}");
+    assert_eq!(m.reused_tokens, 20_000, "{m:?}");
+    let part_bytes = s.model.prefix_bytes(20_000, 16).total;
+    assert!((m.network_bytes - part_bytes).abs() < 1.0, "{m:?}");
+    // With 60K queued, the older free tokens (62K) cover them: all of it moves, though a
+    // prefix of the target's own anywhere in its evictable cache would lose half.
+    s.workers[1].waiting_tokens = 60_000;
+    assert_eq!(moved(&s).reused_tokens, 48_000);
+    // More queued than is free: nothing survives, nothing is shipped.
+    s.workers[1].waiting_tokens = 200_000;
+    let m = moved(&s);
+    assert_eq!((m.reused_tokens, m.network_bytes), (0, 0.0), "{m:?}");
     // Onto a worker with nothing queued, all of it moves.
     s.workers[1].waiting_tokens = 0;
     assert_eq!(moved(&s).reused_tokens, 48_000);
