@@ -92,12 +92,12 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     for d in decoders {
         // A decoder none of whose candidates can beat it is skipped: each pays what the
         // step evicts and decodes there, and waits at least for d's queue (colocation,
-        // fetch; a remote prefill's leg behind it) or, where the leg holds its place from
-        // dispatch, the soonest remote prefill's leg. Every other term is ≥ 0; the margin
-        // covers the rounding of summing in another order.
+        // fetch; a remote prefill's leg that joins it behind a backlog) or the soonest
+        // remote prefill's leg (one that finds the queue drained). Every other term is
+        // ≥ 0; the margin covers the rounding of summing in another order.
         if prune {
             let on_d = p.decoder_terms(d);
-            let wait_s = if d.decode_leg_at_dispatch {
+            let wait_s = if leg_finds_queue_drained(d) {
                 d.queue_s.min(earliest_leg_s)
             } else {
                 d.queue_s
@@ -206,24 +206,33 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
 /// decoder ([`best_partners`]). A remote prefill to a decoder whose queue is long waits
 /// there too: without this it looked as fast as on an idle decoder.
 ///
-/// - Where the leg reaches `d` only after the prefill (vLLM's NIXL two-step, the simulated
-///   engine), it joins the back of `d`'s queue as that queue is then, and a queue that is
-///   long now is long because steps keep arriving as fast as `d` drains them: the leg
-///   waits `d`'s whole queue. (Crediting the drain meanwhile, as below, made remote
-///   prefills between saturated hybrid workers look cheap: on Qwen3-30B SWE-smith ×200 on
-///   `8h`, seed 7, 28 of the 50 slowest steps were such legs, which waited ~20 s on their
-///   prefill worker and then ~28 s more on their decoder, planned at ~24 s in all.)
-/// - Where the leg is sent with the prefill and holds its place from dispatch (SGLang's
-///   bootstrap pair), it waits what `d` has queued beyond `earliest_leg_s`, the soonest any
-///   prefill worker can finish the leg: `d`'s queue ahead of it drains meanwhile.
+/// - A leg that finds `d`'s queue drained ([`leg_finds_queue_drained`]) waits what `d` has
+///   queued beyond `earliest_leg_s`, the soonest any prefill worker can finish the leg.
+/// - Otherwise it joins the back of `d`'s queue as that queue is then, and a backlog is as
+///   long then as now, since steps keep arriving as fast as `d` drains them: the leg waits
+///   `d`'s whole queue. (Crediting the drain there made remote prefills between saturated
+///   hybrid workers look cheap: on Qwen3-30B SWE-smith ×200 on `8h`, seed 7, 31 of the 50
+///   slowest steps were such legs, which waited ~20 s on their prefill worker and then
+///   ~23 s more on their decoder, planned at ~24 s in all.)
 fn decode_leg_wait_s(d: &PlanWorker, earliest_leg_s: f64) -> f64 {
     if !earliest_leg_s.is_finite() {
         0.0
-    } else if d.decode_leg_at_dispatch {
+    } else if leg_finds_queue_drained(d) {
         (d.queue_s - earliest_leg_s).max(0.0)
     } else {
         d.queue_s
     }
+}
+
+/// Whether a remote prefill's decode leg finds what decoder `d` has queued now drained by
+/// the time the prefill ends: where the leg holds its place in `d`'s queue from dispatch
+/// (SGLang's bootstrap pair, `PlanWorker::decode_leg_at_dispatch`), or where `d`'s engine
+/// has no step waiting (`PlanWorker::queued`), so its queue is only the prompts it is
+/// computing now and nothing is arriving behind them faster than they finish. A leg sent
+/// after the prefill (vLLM's NIXL two-step, the simulated engine) to a decoder with steps
+/// waiting meets a backlog.
+fn leg_finds_queue_drained(d: &PlanWorker) -> bool {
+    d.decode_leg_at_dispatch || d.queued == 0
 }
 
 /// KV tokens of running sequences a step of `prompt` tokens pushes out of a worker with

@@ -878,9 +878,10 @@ fn uniform_links_list_one_remote_prefill_per_decoder() {
 fn a_remote_prefill_waits_for_the_decoder_s_queue_too() {
     // Both decoders are equally far from the prefill worker; one has 5 s of prefills
     // queued. Its decode leg would wait behind them after the KV arrives.
-    let scenario = |at_dispatch: bool| {
+    let scenario = |waiting: u64, at_dispatch: bool| {
         let mut busy = worker(1, Role::Decode);
         busy.queue_s = 5.0;
+        busy.queued = waiting;
         busy.decoding = 30;
         busy.decode_leg_at_dispatch = at_dispatch;
         let mut idle = worker(2, Role::Decode);
@@ -895,21 +896,23 @@ fn a_remote_prefill_waits_for_the_decoder_s_queue_too() {
             .unwrap()
             .cost
     };
-    // vLLM's two-step: the leg reaches the busy decoder after the prefill and finds its
-    // queue as long as it is now.
-    let p = scenario(false).plan();
+    // vLLM's two-step to a backlogged decoder (steps waiting in its engine): the leg
+    // arrives after the prefill and finds the queue as long as it is now.
+    let p = scenario(4, false).plan();
     let (b, i) = (remote_to(&p, 1), remote_to(&p, 2));
     assert!((b.queue_s - 5.0).abs() < 1e-9, "{b:?} vs {i:?}");
     assert_eq!(i.queue_s, 0.0);
     assert_chosen(&p, Action::RemotePrefill, 2);
-    // SGLang's pair: the leg holds its place from dispatch, so the decoder's queue drains
-    // while the prefill runs.
-    let p = scenario(true).plan();
-    let (b, i) = (remote_to(&p, 1), remote_to(&p, 2));
-    let leg = i.queue_s + i.compute_s;
-    assert!((b.queue_s - (5.0 - leg)).abs() < 1e-9, "{b:?} vs {i:?}");
-    assert_eq!(i.queue_s, 0.0);
-    assert_chosen(&p, Action::RemotePrefill, 2);
+    // Nothing waiting there (only the prompts it computes now), or SGLang's pair, whose
+    // leg holds its place from dispatch: the queue drains while the prefill runs.
+    for (waiting, at_dispatch) in [(0, false), (4, true)] {
+        let p = scenario(waiting, at_dispatch).plan();
+        let (b, i) = (remote_to(&p, 1), remote_to(&p, 2));
+        let leg = i.queue_s + i.compute_s;
+        assert!((b.queue_s - (5.0 - leg)).abs() < 1e-9, "{b:?} vs {i:?}");
+        assert_eq!(i.queue_s, 0.0);
+        assert_chosen(&p, Action::RemotePrefill, 2);
+    }
 }
 
 /// The cost of colocating the step on worker `d`.
