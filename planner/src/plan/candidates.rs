@@ -91,18 +91,14 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let mut beat = f64::INFINITY;
     for d in decoders {
         // A decoder none of whose candidates can beat it is skipped: each pays what the
-        // step evicts and decodes there, and waits at least for d's queue (colocation,
-        // fetch; a remote prefill's leg that joins it behind a backlog) or the soonest
-        // remote prefill's leg (one that finds the queue drained). Every other term is
-        // ≥ 0; the margin covers the rounding of summing in another order.
+        // step evicts and decodes there, and waits at least for d's queue: a colocation or
+        // fetch computes behind it, and a remote prefill's leg and decode leg together
+        // take at least `earliest_leg_s + decode_leg_wait_s`, which is never less than it.
+        // Every other term is ≥ 0; the margin covers the rounding of summing in another
+        // order.
         if prune {
             let on_d = p.decoder_terms(d);
-            let wait_s = if leg_finds_queue_drained(d) {
-                d.queue_s.min(earliest_leg_s)
-            } else {
-                d.queue_s
-            };
-            let floor = on_d.evict_s + input.weights.rho * on_d.decode_s + wait_s;
+            let floor = on_d.evict_s + input.weights.rho * on_d.decode_s + d.queue_s;
             if floor * (1.0 - 1e-9) >= beat {
                 continue;
             }
