@@ -281,6 +281,34 @@ fn routing_the_same_prompt_again_does_not_grow_the_expiry_queue() {
 }
 
 #[test]
+fn the_expiry_queue_keeps_about_one_entry_per_routed_hold() {
+    let mut ix = KvIndex::new(KvIndexConfig {
+        block_size: 4,
+        max_blocks: 1_000,
+    });
+    let bound = MIN_EXPIRY_COMPACTION + 300;
+    // 10,000 new blocks into an index of 1,000: the pruned blocks' entries go.
+    for chain in 0..200 {
+        let q = query(1_000 + chain, 50);
+        ix.insert_routed(W0, &q, 5_000, 120_000);
+        assert!(ix.len() <= 1_000);
+        assert!(ix.expiries.len() <= bound, "{}", ix.expiries.len());
+    }
+    // One chain refreshed in 40 grains (each 7.5 s) queues an entry per block each time;
+    // the refreshed-over ones go.
+    let live = query(7, 300);
+    for grain in 0..40 {
+        ix.insert_routed(W1, &live, 10_000 + grain * 7_500, 120_000);
+        assert!(ix.expiries.len() <= bound, "{}", ix.expiries.len());
+        assert_eq!(matches(&ix, &live), vec![m(W1, 300, 300)]);
+    }
+    // What is still due expires, in order, as before.
+    ix.expire(u64::MAX);
+    assert!(ix.is_empty());
+    assert!(ix.expiries.is_empty());
+}
+
+#[test]
 fn size_is_bounded_by_pruning_least_recently_used_leaves() {
     let mut ix = KvIndex::new(KvIndexConfig {
         block_size: 4,
