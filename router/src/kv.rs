@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::ids::{EngineKind, WorkerId};
-use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch};
+use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch, EXPIRY_BATCH};
 use ownerserve_planner::policy::WorkerView;
 use ownerserve_shim::kv_events::redis_fanout::{follow, FanoutConfig, RedisPublisher};
 use ownerserve_shim::kv_events::shared_index::SharedIndex;
@@ -300,7 +300,16 @@ pub fn spawn(
             tokio::select! {
                 _ = tick.tick() => {
                     let now = kv.now_ms();
-                    kv.index.lock().expire(now);
+                    // What came due, in batches: the lock is given up and the runtime
+                    // serves requests between them (a full index's grain held it for
+                    // hundreds of milliseconds in one go; `KvIndex::expire_some`).
+                    loop {
+                        let taken = kv.index.lock().expire_some(now, EXPIRY_BATCH);
+                        if taken < EXPIRY_BATCH {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
                     kv.forget_down_workers(&registry.all(), &mut forgotten);
                 }
                 () = cancel.cancelled() => return,

@@ -309,6 +309,36 @@ fn the_expiry_queue_keeps_about_one_entry_per_routed_hold() {
 }
 
 #[test]
+fn expiring_in_batches_ends_where_expiring_at_once_does() {
+    let mut ix = index();
+    for chain in 0..30 {
+        ix.insert_routed(WorkerId(chain % 3), &query(chain, 40), 1_000, 120_000);
+    }
+    // A later grain's entries stay: they are not due.
+    ix.insert_routed(W0, &query(99, 10), 60_000, 120_000);
+    let mut batched = ix.clone();
+    ix.expire(130_000);
+    let mut batches = Vec::new();
+    loop {
+        let taken = batched.expire_some(130_000, 100);
+        batches.push(taken);
+        if taken < 100 {
+            break;
+        }
+    }
+    // 1,200 entries due, 100 at a time, then nothing left to take.
+    assert_eq!(batches.len(), 13);
+    assert!(batches[..12].iter().all(|&n| n == 100));
+    assert_eq!(batches[12], 0);
+    assert_eq!(batched.len(), ix.len());
+    assert_eq!(batched.len(), 10);
+    assert_eq!(batched.stats().blocks_expired, ix.stats().blocks_expired);
+    assert_eq!(matches(&batched, &query(99, 10)), vec![m(W0, 10, 10)]);
+    assert_eq!(batched.expire_some(u64::MAX, 100), 10);
+    assert!(batched.is_empty());
+}
+
+#[test]
 fn size_is_bounded_by_pruning_least_recently_used_leaves() {
     let mut ix = KvIndex::new(KvIndexConfig {
         block_size: 4,
