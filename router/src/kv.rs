@@ -310,6 +310,14 @@ pub fn spawn(
                         }
                         tokio::task::yield_now().await;
                     }
+                    // Stale expiry entries, likewise a chunk per hold of the lock.
+                    loop {
+                        let more = kv.index.lock().compact_expiries_some(1);
+                        if !more {
+                            break;
+                        }
+                        tokio::task::yield_now().await;
+                    }
                     kv.forget_down_workers(&registry.all(), &mut forgotten);
                 }
                 () = cancel.cancelled() => return,

@@ -11,19 +11,22 @@
 //! fingerprint of each holder set: a 100K-token prompt costs tens of lookups, not thousands.
 //!
 //! Files: `event.rs` (the events' shape), `matching.rs` (the bisection), `node_store.rs`
-//! (the blocks, in a slab behind a map of slots), `fast_hash.rs` (the maps' hasher).
+//! (the blocks, in a slab behind a map of slots), `fast_hash.rs` (the maps' hasher),
+//! `expiry_queue.rs` (approximate-mode expiries, compacted a chunk at a time).
 
 mod event;
+mod expiry_queue;
 mod fast_hash;
 mod matching;
 mod node_store;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 use smallvec::SmallVec;
 
+use expiry_queue::ExpiryQueue;
 use fast_hash::FastMap;
 use node_store::NodeStore;
 
@@ -45,8 +48,8 @@ pub const MIN_EXPIRY_GRAIN_MS: u64 = 1000;
 /// entries remove whole chains) (`ownerserve bench kv`).
 pub const EXPIRY_BATCH: usize = 1024;
 
-/// The expiry queue is compacted no sooner than at this length (see
-/// [`KvIndex::compact_expiries`]).
+/// The expiry queue is compacted only beyond this many entries (and twice the routed
+/// holds; see [`KvIndex::compact_expiries_some`]).
 const MIN_EXPIRY_COMPACTION: usize = 4096;
 
 /// Grains per TTL. A chain routed again in a later grain is refreshed whole (each of its
@@ -225,11 +228,8 @@ pub struct KvIndex {
     gpu_holds: FastMap<WorkerId, usize>,
     /// Approximate-mode expiries in insertion order (non-decreasing with a fixed TTL).
     /// An entry outlives its hold when the hold is refreshed in a later grain or pruned;
-    /// such stale entries are dropped once the queue passes `expiry_compact_at`.
-    expiries: VecDeque<(u64, WorkerId, u64)>,
-    /// Queue length that triggers [`KvIndex::compact_expiries`]: twice what survived the
-    /// last compaction, at least [`MIN_EXPIRY_COMPACTION`].
-    expiry_compact_at: usize,
+    /// [`KvIndex::compact_expiries_some`] drops such stale entries.
+    expiries: ExpiryQueue,
     /// `(last_used, seq)` of every node without children: the eviction order. Only a leaf
     /// can go without breaking a chain, and a chain is as recent as its leaf (a match
     /// touches the deepest block it reached), so popping the first is LRU by chain.
@@ -250,8 +250,7 @@ impl KvIndex {
             engine_ids: FastMap::default(),
             routed_holds: FastMap::default(),
             gpu_holds: FastMap::default(),
-            expiries: VecDeque::new(),
-            expiry_compact_at: MIN_EXPIRY_COMPACTION,
+            expiries: ExpiryQueue::default(),
             leaves: BTreeSet::new(),
             tick: 0,
             stats: IndexStats::default(),
@@ -676,35 +675,35 @@ impl KvIndex {
             prev = Some(seq);
         }
         self.prune_if_full();
-        if self.expiries.len() > self.expiry_compact_at {
-            self.compact_expiries();
-        }
     }
 
-    /// Drops the expiry entries whose hold is gone (pruned with its block) or was
-    /// refreshed to a later grain since: at most one entry per routed hold stays. Without
-    /// this the queue grew with every routed block for a whole TTL whatever the index's
-    /// size (a live chain refreshed in each grain kept 16 entries per block, and a pruned
-    /// block's entry stayed until its TTL): a router taking 171 KB agent session steps at
-    /// ~1,050 a second (`bench proxy --peers`, `ownerserve` real) had an RSS of 857 MB
-    /// after 21 s and 1,454 MB after 61 s without this, 773 and 911 MB with it, and
-    /// the queue would grow on until the 120 s TTL. Run when the queue has doubled
-    /// since the last compaction, so each entry costs O(1) amortized, and the queue stays
-    /// within twice the routed holds (plus [`MIN_EXPIRY_COMPACTION`]). The order, and so
-    /// `expire`'s, is kept.
-    fn compact_expiries(&mut self) {
+    /// One step of the expiry queue's compaction, when it holds more than twice the routed
+    /// holds (and [`MIN_EXPIRY_COMPACTION`]): the entries of up to `chunks` chunks (4,096
+    /// entries each as queued) whose hold is gone (pruned with its block) or was refreshed
+    /// to a later grain since are dropped. Returns whether to call again: the queue is
+    /// still over that bound and the pass over it has chunks left. The router's tick calls
+    /// it a chunk at a time, giving up the index's lock between chunks.
+    ///
+    /// Without it the queue grew with every routed block for a whole TTL whatever the
+    /// index's size (a live chain refreshed in each grain kept 16 entries per block, and a
+    /// pruned block's entry stayed until its TTL): a router taking 171 KB agent session
+    /// steps at ~1,050 a second (`bench proxy --peers`, `ownerserve` real) had an RSS of
+    /// 1,454 MB after 61 s, where compacting brought it to 911 MB. Compacting the whole
+    /// queue at once held the index 69 ms at 2.1M entries; a chunk is a few hundred µs.
+    pub fn compact_expiries_some(&mut self, chunks: usize) -> bool {
+        let routed: usize = self.routed_holds.values().sum();
+        if self.expiries.len() <= (2 * routed).max(MIN_EXPIRY_COMPACTION) {
+            return false;
+        }
         let nodes = &self.nodes;
-        self.expiries.retain(|&(at, worker, seq)| {
+        let more = self.expiries.compact_some(chunks, |&(at, worker, seq)| {
             nodes.get(&seq).is_some_and(|n| {
                 n.holders
                     .iter()
                     .any(|h| h.worker == worker && h.expires_at_ms == Some(at))
             })
         });
-        if self.expiries.capacity() > 4 * self.expiries.len().max(MIN_EXPIRY_COMPACTION) {
-            self.expiries.shrink_to(2 * self.expiries.len());
-        }
-        self.expiry_compact_at = (2 * self.expiries.len()).max(MIN_EXPIRY_COMPACTION);
+        more && self.expiries.len() > (2 * routed).max(MIN_EXPIRY_COMPACTION)
     }
 
     /// Drops approximate-mode entries whose TTL has passed.
