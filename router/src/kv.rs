@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::ids::{EngineKind, WorkerId};
-use ownerserve_planner::kv_index::{IndexStats, KvIndexConfig, MatchScratch, EXPIRY_BATCH};
+use ownerserve_planner::kv_index::{
+    IndexStats, KvIndex, KvIndexConfig, MatchScratch, EXPIRY_BATCH,
+};
 use ownerserve_planner::policy::WorkerView;
 use ownerserve_shim::kv_events::redis_fanout::{follow, FanoutConfig, RedisPublisher};
 use ownerserve_shim::kv_events::shared_index::SharedIndex;
@@ -300,24 +302,13 @@ pub fn spawn(
             tokio::select! {
                 _ = tick.tick() => {
                     let now = kv.now_ms();
-                    // What came due, in batches: the lock is given up and the runtime
-                    // serves requests between them (a full index's grain held it for
-                    // hundreds of milliseconds in one go; `KvIndex::expire_some`).
-                    loop {
-                        let taken = kv.index.lock().expire_some(now, EXPIRY_BATCH);
-                        if taken < EXPIRY_BATCH {
-                            break;
-                        }
-                        tokio::task::yield_now().await;
-                    }
-                    // Stale expiry entries, likewise a chunk per hold of the lock.
-                    loop {
-                        let more = kv.index.lock().compact_expiries_some(1);
-                        if !more {
-                            break;
-                        }
-                        tokio::task::yield_now().await;
-                    }
+                    // What came due (a full index's grain held the lock for hundreds of
+                    // milliseconds in one go), then the stale expiry entries.
+                    in_lock_holds(&kv.index, |ix| {
+                        ix.expire_some(now, EXPIRY_BATCH) == EXPIRY_BATCH
+                    })
+                    .await;
+                    in_lock_holds(&kv.index, |ix| ix.compact_expiries_some(1)).await;
                     kv.forget_down_workers(&registry.all(), &mut forgotten);
                 }
                 () = cancel.cancelled() => return,
@@ -325,6 +316,18 @@ pub fn spawn(
         }
     });
     Ok(())
+}
+
+/// Runs `step` on the index until it says it is done, one step per hold of the index's
+/// lock, yielding to the runtime between steps so that requests are served meanwhile.
+async fn in_lock_holds(index: &SharedIndex, mut step: impl FnMut(&mut KvIndex) -> bool) {
+    loop {
+        let more = step(&mut index.lock());
+        if !more {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Runs a subscriber, restarting it if it panics: the ZMQ crate panics on a few paths

@@ -123,7 +123,9 @@ mod tests {
         // Pushes and pops meanwhile keep the order.
         q.push_back(e(1_000_000));
         let out: Vec<u64> = std::iter::from_fn(|| q.pop_front().map(|x| x.0)).collect();
-        let mut want: Vec<u64> = (0..3 * CHUNK as u64 + 10).filter(|a| a.is_multiple_of(2)).collect();
+        let mut want: Vec<u64> = (0..3 * CHUNK as u64 + 10)
+            .filter(|a| a.is_multiple_of(2))
+            .collect();
         want.push(1_000_000);
         assert_eq!(out, want);
         assert_eq!(q.len(), 0);
