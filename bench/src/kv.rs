@@ -329,17 +329,8 @@ fn routed_case(rng: &mut SplitMix64) {
     whole.compact_expiries_some(usize::MAX);
     let whole_us = t.elapsed().as_secs_f64() * 1e6;
     drop(whole);
-    let mut holds = Vec::new();
-    loop {
-        let t = Instant::now();
-        let more = ix.compact_expiries_some(1);
-        holds.push(t.elapsed().as_secs_f64() * 1e6);
-        if !more {
-            break;
-        }
-    }
+    let holds = lock_holds(|| ix.compact_expiries_some(1));
     let steps = holds.len();
-    holds.sort_by(f64::total_cmp);
     line(
         &format!(
             "drop the stale entries of a 1M-block index's expiry queue: lock hold p50 (p99, longest), {steps} chunks"
@@ -361,17 +352,8 @@ fn routed_case(rng: &mut SplitMix64) {
     let t = Instant::now();
     whole.expire(due);
     let whole_us = t.elapsed().as_secs_f64() * 1e6;
-    let mut holds = Vec::new();
-    loop {
-        let t = Instant::now();
-        let taken = ix.expire_some(due, EXPIRY_BATCH);
-        holds.push(t.elapsed().as_secs_f64() * 1e6);
-        if taken < EXPIRY_BATCH {
-            break;
-        }
-    }
+    let holds = lock_holds(|| ix.expire_some(due, EXPIRY_BATCH) == EXPIRY_BATCH);
     let batches = holds.len();
-    holds.sort_by(f64::total_cmp);
     let longest = holds.last().copied().unwrap_or(0.0);
     line(
         &format!(
@@ -386,6 +368,22 @@ fn routed_case(rng: &mut SplitMix64) {
         longest / whole_us,
         "a few ms per hold",
     );
+}
+
+/// The time of each call of `step` (a hold of the router's index lock) until it says it
+/// is done, in µs, sorted.
+fn lock_holds(mut step: impl FnMut() -> bool) -> Vec<f64> {
+    let mut holds = Vec::new();
+    loop {
+        let t = Instant::now();
+        let more = step();
+        holds.push(t.elapsed().as_secs_f64() * 1e6);
+        if !more {
+            break;
+        }
+    }
+    holds.sort_by(f64::total_cmp);
+    holds
 }
 
 /// A full index of `size` blocks (100K-token chains, spread over the workers), then
