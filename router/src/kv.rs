@@ -301,14 +301,7 @@ pub fn spawn(
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    let now = kv.now_ms();
-                    // What came due (a full index's grain held the lock for hundreds of
-                    // milliseconds in one go), then the stale expiry entries.
-                    in_lock_holds(&kv.index, |ix| {
-                        ix.expire_some(now, EXPIRY_BATCH) == EXPIRY_BATCH
-                    })
-                    .await;
-                    in_lock_holds(&kv.index, |ix| ix.compact_expiries_some(1)).await;
+                    tick_index(&kv.index, kv.now_ms()).await;
                     kv.forget_down_workers(&registry.all(), &mut forgotten);
                 }
                 () = cancel.cancelled() => return,
@@ -316,6 +309,17 @@ pub fn spawn(
         }
     });
     Ok(())
+}
+
+/// The tick's work on the index: what came due, then the stale expiry entries, each in
+/// batches with the lock given up and the runtime yielded between them (a full index's
+/// grain held the lock for hundreds of milliseconds in one go; `KvIndex::expire_some`).
+async fn tick_index(index: &SharedIndex, now_ms: u64) {
+    in_lock_holds(index, |ix| {
+        ix.expire_some(now_ms, EXPIRY_BATCH) == EXPIRY_BATCH
+    })
+    .await;
+    in_lock_holds(index, |ix| ix.compact_expiries_some(1)).await;
 }
 
 /// Runs `step` on the index until it says it is done, one step per hold of the index's
@@ -540,10 +544,45 @@ pub fn spawn_scraper(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use ownerserve_planner::ids::{EngineKind, Role};
 
     use super::*;
     use crate::config::WorkerSpec;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_tick_expires_in_batches_and_serves_other_tasks_between_them() {
+        let index = SharedIndex::new(KvIndexConfig {
+            block_size: 16,
+            ..KvIndexConfig::default()
+        });
+        // Five 1,000-block prompts routed at 0 s with a 120 s TTL (a whole number of 7.5 s
+        // grains): 5,000 entries due at 120 s, five batches.
+        for c in 0..5u64 {
+            let hashes: Vec<u64> = (1..=1_000).map(|i| c << 32 | i).collect();
+            index.lock().insert_routed(WorkerId(0), &hashes, 0, 120_000);
+        }
+        assert_eq!(index.lock().len(), 5_000);
+        // Another task on the same thread, as a request would be.
+        let turns = Arc::new(AtomicUsize::new(0));
+        let counted = turns.clone();
+        let other = tokio::spawn(async move {
+            loop {
+                counted.fetch_add(1, Ordering::Relaxed);
+                tokio::task::yield_now().await;
+            }
+        });
+        tick_index(&index, 119_999).await;
+        assert_eq!(index.lock().len(), 5_000, "nothing is due before its TTL");
+        tick_index(&index, 120_000).await;
+        other.abort();
+        assert!(index.lock().is_empty());
+        assert!(
+            turns.load(Ordering::Relaxed) >= 4,
+            "the other task ran between the batches"
+        );
+    }
 
     #[test]
     fn a_down_workers_blocks_leave_the_index_once_and_it_is_forgotten_until_back() {
