@@ -567,8 +567,11 @@ mod tests {
         // Another task on the same thread, as a request would be.
         let turns = Arc::new(AtomicUsize::new(0));
         let counted = turns.clone();
-        let other = tokio::spawn(async move {
-            loop {
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let halt = stop.clone();
+        tasks.spawn(async move {
+            while !halt.is_cancelled() {
                 counted.fetch_add(1, Ordering::Relaxed);
                 tokio::task::yield_now().await;
             }
@@ -576,7 +579,9 @@ mod tests {
         tick_index(&index, 119_999).await;
         assert_eq!(index.lock().len(), 5_000, "nothing is due before its TTL");
         tick_index(&index, 120_000).await;
-        other.abort();
+        stop.cancel();
+        tasks.close();
+        tasks.wait().await;
         assert!(index.lock().is_empty());
         assert!(
             turns.load(Ordering::Relaxed) >= 4,
