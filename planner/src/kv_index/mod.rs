@@ -689,7 +689,7 @@ impl KvIndex {
     /// pruned block's entry stayed until its TTL): a router taking 171 KB agent session
     /// steps at ~1,050 a second (`bench proxy --peers`, `ownerserve` real) had an RSS of
     /// 1,454 and 1,289 MB after 61 s, 969 and 893 MB with this. Compacting the whole queue
-    /// at once held the index 63–92 ms (`ownerserve bench kv`); a chunk, 200 µs at most.
+    /// at once held the index 63–92 ms (`ownerserve bench kv`); a chunk, under 0.3 ms.
     pub fn compact_expiries_some(&mut self, chunks: usize) -> bool {
         let routed: usize = self.routed_holds.values().sum();
         if self.expiries.len() <= (2 * routed).max(MIN_EXPIRY_COMPACTION) {
