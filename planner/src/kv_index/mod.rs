@@ -678,7 +678,7 @@ impl KvIndex {
     }
 
     /// One step of the expiry queue's compaction, when it holds more than twice the routed
-    /// holds (and [`MIN_EXPIRY_COMPACTION`]): the entries of up to `chunks` chunks (4,096
+    /// holds (and 4,096 entries): the entries of up to `chunks` chunks (4,096
     /// entries each as queued) whose hold is gone (pruned with its block) or was refreshed
     /// to a later grain since are dropped. Returns whether to call again: the queue is
     /// still over that bound and the pass over it has chunks left. The router's tick calls
