@@ -62,6 +62,17 @@ pub fn expiry_grain_ms(ttl_ms: u64) -> u64 {
     MIN_EXPIRY_GRAIN_MS.max(ttl_ms / EXPIRY_GRAINS_PER_TTL)
 }
 
+/// Whether `worker` holds `seq` as routed (approximate mode: in GPU memory, by the
+/// router's record) until exactly `expires_ms`: the hold an expiry entry of that time
+/// stands for, and the mark of a block already refreshed in that grain.
+fn routed_until(nodes: &NodeStore, seq: u64, worker: WorkerId, expires_ms: u64) -> bool {
+    nodes.get(&seq).is_some_and(|node| {
+        node.holders.iter().any(|h| {
+            h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires_ms)
+        })
+    })
+}
+
 /// Limits and hashing parameters of an index.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KvIndexConfig {
@@ -640,13 +651,7 @@ impl KvIndex {
         };
         self.tick += 1;
         let tick = self.tick;
-        let held = |ix: &Self, seq: u64| {
-            ix.nodes.get(&seq).is_some_and(|node| {
-                node.holders.iter().any(|h| {
-                    h.worker == worker && h.tier == Tier::Gpu && h.expires_at_ms == Some(expires)
-                })
-            })
-        };
+        let held = |ix: &Self, seq: u64| routed_until(&ix.nodes, seq, worker, expires);
         if held(self, last) {
             if let Some(node) = self.nodes.get_mut(&last) {
                 if node.children.is_empty() {
@@ -692,18 +697,15 @@ impl KvIndex {
     /// at once held the index 63–92 ms (`ownerserve bench kv`); a chunk, under 0.3 ms.
     pub fn compact_expiries_some(&mut self, chunks: usize) -> bool {
         let routed: usize = self.routed_holds.values().sum();
-        if self.expiries.len() <= (2 * routed).max(MIN_EXPIRY_COMPACTION) {
+        let bound = (2 * routed).max(MIN_EXPIRY_COMPACTION);
+        if self.expiries.len() <= bound {
             return false;
         }
         let nodes = &self.nodes;
         let more = self.expiries.compact_some(chunks, |&(at, worker, seq)| {
-            nodes.get(&seq).is_some_and(|n| {
-                n.holders
-                    .iter()
-                    .any(|h| h.worker == worker && h.expires_at_ms == Some(at))
-            })
+            routed_until(nodes, seq, worker, at)
         });
-        more && self.expiries.len() > (2 * routed).max(MIN_EXPIRY_COMPACTION)
+        more && self.expiries.len() > bound
     }
 
     /// Drops approximate-mode entries whose TTL has passed.
