@@ -71,6 +71,45 @@ fn conversation(bytes: usize) -> Vec<Value> {
     messages
 }
 
+/// `messages` as JSON, each message's content changed at its end: a conversation that no
+/// text the tokenizer keeps ends as, so tokenizing it is from scratch.
+fn with_new_ends(messages: &[Value], salt: usize) -> String {
+    edited(messages, |i, content| format!("{content} (#{salt}.{i})"))
+}
+
+/// `messages` as JSON, the first message's content changed at its start: a new session
+/// whose conversation ends as the kept one's (its later messages the same).
+fn with_new_start(messages: &[Value], salt: usize) -> String {
+    edited(messages, |i, content| match i {
+        0 => format!("session {salt}: {content}"),
+        _ => content.to_owned(),
+    })
+}
+
+fn edited(messages: &[Value], edit: impl Fn(usize, &str) -> String) -> String {
+    let out: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut m = m.clone();
+            let content = edit(i, m["content"].as_str().unwrap_or_default());
+            m["content"] = Value::from(content);
+            m
+        })
+        .collect();
+    serde_json::to_string(&out).unwrap_or_default()
+}
+
+/// Times `f` on each of `inputs` in turn.
+fn time_each<T>(inputs: &[T], mut f: impl FnMut(&T)) -> Vec<f64> {
+    let mut next = inputs.iter().cycle();
+    time_us(inputs.len(), || {
+        if let Some(input) = next.next() {
+            f(input);
+        }
+    })
+}
+
 fn line(name: &str, us: &[f64]) -> (f64, f64) {
     let (p50, p99) = (percentile(us, 50.0), percentile(us, 99.0));
     say(&format!("| {name} | {p50:.0} | {p99:.0} |"));
@@ -104,15 +143,24 @@ pub fn run(args: TokenizeBenchArgs) -> anyhow::Result<()> {
     ));
     say("| render + tokenize + hash | p50 µs | p99 µs |");
     say("|---|---:|---:|");
-    let scratch = time_us(n, || {
-        let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
+    // Each run a conversation of its own: the tokenizer keeps long texts it has tokenized
+    // and reuses them for a text that ends as one of them.
+    let fresh: Vec<String> = (0..n).map(|i| with_new_ends(&next, i)).collect();
+    let new_start: Vec<String> = (0..n).map(|i| with_new_start(&next, i)).collect();
+    let cold = |json: &String| {
+        let text = hf.render_chat(json, None, true).unwrap_or_default();
         let t = hf.encode(text, false).map(|t| t.tokens).unwrap_or_default();
         black_box(prompt_hashes(&t, bs, XXH3_SEED));
-    });
+    };
+    let scratch = time_each(&fresh, cold);
     let (hf_scratch, _) = line("model tokenizer, from scratch", &scratch);
+    line(
+        "model tokenizer, a new conversation ending as the last one (another first line)",
+        &time_each(&new_start, cold),
+    );
     if hf.is_fast() {
-        let by_crate = time_us(n, || {
-            let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
+        let by_crate = time_each(&fresh, |json| {
+            let text = hf.render_chat(json, None, true).unwrap_or_default();
             let t = hf.encode_by_crate(&text, false).unwrap_or_default();
             black_box(prompt_hashes(&t, bs, XXH3_SEED));
         });

@@ -239,3 +239,51 @@ fn the_fast_pipeline_gives_the_crates_ids_local() {
 fn the_fast_pipeline_gives_the_crates_ids_deepseek() {
     fast_equals_crate(&deepseek(), "deepseek");
 }
+
+/// Long texts that end as one tokenized before (what the fast pipeline keeps and reuses
+/// from a shared restart point): the same text again, another beginning before a cut
+/// anywhere in it (inside a word, a whitespace run, a multi-byte character), an edit in
+/// its middle, another end, an added token inside; each gives the crate's ids.
+fn shared_ends_equal_crate(tok: &HfTokenizer, name: &str) {
+    let plain = |rng: &mut SplitMix64, pieces: usize| {
+        random_text(rng, pieces)
+            .replace("<｜User｜>", "")
+            .replace("<｜Assistant｜>", "")
+    };
+    let mut rng = SplitMix64::new(13);
+    let mut checked = 0;
+    for round in 0..5 {
+        let base = plain(&mut rng, 1_500 + round * 300);
+        let cuts: Vec<usize> = base.char_indices().map(|(i, _)| i).collect();
+        for _ in 0..10 {
+            let cut = cuts[below(&mut rng, cuts.len())];
+            let n = below(&mut rng, 12);
+            let other = plain(&mut rng, n);
+            let text = match below(&mut rng, 5) {
+                0 => base.clone(),
+                1 => format!("{other}{}", &base[cut..]),
+                2 => format!("{}{other}{}", &base[..cut], &base[cut..]),
+                3 => format!("{}{other}", &base[..cut]),
+                _ => format!("{}<｜User｜>{other}{}", &base[..cut], &base[cut..]),
+            };
+            let fast = tok.encode(text.clone(), false).unwrap().tokens;
+            let slow = tok.encode_by_crate(&text, false).unwrap();
+            assert_eq!(
+                fast, slow,
+                "{name}: ids differ for a text ending as a kept one"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 50);
+}
+
+#[test]
+fn a_long_text_ending_as_one_tokenized_before_gives_the_crates_ids_local() {
+    shared_ends_equal_crate(&local(), "local");
+}
+
+#[test]
+fn a_long_text_ending_as_one_tokenized_before_gives_the_crates_ids_deepseek() {
+    shared_ends_equal_crate(&deepseek(), "deepseek");
+}

@@ -8,6 +8,8 @@
 //! `added_split` (the crate's own `AddedVocabulary` only for tokens that strip spaces or
 //! match single words), the text between them is split by DFAs, and each piece's ids come
 //! from a cache of their own (`piece_cache`: text repeats its words) or from the BPE model.
+//! A long text between added tokens that ends as one encoded before (`segment_cache`) is
+//! walked only until a restart point the two share, and takes the kept ids from there.
 //!
 //! A split pattern without look-around is walked byte by byte on its DFA from each byte a
 //! match can start with (`Scanner`): pieces are a few bytes long, and a search through
@@ -38,6 +40,7 @@ use tokenizers::{Model, OffsetReferential, OffsetType, Tokenizer};
 
 use super::added_split::{AddedSplit, Segment};
 use super::piece_cache::PieceCache;
+use super::segment_cache::{self, SegmentCache};
 
 /// The crate's `ByteLevel` pre-tokenizer's own split pattern (`use_regex: true`).
 const BYTE_LEVEL_PATTERN: &str =
@@ -226,6 +229,18 @@ struct SplitRegex {
     head: Option<meta::Regex>,
     /// `head`, walked byte by byte where it can be.
     head_scan: Option<Scanner>,
+    /// Whether the pattern has no look-around assertion (`^`, `\b`, ...), so a search
+    /// from a byte reads nothing before it.
+    reads_forward: bool,
+}
+
+/// What a split's walk reports, in order.
+enum Walked<'s> {
+    /// A piece.
+    Piece(&'s str),
+    /// A byte where the walk's next search starts (the start, or where a match ended):
+    /// what follows splits as the text from here on would alone.
+    Restart(usize),
 }
 
 /// The search caches of one [`SplitRegex`], for one thread at a time.
@@ -254,7 +269,10 @@ impl SplitRegex {
         {
             return None;
         }
+        let reads_forward = regex_automata::util::syntax::parse(&body)
+            .is_ok_and(|hir| hir.properties().look_set().is_empty());
         Some(Self {
+            reads_forward,
             regex: meta::Regex::new(&body).ok()?,
             scan: Scanner::new(&body, dense_bytes),
             head: match head {
@@ -298,7 +316,27 @@ impl SplitRegex {
 
     /// Calls `f` with each piece of `s`, in order.
     fn pieces<'s>(&self, c: &mut SplitCaches, s: &'s str, f: &mut dyn FnMut(&'s str)) {
+        self.pieces_until(c, s, &mut |step| {
+            if let Walked::Piece(p) = step {
+                f(p);
+            }
+            false
+        });
+    }
+
+    /// Calls `f` with each piece of `s`, in order, and with each restart point (the start,
+    /// and each byte where a match ended and the next search starts) until `f` returns
+    /// `true` for one.
+    fn pieces_until<'s>(
+        &self,
+        c: &mut SplitCaches,
+        s: &'s str,
+        f: &mut dyn FnMut(Walked<'s>) -> bool,
+    ) {
         let (mut prev, mut at) = (0, 0);
+        if f(Walked::Restart(0)) {
+            return;
+        }
         while at < s.len() {
             let Some(m) = self.find_at(c, s, at) else {
                 break;
@@ -316,13 +354,16 @@ impl SplitRegex {
                 }
             }
             if prev < start {
-                f(&s[prev..start]);
+                f(Walked::Piece(&s[prev..start]));
             }
-            f(&s[start..end]);
+            f(Walked::Piece(&s[start..end]));
             (prev, at) = (end, end);
+            if f(Walked::Restart(end)) {
+                return;
+            }
         }
         if prev < s.len() {
-            f(&s[prev..]);
+            f(Walked::Piece(&s[prev..]));
         }
     }
 
@@ -373,6 +414,9 @@ pub(super) struct FastEncode {
     scratch: Mutex<Vec<Scratch>>,
     /// The split at added tokens, when it needs no more than matching (else the crate's).
     added: Option<AddedSplit>,
+    /// Long texts between added tokens already tokenized, when the splits read only
+    /// forward from where they search (see `segment_cache`).
+    kept: Option<SegmentCache>,
 }
 
 /// GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for
@@ -450,7 +494,10 @@ impl FastEncode {
             .iter()
             .map(|p| SplitRegex::new(p))
             .collect::<Option<Vec<_>>>()?;
+        let kept = (!splits.is_empty() && splits.iter().all(|s| s.reads_forward))
+            .then(|| SegmentCache::new(segment_cache::DEFAULT_BUDGET_BYTES));
         Some(Self {
+            kept,
             splits,
             byte_char: byte_chars(),
             scratch: Mutex::new(Vec::new()),
@@ -527,7 +574,7 @@ impl FastEncode {
                 }
                 Segment::Text { start, end } => text.get(start..end).unwrap_or_default(),
             };
-            self.each_piece(splits, part, 0, &mut |piece| {
+            let mut emit = |ids: &mut Vec<u32>, piece: &str| {
                 if let Some(cached) = pieces.get(piece.as_bytes()) {
                     ids.extend_from_slice(cached);
                     return;
@@ -542,7 +589,27 @@ impl FastEncode {
                     }
                     Err(e) => failed = failed.take().or(Some(e)),
                 }
-            });
+            };
+            match (&self.kept, splits.split_first_mut(), self.splits.first()) {
+                (Some(kept), Some((first, rest)), Some(split))
+                    if part.len() >= segment_cache::MIN_TEXT_BYTES =>
+                {
+                    let start = ids.len();
+                    let mut resume = kept.resume(part);
+                    split.pieces_until(first, part, &mut |step| match step {
+                        Walked::Piece(p) => {
+                            self.each_piece(rest, p, 1, &mut |q| emit(&mut ids, q));
+                            false
+                        }
+                        Walked::Restart(at) => resume.stop_at(at, ids.len() - start),
+                    });
+                    ids.extend_from_slice(resume.rest());
+                    if failed.is_none() {
+                        kept.keep(part, &ids[start..], resume);
+                    }
+                }
+                _ => self.each_piece(splits, part, 0, &mut |q| emit(&mut ids, q)),
+            }
             if failed.is_some() {
                 break;
             }
@@ -674,6 +741,37 @@ mod tests {
             serde_json::json!({"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}),
         );
         assert!(FastEncode::for_tokenizer(&prefixed).is_none());
+    }
+
+    /// A long text that ends as one tokenized before stops its walk at a restart point
+    /// the two share and takes the kept ids from there: the crate's ids, with the local
+    /// test tokenizer; a text ending otherwise walks to its end.
+    #[test]
+    fn a_text_ending_as_a_kept_one_takes_its_ids_from_a_shared_restart_point() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tokenizers/local/tokenizer.json");
+        let bytes = std::fs::read(path).unwrap();
+        let fast = FastEncode::for_tokenizer(&serde_json::from_slice(&bytes).unwrap()).unwrap();
+        let tokenizer = Tokenizer::from_bytes(bytes).unwrap();
+        let kept = fast.kept.as_ref().expect("its splits read forward only");
+        let stops = || kept.stops.load(std::sync::atomic::Ordering::Relaxed);
+        let words = "The quick  brown fox, 42 times;\n\tjumps over 日本 the lazy dog!  ";
+        let base = words.repeat(200);
+        let at = |n: usize| (n..).find(|&i| base.is_char_boundary(i)).unwrap();
+        let texts = [
+            base.clone(),
+            format!("Another start: {}", &base[at(1000)..]),
+            format!("x{}", &base[3..]),
+            base.clone(),
+            format!("{}, and another end", &base[..at(base.len() - 2000)]),
+        ];
+        let want_stops = [0, 1, 2, 3, 3];
+        for (text, want) in texts.iter().zip(want_stops) {
+            let (ids, _) = fast.encode(&tokenizer, text, |_| false).unwrap();
+            let crate_ids = tokenizer.encode(text.as_str(), false).unwrap();
+            assert_eq!(ids, crate_ids.get_ids(), "{}", &text[..20]);
+            assert_eq!(stops(), want, "{}", &text[..20]);
+        }
     }
 
     #[test]

@@ -14,12 +14,15 @@
 //! - [`chat_template`]: the Jinja template rendered as `transformers` renders it.
 //! - `fast_encode`: the same ids as the `tokenizers` crate's pipeline for byte-level BPE
 //!   tokenizers with regex splits, several times faster on long prompts; `added_split`:
-//!   its split at added tokens; `piece_cache`: the ids of pieces it has encoded.
+//!   its split at added tokens; `piece_cache`: the ids of pieces it has encoded;
+//!   `segment_cache`: long texts between added tokens it has encoded, whose ids a new text
+//!   that ends the same way takes from a restart point inside that shared end.
 
 mod added_split;
 pub mod chat_template;
 mod fast_encode;
 mod piece_cache;
+mod segment_cache;
 
 use std::borrow::Cow;
 use std::collections::HashSet;
