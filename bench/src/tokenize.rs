@@ -173,10 +173,17 @@ pub fn run(args: TokenizeBenchArgs) -> anyhow::Result<()> {
             hf_scratch / crate_p50
         ));
     }
-    let render = time_us(n, || {
-        black_box(hf.render_chat(&json_next, None, true).unwrap_or_default());
-    });
-    line("model tokenizer, chat template render alone", &render);
+    let render = |json: &String| {
+        black_box(hf.render_chat(json, None, true).unwrap_or_default());
+    };
+    line(
+        "model tokenizer, chat template render alone, a conversation of its own",
+        &time_each(&fresh, render),
+    );
+    line(
+        "model tokenizer, chat template render alone, its messages rendered before",
+        &time_each(&vec![json_next.clone(); n], render),
+    );
     let step = time_us(n, || {
         let text = hf.render_chat(&json_next, None, true).unwrap_or_default();
         // Read, as a step whose previous one is still in flight does (a router's step
