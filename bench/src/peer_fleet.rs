@@ -2,7 +2,8 @@
 //! answering every POST with one fixed chat completion, the cheapest possible engine),
 //! and in front of them nginx as a plain proxy, SMG and OwnerServe routers. Each router is
 //! pinned to the router CPU; backends (and wrk) to the other. Every process runs in its
-//! own process group, killed whole when dropped.
+//! own process group, killed whole when dropped, and a router waits stopped while
+//! another is measured.
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,29 @@ impl Drop for Group {
             .status();
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+impl Group {
+    /// Stops the whole group (`SIGSTOP`): a target waits stopped while another is
+    /// measured on the core they share, so its own background work (its timers, the
+    /// expiry of what earlier cases left in its KV index) takes nothing from the one
+    /// measured.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused group run again (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pgid = format!("-{}", self.0.id());
+        let _ = Command::new("kill")
+            .args([sig, "--", &pgid])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

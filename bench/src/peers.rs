@@ -63,7 +63,28 @@ struct Target {
     /// As printed: `direct`, `nginx`, `smg`, `os kv_aware real`, ...
     label: String,
     url: String,
-    _process: Option<Group>,
+    process: Option<Group>,
+}
+
+/// How long a router that was paused runs before it is measured: past its timers'
+/// periods (the KV tick is 1 s), so the work they put off while it was stopped is done
+/// before the clock starts.
+const SETTLE_AFTER_RESUME: Duration = Duration::from_millis(1500);
+
+impl Target {
+    /// Runs `f` with this target running and every other paused (they share the
+    /// router core); then pauses it again.
+    fn alone<T>(&self, f: impl FnOnce() -> T) -> T {
+        if let Some(p) = &self.process {
+            p.resume();
+            std::thread::sleep(SETTLE_AFTER_RESUME);
+        }
+        let out = f();
+        if let Some(p) = &self.process {
+            p.pause();
+        }
+        out
+    }
 }
 
 /// One row of measurements: a load kind, a body size, a connection count.
@@ -150,7 +171,7 @@ fn start_targets(args: &PeerArgs, dir: &std::path::Path) -> anyhow::Result<(Grou
         targets.push(Target {
             label: "direct".into(),
             url: direct,
-            _process: None,
+            process: None,
         });
     }
     if want("nginx") {
@@ -188,7 +209,7 @@ fn ready(label: &str, url: String, process: Group) -> anyhow::Result<Target> {
     Ok(Target {
         label: label.into(),
         url,
-        _process: Some(process),
+        process: Some(process),
     })
 }
 
@@ -258,11 +279,15 @@ fn measure_all(
     secs: u64,
 ) -> anyhow::Result<(Vec<String>, Results)> {
     let (_backends, targets) = start_targets(args, dir)?;
-    // The routers learn their workers' health and models before the first request.
+    // The routers learn their workers' health and models before the first request; then
+    // each waits paused until its turn.
     std::thread::sleep(Duration::from_secs(1));
+    for p in targets.iter().filter_map(|t| t.process.as_ref()) {
+        p.pause();
+    }
     let labels: Vec<String> = targets.iter().map(|t| t.label.clone()).collect();
     say(&format!(
-        "bench proxy --peers: {} rounds of {secs}s per case and target (wrk -t1 on CPU {LOAD_CPU} with the backends; routers on CPU {}); targets: {}",
+        "bench proxy --peers: {} rounds of {secs}s per case and target (wrk -t1 on CPU {LOAD_CPU} with the backends; routers on CPU {}, each alone: the others paused); targets: {}",
         args.rounds.max(1),
         peer_fleet::ROUTER_CPU,
         labels.join(", ")
@@ -273,21 +298,24 @@ fn measure_all(
         if args.warmup_s > 0 {
             for t in &targets {
                 let url = format!("{}/v1/chat/completions", t.url);
-                let _ = peer_load::wrk(
-                    Some(LOAD_CPU),
-                    &url,
-                    &lua,
-                    case.conns,
-                    args.warmup_s,
-                    "warm",
-                );
+                let _ = t.alone(|| {
+                    peer_load::wrk(
+                        Some(LOAD_CPU),
+                        &url,
+                        &lua,
+                        case.conns,
+                        args.warmup_s,
+                        "warm",
+                    )
+                });
             }
         }
         for round in 0..args.rounds.max(1) {
             for (i, t) in targets.iter().enumerate() {
                 let url = format!("{}/v1/chat/completions", t.url);
                 let run_id = format!("r{round}t{i}");
-                let m = peer_load::wrk(Some(LOAD_CPU), &url, &lua, case.conns, secs, &run_id)
+                let m = t
+                    .alone(|| peer_load::wrk(Some(LOAD_CPU), &url, &lua, case.conns, secs, &run_id))
                     .with_context(|| format!("{} failed", t.label))?;
                 say(&format!(
                     "  {} {} c{} round {} {}: {:.0} req/s, p50 {:.0} µs, p99 {:.0} µs{}",
