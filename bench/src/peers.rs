@@ -3,7 +3,8 @@
 //! directly, through nginx as a plain proxy, through SMG `cache_aware`, and through
 //! OwnerServe routers (`round_robin`, `kv_aware`, `ownerserve`; the approximate tokenizer
 //! and the DeepSeek-V4 `tokenizer.json`). Each router is pinned to one CPU, wrk and the
-//! backends to the other; targets are interleaved round by round so noise hits all alike.
+//! backends to the other; a target is measured alone on its CPU (the others paused);
+//! targets are interleaved round by round so noise hits all alike.
 //! Prints req/s, p50 and p99 (min / median / max over rounds) and each target's per-round
 //! ratios against SMG and nginx, then the acceptance checks.
 
