@@ -8,8 +8,9 @@
 //! *restart point*, what follows splits, and hence tokenizes, as the text from that byte
 //! on would alone. When a new text `b` and a kept text `a` end with the same bytes, and a
 //! restart point of `b` inside that shared end falls where `a` had one too, the ids of `b`
-//! from there on are `a`'s from there on. Both texts' walks reach the same restart points
-//! a few bytes into the shared part, and from then on every one.
+//! from there on are `a`'s from there on. In text, both walks meet at a restart point a
+//! few bytes into the shared part (a space or a line break ends a match in both); where
+//! they never do, the new text is walked to its end, as without the cache.
 //!
 //! A kept text records its restart points sparsely (the first at or after every
 //! [`MARK_EVERY`] bytes) with the ids before each; the new text's walk checks each of its
