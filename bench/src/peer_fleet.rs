@@ -24,11 +24,7 @@ pub struct Group(Child);
 
 impl Drop for Group {
     fn drop(&mut self) {
-        let pgid = format!("-{}", self.0.id());
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &pgid])
-            .stderr(Stdio::null())
-            .status();
+        self.signal("-KILL");
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
@@ -48,6 +44,7 @@ impl Group {
         self.signal("-CONT");
     }
 
+    /// Sends `sig` (as `kill` spells it) to every process of the group.
     fn signal(&self, sig: &str) {
         let pgid = format!("-{}", self.0.id());
         let _ = Command::new("kill")
