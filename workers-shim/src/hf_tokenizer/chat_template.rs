@@ -10,6 +10,7 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::json_array;
 use super::piece_cache::PieceHashes;
 use super::HfTokenizerError;
 
@@ -120,6 +121,15 @@ impl ChatTemplate {
     /// The messages (a JSON array) as a template value, long ones taken from those
     /// parsed before.
     fn messages(&self, messages_json: &str) -> Result<Value, HfTokenizerError> {
+        // Split by the array's structure; each element is then parsed or found equal to
+        // one parsed before, which is what makes the array valid JSON (`json_array`).
+        if let Some(list) = json_array::elements(messages_json) {
+            let values: Result<Vec<_>, _> = list.into_iter().map(|m| self.value_of(m)).collect();
+            if let Ok(values) = values {
+                return Ok(Value::from(values));
+            }
+        }
+        // Not valid: serde's split, and its error.
         let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(messages_json) else {
             // Not an array: the template sees it as it is (and may refuse it).
             return parse(messages_json);

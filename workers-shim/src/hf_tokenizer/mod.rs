@@ -17,10 +17,13 @@
 //!   its split at added tokens; `piece_cache`: the ids of pieces it has encoded;
 //!   `segment_cache`: long texts between added tokens it has encoded, whose ids a new text
 //!   that ends the same way takes from a restart point inside that shared end.
+//! - `json_array`: the elements of the messages' JSON array, found by its structure, for
+//!   the chat template to parse (or find kept) one by one.
 
 mod added_split;
 pub mod chat_template;
 mod fast_encode;
+mod json_array;
 mod piece_cache;
 mod segment_cache;
 
