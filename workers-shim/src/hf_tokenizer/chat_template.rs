@@ -8,7 +8,6 @@ use std::sync::Mutex;
 
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use super::json_array;
 use super::piece_cache::PieceHashes;
@@ -123,22 +122,17 @@ impl ChatTemplate {
     fn messages(&self, messages_json: &str) -> Result<Value, HfTokenizerError> {
         // Split by the array's structure; each element is then parsed or found equal to
         // one parsed before, which is what makes the array valid JSON (`json_array`).
-        if let Some(list) = json_array::elements(messages_json) {
-            let values: Result<Vec<_>, _> = list.into_iter().map(|m| self.value_of(m)).collect();
-            if let Ok(values) = values {
-                return Ok(Value::from(values));
-            }
-        }
-        // Not valid: serde's split, and its error.
-        let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(messages_json) else {
+        let Some(list) = json_array::elements(messages_json) else {
             // Not an array: the template sees it as it is (and may refuse it).
             return parse(messages_json);
         };
-        let values = list
-            .into_iter()
-            .map(|raw| self.value_of(raw.get()))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Value::from(values))
+        list.into_iter()
+            .map(|m| self.value_of(m))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::from)
+            // An element that does not parse makes the whole fail to parse too: the error
+            // is serde's on the whole, as the client sent it.
+            .or_else(|_| parse(messages_json))
     }
 
     /// `json` as a template value: a long one taken from those parsed before, or parsed
@@ -225,9 +219,10 @@ mod tests {
     fn messages_that_are_not_a_list_are_refused_as_the_template_sees_them() {
         let t = template();
         assert!(t.render("{not json", None, true).is_err());
-        assert!(t
-            .render("[{\"role\": \"user\", \"content\": 1}, oops]", None, true)
-            .is_err());
+        let bad = "[{\"role\": \"user\", \"content\": 1}, oops]";
+        let err = t.render(bad, None, true).unwrap_err();
+        // Split by structure, its element `oops` fails; the error is serde's on the whole.
+        assert_eq!(err.to_string(), parse(bad).unwrap_err().to_string());
         assert_eq!(t.render("[]", None, true).unwrap(), "");
     }
 }
