@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::kv_release::DecodeAges;
-use ownerserve_planner::policy::{EngineLoad, WorkerView};
+use ownerserve_planner::policy::{EngineLoad, PrefillCharge, WorkerView};
 
 use crate::config::WorkerSpec;
 
@@ -39,6 +39,8 @@ pub struct Worker {
     clock: Instant,
     active_blocks: AtomicU64,
     active_prefill_tokens: AtomicU64,
+    /// Of those, the tokens it computes itself (`WorkerView::active_compute_tokens`).
+    active_compute_tokens: AtomicU64,
     models: RwLock<Arc<[ServedModel]>>,
     load: Mutex<Option<EngineLoad>>,
     /// KV capacity in tokens, as the engine reports it in its metrics (0: not reported).
@@ -87,6 +89,7 @@ impl Worker {
             clock,
             active_blocks: AtomicU64::new(0),
             active_prefill_tokens: AtomicU64::new(0),
+            active_compute_tokens: AtomicU64::new(0),
             models: RwLock::new(Arc::from(Vec::new())),
             load: Mutex::new(None),
             reported_kv_tokens: AtomicU64::new(0),
@@ -235,6 +238,7 @@ impl Worker {
             in_flight: self.in_flight(),
             active_blocks: self.active_blocks(),
             active_prefill_tokens: self.active_prefill_tokens.load(Ordering::Relaxed),
+            active_compute_tokens: self.active_compute_tokens.load(Ordering::Relaxed),
             cached_blocks: 0,
             host_cached_blocks: 0,
             pulls_kv: self.spec.engine.pulls_kv(),
@@ -261,21 +265,23 @@ impl Worker {
     }
 
     /// Counts a request of `prompt_tokens` as in flight, holding `blocks` of KV and
-    /// `prefill_tokens` still to prefill, until the guard drops.
+    /// `prefill` still to prefill, until the guard drops.
     pub fn start_request(
         self: &Arc<Self>,
         blocks: u64,
-        prefill_tokens: u64,
+        prefill: PrefillCharge,
         prompt_tokens: u64,
     ) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_blocks.fetch_add(blocks, Ordering::Relaxed);
         self.active_prefill_tokens
-            .fetch_add(prefill_tokens, Ordering::Relaxed);
+            .fetch_add(prefill.tokens, Ordering::Relaxed);
+        self.active_compute_tokens
+            .fetch_add(prefill.computed, Ordering::Relaxed);
         InFlight {
             worker: self.clone(),
             blocks,
-            prefill_tokens,
+            prefill,
             prompt_tokens,
             decode: None,
         }
@@ -358,7 +364,7 @@ impl Decodes {
 pub struct InFlight {
     worker: Arc<Worker>,
     blocks: u64,
-    prefill_tokens: u64,
+    prefill: PrefillCharge,
     prompt_tokens: u64,
     /// Its slot among the worker's decodes, once its stream decodes.
     decode: Option<usize>,
@@ -367,10 +373,13 @@ pub struct InFlight {
 impl InFlight {
     /// The first byte came back: the prefill is over (Dynamo's `mark_prefill_completed`).
     pub fn prefill_done(&mut self) {
-        let t = std::mem::take(&mut self.prefill_tokens);
+        let t = std::mem::take(&mut self.prefill);
         self.worker
             .active_prefill_tokens
-            .fetch_sub(t, Ordering::Relaxed);
+            .fetch_sub(t.tokens, Ordering::Relaxed);
+        self.worker
+            .active_compute_tokens
+            .fetch_sub(t.computed, Ordering::Relaxed);
     }
 
     /// Its stream's first frame came: it decodes from now on, holding its prompt's KV.
@@ -864,10 +873,19 @@ mod tests {
         for w in r.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
-        let mut g = r.all()[1].start_request(10, 320, 400);
-        assert_eq!(r.candidates("m", &[], None)[1].active_prefill_tokens, 320);
+        // 320 tokens of KV to allocate, 120 of them to compute (the rest moved in).
+        let charge = PrefillCharge {
+            tokens: 320,
+            computed: 120,
+        };
+        let mut g = r.all()[1].start_request(10, charge, 400);
+        let pending = |r: &Registry| {
+            let v = &r.candidates("m", &[], None)[1];
+            (v.active_prefill_tokens, v.active_compute_tokens)
+        };
+        assert_eq!(pending(&r), (320, 120));
         g.prefill_done();
-        assert_eq!(r.candidates("m", &[], None)[1].active_prefill_tokens, 0);
+        assert_eq!(pending(&r), (0, 0));
         assert_eq!(r.candidates("m", &[], None)[1].active_blocks, 10);
         assert_eq!(
             r.candidates("m", &[], None)
@@ -880,12 +898,12 @@ mod tests {
         g.decoding();
         g.decoding();
         assert_eq!(r.all()[1].decode_ages(1.0).total(), 400);
-        let mut h = r.all()[1].start_request(1, 0, 50);
+        let mut h = r.all()[1].start_request(1, PrefillCharge::default(), 50);
         h.decoding();
         assert_eq!(r.all()[1].decode_ages(1.0).total(), 450);
         drop(g);
         assert_eq!(r.all()[1].decode_ages(1.0).total(), 50);
-        let mut k = r.all()[1].start_request(1, 0, 7);
+        let mut k = r.all()[1].start_request(1, PrefillCharge::default(), 7);
         k.decoding();
         assert_eq!(r.all()[1].decode_ages(1.0).total(), 57);
         drop((h, k));

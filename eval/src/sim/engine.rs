@@ -5,7 +5,7 @@
 
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::kv_release::DecodeAges;
-use ownerserve_planner::policy::{EngineLoad, WorkerView};
+use ownerserve_planner::policy::{EngineLoad, PrefillCharge, WorkerView};
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::kv_transfer::{block_bytes, LinkModel};
 use ownerserve_shim::sim::scheduler::{Scheduler, StepOutput};
@@ -24,6 +24,8 @@ pub(crate) struct Engine {
     pub in_flight: u32,
     pub active_blocks: u64,
     pub active_prefill_tokens: u64,
+    /// Of those, the tokens it will compute itself (`WorkerView::active_compute_tokens`).
+    pub active_compute_tokens: u64,
     /// Virtual seconds spent in steps.
     pub busy_s: f64,
     /// Running sequences preempted so far.
@@ -48,10 +50,23 @@ impl Engine {
             in_flight: 0,
             active_blocks: 0,
             active_prefill_tokens: 0,
+            active_compute_tokens: 0,
             busy_s: 0.0,
             preempted: 0,
             decoding: Vec::new(),
         }
+    }
+
+    /// Counts a prefill pending here, as the router does from dispatch to first token.
+    pub fn charge(&mut self, c: PrefillCharge) {
+        self.active_prefill_tokens += c.tokens;
+        self.active_compute_tokens += c.computed;
+    }
+
+    /// Stops counting a prefill [`Engine::charge`] counted.
+    pub fn discharge(&mut self, c: PrefillCharge) {
+        self.active_prefill_tokens = self.active_prefill_tokens.saturating_sub(c.tokens);
+        self.active_compute_tokens = self.active_compute_tokens.saturating_sub(c.computed);
     }
 
     /// What the router sees of this worker for a prompt whose blocks hash to `hashes`,
@@ -65,6 +80,7 @@ impl Engine {
             in_flight: self.in_flight,
             active_blocks: self.active_blocks,
             active_prefill_tokens: self.active_prefill_tokens,
+            active_compute_tokens: self.active_compute_tokens,
             cached_blocks: hashes.map_or(0, |h| self.sched.cached_prefix(h) as u32),
             host_cached_blocks: hashes.map_or(0, |h| self.sched.host_cached_prefix(h) as u32),
             pulls_kv: true,

@@ -9,7 +9,9 @@ use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::kv_release::DecodeAges;
-use ownerserve_planner::policy::{Decision, Dispatch, Policy, RouteRequest, WorkerView};
+use ownerserve_planner::policy::{
+    Decision, Dispatch, Policy, PrefillCharge, RouteRequest, WorkerView,
+};
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::scheduler::{CachedRun, NewSeq, SeqId};
@@ -68,11 +70,12 @@ struct Req {
     restored_tokens: u32,
     /// `cached_tokens` came from a prefill worker's leg.
     prefilled_remotely: bool,
-    /// Prefill tokens counted against the decode worker until the first token.
-    prefill_charged: u64,
+    /// Prefill tokens counted against the decode worker until the first token: the KV
+    /// they will allocate, and of it what it computes (`Decision::computed_here`).
+    prefill_charged: PrefillCharge,
     /// What the prefill leg counts against its prefill worker until it finishes, as the
     /// router does while a NIXL prefill leg runs: (worker, blocks, tokens).
-    leg_charged: Option<(usize, u64, u64)>,
+    leg_charged: Option<(usize, u64, PrefillCharge)>,
     phase: Phase,
     transit: Option<InTransit>,
     /// The preset's time for its remote prefill leg, when that leg calibrates
@@ -372,9 +375,9 @@ impl<'w> Sim<'w> {
         let e = &mut self.engines[worker];
         e.in_flight += 1;
         e.active_blocks += route.prompt_blocks();
-        let prefill =
-            (prompt.len() as u64).saturating_sub(cached[worker] as u64 * u64::from(self.block));
-        e.active_prefill_tokens += prefill;
+        let held = cached[worker] as u64 * u64::from(self.block);
+        let prefill = PrefillCharge::of(&decision, prompt.len() as u64, held);
+        e.charge(prefill);
 
         let id = self.reqs.len();
         self.reqs.push(Some(Req {
@@ -412,10 +415,14 @@ impl<'w> Sim<'w> {
                     if let Some(e) = self.engines.get_mut(p) {
                         let blocks = r.hashes.len() as u64;
                         let tokens = blocks * u64::from(self.block);
+                        let leg = PrefillCharge {
+                            tokens,
+                            ..PrefillCharge::prefill_leg(&decision, r.prompt.len() as u64)
+                        };
                         e.in_flight += 1;
                         e.active_blocks += blocks;
-                        e.active_prefill_tokens += tokens;
-                        r.leg_charged = Some((p, blocks, tokens));
+                        e.charge(leg);
+                        r.leg_charged = Some((p, blocks, leg));
                     }
                 }
                 self.submit_prefill_leg(id, p);
@@ -684,11 +691,11 @@ impl<'w> Sim<'w> {
         };
         if let Phase::Prefill { prefill, started_s } = r.phase {
             if worker == prefill && finished {
-                if let Some((p, blocks, tokens)) = r.leg_charged.take() {
+                if let Some((p, blocks, leg)) = r.leg_charged.take() {
                     let e = &mut self.engines[p];
                     e.in_flight = e.in_flight.saturating_sub(1);
                     e.active_blocks = e.active_blocks.saturating_sub(blocks);
-                    e.active_prefill_tokens = e.active_prefill_tokens.saturating_sub(tokens);
+                    e.discharge(leg);
                 }
                 if let (Some(predicted), true) = (r.predicted_prefill_s, self.opts.calibrate) {
                     self.policy.observe_prefill(
@@ -705,7 +712,7 @@ impl<'w> Sim<'w> {
         if r.first_token_s.is_none() {
             r.first_token_s = Some(now);
             let e = &mut self.engines[r.worker];
-            e.active_prefill_tokens = e.active_prefill_tokens.saturating_sub(r.prefill_charged);
+            e.discharge(r.prefill_charged);
             e.decoding.push(id);
         }
         r.last_token_s = now;

@@ -69,8 +69,13 @@ pub struct WorkerView {
     pub in_flight: u32,
     /// KV blocks of the requests in flight there (the router's own prediction).
     pub active_blocks: u64,
-    /// Prompt tokens sent there whose prefill has not finished (no first byte yet).
+    /// Prompt tokens sent there whose prefill has not finished (no first byte yet), less
+    /// what each held when it was sent: the KV they will allocate there (Dynamo's count).
     pub active_prefill_tokens: u64,
+    /// Of those, the tokens the worker will compute itself (`PrefillCharge::of`):
+    /// what a move, a fetch or a remote prefill's leg brings it is KV to hold, not a
+    /// prefill to queue behind. Only the cost planner reads it (its compute queue).
+    pub active_compute_tokens: u64,
     /// Leading blocks of this request's prompt the worker holds in GPU memory.
     pub cached_blocks: u32,
     /// Blocks right after those the worker holds in its host-DRAM KV tier (restorable, not
@@ -110,6 +115,7 @@ impl WorkerView {
             in_flight: 0,
             active_blocks: 0,
             active_prefill_tokens: 0,
+            active_compute_tokens: 0,
             cached_blocks: 0,
             host_cached_blocks: 0,
             pulls_kv: true,
@@ -220,6 +226,57 @@ impl Decision {
             (None, Dispatch::Disaggregated { .. }) => Action::RemotePrefill,
             (None, Dispatch::Fetch { .. }) => Action::ArtifactFetch,
             (None, Dispatch::Migrate { .. }) => Action::Migrate,
+        }
+    }
+}
+
+/// Prompt tokens a shell (the router, the simulator) counts against a worker while a
+/// request's prefill is pending there: `WorkerView::active_prefill_tokens` and
+/// `WorkerView::active_compute_tokens`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefillCharge {
+    /// KV the prompt will allocate there: what the worker did not hold when it was sent.
+    pub tokens: u64,
+    /// Of it, tokens the worker computes itself.
+    pub computed: u64,
+}
+
+impl PrefillCharge {
+    /// `tokens` the worker computes all of (a leg or request no plan says more about).
+    pub fn computed(tokens: u64) -> Self {
+        Self {
+            tokens,
+            computed: tokens,
+        }
+    }
+
+    /// What `decision`'s worker is charged for a `prompt` of which it holds the first
+    /// `cached` tokens: it computes none for a remote prefill's decode leg (its KV comes
+    /// from the prefill worker), only what a fetch or move does not bring, else all it
+    /// lacks; everything it receives still takes its KV.
+    pub fn of(decision: &Decision, prompt: u64, cached: u64) -> Self {
+        let tokens = prompt.saturating_sub(cached);
+        let brought = match decision.dispatch {
+            Dispatch::Single => 0,
+            Dispatch::Disaggregated { .. } => prompt,
+            Dispatch::Fetch { tokens, .. } | Dispatch::Migrate { tokens, .. } => tokens,
+        };
+        Self {
+            tokens,
+            computed: prompt.saturating_sub(cached.max(brought)),
+        }
+    }
+
+    /// What a remote prefill's leg of `prompt` tokens charges its prefill worker: the
+    /// whole prompt's KV, of which it computes what the plan found it lacks (all of it
+    /// when no plan says).
+    pub fn prefill_leg(decision: &Decision, prompt: u64) -> Self {
+        Self {
+            tokens: prompt,
+            computed: decision
+                .plan
+                .as_ref()
+                .map_or(prompt, |p| prompt.saturating_sub(p.chosen.reused_tokens)),
         }
     }
 }
@@ -462,6 +519,59 @@ mod tests {
             ..with(running)
         };
         assert!(hybrid.starts_prefill_now(10_000));
+    }
+
+    #[test]
+    fn a_worker_is_charged_the_kv_it_lacks_and_computes_only_what_nothing_brings() {
+        let to = |dispatch| Decision {
+            worker: WorkerId(1),
+            dispatch,
+            plan: None,
+        };
+        let source = WorkerId(0);
+        let charge = |tokens, computed| PrefillCharge { tokens, computed };
+        // 10K prompt, the worker holds 2K of it.
+        let single = to(Dispatch::Single);
+        assert_eq!(
+            PrefillCharge::of(&single, 10_000, 2_000),
+            charge(8_000, 8_000)
+        );
+        let moved = to(Dispatch::Migrate {
+            source,
+            tokens: 9_000,
+        });
+        assert_eq!(
+            PrefillCharge::of(&moved, 10_000, 2_000),
+            charge(8_000, 1_000)
+        );
+        let fetched = to(Dispatch::Fetch {
+            source,
+            tokens: 6_000,
+        });
+        assert_eq!(
+            PrefillCharge::of(&fetched, 10_000, 2_000),
+            charge(8_000, 4_000)
+        );
+        // A move that brings less than the worker holds computes what it lacks.
+        let short = to(Dispatch::Migrate {
+            source,
+            tokens: 1_000,
+        });
+        assert_eq!(
+            PrefillCharge::of(&short, 10_000, 2_000),
+            charge(8_000, 8_000)
+        );
+        let decode_leg = to(Dispatch::Disaggregated { prefill: source });
+        assert_eq!(
+            PrefillCharge::of(&decode_leg, 10_000, 2_000),
+            charge(8_000, 0)
+        );
+        // Without a plan, the prefill worker computes its whole leg.
+        assert_eq!(
+            PrefillCharge::prefill_leg(&decode_leg, 10_000),
+            charge(10_000, 10_000)
+        );
+        assert_eq!(PrefillCharge::computed(5), charge(5, 5));
     }
 
     #[test]

@@ -142,8 +142,9 @@ impl OwnerServe {
             role: w.role,
             healthy: w.healthy,
             draining: w.draining,
-            // The queued prompts are prefilled at the rate this step's is priced at.
-            queue_s: queue_s(&roofline, model, w.active_prefill_tokens, queued) * prefill_scale,
+            // The queued prompts are prefilled at the rate this step's is priced at; what
+            // moves, fetches and remote prefills bring there is KV, not compute.
+            queue_s: queue_s(&roofline, model, w.active_compute_tokens, queued) * prefill_scale,
             roofline,
             decoding: w.decoding(),
             queued,
@@ -356,7 +357,7 @@ impl Policy for OwnerServe {
 mod tests {
     use super::*;
     use crate::ids::Role;
-    use crate::policy::EngineLoad;
+    use crate::policy::{EngineLoad, PrefillCharge};
 
     fn policy() -> OwnerServe {
         OwnerServe::new(OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap())
@@ -440,6 +441,41 @@ mod tests {
         assert_eq!((remote(&routed), remote(&explained)), (2, 4));
     }
 
+    #[test]
+    fn a_planned_prefill_leg_charges_its_worker_only_what_it_computes() {
+        let p = policy();
+        // The prefill worker holds the first 4,096 tokens of the 16K prompt.
+        let ws = [
+            WorkerView {
+                cached_blocks: 256,
+                ..WorkerView::idle(WorkerId(0), Role::Prefill)
+            },
+            WorkerView::idle(WorkerId(1), Role::Decode),
+        ];
+        // The remote prefill as chosen (a fetch of the 4,096 tokens is cheaper here).
+        let mut plan = p.explain_plan(&req(16_000), &ws).unwrap();
+        plan.chosen = plan
+            .candidates
+            .iter()
+            .cloned()
+            .find(|c| c.action == Action::RemotePrefill && c.compute_on == WorkerId(0))
+            .unwrap();
+        let d = Decision {
+            worker: WorkerId(1),
+            dispatch: dispatch_of(&plan),
+            plan: Some(Box::new(plan)),
+        };
+        assert_eq!(
+            d.dispatch,
+            Dispatch::Disaggregated {
+                prefill: WorkerId(0)
+            }
+        );
+        let leg = PrefillCharge::prefill_leg(&d, 16_000);
+        assert_eq!((leg.tokens, leg.computed), (16_000, 16_000 - 4_096));
+        assert_eq!(PrefillCharge::of(&d, 16_000, 0).computed, 0);
+    }
+
     /// A policy whose worker 3 has GPUs of another kind (two per worker).
     fn policy_with_other_worker_3() -> OwnerServe {
         let mut cfg = OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap();
@@ -502,6 +538,7 @@ mod tests {
         let mut p = policy();
         let w = WorkerView {
             active_prefill_tokens: 40_000,
+            active_compute_tokens: 40_000,
             load: Some(EngineLoad {
                 waiting: 4.0,
                 ..EngineLoad::default()
@@ -677,6 +714,7 @@ mod tests {
         let p = policy();
         let view = WorkerView {
             active_prefill_tokens: 20_000,
+            active_compute_tokens: 20_000,
             load: Some(EngineLoad {
                 waiting: 4.0,
                 running: 9.0,
@@ -687,6 +725,28 @@ mod tests {
         let w = p.plan_worker(&view, &p.config().model, 16, 0);
         assert_eq!((w.queued, w.decoding), (4, 9));
         assert!(w.queue_s > 0.0);
+    }
+
+    #[test]
+    fn kv_a_worker_receives_is_no_prefill_to_queue_behind_but_still_takes_its_memory() {
+        // 50K tokens sent there, all of them moved in (a migration, a remote prefill's
+        // decode leg): nothing to compute ahead of the next step, 50K of KV to allocate.
+        let p = policy();
+        let m = p.config().model.clone();
+        let mut view = WorkerView {
+            active_prefill_tokens: 50_000,
+            active_compute_tokens: 0,
+            load: Some(EngineLoad {
+                waiting: 1.0,
+                ..EngineLoad::default()
+            }),
+            ..WorkerView::idle(WorkerId(3), Role::Decode)
+        };
+        let w = p.plan_worker(&view, &m, 16, 0);
+        assert_eq!((w.queue_s, w.waiting_tokens), (0.0, 50_000));
+        // Computed there, the same tokens are a queue.
+        view.active_compute_tokens = 50_000;
+        assert!(p.plan_worker(&view, &m, 16, 0).queue_s > 1.0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, Request};
 use bytes::Bytes;
 
 use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::policy::PrefillCharge;
 use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::Ticket;
@@ -161,7 +162,7 @@ pub async fn pick(
     });
     let in_flight = worker.start_request(
         view.route.prompt_blocks(),
-        0,
+        PrefillCharge::default(),
         u64::from(view.route.prompt_tokens),
     );
     Ok(Picked {

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use ownerserve_ownership::ids::{Epoch, SessionId, Tier, WorkerId as DirWorkerId};
 use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::ids::{EngineKind, WorkerId};
-use ownerserve_planner::policy::{Decision, Dispatch};
+use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
 use ownerserve_shim::engines::{self, sglang, vllm, EPOCH_HEADER, SESSION_HEADER};
 
 use crate::ownership_sync::OwnershipSync;
@@ -223,7 +223,7 @@ impl Dispatcher<'_> {
                 tracing::debug!("no P/D protocol between these engines: running whole");
                 out.fell_back = true;
             }
-            _ => match self.nixl_prefill(step, &p).await {
+            _ => match self.nixl_prefill(step, decision, &p).await {
                 Some((body, observed_s)) => {
                     out.body = body;
                     out.prefill =
@@ -246,12 +246,18 @@ impl Dispatcher<'_> {
     /// body. Returns that body and the leg's wall-clock seconds when it measured the
     /// worker's prefill rate: it started at once there (`WorkerView::starts_prefill_now`);
     /// a leg that queued behind others measured their prefills too.
-    async fn nixl_prefill(&self, step: &Step<'_>, p: &Arc<Worker>) -> Option<(Bytes, Option<f64>)> {
+    async fn nixl_prefill(
+        &self,
+        step: &Step<'_>,
+        decision: &Decision,
+        p: &Arc<Worker>,
+    ) -> Option<(Bytes, Option<f64>)> {
         let original: Value = serde_json::from_slice(step.body).ok()?;
         let body = Bytes::from(vllm::prefill_request(&original).to_string());
         let tokens = step.hashes.len() as u64 * step.block;
         let alone = p.view().starts_prefill_now(tokens);
-        let _in_flight = p.start_request(step.hashes.len() as u64, tokens, tokens);
+        let leg = PrefillCharge::prefill_leg(decision, tokens);
+        let _in_flight = p.start_request(step.hashes.len() as u64, leg, tokens);
         let started = Instant::now();
         let headers = headers_for(step, step.lookup.epoch);
         let sent = self

@@ -40,7 +40,7 @@ use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
-use ownerserve_planner::policy::{Decision, Dispatch};
+use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
 use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::{Refusal, Ticket};
@@ -265,13 +265,14 @@ impl Attempt<'_> {
             return Err(ForwardError::StaleView);
         }
         feedback::legs_ran(st, action, &prepared);
-        let prefill =
-            u64::from(view.route.prompt_tokens).saturating_sub(cached_blocks * self.step.block);
-        let in_flight = worker.start_request(
-            view.route.prompt_blocks(),
-            prefill,
-            u64::from(view.route.prompt_tokens),
-        );
+        let prompt = u64::from(view.route.prompt_tokens);
+        let cached = cached_blocks * self.step.block;
+        // A fetch or move that fell back leaves the worker to compute what it lacks.
+        let prefill = match prepared.fell_back {
+            true => PrefillCharge::computed(prompt.saturating_sub(cached)),
+            false => PrefillCharge::of(decision, prompt, cached),
+        };
+        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill, prompt);
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,

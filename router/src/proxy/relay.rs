@@ -277,6 +277,7 @@ mod tests {
 
     use http_body_util::BodyExt;
     use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+    use ownerserve_planner::policy::PrefillCharge;
 
     use super::*;
     use crate::config::WorkerSpec;
@@ -336,7 +337,7 @@ mod tests {
         let body = relay(
             resp,
             &worker,
-            worker.start_request(1, 1, 500),
+            worker.start_request(1, PrefillCharge::computed(1), 500),
             None,
             Some(first_byte),
             patience,

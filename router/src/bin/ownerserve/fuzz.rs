@@ -30,6 +30,7 @@ use ownerserve_ownership::ids::{ClientId, Epoch, LeaseId, PrefixKey, SessionId, 
 use ownerserve_ownership::raft::TypeConfig;
 use ownerserve_ownership::state::Directory;
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+use ownerserve_planner::policy::PrefillCharge;
 use ownerserve_router::config::{worker_specs, RouterConfig, RouterFile, UpFile, WorkerSpec};
 use ownerserve_router::error::ApiError;
 use ownerserve_router::proxy::relay::{relay, Patience};
@@ -373,7 +374,7 @@ fn sse_relay_target() -> anyhow::Result<Target> {
                     http::HeaderValue::from_static("text/event-stream"),
                 );
             }
-            let in_flight = worker.start_request(1, 1, 1);
+            let in_flight = worker.start_request(1, PrefillCharge::computed(1), 1);
             let got = runtime.block_on(async {
                 let relayed = relay(
                     resp,
