@@ -457,8 +457,8 @@ mod tests {
         plan.chosen = plan
             .candidates
             .iter()
-            .cloned()
             .find(|c| c.action == Action::RemotePrefill && c.compute_on == WorkerId(0))
+            .cloned()
             .unwrap();
         let d = Decision {
             worker: WorkerId(1),
