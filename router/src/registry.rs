@@ -41,6 +41,9 @@ pub struct Worker {
     active_prefill_tokens: AtomicU64,
     /// Of those, the tokens it computes itself (`WorkerView::active_compute_tokens`).
     active_compute_tokens: AtomicU64,
+    /// Remote prefills decoding there whose prefill leg still runs
+    /// (`WorkerView::legs_heading`).
+    legs_heading: AtomicU32,
     models: RwLock<Arc<[ServedModel]>>,
     load: Mutex<Option<EngineLoad>>,
     /// KV capacity in tokens, as the engine reports it in its metrics (0: not reported).
@@ -90,6 +93,7 @@ impl Worker {
             active_blocks: AtomicU64::new(0),
             active_prefill_tokens: AtomicU64::new(0),
             active_compute_tokens: AtomicU64::new(0),
+            legs_heading: AtomicU32::new(0),
             models: RwLock::new(Arc::from(Vec::new())),
             load: Mutex::new(None),
             reported_kv_tokens: AtomicU64::new(0),
@@ -239,6 +243,7 @@ impl Worker {
             active_blocks: self.active_blocks(),
             active_prefill_tokens: self.active_prefill_tokens.load(Ordering::Relaxed),
             active_compute_tokens: self.active_compute_tokens.load(Ordering::Relaxed),
+            legs_heading: self.legs_heading.load(Ordering::Relaxed),
             cached_blocks: 0,
             host_cached_blocks: 0,
             pulls_kv: self.spec.engine.pulls_kv(),
@@ -282,6 +287,7 @@ impl Worker {
             worker: self.clone(),
             blocks,
             prefill,
+            heading: false,
             prompt_tokens,
             decode: None,
         }
@@ -365,6 +371,8 @@ pub struct InFlight {
     worker: Arc<Worker>,
     blocks: u64,
     prefill: PrefillCharge,
+    /// Counted in its worker's `legs_heading`.
+    heading: bool,
     prompt_tokens: u64,
     /// Its slot among the worker's decodes, once its stream decodes.
     decode: Option<usize>,
@@ -380,6 +388,37 @@ impl InFlight {
         self.worker
             .active_compute_tokens
             .fetch_sub(t.computed, Ordering::Relaxed);
+    }
+
+    /// Its prefill runs on another worker: it reaches this worker's queue once that
+    /// leg is done ([`InFlight::leg_arrived`]).
+    pub fn leg_heading(&mut self) {
+        if !self.heading {
+            self.heading = true;
+            self.worker.legs_heading.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The prefill leg is over (or there was none): the request is this worker's now.
+    pub fn leg_arrived(&mut self) {
+        if std::mem::take(&mut self.heading) {
+            self.worker.legs_heading.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `prefill` instead of what the request was started with, before it is sent
+    /// (a fetch or move that fell back computes what it was to receive).
+    pub fn recharge(&mut self, prefill: PrefillCharge) {
+        let w = &self.worker;
+        let old = std::mem::replace(&mut self.prefill, prefill);
+        w.active_prefill_tokens
+            .fetch_add(prefill.tokens, Ordering::Relaxed);
+        w.active_compute_tokens
+            .fetch_add(prefill.computed, Ordering::Relaxed);
+        w.active_prefill_tokens
+            .fetch_sub(old.tokens, Ordering::Relaxed);
+        w.active_compute_tokens
+            .fetch_sub(old.computed, Ordering::Relaxed);
     }
 
     /// Its stream's first frame came: it decodes from now on, holding its prompt's KV.
@@ -398,6 +437,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.prefill_done();
+        self.leg_arrived();
         let w = &self.worker;
         if let Some(slot) = self.decode.take() {
             w.decodes
@@ -884,8 +924,24 @@ mod tests {
             (v.active_prefill_tokens, v.active_compute_tokens)
         };
         assert_eq!(pending(&r), (320, 120));
+        // A move that fell back computes all it lacks.
+        g.recharge(PrefillCharge::computed(320));
+        assert_eq!(pending(&r), (320, 320));
         g.prefill_done();
         assert_eq!(pending(&r), (0, 0));
+        // A remote prefill's decode leg heads there until its prefill leg is done, or
+        // the request ends first.
+        let heading = |r: &Registry| r.candidates("m", &[], None)[1].legs_heading;
+        let mut leg = r.all()[1].start_request(1, PrefillCharge::default(), 10);
+        leg.leg_heading();
+        leg.leg_heading();
+        assert_eq!(heading(&r), 1);
+        leg.leg_arrived();
+        leg.leg_arrived();
+        assert_eq!(heading(&r), 0);
+        leg.leg_heading();
+        drop(leg);
+        assert_eq!(heading(&r), 0);
         assert_eq!(r.candidates("m", &[], None)[1].active_blocks, 10);
         assert_eq!(
             r.candidates("m", &[], None)

@@ -26,6 +26,8 @@ pub(crate) struct Engine {
     pub active_prefill_tokens: u64,
     /// Of those, the tokens it will compute itself (`WorkerView::active_compute_tokens`).
     pub active_compute_tokens: u64,
+    /// Remote prefills decoding here whose KV has not arrived (`WorkerView::legs_heading`).
+    pub legs_heading: u32,
     /// Virtual seconds spent in steps.
     pub busy_s: f64,
     /// Running sequences preempted so far.
@@ -51,6 +53,7 @@ impl Engine {
             active_blocks: 0,
             active_prefill_tokens: 0,
             active_compute_tokens: 0,
+            legs_heading: 0,
             busy_s: 0.0,
             preempted: 0,
             decoding: Vec::new(),
@@ -81,6 +84,7 @@ impl Engine {
             active_blocks: self.active_blocks,
             active_prefill_tokens: self.active_prefill_tokens,
             active_compute_tokens: self.active_compute_tokens,
+            legs_heading: self.legs_heading,
             cached_blocks: hashes.map_or(0, |h| self.sched.cached_prefix(h) as u32),
             host_cached_blocks: hashes.map_or(0, |h| self.sched.host_cached_prefix(h) as u32),
             pulls_kv: true,

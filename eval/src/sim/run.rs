@@ -77,6 +77,9 @@ struct Req {
     /// router does while a NIXL prefill leg runs: (worker, blocks, tokens).
     leg_charged: Option<(usize, u64, PrefillCharge)>,
     phase: Phase,
+    /// Its decode leg is counted as heading to its decode worker (`Engine::legs_heading`)
+    /// until its KV arrives there.
+    leg_heading: bool,
     transit: Option<InTransit>,
     /// The preset's time for its remote prefill leg, when that leg calibrates
     /// (`calibrating_leg`).
@@ -397,6 +400,7 @@ impl<'w> Sim<'w> {
             prefill_charged: prefill,
             leg_charged: None,
             phase: Phase::Decode,
+            leg_heading: false,
             transit: None,
             predicted_prefill_s: calibrating_leg(&decision, &views, route.prompt_tokens),
             artifact_key: found.artifact_key,
@@ -411,6 +415,8 @@ impl<'w> Sim<'w> {
                         prefill: p,
                         started_s: now,
                     };
+                    r.leg_heading = true;
+                    self.engines[worker].legs_heading += 1;
                     // The router counts the leg against the prefill worker while it runs.
                     if let Some(e) = self.engines.get_mut(p) {
                         let blocks = r.hashes.len() as u64;
@@ -579,6 +585,10 @@ impl<'w> Sim<'w> {
         };
         r.phase = Phase::Decode;
         let worker = r.worker;
+        if std::mem::take(&mut r.leg_heading) {
+            let e = &mut self.engines[worker];
+            e.legs_heading = e.legs_heading.saturating_sub(1);
+        }
         let Some(t) = r.transit.take() else {
             self.submit(id, worker, false);
             return;

@@ -94,9 +94,10 @@ pub struct PlanWorker {
     /// Sequences running there now: on a worker that decodes, a prefill there stalls each
     /// of them (`interference.rs`); a prefill worker's are prefill legs.
     pub decoding: u64,
-    /// Prefills waiting there now (the engine's queue): the steps that arrived while its
-    /// backlog built up, so about as many as will arrive behind this step's compute before
-    /// the backlog clears (Little's law), each of which then waits for it.
+    /// Prefills waiting there now (the engine's queue, and the decode legs of remote
+    /// prefills headed there): the steps that arrived while its backlog built up, so
+    /// about as many as will arrive behind this step's compute before the backlog clears
+    /// (Little's law), each of which then waits for it.
     pub queued: u64,
     /// Leading tokens of this step's prompt the worker holds in GPU memory (KV index).
     pub cached_tokens: u64,

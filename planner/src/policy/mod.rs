@@ -76,6 +76,10 @@ pub struct WorkerView {
     /// what a move, a fetch or a remote prefill's leg brings it is KV to hold, not a
     /// prefill to queue behind. Only the cost planner reads it (its compute queue).
     pub active_compute_tokens: u64,
+    /// Remote prefills whose decode legs will run here, dispatched and not arrived yet
+    /// (their prefill legs run elsewhere): steps that join this worker's queue soon.
+    /// Only the cost planner reads it.
+    pub legs_heading: u32,
     /// Leading blocks of this request's prompt the worker holds in GPU memory.
     pub cached_blocks: u32,
     /// Blocks right after those the worker holds in its host-DRAM KV tier (restorable, not
@@ -116,6 +120,7 @@ impl WorkerView {
             active_blocks: 0,
             active_prefill_tokens: 0,
             active_compute_tokens: 0,
+            legs_heading: 0,
             cached_blocks: 0,
             host_cached_blocks: 0,
             pulls_kv: true,

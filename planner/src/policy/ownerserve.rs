@@ -132,8 +132,13 @@ impl OwnerServe {
         prompt: u64,
     ) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
-        // Prefills the engine has queued (its gauge once scraped; else none known).
-        let queued = w.load.map_or(0, |l| l.waiting.max(0.0) as u64);
+        // Prefills the engine has queued (its gauge once scraped; else none known), and
+        // the decode legs of remote prefills that will join them once their prefill
+        // legs end: a step computed here delays those too. (Without them, a move planned
+        // onto a decoder while a remote prefill's leg ran elsewhere looked free to take
+        // it, and the leg then waited behind that move's prefill: on the Mooncake trace
+        // on 2p6d, a 16.7K-token step planned at 0.7 s took 5.9 s behind a 76K-token one.)
+        let queued = w.load.map_or(0, |l| l.waiting.max(0.0) as u64) + u64::from(w.legs_heading);
         let prefill_scale = self
             .calibration_of(&roofline)
             .map_or(1.0, PrefillCalibration::scale);
@@ -725,6 +730,13 @@ mod tests {
         let w = p.plan_worker(&view, &p.config().model, 16, 0);
         assert_eq!((w.queued, w.decoding), (4, 9));
         assert!(w.queue_s > 0.0);
+        // Remote prefills whose decode legs head there join that queue soon: what a step
+        // computed there delays counts them (ν·D_queue).
+        let view = WorkerView {
+            legs_heading: 2,
+            ..view
+        };
+        assert_eq!(p.plan_worker(&view, &p.config().model, 16, 0).queued, 6);
     }
 
     #[test]

@@ -45,7 +45,7 @@ use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::{Refusal, Ticket};
 use crate::error::ApiError;
-use crate::registry::Worker;
+use crate::registry::{InFlight, Worker};
 use crate::state::AppState;
 use crate::upstream::ForwardError;
 use ownerserve_edge::http_metrics::Executed;
@@ -250,6 +250,39 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
+    /// Runs the legs, with the request counted against the decode `worker` from
+    /// dispatch, as the simulator counts it: the steps planned while the legs run see
+    /// the KV it will take there and, for a remote prefill, its decode leg heading for
+    /// that worker's queue.
+    async fn prepare(
+        &self,
+        decision: &Decision,
+        worker: &Arc<Worker>,
+        cached_blocks: u64,
+    ) -> (InFlight, dispatch::Prepared) {
+        let prompt = u64::from(self.view.route.prompt_tokens);
+        let cached = cached_blocks * self.step.block;
+        let mut in_flight = worker.start_request(
+            self.view.route.prompt_blocks(),
+            PrefillCharge::of(decision, prompt, cached),
+            prompt,
+        );
+        if matches!(decision.dispatch, Dispatch::Disaggregated { .. }) {
+            in_flight.leg_heading();
+        }
+        let prepared = self
+            .st
+            .dispatcher()
+            .prepare(self.step, decision, worker)
+            .await;
+        in_flight.leg_arrived();
+        // A fetch or move that fell back leaves the worker to compute what it lacks.
+        if prepared.fell_back {
+            in_flight.recharge(PrefillCharge::computed(prompt.saturating_sub(cached)));
+        }
+        (in_flight, prepared)
+    }
+
     /// Runs the legs and sends the decode request; `cached_blocks` of the prompt are
     /// already on `worker`.
     async fn run(
@@ -260,19 +293,11 @@ impl Attempt<'_> {
     ) -> Result<Response, ForwardError> {
         let (st, view) = (self.st, self.view);
         let action = decision.action();
-        let prepared = st.dispatcher().prepare(self.step, decision, worker).await;
+        let (in_flight, prepared) = self.prepare(decision, worker, cached_blocks).await;
         if prepared.stale {
             return Err(ForwardError::StaleView);
         }
         feedback::legs_ran(st, action, &prepared);
-        let prompt = u64::from(view.route.prompt_tokens);
-        let cached = cached_blocks * self.step.block;
-        // A fetch or move that fell back leaves the worker to compute what it lacks.
-        let prefill = match prepared.fell_back {
-            true => PrefillCharge::computed(prompt.saturating_sub(cached)),
-            false => PrefillCharge::of(decision, prompt, cached),
-        };
-        let in_flight = worker.start_request(view.route.prompt_blocks(), prefill, prompt);
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,
