@@ -535,37 +535,35 @@ mod tests {
         };
         let source = WorkerId(0);
         let charge = |tokens, computed| PrefillCharge { tokens, computed };
-        // 10K prompt, the worker holds 2K of it.
-        let single = to(Dispatch::Single);
-        assert_eq!(
-            PrefillCharge::of(&single, 10_000, 2_000),
-            charge(8_000, 8_000)
-        );
-        let moved = to(Dispatch::Migrate {
-            source,
-            tokens: 9_000,
-        });
-        assert_eq!(
-            PrefillCharge::of(&moved, 10_000, 2_000),
-            charge(8_000, 1_000)
-        );
-        let fetched = to(Dispatch::Fetch {
-            source,
-            tokens: 6_000,
-        });
-        assert_eq!(
-            PrefillCharge::of(&fetched, 10_000, 2_000),
-            charge(8_000, 4_000)
-        );
-        // A move that brings less than the worker holds computes what it lacks.
-        let short = to(Dispatch::Migrate {
-            source,
-            tokens: 1_000,
-        });
-        assert_eq!(
-            PrefillCharge::of(&short, 10_000, 2_000),
-            charge(8_000, 8_000)
-        );
+        // A 10K prompt of which the worker holds 2K: it takes the 8K of KV it lacks, and
+        // computes what nothing brings (a move bringing less than it holds, all it lacks).
+        for (dispatch, computed) in [
+            (Dispatch::Single, 8_000),
+            (
+                Dispatch::Migrate {
+                    source,
+                    tokens: 9_000,
+                },
+                1_000,
+            ),
+            (
+                Dispatch::Fetch {
+                    source,
+                    tokens: 6_000,
+                },
+                4_000,
+            ),
+            (
+                Dispatch::Migrate {
+                    source,
+                    tokens: 1_000,
+                },
+                8_000,
+            ),
+        ] {
+            let got = PrefillCharge::of(&to(dispatch), 10_000, 2_000);
+            assert_eq!(got, charge(8_000, computed), "{dispatch:?}");
+        }
         let decode_leg = to(Dispatch::Disaggregated { prefill: source });
         assert_eq!(
             PrefillCharge::of(&decode_leg, 10_000, 2_000),
