@@ -71,7 +71,7 @@ struct Req {
     /// `cached_tokens` came from a prefill worker's leg.
     prefilled_remotely: bool,
     /// Prefill tokens counted against the decode worker until the first token: the KV
-    /// they will allocate, and of it what it computes (`Decision::computed_here`).
+    /// they will allocate, and of it what it computes (`PrefillCharge::of`).
     prefill_charged: PrefillCharge,
     /// What the prefill leg counts against its prefill worker until it finishes, as the
     /// router does while a NIXL prefill leg runs: (worker, blocks, tokens).
