@@ -269,6 +269,23 @@ impl Worker {
         self.active_blocks.load(Ordering::Relaxed)
     }
 
+    /// Counts a prefill pending here (`WorkerView::active_prefill_tokens` and
+    /// `active_compute_tokens`).
+    fn charge(&self, c: PrefillCharge) {
+        self.active_prefill_tokens
+            .fetch_add(c.tokens, Ordering::Relaxed);
+        self.active_compute_tokens
+            .fetch_add(c.computed, Ordering::Relaxed);
+    }
+
+    /// Stops counting a prefill [`Worker::charge`] counted.
+    fn discharge(&self, c: PrefillCharge) {
+        self.active_prefill_tokens
+            .fetch_sub(c.tokens, Ordering::Relaxed);
+        self.active_compute_tokens
+            .fetch_sub(c.computed, Ordering::Relaxed);
+    }
+
     /// Counts a request of `prompt_tokens` as in flight, holding `blocks` of KV and
     /// `prefill` still to prefill, until the guard drops.
     pub fn start_request(
@@ -279,10 +296,7 @@ impl Worker {
     ) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.active_blocks.fetch_add(blocks, Ordering::Relaxed);
-        self.active_prefill_tokens
-            .fetch_add(prefill.tokens, Ordering::Relaxed);
-        self.active_compute_tokens
-            .fetch_add(prefill.computed, Ordering::Relaxed);
+        self.charge(prefill);
         InFlight {
             worker: self.clone(),
             blocks,
@@ -381,13 +395,7 @@ pub struct InFlight {
 impl InFlight {
     /// The first byte came back: the prefill is over (Dynamo's `mark_prefill_completed`).
     pub fn prefill_done(&mut self) {
-        let t = std::mem::take(&mut self.prefill);
-        self.worker
-            .active_prefill_tokens
-            .fetch_sub(t.tokens, Ordering::Relaxed);
-        self.worker
-            .active_compute_tokens
-            .fetch_sub(t.computed, Ordering::Relaxed);
+        self.worker.discharge(std::mem::take(&mut self.prefill));
     }
 
     /// Its prefill runs on another worker: it reaches this worker's queue once that
@@ -409,16 +417,10 @@ impl InFlight {
     /// Counts `prefill` instead of what the request was started with, before it is sent
     /// (a fetch or move that fell back computes what it was to receive).
     pub fn recharge(&mut self, prefill: PrefillCharge) {
-        let w = &self.worker;
-        let old = std::mem::replace(&mut self.prefill, prefill);
-        w.active_prefill_tokens
-            .fetch_add(prefill.tokens, Ordering::Relaxed);
-        w.active_compute_tokens
-            .fetch_add(prefill.computed, Ordering::Relaxed);
-        w.active_prefill_tokens
-            .fetch_sub(old.tokens, Ordering::Relaxed);
-        w.active_compute_tokens
-            .fetch_sub(old.computed, Ordering::Relaxed);
+        // Added before the old is taken away, so the counts never dip below zero.
+        self.worker.charge(prefill);
+        self.worker
+            .discharge(std::mem::replace(&mut self.prefill, prefill));
     }
 
     /// Its stream's first frame came: it decodes from now on, holding its prompt's KV.
