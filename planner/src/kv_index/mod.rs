@@ -257,7 +257,7 @@ impl KvIndex {
                 block_size: cfg.block_size.max(1),
                 ..cfg
             },
-            nodes: NodeStore::default(),
+            nodes: NodeStore::for_limit(cfg.max_blocks),
             engine_ids: FastMap::default(),
             routed_holds: FastMap::default(),
             gpu_holds: FastMap::default(),
