@@ -51,6 +51,9 @@ pub struct Step<'a> {
     pub lookup: &'a Lookup,
     pub hashes: &'a [u64],
     pub block: u64,
+    /// The prompt's tokens (its blocks are whole ones: `hashes` covers this less a
+    /// partial last block).
+    pub prompt_tokens: u64,
     pub request_id: HeaderValue,
     /// `Authorization: Bearer <engine_api_key>` for engines run with `--api-key`, which
     /// every leg carries; a client's own `Authorization` never reaches an engine.
@@ -256,7 +259,12 @@ impl Dispatcher<'_> {
         let body = Bytes::from(vllm::prefill_request(&original).to_string());
         let tokens = step.hashes.len() as u64 * step.block;
         let alone = p.view().starts_prefill_now(tokens);
-        let leg = PrefillCharge::prefill_leg(decision, tokens);
+        // Its KV in whole blocks, as the worker's count is kept; what it computes from the
+        // prompt's own length, as the simulator charges a leg.
+        let leg = PrefillCharge {
+            tokens,
+            ..PrefillCharge::prefill_leg(decision, step.prompt_tokens)
+        };
         let _in_flight = p.start_request(step.hashes.len() as u64, leg, tokens);
         let started = Instant::now();
         let headers = headers_for(step, step.lookup.epoch);

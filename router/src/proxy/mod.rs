@@ -90,6 +90,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             lookup: &lookup,
             hashes: id.hashes(),
             block: u64::from(view.route.block_size),
+            prompt_tokens: u64::from(view.route.prompt_tokens),
             request_id: req.request_id.clone(),
             authorization: st.cfg.engine_authorization.clone(),
         };

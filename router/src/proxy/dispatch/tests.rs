@@ -120,6 +120,7 @@ impl Case {
             lookup: &self.lookup,
             hashes: &self.hashes,
             block: 16,
+            prompt_tokens: self.hashes.len() as u64 * 16 + 5,
             request_id: HeaderValue::from_static("req-1"),
             authorization: Some(HeaderValue::from_static("Bearer client")),
         };
