@@ -157,6 +157,49 @@ impl Roofline {
             .total_s
     }
 
+    /// Seconds to the end of a prefill of `tokens` tokens (`pairs` attention pairs over
+    /// `context` cached tokens) on an engine that runs it as chunked prefill: steps of
+    /// `budget` tokens, each shared with `decodes` decoding sequences that read
+    /// `decode_context` KV tokens (vLLM V1 schedules the running decodes first and gives
+    /// the prefill the rest of the budget; the simulated engine does the same). The
+    /// chunks are priced as equal steps of the average chunk.
+    ///
+    /// Why not one step of all the tokens: the engine runs it so. A long prompt pays a
+    /// step's overhead per chunk, and each chunk's step also carries the decodes' tokens
+    /// and reads (hidden under a long chunk's compute, not under a short one's).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the prefill's three figures, the decodes' two and the budget, each named"
+    )]
+    pub fn chunked_prefill_s(
+        &self,
+        f: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+        context: u64,
+        decodes: u64,
+        decode_context: u64,
+        budget: u64,
+    ) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let chunks = tokens.div_ceil(budget.saturating_sub(decodes).max(1));
+        let chunk = tokens / chunks;
+        // Each chunk reads the prompt's KV computed before it: on average, the cached
+        // context and half of the rest.
+        let read_context = context + (tokens - chunk) / 2;
+        chunks as f64
+            * self
+                .figured_step(
+                    f,
+                    chunk + decodes,
+                    pairs / chunks + decode_context,
+                    decode_context + read_context + chunk + decodes,
+                )
+                .total_s
+    }
+
     /// A step of `tokens` tokens (prefill tokens and decoding sequences) with `pairs`
     /// attention pairs (a decode's context counts one pair per token), reading `kv_tokens`
     /// KV tokens: the longer of its compute and memory time, plus the step's overhead.
@@ -192,6 +235,29 @@ impl Roofline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prefill that fits one step beside no decodes is that one step; a long one pays
+    /// a step's overhead per chunk; beside decodes every chunk carries their work too.
+    #[test]
+    fn a_prefill_is_priced_in_chunks_beside_the_decodes_that_share_its_steps() {
+        let g = GpuSpec::preset("h100").unwrap();
+        let m = ModelSpec::preset("llama-3.1-8b").unwrap();
+        let r = Roofline::new(&g, 1, Efficiency::default());
+        let f = StepFigures::of(&m);
+        let alone = |n: u64| r.prefill_step_s(&f, n, prefill_pairs(n, 0), 0);
+        let beside = |n: u64, d: u64, ctx: u64| {
+            r.chunked_prefill_s(&f, n, prefill_pairs(n, 0), 0, d, ctx, 8_192)
+        };
+        assert_eq!(beside(3_000, 0, 0), alone(3_000));
+        assert_eq!(beside(0, 20, 600_000), 0.0);
+        // 34K tokens: five chunks, each with its own step overhead.
+        assert!(beside(34_000, 0, 0) > alone(34_000));
+        for n in [500, 3_000, 34_000] {
+            assert!(beside(n, 20, 600_000) > beside(n, 0, 0), "{n} tokens");
+        }
+        // 200 tokens beside 64 decodes of 60K tokens each: the step is their reads.
+        assert!(beside(200, 64, 64 * 60_000) > 3.0 * alone(200));
+    }
 
     #[test]
     fn a_decode_step_costs_what_the_general_step_time_says_to_the_bit() {

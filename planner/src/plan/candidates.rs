@@ -459,11 +459,18 @@ impl Pricing<'_, '_> {
         }
     }
 
+    /// Seconds to compute `new` tokens of the prompt (`n` samples) on `w` once sent there:
+    /// the engine step under way ends ([`PlanWorker::step_under_way_s`]), then the
+    /// prompt's chunks run beside the decodes there ([`PlanWorker::preset_prefill_s`]), at
+    /// its calibrated rate.
     fn prefill_s(&self, w: &PlanWorker, new: u64, n: u64) -> f64 {
+        if new == 0 {
+            return 0.0;
+        }
         let context = self.prompt().saturating_sub(new);
         let pairs = prefill_pairs(new, context) * n;
-        w.roofline
-            .prefill_step_s(&self.figures, new * n, pairs, context * n)
+        (w.step_under_way_s(&self.figures)
+            + w.preset_prefill_s(&self.figures, new * n, pairs, context * n))
             * w.prefill_scale
     }
 
@@ -519,6 +526,7 @@ impl Pricing<'_, '_> {
             &w.roofline,
             &self.figures,
             stalled_decodes(w.decodes(), w.decoding),
+            w.running_kv_tokens(),
             tokens,
             compute_s,
         )

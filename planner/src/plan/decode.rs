@@ -24,14 +24,6 @@ use crate::roofline::StepFigures;
 use super::interference::stalled_decodes;
 use super::PlanWorker;
 
-/// KV tokens held by the sequences running on `w` (capacity minus free); 0 when unknown.
-fn running_kv_tokens(w: &PlanWorker) -> u64 {
-    match (w.kv_capacity_tokens, w.kv_free_tokens) {
-        (Some(c), Some(f)) => c.saturating_sub(f),
-        _ => 0,
-    }
-}
-
 /// Seconds of one decode step on `w` with `extra_seqs` more sequences holding
 /// `extra_tokens` more KV than run there now; 0 for a worker that does not decode.
 pub fn decode_step_s(
@@ -42,7 +34,7 @@ pub fn decode_step_s(
 ) -> f64 {
     let seqs = stalled_decodes(w.decodes(), w.decoding) + extra_seqs;
     w.roofline
-        .decode_step_s(f, seqs, running_kv_tokens(w) + extra_tokens)
+        .decode_step_s(f, seqs, w.running_kv_tokens() + extra_tokens)
 }
 
 /// Decode steps one sequence is expected to run: over the decoders with an observed

@@ -35,16 +35,16 @@ pub fn stalled_decodes(decodes: bool, running: u64) -> u64 {
     }
 }
 
-/// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds alone, chunked
-/// by [`CHUNK_TOKENS`] less one token per decode) costs the `decoding` sequences decoding
-/// beside it: each loses, per chunk step, the mixed step's time minus the decode-only
-/// step's. The decode-only step is priced at the weights read alone (the decodes' KV reads
-/// are in both steps and cancel), so this is what the decodes lose, never more than
-/// `decoding × compute_s`.
+/// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds to its end,
+/// chunked by [`CHUNK_TOKENS`] less one token per decode, each chunk sharing its step with
+/// the decodes: `Roofline::chunked_prefill_s`) costs the `decoding` sequences decoding
+/// beside it, which read `decode_context` KV tokens: each loses, per chunk step, the mixed
+/// step's time minus the decode-only step's. Never more than `decoding × compute_s`.
 pub fn marginal_interference_s(
     roofline: &Roofline,
     figures: &StepFigures<'_>,
     decoding: u64,
+    decode_context: u64,
     tokens: u64,
     compute_s: f64,
 ) -> f64 {
@@ -53,9 +53,7 @@ pub fn marginal_interference_s(
     }
     let budget = CHUNK_TOKENS.saturating_sub(decoding).max(1);
     let chunks = tokens.div_ceil(budget);
-    let decode_only = roofline.decode_step_s(figures, decoding, 0);
-    // The chunk steps' own overhead is in `compute_s` once; the decodes would have paid
-    // it per decode-only step anyway, so it cancels with `decode_only`'s.
+    let decode_only = roofline.decode_step_s(figures, decoding, decode_context);
     let lost = (compute_s - chunks as f64 * decode_only).max(0.0);
     decoding as f64 * lost
 }
@@ -94,7 +92,7 @@ mod tests {
     fn no_decodes_no_interference() {
         let (m, r) = llama_h100();
         assert_eq!(
-            marginal_interference_s(&r, &StepFigures::of(&m), 0, 8_000, 0.5),
+            marginal_interference_s(&r, &StepFigures::of(&m), 0, 0, 8_000, 0.5),
             0.0
         );
     }
@@ -114,7 +112,7 @@ mod tests {
                 },
             )
             .total_s;
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 4_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 0, 4_000, c);
         assert!((i - 10.0 * (c - dec)).abs() < 1e-12, "{i}");
         assert!(i < 10.0 * c);
     }
@@ -124,7 +122,7 @@ mod tests {
         let (m, r) = llama_h100();
         // 16 new tokens ride a memory-bound decode step almost for free.
         let c = prefill_s(&r, &m, 16);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 16, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 0, 16, c);
         assert!(i < 0.1 * 32.0 * c, "{i} vs {}", 32.0 * c);
     }
 
@@ -132,7 +130,7 @@ mod tests {
     fn a_long_prefill_stalls_each_decode_for_nearly_its_whole_time() {
         let (m, r) = llama_h100();
         let c = prefill_s(&r, &m, 32_000);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 32_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 0, 32_000, c);
         assert!(i > 0.9 * 8.0 * c && i <= 8.0 * c, "{i} vs {}", 8.0 * c);
     }
 }

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::ids::{Role, WorkerId};
-use crate::roofline::Roofline;
+use crate::roofline::{Roofline, StepFigures};
 use crate::spec::ModelSpec;
 
 pub use admission::{admission, admitted_view, Admission};
@@ -151,6 +151,51 @@ impl PlanWorker {
     /// allowed to decode too.
     pub fn decodes(&self) -> bool {
         self.role.serves_full_requests() || (self.role == Role::Prefill && self.prefill_decodes)
+    }
+
+    /// KV tokens held by the sequences running here (capacity minus free); 0 when unknown.
+    pub fn running_kv_tokens(&self) -> u64 {
+        match (self.kv_capacity_tokens, self.kv_free_tokens) {
+            (Some(c), Some(f)) => c.saturating_sub(f),
+            _ => 0,
+        }
+    }
+
+    /// Expected seconds until the engine step under way here ends, which a prompt sent now
+    /// waits for before its first chunk: half a step of the decodes running here (0 when
+    /// none run). Why it is priced apart: it is paid once per prompt whatever its size.
+    /// Within the calibration's factor it was not: a prefill of a few thousand tokens
+    /// beside twenty decodes took 1.85× its price (median, Llama SWE-smith ×275 on `8h`),
+    /// and that factor then priced 34K-token prompts at twice what they took.
+    pub fn step_under_way_s(&self, figures: &StepFigures<'_>) -> f64 {
+        let decodes = interference::stalled_decodes(self.decodes(), self.decoding);
+        if decodes == 0 {
+            return 0.0;
+        }
+        0.5 * self
+            .roofline
+            .decode_step_s(figures, decodes, self.running_kv_tokens())
+    }
+
+    /// Seconds a prefill of `tokens` tokens (`pairs` attention pairs over `context` cached
+    /// tokens) takes here at the preset's rate: chunked, each chunk's step shared with the
+    /// decodes running here (`Roofline::chunked_prefill_s`).
+    pub fn preset_prefill_s(
+        &self,
+        figures: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+        context: u64,
+    ) -> f64 {
+        self.roofline.chunked_prefill_s(
+            figures,
+            tokens,
+            pairs,
+            context,
+            interference::stalled_decodes(self.decodes(), self.decoding),
+            self.running_kv_tokens(),
+            interference::CHUNK_TOKENS,
+        )
     }
 }
 

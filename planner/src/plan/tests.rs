@@ -193,6 +193,8 @@ fn a_prefill_worker_allowed_to_decode_takes_a_new_session_off_a_busy_decoder() {
     owner.cached_tokens = 29_000;
     let mut s = Scenario::new(30_000, vec![owner, d]);
     s.decode_owner = Some(0);
+    // Every candidate listed: the move cannot win here, so a pruned plan skips it.
+    s.exhaustive = true;
     let p = s.plan();
     assert!(
         p.candidates.iter().all(|c| c.decode_on == WorkerId(1)),

@@ -13,7 +13,7 @@ use crate::kv_release::DecodeLifetimes;
 use crate::plan::{
     plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
 };
-use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepWork};
+use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepFigures};
 use crate::spec::{GpuSpec, ModelSpec, SpecError};
 
 /// What the planner prices plans with.
@@ -142,14 +142,12 @@ impl OwnerServe {
         let prefill_scale = self
             .calibration_of(&roofline)
             .map_or(1.0, PrefillCalibration::scale);
-        PlanWorker {
+        let mut planned = PlanWorker {
             id: w.id,
             role: w.role,
             healthy: w.healthy,
             draining: w.draining,
-            // The queued prompts are prefilled at the rate this step's is priced at; what
-            // moves, fetches and remote prefills bring there is KV, not compute.
-            queue_s: queue_s(&roofline, model, w.active_compute_tokens, queued) * prefill_scale,
+            queue_s: 0.0,
             roofline,
             decoding: w.decoding(),
             queued,
@@ -166,7 +164,12 @@ impl OwnerServe {
             waiting_tokens: w.active_prefill_tokens,
             decode_lifetime_s: self.decode_lifetime.get(&w.id).and_then(Ewma::value),
             kv_release_per_s: self.kv_release_per_s(w, prompt),
-        }
+        };
+        // The queued prompts are prefilled as this step's is priced: chunked beside the
+        // decodes running there, at the calibrated rate. What moves, fetches and remote
+        // prefills bring there is KV, not compute.
+        planned.queue_s = queue_s(&planned, model, w.active_compute_tokens, queued) * prefill_scale;
+        planned
     }
 
     /// How fast `w`'s running decodes release KV, worked out only when a step of
@@ -258,24 +261,20 @@ pub fn longest_copy(
     })
 }
 
-/// Predicted wait before a new prefill starts on a worker that has `waiting` prompt tokens
-/// sent there and not prefilled yet, in about `queued` prompts (at least one): their
-/// compute, each prompt attending only to itself. (Pricing the backlog as one prompt of
-/// all its tokens counted the attention of prompts to each other and overstated a long
-/// queue by up to 2×, which made busy workers look busier than they are.)
-pub fn queue_s(roofline: &Roofline, model: &ModelSpec, waiting: u64, queued: u64) -> f64 {
+/// Predicted wait before a new prefill starts on `w`, which has `waiting` prompt tokens
+/// sent there and not prefilled yet, in about `queued` prompts (at least one), at the
+/// preset's rate: their compute, each prompt attending only to itself, chunked beside the
+/// decodes running there ([`PlanWorker::preset_prefill_s`]). (Pricing the backlog as one
+/// prompt of all its tokens counted the attention of prompts to each other and overstated
+/// a long queue by up to 2×, which made busy workers look busier than they are.)
+pub fn queue_s(w: &PlanWorker, model: &ModelSpec, waiting: u64, queued: u64) -> f64 {
     if waiting == 0 {
         return 0.0;
     }
     let prompts = queued.clamp(1, waiting);
     let each = waiting / prompts;
-    let work = StepWork {
-        prefill_tokens: waiting,
-        prefill_attention_pairs: prefill_pairs(each, 0) * prompts
-            + prefill_pairs(waiting - each * prompts, 0),
-        ..StepWork::default()
-    };
-    roofline.step_time(model, &work).total_s
+    let pairs = prefill_pairs(each, 0) * prompts + prefill_pairs(waiting - each * prompts, 0);
+    w.preset_prefill_s(&StepFigures::of(model), waiting, pairs, 0)
 }
 
 /// The dispatch that carries out a plan.
@@ -703,15 +702,16 @@ mod tests {
     #[test]
     fn a_queue_of_several_prompts_waits_less_than_one_prompt_of_all_their_tokens() {
         let p = policy();
-        let (m, r) = (&p.config().model, &p.config().roofline);
-        let one = queue_s(r, m, 64_000, 1);
-        let eight = queue_s(r, m, 64_000, 8);
+        let m = &p.config().model;
+        let w = p.plan_worker(&WorkerView::idle(WorkerId(0), Role::Decode), m, 16, 0);
+        let one = queue_s(&w, m, 64_000, 1);
+        let eight = queue_s(&w, m, 64_000, 8);
         assert!(eight < one, "{eight} vs {one}");
         // Linear work is the same; only the attention across prompts is gone.
         assert!(eight > 0.5 * one, "{eight} vs {one}");
-        assert_eq!(queue_s(r, m, 0, 3), 0.0);
+        assert_eq!(queue_s(&w, m, 0, 3), 0.0);
         // More prompts than tokens cannot happen; it is clamped, not a panic.
-        assert!(queue_s(r, m, 2, 10) > 0.0);
+        assert!(queue_s(&w, m, 2, 10) > 0.0);
     }
 
     #[test]
