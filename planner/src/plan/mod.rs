@@ -168,13 +168,7 @@ impl PlanWorker {
     /// beside twenty decodes took 1.85× its price (median, Llama SWE-smith ×275 on `8h`),
     /// and that factor then priced 34K-token prompts at twice what they took.
     pub fn step_under_way_s(&self, figures: &StepFigures<'_>) -> f64 {
-        let decodes = interference::stalled_decodes(self.decodes(), self.decoding);
-        if decodes == 0 {
-            return 0.0;
-        }
-        0.5 * self
-            .roofline
-            .decode_step_s(figures, decodes, self.running_kv_tokens())
+        0.5 * decode::decode_step_s(self, figures, 0, 0)
     }
 
     /// Seconds a prefill of `tokens` tokens (`pairs` attention pairs over `context` cached
