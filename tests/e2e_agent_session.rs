@@ -56,6 +56,9 @@ fn start() -> Fleet {
             w.url
         )
     };
+    // `planner_prefill_workers_decode = "never"`: step 1 exercises the remote prefill; with
+    // the default the idle H100 prefill worker, its pool sized for decoding, would take the
+    // session whole.
     // `planner_kappa = 0`: step 5 exercises the router's artifact-fetch path with a fork.
     // At the default κ a fork pays for the second copy of its prefix and stays with the
     // owner unless the owner's queue costs more than recomputing that copy, which this
@@ -65,6 +68,7 @@ fn start() -> Fleet {
         "agent-session",
         &format!(
             "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nplanner_kappa = 0\n\
+             planner_prefill_workers_decode = \"never\"\n\
              planner_gpu = \"h20\"\nplanner_link_gbs = 50\nplanner_time_scale = 10\n\
              scrape_interval_ms = 100\nownership_flush_ms = 10\n\
              session_lease_min_ms = 1000\nsession_lease_max_ms = 1000\n\n{}{}{}",

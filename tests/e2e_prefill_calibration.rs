@@ -38,7 +38,14 @@ fn scale(c: &Value) -> f64 {
 async fn a_prefill_leg_on_an_idle_worker_calibrates_its_compute() {
     let flags = ["--step-overhead-s", "0.5", "--max-kv-blocks", "4000"];
     let workers = [Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
-    let router = planner_router("calibration.toml", &workers, &["prefill", "decode"], "");
+    // The roles are kept: with the default (`auto`) the idle prefill worker, whose pool is
+    // the decoder's size, would take the new session whole, and no leg would calibrate.
+    let router = planner_router(
+        "calibration.toml",
+        &workers,
+        &["prefill", "decode"],
+        "planner_prefill_workers_decode = \"never\"\n",
+    );
     let body = chat_body(&words("task", 2_000), 4);
 
     // Nothing observed yet: the plan prices w0 at the preset's time.

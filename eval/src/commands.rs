@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use ownerserve_planner::policy::PrefillWorkersDecode;
 use ownerserve_shim::sim::config::SimSettings;
 
 use crate::console::say;
@@ -48,10 +49,11 @@ pub struct SimulateArgs {
     /// Every worker's engine settings (the same flags `ownerserve sim-worker` takes).
     #[command(flatten)]
     engine: SimSettings,
-    /// Let the cost planner decode on prefill workers too (the router's
+    /// When the cost planner may decode on prefill workers too: never, auto (where the
+    /// worker's KV pool is sized for decoding), always (the router's
     /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
-    #[arg(long)]
-    prefill_workers_decode: bool,
+    #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
+    prefill_workers_decode: PrefillWorkersDecode,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -113,10 +115,11 @@ pub struct ReportArgs {
     capacity_tolerance: f64,
     #[command(flatten)]
     engine: SimSettings,
-    /// Let the cost planner decode on prefill workers too (the router's
+    /// When the cost planner may decode on prefill workers too: never, auto (where the
+    /// worker's KV pool is sized for decoding), always (the router's
     /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
-    #[arg(long)]
-    prefill_workers_decode: bool,
+    #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
+    prefill_workers_decode: PrefillWorkersDecode,
     #[arg(long)]
     quiet: bool,
 }

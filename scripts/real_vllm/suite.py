@@ -570,7 +570,10 @@ class Suite:
         # The planner's presets price an H100; these engines are CPUs. Calibration is on:
         # the prefill legs it times (on the prefill engine only) teach the planner the rate
         # of every engine of that kind, so the untimed decode engine is priced as slowly.
-        extra = ""
+        # The roles are kept: these checks are about the P/D legs, and with the default
+        # (`auto`) the idle prefill engine, its pool the decode engine's size, would take a
+        # new session whole (`pd_prefill_decodes`).
+        extra = 'planner_prefill_workers_decode = "never"\n'
         workers = prefill.worker_toml("prefill") + decode.worker_toml("decode")
         return self.router(label, policy, workers, TOKENIZER_FIXTURE, extra)
 
@@ -621,23 +624,26 @@ class Suite:
                    f"calibrated / preset compute per engine: {ratios}")
 
     def pd_prefill_decodes(self, prefill, decode, conv):
-        """With `planner_prefill_workers_decode` a new session, while `decode` is busy
-        decoding, is served whole by the idle `prefill` engine (a NixlConnector instance
-        serves requests without `kv_transfer_params` as a plain engine): computed there, no
-        KV pulled by `decode`."""
+        """With the default `planner_prefill_workers_decode` (`auto`: the prefill engine's
+        KV pool, from its `vllm:cache_config_info`, is sized like the decode engine's) a new
+        session, while `decode` is busy decoding, is served whole by the idle `prefill`
+        engine (a NixlConnector instance serves requests without `kv_transfer_params` as a
+        plain engine): computed there, no KV pulled by `decode`."""
         workers = prefill.worker_toml("prefill") + decode.worker_toml("decode")
         r = self.router("ownerserve-prefill-decodes", "ownerserve", workers, TOKENIZER_FIXTURE,
-                        "planner_calibrate = false\nplanner_prefill_workers_decode = true\n")
+                        "planner_calibrate = false\n")
         time.sleep(1.5)  # its scrapes see the decode engine's running streams
+        pools = {w["id"]: (w.get("kv_capacity_tokens"), w.get("kv_capacity_source"))
+                 for w in admin(r.url, "/admin/v1/workers")["workers"]}
         status, h, n, plan, computed, pulled, ran = self.measured_step(r, prefill, decode, conv)
-        self.check(f"p/d ownerserve (prefill workers decode): a new session served whole by "
-                   f"{prefill.name} while {decode.name} is busy",
+        self.check(f"p/d ownerserve (default: prefill workers decode where their pool allows): "
+                   f"a new session served whole by {prefill.name} while {decode.name} is busy",
                    status == 200 and h.get("x-ownerserve-worker") == prefill.name
                    and computed >= n - BLOCK and pulled == 0 and n > 0,
                    f"status {status}, served by {h.get('x-ownerserve-worker')}, prompt {n} "
                    f"tokens, prefill local_compute +{computed:.0f}, decode "
-                   f"external_kv_transfer +{pulled:.0f}; planned meanwhile {ran}; explain: "
-                   f"{plan.get('reason')}")
+                   f"external_kv_transfer +{pulled:.0f}; pools {pools}; planned meanwhile "
+                   f"{ran}; explain: {plan.get('reason')}")
         r.stop()
 
     def pd(self, e0, e1):

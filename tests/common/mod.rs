@@ -218,13 +218,18 @@ pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> ser
 /// the sim `workers`, named `w0`, `w1`, … in the roles of `roles` (in order), scraping their
 /// metrics every 100 ms; `extra` adds `[router]` keys.
 pub fn planner_router(name: &str, workers: &[Proc], roles: &[&str], extra: &str) -> Proc {
+    let urls: Vec<&str> = workers.iter().map(|w| w.url.as_str()).collect();
+    planner_router_at(name, &urls, roles, extra)
+}
+
+/// [`planner_router`] over the workers at `urls`.
+pub fn planner_router_at(name: &str, urls: &[&str], roles: &[&str], extra: &str) -> Proc {
     let mut cfg = format!(
         "[router]\npolicy = \"ownerserve\"\ndirectory = \"embedded\"\nscrape_interval_ms = 100\n{extra}"
     );
-    for (i, (w, role)) in workers.iter().zip(roles).enumerate() {
+    for (i, (url, role)) in urls.iter().zip(roles).enumerate() {
         cfg.push_str(&format!(
-            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{}\"\nrole = \"{role}\"\nengine = \"sim\"\n",
-            w.url
+            "\n[[workers]]\nname = \"w{i}\"\nurl = \"{url}\"\nrole = \"{role}\"\nengine = \"sim\"\n"
         ));
     }
     Proc::router(&[], &["--config", &temp_config(name, &cfg)])

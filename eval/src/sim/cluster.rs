@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
-use ownerserve_planner::policy::OwnerServeConfig;
+use ownerserve_planner::policy::{OwnerServeConfig, PrefillWorkersDecode};
 use ownerserve_shim::sim::config::{SimConfig, SimConfigError, SimSettings};
 
 /// One worker of a simulated cluster.
@@ -25,10 +25,10 @@ pub struct Cluster {
     /// Short name, e.g. `2p6d`.
     pub name: String,
     pub workers: Vec<ClusterWorker>,
-    /// Its prefill workers also serve whole requests and the cost planner may decode there
-    /// (the router's `planner_prefill_workers_decode`; the simulated engine can). Off by
-    /// default; the peers' routers keep their sources' roles either way.
-    pub prefill_workers_decode: bool,
+    /// When the cost planner may decode on its prefill workers, which serve whole requests
+    /// (the router's `planner_prefill_workers_decode`; the simulated engine can). The peers'
+    /// routers keep their sources' roles either way.
+    pub prefill_workers_decode: PrefillWorkersDecode,
 }
 
 /// A cluster spec that cannot be built.
@@ -98,14 +98,14 @@ impl Cluster {
         Ok(Self {
             name: spec.trim().to_ascii_lowercase(),
             workers,
-            prefill_workers_decode: false,
+            prefill_workers_decode: PrefillWorkersDecode::default(),
         })
     }
 
-    /// The same fleet with its prefill workers allowed to decode (or not).
-    pub fn with_prefill_workers_decode(self, on: bool) -> Self {
+    /// The same fleet with its prefill workers allowed to decode when `when` says.
+    pub fn with_prefill_workers_decode(self, when: PrefillWorkersDecode) -> Self {
         Self {
-            prefill_workers_decode: on,
+            prefill_workers_decode: when,
             ..self
         }
     }

@@ -11,6 +11,7 @@ mod kv_aware;
 mod least_loaded;
 mod llm_d;
 mod ownerserve;
+mod prefill_workers_decode;
 mod rng;
 mod round_robin;
 mod session_affinity;
@@ -25,6 +26,9 @@ pub use kv_aware::{BusyThresholds, KvAware, KvAwareConfig};
 pub use least_loaded::LeastLoaded;
 pub use llm_d::{LlmD, LlmDConfig};
 pub use ownerserve::{OwnerServe, OwnerServeConfig};
+pub use prefill_workers_decode::{
+    smallest_decoder_pool, PrefillWorkersDecode, PrefillWorkersDecodeError,
+};
 pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
 pub use session_affinity::SessionAffinity;

@@ -6,7 +6,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Decision, Dispatch, Policy, PolicyError, RouteRequest, WorkerView};
+use super::{
+    smallest_decoder_pool, Decision, Dispatch, Policy, PolicyError, PrefillWorkersDecode,
+    RouteRequest, WorkerView,
+};
 use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
 use crate::kv_release::DecodeLifetimes;
@@ -34,13 +37,14 @@ pub struct OwnerServeConfig {
     /// Host-to-GPU bandwidth of every worker's host-DRAM KV tier, bytes per second (the
     /// GPU preset's `pcie_gbs`): what restoring a host-cached prefix costs.
     pub pcie_bytes_per_s: f64,
-    /// Sessions may decode on prefill workers whose engine serves whole requests
+    /// When sessions may decode on prefill workers whose engine serves whole requests
     /// (`WorkerView::prefill_decodes`): a P/D fleet's prefill GPUs, idle between
     /// prefills, then also hold decodes when the cost says so, priced like a hybrid
-    /// worker's (their running prefill legs counted as stalled decodes). Off by default:
-    /// an operator who split the fleet may have sized its prefill instances for prefill
-    /// only.
-    pub prefill_workers_decode: bool,
+    /// worker's (their running prefill legs counted as stalled decodes). By default
+    /// ([`PrefillWorkersDecode::Auto`]) only where the worker's KV pool is sized for
+    /// decoding: an operator who split the fleet may have sized its prefill instances for
+    /// prefill only.
+    pub prefill_workers_decode: PrefillWorkersDecode,
 }
 
 impl OwnerServeConfig {
@@ -63,7 +67,7 @@ impl OwnerServeConfig {
             weights: Weights::default(),
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
-            prefill_workers_decode: false,
+            prefill_workers_decode: PrefillWorkersDecode::default(),
         })
     }
 
@@ -124,12 +128,15 @@ impl OwnerServe {
 
     /// The planner's view of `w` for a step of `prompt` tokens: its roofline,
     /// calibration, queue, decode batch and how fast its KV is released.
+    /// `smallest_decoder_pool` is the fleet's ([`smallest_decoder_pool`]), for whether a
+    /// prefill worker may decode.
     fn plan_worker(
         &self,
         w: &WorkerView,
         model: &ModelSpec,
         block_size: u32,
         prompt: u64,
+        smallest_decoder_pool: Option<u64>,
     ) -> PlanWorker {
         let roofline = self.cfg.roofline_of(w.id).clone();
         // Prefills the engine has queued (its gauge once scraped; else none known), and
@@ -154,7 +161,10 @@ impl OwnerServe {
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),
             host_cached_tokens: u64::from(w.host_cached_blocks) * u64::from(block_size),
             pulls_kv: w.pulls_kv,
-            prefill_decodes: self.cfg.prefill_workers_decode && w.prefill_decodes,
+            prefill_decodes: self
+                .cfg
+                .prefill_workers_decode
+                .allows(w, smallest_decoder_pool),
             decode_leg_at_dispatch: w.decode_leg_at_dispatch,
             pcie_bytes_per_s: self.cfg.pcie_bytes_per_s,
             prefill_scale,
@@ -213,9 +223,13 @@ impl OwnerServe {
     ) -> Result<Plan, PolicyError> {
         let block_size = req.block_size.max(1);
         let model = self.cfg.model_for(req.model);
+        let decoder_pool = smallest_decoder_pool(workers);
         let plan_workers: Vec<PlanWorker> = workers
             .iter()
-            .map(|w| self.plan_worker(w, model, block_size, u64::from(req.prompt_tokens)))
+            .map(|w| {
+                let prompt = u64::from(req.prompt_tokens);
+                self.plan_worker(w, model, block_size, prompt, decoder_pool)
+            })
             .collect();
         let input = PlanInput {
             model,
@@ -491,7 +505,7 @@ mod tests {
 
     /// The prefill scale the planner applies to `w`.
     fn scale(p: &OwnerServe, w: &WorkerView) -> f64 {
-        p.plan_worker(w, &p.cfg.model, 16, 0).prefill_scale
+        p.plan_worker(w, &p.cfg.model, 16, 0, None).prefill_scale
     }
 
     #[test]
@@ -550,12 +564,12 @@ mod tests {
             ..WorkerView::idle(WorkerId(0), Role::Prefill)
         };
         let m = p.cfg.model.clone();
-        let preset = p.plan_worker(&w, &m, 16, 0).queue_s;
+        let preset = p.plan_worker(&w, &m, 16, 0, None).queue_s;
         assert!(preset > 0.0);
         for _ in 0..50 {
             p.observe_prefill(WorkerId(0), 0.1, 0.2);
         }
-        let calibrated = p.plan_worker(&w, &m, 16, 0).queue_s;
+        let calibrated = p.plan_worker(&w, &m, 16, 0, None).queue_s;
         assert!(
             (calibrated / preset - 2.0).abs() < 1e-6,
             "{preset} {calibrated}"
@@ -677,7 +691,7 @@ mod tests {
                 pulls_kv: true,
                 ..WorkerView::idle(WorkerId(id), Role::Decode)
             };
-            p.plan_worker(&v, &p.config().model, 16, 0)
+            p.plan_worker(&v, &p.config().model, 16, 0, None)
         };
         let dir = Some(ArtifactView {
             owner: WorkerId(1),
@@ -703,7 +717,7 @@ mod tests {
     fn a_queue_of_several_prompts_waits_less_than_one_prompt_of_all_their_tokens() {
         let p = policy();
         let m = &p.config().model;
-        let w = p.plan_worker(&WorkerView::idle(WorkerId(0), Role::Decode), m, 16, 0);
+        let w = p.plan_worker(&WorkerView::idle(WorkerId(0), Role::Decode), m, 16, 0, None);
         let one = queue_s(&w, m, 64_000, 1);
         let eight = queue_s(&w, m, 64_000, 8);
         assert!(eight < one, "{eight} vs {one}");
@@ -727,7 +741,7 @@ mod tests {
             }),
             ..WorkerView::idle(WorkerId(3), Role::Decode)
         };
-        let w = p.plan_worker(&view, &p.config().model, 16, 0);
+        let w = p.plan_worker(&view, &p.config().model, 16, 0, None);
         assert_eq!((w.queued, w.decoding), (4, 9));
         assert!(w.queue_s > 0.0);
         // Remote prefills whose decode legs head there join that queue soon: what a step
@@ -736,7 +750,10 @@ mod tests {
             legs_heading: 2,
             ..view
         };
-        assert_eq!(p.plan_worker(&view, &p.config().model, 16, 0).queued, 6);
+        assert_eq!(
+            p.plan_worker(&view, &p.config().model, 16, 0, None).queued,
+            6
+        );
     }
 
     #[test]
@@ -754,11 +771,11 @@ mod tests {
             }),
             ..WorkerView::idle(WorkerId(3), Role::Decode)
         };
-        let w = p.plan_worker(&view, &m, 16, 0);
+        let w = p.plan_worker(&view, &m, 16, 0, None);
         assert_eq!((w.queue_s, w.waiting_tokens), (0.0, 50_000));
         // Computed there, the same tokens are a queue.
         view.active_compute_tokens = 50_000;
-        assert!(p.plan_worker(&view, &m, 16, 0).queue_s > 1.0);
+        assert!(p.plan_worker(&view, &m, 16, 0, None).queue_s > 1.0);
     }
 
     #[test]
@@ -766,15 +783,21 @@ mod tests {
         let mut p = policy();
         let v = WorkerView::idle(WorkerId(2), Role::Decode);
         let m = p.config().model.clone();
-        assert_eq!(p.plan_worker(&v, &m, 16, 0).decode_lifetime_s, None);
+        assert_eq!(p.plan_worker(&v, &m, 16, 0, None).decode_lifetime_s, None);
         p.observe_decode(WorkerId(2), 8.0);
         p.observe_decode(WorkerId(2), 0.0);
         p.observe_decode(WorkerId(2), 18.0);
-        let w = p.plan_worker(&v, &m, 16, 0);
+        let w = p.plan_worker(&v, &m, 16, 0, None);
         assert!((w.decode_lifetime_s.unwrap() - 9.0).abs() < 1e-9, "{w:?}");
         assert_eq!(
-            p.plan_worker(&WorkerView::idle(WorkerId(3), Role::Decode), &m, 16, 0)
-                .decode_lifetime_s,
+            p.plan_worker(
+                &WorkerView::idle(WorkerId(3), Role::Decode),
+                &m,
+                16,
+                0,
+                None
+            )
+            .decode_lifetime_s,
             None
         );
     }
@@ -808,8 +831,8 @@ mod tests {
             }
         }
         let m = p.config().model.clone();
-        let young = p.plan_worker(&full_decoder(1, 0.5), &m, 16, 10_000);
-        let old = p.plan_worker(&full_decoder(2, 20.0), &m, 16, 10_000);
+        let young = p.plan_worker(&full_decoder(1, 0.5), &m, 16, 10_000, None);
+        let old = p.plan_worker(&full_decoder(2, 20.0), &m, 16, 10_000, None);
         let (fast, slow) = (
             young.kv_release_per_s.unwrap(),
             old.kv_release_per_s.unwrap(),
@@ -823,7 +846,10 @@ mod tests {
             }),
             ..full_decoder(1, 0.5)
         };
-        assert_eq!(p.plan_worker(&roomy, &m, 16, 10_000).kv_release_per_s, None);
+        assert_eq!(
+            p.plan_worker(&roomy, &m, 16, 10_000, None).kv_release_per_s,
+            None
+        );
         // The step goes where the KV frees first, whichever worker that is.
         let d = p
             .choose(&req(10_000), &[full_decoder(1, 0.5), full_decoder(2, 20.0)])

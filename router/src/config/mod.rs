@@ -19,6 +19,7 @@ use serde::Deserialize;
 use crate::logging::LogFormat;
 use ownerserve_planner::ids::{EngineKind, Role};
 use ownerserve_planner::plan::Weights;
+use ownerserve_planner::policy::PrefillWorkersDecode;
 use ownerserve_shim::sim::config::SimSettings;
 
 mod error;
@@ -195,9 +196,11 @@ pub struct RouterSettings {
     /// ρ: seconds charged per decode-second a step's expected decode takes on its decode
     /// worker, its own and what it adds to the sequences running there.
     pub planner_rho: f64,
-    /// Let the cost planner decode sessions on prefill workers whose engine serves whole
-    /// requests (vLLM, sim; never SGLang's prefill servers) when that is the cheaper plan.
-    pub planner_prefill_workers_decode: bool,
+    /// When the cost planner may decode sessions on prefill workers whose engine serves
+    /// whole requests (vLLM, sim; never SGLang's prefill servers), if that is the cheaper
+    /// plan: `never`, `auto` (where the worker reports a KV pool sized for decoding) or
+    /// `always`.
+    pub planner_prefill_workers_decode: PrefillWorkersDecode,
     /// Simulated seconds per wall-clock second of the workers (sim fleets run faster than
     /// real time); observed prefill and decode times are scaled by it before calibrating
     /// the planner.
@@ -318,7 +321,7 @@ impl Default for RouterSettings {
             planner_nu: Weights::default().nu,
             planner_kappa: Weights::default().kappa,
             planner_rho: Weights::default().rho,
-            planner_prefill_workers_decode: false,
+            planner_prefill_workers_decode: PrefillWorkersDecode::Auto,
             planner_time_scale: 1.0,
             planner_calibrate: true,
             planner_links: Vec::new(),
