@@ -47,7 +47,7 @@ fn decoders(plan: &Value) -> Vec<u64> {
 async fn a_new_session_decodes_on_the_idle_prefill_worker_only_when_allowed() {
     // 200 ms per engine step: the loads below decode for over a minute.
     let flags = ["--step-overhead-s", "0.2", "--max-kv-blocks", "4000"];
-    let workers = vec![Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
+    let workers = [Proc::sim_worker(&flags), Proc::sim_worker(&flags)];
     let sliver = Proc::sim_worker(&["--step-overhead-s", "0.2", "--max-kv-blocks", "1000"]);
     let allowed = router("prefill-decodes.toml", [&workers[0], &workers[1]], "");
     let split = router(
