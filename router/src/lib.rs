@@ -22,7 +22,9 @@
 //!   `kubernetes`): workers found from the Kubernetes API joining and leaving it at run
 //!   time, each with its probe and scrape tasks (`worker_tasks`).
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
-//! - [`upstream`]: the pooled client and the streaming relay to and from workers.
+//! - [`upstream`]: the pooled client and the streaming relay to and from workers;
+//!   `busy_poll`: the runtime kept polling its sockets for a short window after each
+//!   request's activity, instead of parking.
 //! - [`up`]: the whole stack in one process; [`ha_directory`]: `up --ha`'s directory, a
 //!   3-node Raft cluster of child processes.
 //! - `ownership_sync`: what the router records in the ownership directory (the node and
@@ -39,6 +41,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod admission;
+mod busy_poll;
 mod client_gate;
 pub mod config;
 pub mod ctl;

@@ -133,6 +133,7 @@ impl AppState {
         let responses = crate::response_owners::Recorder::new(&ownership, &cfg);
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
+        let cfg_busy_poll = cfg.busy_poll;
         let state = Arc::new(AppState {
             policy,
             engines: engines.clone(),
@@ -161,7 +162,15 @@ impl AppState {
             body_limits,
             registry,
             responses,
+            busy_poll: crate::busy_poll::BusyPoll::new(cfg_busy_poll),
         });
+        if !cfg_busy_poll.is_zero() {
+            let (st, shutdown) = (state.clone(), shutdown.clone());
+            tracker.spawn(async move {
+                let handing_off = || st.prompts.handing_off();
+                crate::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
+            });
+        }
         if state.ownership.is_some() {
             tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
         }

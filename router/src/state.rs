@@ -62,6 +62,8 @@ pub struct AppState {
     /// Which worker holds each stored Responses answer: this router's records, and the
     /// directory they are recorded in.
     pub(crate) responses: Arc<crate::response_owners::Recorder>,
+    /// Keeps the runtime polling for a short window after each request's activity.
+    pub(crate) busy_poll: crate::busy_poll::BusyPoll,
 }
 
 impl AppState {

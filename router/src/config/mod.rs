@@ -44,6 +44,10 @@ pub struct RouterSettings {
     /// long prompts are tokenized on the blocking pool either way. N > 1: a work-stealing
     /// pool of N threads; 0: one per core.
     pub worker_threads: usize,
+    /// Microseconds the runtime keeps polling its sockets after a request's activity
+    /// before it parks (0: never), so the worker's answer and the client's next request
+    /// find the thread awake (`busy_poll`).
+    pub busy_poll_us: u64,
     pub host: IpAddr,
     pub port: u16,
     pub policy: String,
@@ -256,6 +260,7 @@ impl Default for RouterSettings {
     fn default() -> Self {
         Self {
             worker_threads: 1,
+            busy_poll_us: 200,
             host: IpAddr::from([127, 0, 0, 1]),
             port: 8080,
             policy: "round_robin".to_owned(),
@@ -451,6 +456,9 @@ pub struct RouterOverrides {
     /// Runtime threads: 1 = one thread (lowest latency), N = a pool of N, 0 = one per core.
     #[arg(long, env = "OWNERSERVE_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+    /// Microseconds the runtime keeps polling after a request's activity (0: off).
+    #[arg(long, env = "OWNERSERVE_BUSY_POLL_US")]
+    pub busy_poll_us: Option<u64>,
     /// The remote directory's cluster secret.
     #[arg(long, env = "OWNERSERVE_DIRECTORY_SECRET", hide_env_values = true)]
     pub directory_secret: Option<String>,
@@ -487,6 +495,9 @@ impl RouterOverrides {
         }
         if let Some(n) = self.worker_threads {
             s.worker_threads = n;
+        }
+        if let Some(us) = self.busy_poll_us {
+            s.busy_poll_us = us;
         }
         if self.directory_secret.is_some() {
             s.directory_secret.clone_from(&self.directory_secret);

@@ -66,6 +66,9 @@ pub struct RouterConfig {
     pub kv_block_size: Option<usize>,
     pub kv_approx_ttl: Duration,
     pub scrape_interval: Option<Duration>,
+    /// How long the runtime keeps polling after a request's activity (`busy_poll`; zero:
+    /// it parks at once).
+    pub busy_poll: Duration,
     pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
     pub tokens: Tokens,
     /// Whether the admin token was generated (and must be printed).
@@ -363,6 +366,7 @@ impl RouterConfig {
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
             scrape_interval: (s.scrape_interval_ms > 0)
                 .then(|| Duration::from_millis(s.scrape_interval_ms)),
+            busy_poll: Duration::from_micros(s.busy_poll_us.min(1_000_000)),
             kv_fanout: s.kv_redis_url.clone().map(|url| {
                 (
                     FanoutConfig {

@@ -156,6 +156,11 @@ impl PromptHasher {
         }
     }
 
+    /// Whether a prompt is being computed on the blocking pool right now.
+    pub fn handing_off(&self) -> bool {
+        self.flights.in_flight() > 0
+    }
+
     /// Long prompts computed with these settings.
     pub fn with_flights(mut self, settings: FlightSettings) -> Self {
         self.flights = PromptFlights::new(settings);

@@ -53,6 +53,7 @@ use ownerserve_edge::http_metrics::Executed;
 /// Serves one client request to `endpoint`.
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
+    let _handling = st.busy_poll.handling();
     let req = ingress::Admitted::read(req, &st.body_limits).await?;
     let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
     // Admitted before any tokenizing: an overloaded router sheds at the cost of a parse.
