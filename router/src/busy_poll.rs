@@ -95,11 +95,7 @@ impl BusyPoll {
 
 /// Polls after every touch of `poll` until `shutdown`, while `handing_off()` says no
 /// prompt is being tokenized off this thread. Spawn it on the runtime that serves requests.
-pub async fn run(
-    poll: &BusyPoll,
-    handing_off: impl Fn() -> bool,
-    shutdown: &CancellationToken,
-) {
+pub async fn run(poll: &BusyPoll, handing_off: impl Fn() -> bool, shutdown: &CancellationToken) {
     if poll.window_ns == 0 {
         return;
     }
@@ -134,10 +130,12 @@ mod tests {
     async fn a_touch_keeps_the_thread_polling_for_its_window_then_it_parks() {
         let poll = Arc::new(BusyPoll::new(Duration::from_millis(30)));
         let shutdown = CancellationToken::new();
-        let spinner = {
+        let tasks = tokio_util::task::TaskTracker::new();
+        {
             let (poll, shutdown) = (poll.clone(), shutdown.clone());
-            tokio::spawn(async move { run(&poll, || false, &shutdown).await })
-        };
+            tasks.spawn(async move { run(&poll, || false, &shutdown).await });
+        }
+        tasks.close();
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(!poll.spinning.load(Ordering::SeqCst), "no touch yet");
 
@@ -151,7 +149,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(2)).await;
         assert!(poll.spinning.load(Ordering::SeqCst), "touched again");
         shutdown.cancel();
-        spinner.await.unwrap();
+        tasks.wait().await;
         assert!(!poll.spinning.load(Ordering::SeqCst));
     }
 
@@ -161,7 +159,10 @@ mod tests {
         let one = poll.handling();
         assert!(poll.worth_polling());
         let two = poll.handling();
-        assert!(!poll.worth_polling(), "two requests: their events wake the thread");
+        assert!(
+            !poll.worth_polling(),
+            "two requests: their events wake the thread"
+        );
         drop(two);
         assert!(poll.worth_polling());
         drop(one);
@@ -175,11 +176,8 @@ mod tests {
         let shutdown = CancellationToken::new();
         poll.touch();
         // Handing off: the loop ends without polling and waits for the next touch.
-        let waited = tokio::time::timeout(
-            Duration::from_millis(20),
-            run(&poll, || true, &shutdown),
-        )
-        .await;
+        let waited =
+            tokio::time::timeout(Duration::from_millis(20), run(&poll, || true, &shutdown)).await;
         assert!(waited.is_err(), "it parks, waiting for a touch");
         assert!(!poll.spinning.load(Ordering::SeqCst));
 

@@ -133,7 +133,6 @@ impl AppState {
         let responses = crate::response_owners::Recorder::new(&ownership, &cfg);
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
-        let cfg_busy_poll = cfg.busy_poll;
         let state = Arc::new(AppState {
             policy,
             engines: engines.clone(),
@@ -149,6 +148,7 @@ impl AppState {
                 }),
             )
             .with_flights(cfg.prompt_flights),
+            busy_poll: crate::busy_poll::BusyPoll::new(cfg.busy_poll),
             kv,
             cfg,
             ownership,
@@ -162,19 +162,25 @@ impl AppState {
             body_limits,
             registry,
             responses,
-            busy_poll: crate::busy_poll::BusyPoll::new(cfg_busy_poll),
         });
-        if !cfg_busy_poll.is_zero() {
-            let (st, shutdown) = (state.clone(), shutdown.clone());
-            tracker.spawn(async move {
-                let handing_off = || st.prompts.handing_off();
-                crate::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
-            });
-        }
-        if state.ownership.is_some() {
-            tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
-        }
+        spawn_state_tasks(&state, tracker, shutdown);
         Ok(state)
+    }
+}
+
+/// The tasks that read the built state: the idle-session demotion (with a directory) and
+/// the busy polling after each request's activity (`crate::busy_poll`; it yields while a
+/// prompt is tokenized on the blocking pool).
+fn spawn_state_tasks(state: &Arc<AppState>, tracker: &TaskTracker, shutdown: &CancellationToken) {
+    if state.ownership.is_some() {
+        tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
+    }
+    if !state.cfg.busy_poll.is_zero() {
+        let (st, shutdown) = (state.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            let handing_off = || st.prompts.handing_off();
+            crate::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
+        });
     }
 }
 

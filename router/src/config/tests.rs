@@ -123,6 +123,7 @@ fn overrides_win_over_the_file() {
         admin_token: Some("t".into()),
         read_token: None,
         worker_threads: Some(4),
+        busy_poll_us: Some(0),
         directory_secret: Some("0123456789abcdef".into()),
         api_keys: Some(vec!["key-one-1".into(), "key-two-2".into()]),
         engine_api_key: None,
@@ -133,6 +134,7 @@ fn overrides_win_over_the_file() {
     assert_eq!(s.api_keys, ["key-one-1", "key-two-2"]);
     assert_eq!((s.port, s.policy.as_str()), (9, "least_loaded"));
     assert_eq!(s.worker_threads, 4);
+    assert_eq!(s.busy_poll_us, 0, "the default polls for 200 µs");
 }
 
 #[test]
