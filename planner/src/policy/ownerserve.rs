@@ -223,18 +223,15 @@ impl OwnerServe {
     ) -> Result<Plan, PolicyError> {
         let block_size = req.block_size.max(1);
         let model = self.cfg.model_for(req.model);
-        let decoder_pool = smallest_decoder_pool(workers);
+        let (prompt, decoder_pool) = (u64::from(req.prompt_tokens), smallest_decoder_pool(workers));
         let plan_workers: Vec<PlanWorker> = workers
             .iter()
-            .map(|w| {
-                let prompt = u64::from(req.prompt_tokens);
-                self.plan_worker(w, model, block_size, prompt, decoder_pool)
-            })
+            .map(|w| self.plan_worker(w, model, block_size, prompt, decoder_pool))
             .collect();
         let input = PlanInput {
             model,
             block_size,
-            prompt_tokens: u64::from(req.prompt_tokens),
+            prompt_tokens: prompt,
             decode_owner: req.decode_owner,
             artifact: longest_copy(req.artifact, &plan_workers),
             workers: &plan_workers,
