@@ -13,9 +13,9 @@
 //! What it costs: at most `window` of one core's time per request when nothing else runs.
 //! It polls only while at most one request is being handled: with several, their events
 //! wake the thread anyway and share the wake-ups (polling between them too, the 2 KB c32
-//! case ran at 22K req/s against 29K without polling). It yields the core while a prompt is tokenized on the
-//! blocking pool ([`run`]'s `handing_off`): on a router given one core, spinning beside
-//! that thread would slow it. `router.busy_poll_us = 0` turns it off.
+//! case ran at 22K req/s against 29K without polling). It yields the core while a prompt
+//! is tokenized on the blocking pool ([`run`]'s `handing_off`): on a router given one
+//! core, spinning beside that thread would slow it. `router.busy_poll_us = 0` turns it off.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -72,7 +72,7 @@ impl BusyPoll {
     }
 
     /// Request activity now: keep polling for the window from here.
-    pub fn touch(&self) {
+    fn touch(&self) {
         if self.window_ns == 0 {
             return;
         }
