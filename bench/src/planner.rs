@@ -74,6 +74,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             waiting_tokens: rng.next_u64() % tokens.max(1),
             decode_lifetime_s: Some((rng.next_u64() % 1000) as f64 / 1e2),
             kv_release_per_s: None,
+            parked_returns_per_s: 0.0,
         })
         .collect();
     let links = Links {

@@ -113,6 +113,13 @@ impl GapLease {
         self.gap_ms.value()
     }
 
+    /// Steps per second a session parked with this lease is expected to send (1 / its
+    /// predicted gap), once a gap was observed: what the cost planner prices as the
+    /// returns a new tenant on its owner would delay.
+    pub fn return_rate_per_s(&self) -> Option<f64> {
+        self.gap_ms.value().map(|gap| 1e3 / gap.max(1.0))
+    }
+
     /// The idle lease to grant: `max_ms` until a gap was seen (a conservative start).
     pub fn ttl_ms(&self) -> u64 {
         match self.gap_ms.value() {

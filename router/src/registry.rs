@@ -252,6 +252,7 @@ impl Worker {
             load: self.load(),
             // Counted only for a policy that reads them (`Registry::candidates`).
             decode_ages: DecodeAges::default(),
+            parked_returns_per_s: 0.0,
         }
     }
 

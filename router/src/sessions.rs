@@ -1,13 +1,16 @@
 //! Idle tracking of agent sessions: when each went idle, its predicted tool-call gap (an
 //! EWMA of the gaps seen) and the idle lease that follows from it. A session idle past
 //! its lease is handed to the demotion sweep, which demotes it in the directory and has
-//! its owner drop the unsealed tail (the sealed prefix stays for a cheap resume).
+//! its owner drop the unsealed tail (the sealed prefix stays for a cheap resume). The
+//! rates at which each worker's parked sessions are expected to come back are kept
+//! alongside, for the cost planner.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::policy::WorkerView;
 
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
 const MAX_SESSIONS: usize = 200_000;
@@ -21,6 +24,9 @@ struct Tracked {
     /// The worker that decoded it last and the block hashes past its sealed prefix.
     owner: WorkerId,
     tail: Vec<u64>,
+    /// What it adds to its owner's parked returns while idle (`GapLease::return_rate_per_s`);
+    /// 0 while in flight or before a gap was seen.
+    returns_per_s: f64,
 }
 
 /// A session whose idle lease lapsed.
@@ -35,7 +41,35 @@ pub struct Lapsed {
 #[derive(Debug)]
 pub struct Sessions {
     template: GapLease,
-    inner: Mutex<HashMap<String, Tracked>>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tracked: HashMap<String, Tracked>,
+    /// Per worker, the steps per second its parked sessions are expected to send: the
+    /// sum of their `returns_per_s`.
+    parked: HashMap<WorkerId, f64>,
+}
+
+impl Inner {
+    /// Takes the session's contribution off its owner's parked returns.
+    fn unpark(&mut self, session: &str) {
+        let Some(t) = self.tracked.get_mut(session) else {
+            return;
+        };
+        let rate = std::mem::take(&mut t.returns_per_s);
+        if rate > 0.0 {
+            if let Some(sum) = self.parked.get_mut(&t.owner) {
+                *sum = (*sum - rate).max(0.0);
+            }
+        }
+    }
+
+    fn remove(&mut self, session: &str) -> Option<Tracked> {
+        self.unpark(session);
+        self.tracked.remove(session)
+    }
 }
 
 impl Sessions {
@@ -43,7 +77,7 @@ impl Sessions {
     pub fn new(template: GapLease) -> Arc<Self> {
         Arc::new(Self {
             template,
-            inner: Mutex::new(HashMap::new()),
+            inner: Mutex::new(Inner::default()),
         })
     }
 
@@ -56,23 +90,29 @@ impl Sessions {
         tail: Vec<u64>,
         now_ms: u64,
     ) -> (Option<u64>, Activity) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_SESSIONS && !map.contains_key(session) {
-            let oldest = map
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.tracked.len() >= MAX_SESSIONS && !inner.tracked.contains_key(session) {
+            let oldest = inner
+                .tracked
                 .iter()
                 .filter_map(|(k, t)| t.idle_since_ms.map(|i| (i, k.clone())))
                 .min();
             if let Some((_, k)) = oldest {
-                map.remove(&k);
+                inner.remove(&k);
             }
         }
-        let t = map.entry(session.to_owned()).or_insert_with(|| Tracked {
-            lease: self.template,
-            in_flight: 0,
-            idle_since_ms: None,
-            owner,
-            tail: Vec::new(),
-        });
+        inner.unpark(session);
+        let t = inner
+            .tracked
+            .entry(session.to_owned())
+            .or_insert_with(|| Tracked {
+                lease: self.template,
+                in_flight: 0,
+                idle_since_ms: None,
+                owner,
+                tail: Vec::new(),
+                returns_per_s: 0.0,
+            });
         if let Some(idle) = t.idle_since_ms.take() {
             t.lease.observe_gap(now_ms.saturating_sub(idle));
         }
@@ -80,7 +120,7 @@ impl Sessions {
         t.owner = owner;
         t.tail = tail;
         let predicted = t.lease.predicted_gap_ms().map(|g| g as u64);
-        drop(map);
+        drop(inner);
         (
             predicted,
             Activity {
@@ -91,19 +131,32 @@ impl Sessions {
     }
 
     fn end(&self, session: &str, now_ms: u64) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = map.get_mut(session) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Inner { tracked, parked } = &mut *inner;
+        if let Some(t) = tracked.get_mut(session) {
             t.in_flight = t.in_flight.saturating_sub(1);
             if t.in_flight == 0 {
                 t.idle_since_ms = Some(now_ms);
+                t.returns_per_s = t.lease.return_rate_per_s().unwrap_or(0.0);
+                *parked.entry(t.owner).or_default() += t.returns_per_s;
             }
+        }
+    }
+
+    /// Sets each view's `parked_returns_per_s`: the steps per second the sessions parked
+    /// on that worker (idle within their lease, a gap seen) are expected to send.
+    pub fn fill_parked_returns(&self, views: &mut [WorkerView]) {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        for v in views {
+            v.parked_returns_per_s = inner.parked.get(&v.id).copied().unwrap_or(0.0);
         }
     }
 
     /// Removes and returns the sessions idle past their lease at `now_ms`.
     pub fn lapsed(&self, now_ms: u64) -> Vec<Lapsed> {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let gone: Vec<String> = map
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let gone: Vec<String> = inner
+            .tracked
             .iter()
             .filter(|(_, t)| {
                 t.idle_since_ms
@@ -113,7 +166,7 @@ impl Sessions {
             .collect();
         gone.into_iter()
             .filter_map(|k| {
-                let t = map.remove(&k)?;
+                let t = inner.remove(&k)?;
                 Some(Lapsed {
                     session: k,
                     owner: t.owner,
@@ -169,6 +222,41 @@ mod tests {
             }]
         );
         assert!(s.lapsed(idle + 5_000).is_empty(), "reported once");
+    }
+
+    fn parked(s: &Sessions) -> Vec<f64> {
+        let mut views = vec![
+            WorkerView::idle(WorkerId(0), ownerserve_planner::ids::Role::Hybrid),
+            WorkerView::idle(WorkerId(1), ownerserve_planner::ids::Role::Hybrid),
+        ];
+        s.fill_parked_returns(&mut views);
+        // Rounded: the gap is measured from the wall clock the guard's drop reads.
+        views
+            .iter()
+            .map(|v| (v.parked_returns_per_s * 10.0).round() / 10.0)
+            .collect()
+    }
+
+    #[test]
+    fn parked_sessions_count_toward_their_owner_until_they_return_or_lapse() {
+        let s = sessions();
+        let (_, a) = s.start("s", WorkerId(0), vec![], 0);
+        drop(a);
+        assert_eq!(parked(&s), [0.0, 0.0], "no gap seen yet: no rate");
+        let idle = now_ms();
+        let (_, b) = s.start("s", WorkerId(0), vec![], idle + 250);
+        assert_eq!(parked(&s), [0.0, 0.0], "in flight");
+        drop(b);
+        assert_eq!(parked(&s), [4.0, 0.0], "one step per 250 ms gap");
+        let idle = now_ms();
+        // It comes back and moves to worker 1: worker 0 no longer expects it.
+        let (_, c) = s.start("s", WorkerId(1), vec![], idle + 250);
+        assert_eq!(parked(&s), [0.0, 0.0]);
+        drop(c);
+        assert_eq!(parked(&s), [0.0, 4.0]);
+        let idle = now_ms();
+        assert_eq!(s.lapsed(idle + 1_001).len(), 1);
+        assert_eq!(parked(&s), [0.0, 0.0], "lapsed: demoted, not expected back");
     }
 
     #[test]

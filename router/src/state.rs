@@ -73,6 +73,7 @@ impl AppState {
             registry: &self.registry,
             kv: &self.kv,
             directory: self.ownership.as_ref().map(|o| o.client().as_ref()),
+            sessions: Some(&self.sessions),
             time_scale: self.cfg.planner_time_scale,
         }
     }

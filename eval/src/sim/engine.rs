@@ -108,6 +108,7 @@ impl Engine {
                 ),
             }),
             decode_ages: DecodeAges::default(),
+            parked_returns_per_s: 0.0,
         }
     }
 }

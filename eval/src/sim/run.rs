@@ -321,6 +321,11 @@ impl<'w> Sim<'w> {
         let match_prefix = self.policy.needs_prefix_match();
         let uses_dir = self.policy.needs_directory();
         let reads_ages = self.policy.needs_decode_ages();
+        let parked = if uses_dir {
+            self.parked_returns_per_s()
+        } else {
+            Vec::new()
+        };
         let views: Vec<_> = self
             .engines
             .iter()
@@ -332,6 +337,9 @@ impl<'w> Sim<'w> {
                 }
                 if reads_ages {
                     v.decode_ages = self.decode_ages(i, now);
+                }
+                if uses_dir {
+                    v.parked_returns_per_s = parked[i];
                 }
                 v
             })
@@ -785,6 +793,20 @@ impl<'w> Sim<'w> {
             }
         }
         ages
+    }
+
+    /// Per worker, the steps per second its parked sessions are expected to send: 1 /
+    /// predicted gap of each session idle on it within its lease, once a gap was seen
+    /// (the router's `Sessions::fill_parked_returns`).
+    fn parked_returns_per_s(&self) -> Vec<f64> {
+        let mut out = vec![0.0; self.engines.len()];
+        for i in &self.idle {
+            if i.in_flight > 0 || i.idle_since_s.is_none() {
+                continue;
+            }
+            out[i.owner] += i.lease.return_rate_per_s().unwrap_or(0.0);
+        }
+        out
     }
 
     fn end_idle_tracking(&mut self, session: usize, now: f64) {

@@ -219,6 +219,7 @@ mod tests {
             waiting_tokens: 0,
             decode_lifetime_s: Some(10.0),
             kv_release_per_s: None,
+            parked_returns_per_s: 0.0,
         }
     }
 

@@ -262,7 +262,7 @@ impl Prefiller<'_> {
             + self.local.restore_s
             + weights.lambda_s_per_gb * self.computed / 1e9
             + weights.mu * self.work.interference_s
-            + weights.nu * self.work.compute_s * self.w.queued as f64
+            + weights.nu * self.work.compute_s * self.w.later_arrivals(self.work.compute_s)
     }
 }
 
@@ -588,7 +588,10 @@ impl Pricing<'_, '_> {
         let on_decoder = self.decoder_terms(decode_on);
         let cost = cost
             .with_eviction(on_decoder.evict_s)
-            .with_queue_delay(self.input.weights, compute_s * compute_on.queued as f64)
+            .with_queue_delay(
+                self.input.weights,
+                compute_s * compute_on.later_arrivals(compute_s),
+            )
             .with_decode(self.input.weights, on_decoder.decode_s);
         Candidate {
             action,

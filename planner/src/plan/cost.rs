@@ -27,7 +27,8 @@ pub struct CostTerms {
     /// at its own prefill rate, seconds; 0 while it has room or its capacity is unknown.
     pub evict_s: f64,
     /// Prefill-seconds this step's compute adds to the waits of the prefills that will
-    /// queue behind it on its compute worker (compute × prefills queued there now); weighted
+    /// queue behind it on its compute worker (compute × `PlanWorker::later_arrivals`: the
+    /// prefills queued there now and the parked sessions' returns during it); weighted
     /// by ν. A worker whose backlog keeps growing charges more for each step it takes,
     /// which is what lets its queue drain instead of setting the tail.
     pub queue_delay_s: f64,

@@ -3,7 +3,8 @@
 //! `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
 //! ν·D_queue + ρ·D_decode (+ κ·R_dup)` (`cost.rs`), where `I_decode` is the marginal stall of the
 //! decodes running beside the prefill (`interference.rs`), `D_queue` the delay its compute
-//! adds to the prefills that will queue behind it and `D_decode` the decode the placement
+//! adds to the prefills that will queue behind it (those queued now and, for a new
+//! session, the returns of the sessions parked there) and `D_decode` the decode the placement
 //! commits to: its own at the decoder's batch, plus what it adds to the sequences running
 //! there (`decode.rs`). `R_dup` is the recompute value of the second copy
 //! of a shared prefix a fork's branch holds off the prefix owner.
@@ -139,6 +140,10 @@ pub struct PlanWorker {
     /// admission model then takes them to release what they hold over one
     /// `decode_lifetime_s`).
     pub kv_release_per_s: Option<f64>,
+    /// Steps per second the sessions parked there are expected to send
+    /// (`WorkerView::parked_returns_per_s`): those arriving while a prefill computes
+    /// there queue behind it, as the prefills queued now do.
+    pub parked_returns_per_s: f64,
 }
 
 impl PlanWorker {
@@ -159,6 +164,13 @@ impl PlanWorker {
             (Some(c), Some(f)) => c.saturating_sub(f),
             _ => 0,
         }
+    }
+
+    /// Prefills expected to wait behind a prefill of `compute_s` seconds here: those
+    /// queued now (about as many as will arrive behind it before the backlog clears, by
+    /// Little's law) and the steps of sessions parked here that return while it runs.
+    pub fn later_arrivals(&self, compute_s: f64) -> f64 {
+        self.queued as f64 + self.parked_returns_per_s * compute_s
     }
 
     /// Expected seconds until the engine step under way here ends, which a prompt sent now

@@ -30,6 +30,7 @@ pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
         waiting_tokens: 0,
         decode_lifetime_s: None,
         kv_release_per_s: None,
+        parked_returns_per_s: 0.0,
     }
 }
 
@@ -626,6 +627,10 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             kv_release_per_s: match pick(rng, 3) {
                 0 => None,
                 _ => Some(rng.next_f64() * 50_000.0),
+            },
+            parked_returns_per_s: match pick(rng, 2) {
+                0 => 0.0,
+                _ => rng.next_f64() * 10.0,
             },
         });
     }

@@ -110,6 +110,11 @@ pub struct WorkerView {
     /// seen), by how long they have decoded: how soon that KV is released
     /// (`kv_release`). Only the cost planner reads it.
     pub decode_ages: DecodeAges,
+    /// Steps per second the sessions parked there (it decoded their last step, they are
+    /// between steps and their idle lease has not lapsed) are expected to send: the sum
+    /// of 1 / each one's predicted gap. They come back to their owner, so a prefill there
+    /// delays those that return while it runs. Only the cost planner reads it.
+    pub parked_returns_per_s: f64,
 }
 
 impl WorkerView {
@@ -132,6 +137,7 @@ impl WorkerView {
             decode_leg_at_dispatch: false,
             load: None,
             decode_ages: DecodeAges::default(),
+            parked_returns_per_s: 0.0,
         }
     }
 

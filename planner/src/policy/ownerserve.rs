@@ -174,6 +174,7 @@ impl OwnerServe {
             waiting_tokens: w.active_prefill_tokens,
             decode_lifetime_s: self.decode_lifetime.get(&w.id).and_then(Ewma::value),
             kv_release_per_s: self.kv_release_per_s(w, prompt),
+            parked_returns_per_s: w.parked_returns_per_s,
         };
         // The queued prompts are prefilled as this step's is priced: chunked beside the
         // decodes running there, at the calibrated rate. What moves, fetches and remote
@@ -224,9 +225,21 @@ impl OwnerServe {
         let block_size = req.block_size.max(1);
         let model = self.cfg.model_for(req.model);
         let (prompt, decoder_pool) = (u64::from(req.prompt_tokens), smallest_decoder_pool(workers));
+        // The returns of sessions parked on a worker are priced only for a step with no
+        // decode owner: a new tenant there delays them. A step of a session that decodes
+        // somewhere is one of those returns itself; priced for every step, the term drew
+        // sessions off their owners to dodge their neighbours (held out: KV moved +55%,
+        // p99 TTFT worse in 16 of 27 runs; EVALUATION.md, sixteenth pass).
+        let new_tenant = req.decode_owner.is_none();
         let plan_workers: Vec<PlanWorker> = workers
             .iter()
-            .map(|w| self.plan_worker(w, model, block_size, prompt, decoder_pool))
+            .map(|w| {
+                let mut p = self.plan_worker(w, model, block_size, prompt, decoder_pool);
+                if !new_tenant {
+                    p.parked_returns_per_s = 0.0;
+                }
+                p
+            })
             .collect();
         let input = PlanInput {
             model,
@@ -409,6 +422,40 @@ mod tests {
         assert_eq!(d.worker, WorkerId(1));
         assert_eq!(d.dispatch, Dispatch::Single);
         assert_eq!(d.action(), Action::Colocate);
+    }
+
+    #[test]
+    fn a_new_session_avoids_the_worker_its_parked_sessions_will_return_to() {
+        let mut p = policy();
+        let parked = |id: u32, returns: f64| WorkerView {
+            parked_returns_per_s: returns,
+            ..WorkerView::idle(WorkerId(id), Role::Hybrid)
+        };
+        // Both idle: without the parked session's return, the first would win the tie.
+        let ws = [parked(0, 0.125), parked(1, 0.0)];
+        let plan = p.plan(&req(30_000), &ws).unwrap();
+        assert_eq!(plan.chosen.decode_on, WorkerId(1));
+        let on_0 = plan.candidates.iter().find(|c| c.decode_on == WorkerId(0));
+        let delay = on_0.unwrap().cost.queue_delay_s;
+        let compute = on_0.unwrap().cost.compute_s;
+        assert!(
+            (delay - compute * compute * 0.125).abs() < 1e-9,
+            "{delay} {compute}"
+        );
+        // A session that decodes on worker 0 stays there however many return to it.
+        let ws = [
+            WorkerView {
+                cached_blocks: 1_800,
+                ..parked(0, 50.0)
+            },
+            parked(1, 0.0),
+        ];
+        let r = RouteRequest {
+            decode_owner: Some(WorkerId(0)),
+            ..req(30_000)
+        };
+        let d = p.choose(&r, &ws).unwrap();
+        assert_eq!((d.worker, d.action()), (WorkerId(0), Action::Colocate));
     }
 
     #[test]

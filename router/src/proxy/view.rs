@@ -9,6 +9,7 @@ use ownerserve_planner::policy::{RouteRequest, WorkerView};
 use super::identity::Identity;
 use crate::kv::KvRouting;
 use crate::registry::Registry;
+use crate::sessions::Sessions;
 use ownerserve_ownership::node::{DirectoryClient, Lookup};
 
 /// Which sources a policy reads (the others are not paid for).
@@ -37,6 +38,8 @@ pub struct Sources<'a> {
     pub registry: &'a Registry,
     pub kv: &'a KvRouting,
     pub directory: Option<&'a dyn DirectoryClient>,
+    /// The sessions this router saw, for the returns each worker's parked ones will send.
+    pub sessions: Option<&'a Sessions>,
     /// Planner seconds per wall-clock second (`planner_time_scale`): decode ages are
     /// counted in the planner's time, like the lifetimes it observes.
     pub time_scale: f64,
@@ -102,7 +105,8 @@ impl<'a> Sources<'a> {
     }
 
     /// The healthy workers serving `model` but `excluded`, with their load and, if
-    /// `needs` says so, the prompt's cached prefix on each.
+    /// `needs` says so, the prompt's cached prefix on each and the returns its parked
+    /// sessions will send.
     pub fn candidates(
         &self,
         model: &str,
@@ -115,6 +119,9 @@ impl<'a> Sources<'a> {
         self.predicted_kv_usage(&mut views);
         if needs.prefix_match {
             self.kv.fill_cached(hashes, &mut views);
+        }
+        if let Some(sessions) = self.sessions.filter(|_| needs.directory) {
+            sessions.fill_parked_returns(&mut views);
         }
         views
     }
@@ -214,6 +221,7 @@ mod tests {
             registry: &registry,
             kv: &kv,
             directory: Some(&directory),
+            sessions: None,
             time_scale: 1.0,
         };
         let id = identity(40);
@@ -262,6 +270,7 @@ mod tests {
             registry: &registry,
             kv: &kv,
             directory: None,
+            sessions: None,
             time_scale: 1.0,
         };
         let cached = |needs, excluded: &[WorkerId]| -> Vec<(WorkerId, u32)> {

@@ -1,0 +1,61 @@
+//! The returns of parked sessions end to end: two idle real `ownerserve sim-worker`
+//! processes behind a real router with the `ownerserve` policy. A new session's first step
+//! ties between them and goes to the first, `w0`. Once an agent session has run two steps
+//! on `w0` with a tool gap between them and is parked there (idle within its lease), the
+//! router's session tracker expects it back at 1 / that gap, and the planner sends the
+//! next new session to `w1`: a long prefill on `w0` would hold up the agent's return. The
+//! agent's own next step still stays on `w0`, where its KV is.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{chat_body, explain_new_session, explain_session, planner_router, stream_step, words};
+use serde_json::Value;
+
+/// The queue-delay term of the colocation on worker `id` in `plan`.
+fn queue_delay_s(plan: &Value, id: u64) -> f64 {
+    plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["action"] == "colocate" && c["decode_on"] == id)
+        .and_then(|c| c["cost"]["queue_delay_s"].as_f64())
+        .unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_goes_where_no_parked_session_will_wait_behind_its_prefill() {
+    let workers = vec![common::Proc::sim_worker(&[]), common::Proc::sim_worker(&[])];
+    let router = planner_router("parked.toml", &workers, &["hybrid", "hybrid"], "");
+    let new_task = chat_body(&words("a new task over a large repository", 3_000), 8);
+
+    // Both idle: the tie goes to the first worker.
+    let plan = explain_new_session(&router, &new_task).await;
+    assert_eq!(plan["chosen"]["decode_on"], 0, "{plan}");
+    assert_eq!(queue_delay_s(&plan, 0), 0.0, "{plan}");
+
+    // An agent runs two steps on w0 with a 300 ms tool gap between them.
+    let first = chat_body(&words("agent", 200), 4);
+    assert_eq!(stream_step(&router, "agent", &first).await, "w0");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = chat_body(&format!("{} then run the tests", words("agent", 200)), 4);
+    assert_eq!(stream_step(&router, "agent", &second).await, "w0");
+
+    // Parked there (its lease is at least 5 s), it is expected back at ~1 / 0.3 s: a new
+    // session's prefill on w0 is priced for the wait it would add, and w1 wins.
+    let plan = explain_new_session(&router, &new_task).await;
+    assert_eq!(plan["chosen"]["decode_on"], 1, "{plan}");
+    assert!(queue_delay_s(&plan, 0) > 0.0, "{plan}");
+    assert_eq!(queue_delay_s(&plan, 1), 0.0, "{plan}");
+
+    // The agent's own next step is one of those returns: it stays where its KV is.
+    let third = chat_body(
+        &format!("{} then run the tests and fix it", words("agent", 200)),
+        4,
+    );
+    let plan = explain_session(&router, "agent", &third).await;
+    assert_eq!(plan["chosen"]["decode_on"], 0, "{plan}");
+}
