@@ -146,7 +146,7 @@ fn whole_sequences(tokens: u64, held: u64, running: u64) -> u64 {
 /// KV tokens the sequences decoding on `w` add over `wait_s` seconds: one per sequence
 /// per decode step, at the step time of its running batch.
 fn decode_growth_tokens(w: &PlanWorker, figures: &StepFigures<'_>, wait_s: f64) -> u64 {
-    let running = super::interference::stalled_decodes(w.decodes(), w.decoding);
+    let running = w.stalled_decodes();
     if running == 0 || wait_s <= 0.0 {
         return 0;
     }

@@ -8,7 +8,7 @@ use crate::roofline::{prefill_pairs, StepFigures};
 
 use super::admission::{admission, admitted_view, Admission};
 use super::decode::{expected_decode_steps, marginal_decode_s};
-use super::interference::{marginal_interference_s, stalled_decodes};
+use super::interference::marginal_interference_s;
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 
 /// Every candidate `(action, workers)` for the step, except those provably unable to win
@@ -525,7 +525,7 @@ impl Pricing<'_, '_> {
         marginal_interference_s(
             &w.roofline,
             &self.figures,
-            stalled_decodes(w.decodes(), w.decoding),
+            w.stalled_decodes(),
             w.running_kv_tokens(),
             tokens,
             compute_s,

@@ -21,7 +21,6 @@
 
 use crate::roofline::StepFigures;
 
-use super::interference::stalled_decodes;
 use super::PlanWorker;
 
 /// Seconds of one decode step on `w` with `extra_seqs` more sequences holding
@@ -32,7 +31,7 @@ pub fn decode_step_s(
     extra_seqs: u64,
     extra_tokens: u64,
 ) -> f64 {
-    let seqs = stalled_decodes(w.decodes(), w.decoding) + extra_seqs;
+    let seqs = w.stalled_decodes() + extra_seqs;
     w.roofline
         .decode_step_s(f, seqs, w.running_kv_tokens() + extra_tokens)
 }
@@ -62,7 +61,7 @@ pub fn marginal_decode_s(
 ) -> f64 {
     let before = decode_step_s(w, f, 0, 0);
     let after = decode_step_s(w, f, 1, prompt_tokens);
-    let others = stalled_decodes(w.decodes(), w.decoding) as f64;
+    let others = w.stalled_decodes() as f64;
     steps * (after + others * (after - before).max(0.0))
 }
 

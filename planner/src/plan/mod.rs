@@ -40,7 +40,7 @@ use crate::spec::ModelSpec;
 pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
-pub use interference::{marginal_interference_s, stalled_decodes, CHUNK_TOKENS};
+pub use interference::{marginal_interference_s, CHUNK_TOKENS};
 
 /// The five things the planner can do with a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -158,6 +158,12 @@ impl PlanWorker {
         self.role.serves_full_requests() || (self.role == Role::Prefill && self.prefill_decodes)
     }
 
+    /// The sequences running here that a prefill here stalls
+    /// (`interference::stalled_decodes`).
+    pub fn stalled_decodes(&self) -> u64 {
+        interference::stalled_decodes(self.decodes(), self.decoding)
+    }
+
     /// KV tokens held by the sequences running here (capacity minus free); 0 when unknown.
     pub fn running_kv_tokens(&self) -> u64 {
         match (self.kv_capacity_tokens, self.kv_free_tokens) {
@@ -198,7 +204,7 @@ impl PlanWorker {
             tokens,
             pairs,
             context,
-            interference::stalled_decodes(self.decodes(), self.decoding),
+            self.stalled_decodes(),
             self.running_kv_tokens(),
             interference::CHUNK_TOKENS,
         )
