@@ -78,18 +78,22 @@ async fn ctl_shows_the_operator_api_as_tables_and_json_and_reports_errors() {
     let url = up.url.clone();
     chat(&url, "ctl-session", "hello there, agent").await;
     chat(&url, "ctl-session", "hello there, agent; now run the tests").await;
-    // Ownership records are committed off the request path.
+    // Ownership records are committed off the request path, the session's and its
+    // prefix's in separate writes: wait for both.
     common::eventually(
         Duration::from_secs(10),
-        "the session in the directory",
+        "the session and its prefix in the directory",
         || {
             let url = url.clone();
             async move {
                 let out = ctl(&url, Some(ADMIN_TOKEN), &["--json", "sessions"], "");
+                let owners = ctl(&url, Some(ADMIN_TOKEN), &["owners"], "");
                 out.status.success()
                     && serde_json::from_slice::<Value>(&out.stdout).unwrap()["sessions"]
                         .as_array()
                         .is_some_and(|s| !s.is_empty())
+                    && owners.status.success()
+                    && String::from_utf8_lossy(&owners.stdout).lines().count() >= 2
             }
         },
     )

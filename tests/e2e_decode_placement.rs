@@ -13,8 +13,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    chat_body, eventually, explain_new_session, hold_stream, planner_router, stream_step, words,
-    Proc,
+    chat_body, colocate_cost, eventually, explain_new_session, hold_stream, planner_router,
+    stream_step, words, Proc,
 };
 use serde_json::Value;
 
@@ -41,13 +41,7 @@ async fn explain(router: &Proc) -> Value {
 
 /// Decode-seconds of the colocation on worker `id` in `plan`.
 fn decode_s(plan: &Value, id: u64) -> f64 {
-    plan["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["action"] == "colocate" && c["decode_on"] == id)
-        .and_then(|c| c["cost"]["decode_s"].as_f64())
-        .unwrap_or(f64::NAN)
+    colocate_cost(plan, id, "decode_s")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -209,6 +209,18 @@ pub async fn explain_session(
     resp.json().await.unwrap()
 }
 
+/// The cost term `term` (a key of the explain output's `cost`) of the colocation on worker
+/// `id` in `plan`; NaN if there is none.
+pub fn colocate_cost(plan: &serde_json::Value, id: u64, term: &str) -> f64 {
+    plan["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["action"] == "colocate" && c["decode_on"] == id)
+        .and_then(|c| c["cost"][term].as_f64())
+        .unwrap_or(f64::NAN)
+}
+
 /// The plan `router` would make for a brand-new session's first step with `body`.
 pub async fn explain_new_session(router: &Proc, body: &serde_json::Value) -> serde_json::Value {
     explain_session(router, "brand-new", body).await
