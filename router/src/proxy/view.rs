@@ -260,6 +260,46 @@ mod tests {
     }
 
     #[test]
+    fn candidates_carry_parked_returns_in_planner_time_only_for_policies_that_read_owners() {
+        let registry = Registry::new(vec![
+            WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
+            WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
+        ]);
+        for w in registry.all().iter() {
+            w.mark_healthy(vec!["m".into()]);
+        }
+        let kv = kv_routing(&registry);
+        let sessions = crate::sessions::Sessions::new(ownerserve_planner::ewma::GapLease::new(
+            2.0, 60_000, 600_000,
+        ));
+        drop(sessions.start("s", WorkerId(1), vec![], 0).1);
+        let idle = crate::sessions::now_ms();
+        drop(sessions.start("s", WorkerId(1), vec![], idle + 500).1);
+        let sources = Sources {
+            registry: &registry,
+            kv: &kv,
+            directory: None,
+            sessions: Some(&sessions),
+            time_scale: 2.0,
+        };
+        let returns = |needs| -> Vec<f64> {
+            sources
+                .candidates("m", &[], &[], needs)
+                .iter()
+                .map(|c| (c.parked_returns_per_s * 10.0).round() / 10.0)
+                .collect()
+        };
+        // One return per 0.5 s of wall clock: per planner second at 2× speed, one per 1 s.
+        assert_eq!(returns(Needs::ALL), [0.0, 1.0]);
+        let blind = Needs {
+            prefix_match: true,
+            directory: false,
+            decode_ages: true,
+        };
+        assert_eq!(returns(blind), [0.0, 0.0]);
+    }
+
+    #[test]
     fn candidates_carry_the_cached_prefix_only_for_policies_that_match() {
         let registry = Registry::new(vec![
             WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
