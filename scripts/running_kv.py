@@ -11,7 +11,7 @@ Used on a run with more memory than the fleet has (a GPU preset with a larger
 `memory_gb`): if its running sequences would not fit in the real pool, a router cannot
 make them fit. docs/EVALUATION.md, sixteenth pass, "What bounds the `8h` rows".
 
-    python3 scripts/running_kv.py /tmp/m-330-ownerserve.csv --pool-tokens 3414272
+    python3 scripts/running_kv.py /tmp/m-330-h100-400gb-ownerserve.csv --pool-tokens 3414272
 """
 
 import argparse
