@@ -259,8 +259,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn candidates_carry_parked_returns_in_planner_time_only_for_policies_that_read_owners() {
+    /// Hybrid sim workers `a` and `b`, healthy, serving model `m`.
+    fn two_healthy_hybrids() -> Registry {
         let registry = Registry::new(vec![
             WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
             WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
@@ -268,6 +268,12 @@ mod tests {
         for w in registry.all().iter() {
             w.mark_healthy(vec!["m".into()]);
         }
+        registry
+    }
+
+    #[test]
+    fn candidates_carry_parked_returns_in_planner_time_only_for_policies_that_read_owners() {
+        let registry = two_healthy_hybrids();
         let kv = kv_routing(&registry);
         let sessions = crate::sessions::Sessions::new(ownerserve_planner::ewma::GapLease::new(
             2.0, 60_000, 600_000,
@@ -301,13 +307,7 @@ mod tests {
 
     #[test]
     fn candidates_carry_the_cached_prefix_only_for_policies_that_match() {
-        let registry = Registry::new(vec![
-            WorkerSpec::new("a", "http://127.0.0.1:1", Role::Hybrid, EngineKind::Sim),
-            WorkerSpec::new("b", "http://127.0.0.1:2", Role::Hybrid, EngineKind::Sim),
-        ]);
-        for w in registry.all().iter() {
-            w.mark_healthy(vec!["m".into()]);
-        }
+        let registry = two_healthy_hybrids();
         let kv = kv_routing(&registry);
         let id = identity(64);
         let b = registry.get(WorkerId(1)).unwrap();
