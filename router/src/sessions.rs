@@ -137,8 +137,11 @@ impl Sessions {
             t.in_flight = t.in_flight.saturating_sub(1);
             if t.in_flight == 0 {
                 t.idle_since_ms = Some(now_ms);
+                // Replaces what it added if it was already idle (an end without a start).
+                let before = t.returns_per_s;
                 t.returns_per_s = t.lease.return_rate_per_s().unwrap_or(0.0);
-                *parked.entry(t.owner).or_default() += t.returns_per_s;
+                let sum = parked.entry(t.owner).or_default();
+                *sum = (*sum + t.returns_per_s - before).max(0.0);
             }
         }
     }
