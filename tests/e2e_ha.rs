@@ -671,9 +671,13 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
     stop_replay.cancel();
     let replayed = replay.join_next().await.unwrap().unwrap();
     assert!(replayed.violations.is_empty(), "{:?}", replayed.violations);
+    // Each session's first claim, each move (a new epoch) and each fork is an entry of its
+    // own; ticks, leases and labels add more. (A fixed floor of 800, once written here,
+    // was timing: 850-862 in most runs, 795 in one.)
+    let writes = history.len() + moves + forks.len();
     assert!(
-        replayed.entries > 800,
-        "only {} entries replayed",
+        replayed.entries >= writes,
+        "only {} entries replayed for {writes} counted writes",
         replayed.entries
     );
     assert_eq!(replayed.snapshots, 0, "the replay missed entries");
