@@ -146,12 +146,15 @@ impl Sessions {
         }
     }
 
-    /// Sets each view's `parked_returns_per_s`: the steps per second the sessions parked
-    /// on that worker (idle within their lease, a gap seen) are expected to send.
-    pub fn fill_parked_returns(&self, views: &mut [WorkerView]) {
+    /// Sets each view's `parked_returns_per_s`: the steps the sessions parked on that
+    /// worker (idle within their lease, a gap seen) are expected to send per second of
+    /// the planner's time (`time_scale` planner seconds per wall-clock second, validated
+    /// positive), like the decode ages it reads.
+    pub fn fill_parked_returns(&self, views: &mut [WorkerView], time_scale: f64) {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for v in views {
-            v.parked_returns_per_s = inner.parked.get(&v.id).copied().unwrap_or(0.0);
+            let per_wall_s = inner.parked.get(&v.id).copied().unwrap_or(0.0);
+            v.parked_returns_per_s = per_wall_s / time_scale;
         }
     }
 
@@ -232,7 +235,7 @@ mod tests {
             WorkerView::idle(WorkerId(0), ownerserve_planner::ids::Role::Hybrid),
             WorkerView::idle(WorkerId(1), ownerserve_planner::ids::Role::Hybrid),
         ];
-        s.fill_parked_returns(&mut views);
+        s.fill_parked_returns(&mut views, 1.0);
         // Rounded: the gap is measured from the wall clock the guard's drop reads.
         views
             .iter()

@@ -121,13 +121,7 @@ impl<'a> Sources<'a> {
             self.kv.fill_cached(hashes, &mut views);
         }
         if let Some(sessions) = self.sessions.filter(|_| needs.directory) {
-            sessions.fill_parked_returns(&mut views);
-            // Returns per wall-clock second, priced against planner seconds.
-            if self.time_scale > 0.0 {
-                for v in &mut views {
-                    v.parked_returns_per_s /= self.time_scale;
-                }
-            }
+            sessions.fill_parked_returns(&mut views, self.time_scale);
         }
         views
     }
