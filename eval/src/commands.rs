@@ -54,6 +54,12 @@ pub struct SimulateArgs {
     /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
     #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
     prefill_workers_decode: PrefillWorkersDecode,
+    /// Run the pooled relaxation instead of the fleet: its hybrid workers fused into one
+    /// engine with their KV pools, budgets, FLOP/s and bandwidth summed and the weights
+    /// read once per GPU (`eval/src/sim/pooled.rs`). What it cannot hold, a router on
+    /// that fleet is unlikely to.
+    #[arg(long)]
+    pooled: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -220,8 +226,11 @@ fn policies(list: &str) -> Vec<String> {
 /// Runs the simulator and prints one summary line per policy, then a Markdown table.
 pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     let wl = args.workload.build()?;
-    let cluster = Cluster::parse(&args.cluster, &args.engine)?
+    let mut cluster = Cluster::parse(&args.cluster, &args.engine)?
         .with_prefill_workers_decode(args.prefill_workers_decode);
+    if args.pooled {
+        cluster = cluster.pooled()?;
+    }
     say(&format!("workload: {}", wl.stats()));
     let runs = report::run_all(
         &wl,

@@ -6,7 +6,8 @@
 //!   (coding-agent sessions, forked rollouts, long-doc QA), arrivals and scaling;
 //!   [`scenario`]: the named workloads the commands select.
 //! - [`sim`]: the trace-driven simulator, in virtual time, over the simulated engine's pure
-//!   scheduler (`ownerserve_shim::sim`, without its `io` feature) and every policy.
+//!   scheduler (`ownerserve_shim::sim`, without its `io` feature) and every policy; with
+//!   `simulate --pooled`, the pooled relaxation of a hybrid fleet (`sim/pooled.rs`).
 //! - [`bound`]: a per-step lower bound on TTFT; [`oracle`]: a clairvoyant heuristic.
 //! - [`report`] and [`plot`]: Markdown tables, capacity searches, the evaluation matrix's
 //!   per-row acceptance checks (`report::matrix`), every step's placement as CSV

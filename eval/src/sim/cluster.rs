@@ -17,6 +17,8 @@ pub struct ClusterWorker {
     pub role: Role,
     /// The same settings `ownerserve sim-worker` takes.
     pub settings: SimSettings,
+    /// Workers of those settings fused into this one (`pooled.rs`); 1 for a real worker.
+    pub pooled: u32,
 }
 
 /// A fleet of simulated workers.
@@ -41,6 +43,11 @@ pub enum ClusterError {
     Syntax(String),
     #[error("cluster `{0}` has no worker that serves whole requests (decode or hybrid)")]
     NoDecode(String),
+    #[error(
+        "cluster `{0}` cannot be pooled: the relaxation fuses hybrid workers of one kind \
+         (e.g. 8h)"
+    )]
+    NotPoolable(String),
     #[error("worker {worker}: {source}")]
     Worker {
         worker: String,
@@ -86,6 +93,7 @@ impl Cluster {
                     name: format!("{prefix}{}", first + i),
                     role,
                     settings: base.clone(),
+                    pooled: 1,
                 });
             }
         }
@@ -110,14 +118,45 @@ impl Cluster {
         }
     }
 
+    /// The pooled relaxation of this fleet (`pooled.rs`): its workers fused into one.
+    /// Only a fleet of hybrid workers of one kind pools: a prefill worker's role would
+    /// be lost.
+    pub fn pooled(self) -> Result<Self, ClusterError> {
+        let Some(first) = self.workers.first() else {
+            return Err(ClusterError::NotPoolable(self.name));
+        };
+        let same = self
+            .workers
+            .iter()
+            .all(|w| w.role == Role::Hybrid && w.settings == first.settings && w.pooled == 1);
+        if !same {
+            return Err(ClusterError::NotPoolable(self.name));
+        }
+        let worker = ClusterWorker {
+            name: "pooled".to_owned(),
+            role: Role::Hybrid,
+            settings: first.settings.clone(),
+            pooled: self.workers.len() as u32,
+        };
+        Ok(Self {
+            name: format!("{}-pooled", self.name),
+            workers: vec![worker],
+            ..self
+        })
+    }
+
     /// Every worker's engine configuration, in worker order.
     pub fn build(&self) -> Result<Vec<SimConfig>, ClusterError> {
         self.workers
             .iter()
             .map(|w| {
-                w.settings.build().map_err(|source| ClusterError::Worker {
+                let config = w.settings.build().map_err(|source| ClusterError::Worker {
                     worker: w.name.clone(),
                     source: Box::new(source),
+                })?;
+                Ok(match w.pooled {
+                    0 | 1 => config,
+                    n => super::pooled::fuse(config, &w.settings, n),
                 })
             })
             .collect()
@@ -187,6 +226,22 @@ mod tests {
                 "{bad:?} should be refused"
             );
         }
+    }
+
+    #[test]
+    fn only_a_fleet_of_hybrid_workers_pools() {
+        let p = Cluster::parse("8h", &SimSettings::default())
+            .and_then(Cluster::pooled)
+            .expect("pools");
+        assert_eq!((p.name.as_str(), p.workers.len()), ("8h-pooled", 1));
+        let one = Cluster::parse("1h", &SimSettings::default()).expect("parses");
+        let (fleet, pooled) = (one.build().expect("builds"), p.build().expect("builds"));
+        assert_eq!(
+            pooled[0].scheduler.num_blocks,
+            8 * fleet[0].scheduler.num_blocks
+        );
+        let pd = Cluster::parse("2p6d", &SimSettings::default()).expect("parses");
+        assert!(matches!(pd.pooled(), Err(ClusterError::NotPoolable(_))));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod cluster;
 mod directory;
 mod engine;
 mod events;
+mod pooled;
 mod residency;
 mod run;
 mod stats;
