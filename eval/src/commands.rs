@@ -378,6 +378,12 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
                     }
                     _ => Vec::new(),
                 };
+                let pooled = match cluster.clone().pooled() {
+                    Ok(pooled) if agentic => {
+                        Some(matrix_pooled(args, &spec, &wl, &pooled, &capacity)?)
+                    }
+                    _ => None,
+                };
                 let _ = writeln!(
                     detail,
                     "### {} on {} with {}\n\nWorkload: {}\n\n{}",
@@ -408,6 +414,7 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
                     runs,
                     capacity,
                     prompt_kv_bytes,
+                    pooled,
                 };
                 say(&summary(std::slice::from_ref(&row)));
                 rows.push(row);
@@ -501,6 +508,44 @@ fn matrix_capacity(
         out.push((name, n?));
     }
     Ok(out)
+}
+
+/// The pooled relaxation on an agentic row of a hybrid fleet (`pooled`, the fleet fused):
+/// its E2E on the row's workload, and whether it holds the session count the row's
+/// sessions-held check asks for (1.2× the best baseline's). Any policy is the same on one
+/// worker; `session_affinity` is the one named.
+fn matrix_pooled(
+    args: &ReportArgs,
+    spec: &WorkloadSpec,
+    wl: &crate::workload::Workload,
+    pooled: &Cluster,
+    capacity: &[(String, usize)],
+) -> Result<report::matrix::PooledRow, CommandError> {
+    const POLICY: &str = "session_affinity";
+    let opts = SimOptions::default();
+    let e2e_s =
+        crate::sim::mean(&report::run_one(POLICY, wl, pooled, &opts, &|_| {})?.session_e2e_s);
+    let best = capacity
+        .iter()
+        .filter(|(n, _)| report::matrix::is_baseline(n))
+        .map(|(_, c)| *c)
+        .max();
+    let at_target = match (args.capacity_slo_s, best) {
+        (Some(slo_s), Some(best)) if best > 0 => {
+            let n = (1.2 * best as f64).ceil() as usize;
+            let wl = WorkloadSpec {
+                sessions: Some(n),
+                ..spec.clone()
+            }
+            .build()?;
+            let r = report::run_one(POLICY, &wl, pooled, &opts, &|_| {})?;
+            let unservable = report::unservable_steps(&wl, pooled)?;
+            let p99 = crate::sim::percentile(&r.ttfts(), 0.99);
+            Some((n, p99, report::meets_serving(&r, slo_s, unservable)))
+        }
+        _ => None,
+    };
+    Ok(report::matrix::PooledRow { e2e_s, at_target })
 }
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.

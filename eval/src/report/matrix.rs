@@ -24,6 +24,19 @@ pub struct MatrixRow {
     pub capacity: Vec<(String, usize)>,
     /// KV bytes of every prompt of the workload (the migration budget's base).
     pub prompt_kv_bytes: f64,
+    /// The pooled relaxation of the row's fleet, for agentic rows on hybrid fleets.
+    pub pooled: Option<PooledRow>,
+}
+
+/// The pooled relaxation on a row (`sim/pooled.rs`): the fleet fused into one engine.
+/// What it misses, placement across the real workers is unlikely to reach.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PooledRow {
+    /// Its mean session E2E on the row's workload.
+    pub e2e_s: f64,
+    /// The session count the sessions-held check asks for (1.2× the best baseline's,
+    /// rounded up), its p99 TTFT there, and whether that met the SLO.
+    pub at_target: Option<(usize, f64, bool)>,
 }
 
 /// A baseline: any policy but `ownerserve`, the oracle (it reads the future) and the bound.
@@ -96,10 +109,20 @@ pub fn checks(row: &MatrixRow) -> Vec<Check> {
     if row.agentic {
         if let Some((name, best)) = best_by(&row.runs, e2e) {
             let ours = e2e(os);
+            let pooled = row.pooled.as_ref().map_or(String::new(), |p| {
+                format!(
+                    "; pooled relaxation {:.1} s, {:.2}×",
+                    p.e2e_s,
+                    p.e2e_s / best
+                )
+            });
             out.push(Check {
                 what: "mean session E2E ≤ 0.95× best",
                 pass: ours <= 0.95 * best,
-                detail: format!("{ours:.1} s vs {best:.1} s ({name}), {:.2}×", ours / best),
+                detail: format!(
+                    "{ours:.1} s vs {best:.1} s ({name}), {:.2}×{pooled}",
+                    ours / best
+                ),
             });
         }
         let ours = row.capacity.iter().find(|(n, _)| n == OWNERSERVE);
@@ -109,11 +132,18 @@ pub fn checks(row: &MatrixRow) -> Vec<Check> {
             .filter(|(n, _)| is_baseline(n))
             .max_by_key(|(_, c)| *c);
         if let (Some((_, ours)), Some((name, best))) = (ours, best) {
+            let pooled = match row.pooled.as_ref().and_then(|p| p.at_target) {
+                Some((n, p99, true)) => format!("; pooled relaxation holds {n} (p99 {p99:.2} s)"),
+                Some((n, p99, false)) => {
+                    format!("; pooled relaxation misses {n} too (p99 {p99:.2} s)")
+                }
+                None => String::new(),
+            };
             // Holding no session is never a pass, even against a baseline that holds none.
             out.push(Check {
                 what: "sessions held ≥ 1.2× best",
                 pass: *ours > 0 && *ours as f64 >= 1.2 * *best as f64,
-                detail: format!("{ours} vs {best} ({name})"),
+                detail: format!("{ours} vs {best} ({name}){pooled}"),
             });
         }
     }
@@ -245,6 +275,7 @@ mod tests {
                 ("oracle".into(), 500),
             ],
             prompt_kv_bytes: 1e9,
+            pooled: None,
         };
         let cs = checks(&row);
         let by = |w: &str| cs.iter().find(|c| c.what == w).unwrap().clone();
@@ -256,6 +287,16 @@ mod tests {
         assert!(by("sessions held ≥ 1.2× best").pass, "120 ≥ 1.2 × 100");
         assert!(by("KV migrated ≤ 10% of prompt KV").pass);
         assert!(summary(std::slice::from_ref(&row)).contains("FAIL 1.000 s vs 0.900 s (llm_d)"));
+        let mut pooled = row.clone();
+        pooled.pooled = Some(PooledRow {
+            e2e_s: 80.0,
+            at_target: Some((120, 2.5, false)),
+        });
+        let cs = checks(&pooled);
+        let by = |w: &str| cs.iter().find(|c| c.what == w).unwrap().detail.clone();
+        assert!(by("mean session E2E ≤ 0.95× best").ends_with("; pooled relaxation 80.0 s, 0.80×"));
+        assert!(by("sessions held ≥ 1.2× best")
+            .ends_with("; pooled relaxation misses 120 too (p99 2.50 s)"));
         let mut none = row;
         none.capacity = vec![(OWNERSERVE.into(), 0), ("dynamo_kv".into(), 0)];
         let held = checks(&none);
