@@ -24,6 +24,11 @@ struct Ha {
 
 impl Ha {
     fn start(tag: &str) -> Ha {
+        Ha::start_with(tag, "")
+    }
+
+    /// The topology with `router_keys` (TOML lines) added to both routers' `[router]`.
+    fn start_with(tag: &str, router_keys: &str) -> Ha {
         let nodes = DirectoryNodes::start(3, tag, &["--tick-ms", "200"]);
         let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
         let workers = ports
@@ -43,7 +48,7 @@ impl Ha {
             &format!(
                 "[router]\nport = 0\npolicy = \"ownerserve\"\ndirectory = \"remote\"\n\
                  directory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n\
-                 worker_lease_ttl_ms = 6000\nhealth_interval_ms = 200\n\n{workers_toml}",
+                 worker_lease_ttl_ms = 6000\nhealth_interval_ms = 200\n{router_keys}\n{workers_toml}",
                 urls.join(", ")
             ),
         );
@@ -402,6 +407,70 @@ async fn a_new_session_sent_to_both_routers_at_once_gets_one_owner_serving_both(
         let owner = s.owner.unwrap_or_else(|| panic!("{session} has no owner"));
         assert_eq!(owner.worker.0, ids[worker], "{session}: served by {worker}");
     }
+}
+
+/// A session whose steps all go to the other router is not idle: the router that served
+/// only its first step sees it idle past its lease, and its demotion is refused because
+/// the directory saw the session written within that lease. Without the directory's
+/// check, that router demoted a session in use (the owner dropped it mid-conversation and
+/// the next step claimed it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_does_not_demote_a_session_the_other_router_is_serving() {
+    let ha = Ha::start_with(
+        "demote",
+        "session_lease_min_ms = 500\nsession_lease_max_ms = 1500",
+    );
+    ha.ready().await;
+    let http = common::client();
+    let (a, b) = (ha.routers[0].url.clone(), ha.routers[1].url.clone());
+    let session = ownerserve_ownership::ids::SessionId("demote-0".to_owned());
+    let mut messages =
+        vec![json!({"role": "user", "content": format!("first: {}", "x ".repeat(300))})];
+    step(&http, &a, &session.0, &messages).await.unwrap();
+    // Router `a` saw one step and no gap: its lease is the 1.5 s maximum. Router `b` serves
+    // the session every 300 ms for three times that.
+    let until = tokio::time::Instant::now() + Duration::from_millis(4_500);
+    let mut steps = 0;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        messages
+            .push(json!({"role": "user", "content": format!("step {steps}: {}", "y ".repeat(40))}));
+        step(&http, &b, &session.0, &messages).await.unwrap();
+        steps += 1;
+    }
+    let demotions = |router: String| async move {
+        let text = admin()
+            .get(format!("{router}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        counter(&text, "ownerserve_session_demotions_total")
+    };
+    assert_eq!(
+        demotions(a.clone()).await,
+        0.0,
+        "`a` demoted a session `b` serves"
+    );
+    let d = state(&ha.nodes.urls()).await.unwrap();
+    assert!(
+        d.sessions[&session].owner.is_some(),
+        "the session kept an owner"
+    );
+    // Once no router sends it anything, it is demoted: by `b`, whose lease follows the
+    // 300 ms gaps (~600 ms), or by `a` (none: it dropped the session when refused).
+    common::eventually(Duration::from_secs(10), "the idle session demoted", || {
+        let (urls, session) = (ha.nodes.urls(), session.clone());
+        async move {
+            state(&urls).await.unwrap().sessions[&session]
+                .owner
+                .is_none()
+        }
+    })
+    .await;
+    assert_eq!(demotions(b).await, 1.0);
 }
 
 /// A step planned off its session's owner while the directory cannot commit (every node

@@ -117,8 +117,15 @@ pub enum Command {
     EndSession { session: SessionId, epoch: Epoch },
     /// Demotes an idle session whose idle lease lapsed: it loses its decode owner (the
     /// owner drops its tail) but keeps its prefix artifact, so a resume recomputes only
-    /// the tail where the artifact is. Fenced by its epoch.
-    DemoteSession { session: SessionId, epoch: Epoch },
+    /// the tail where the artifact is. Fenced by its epoch, and with `idle_ms` by its
+    /// last write: refused if any router wrote the session within that many ms. A router
+    /// sees only the steps sent to it; another may be serving the session.
+    DemoteSession {
+        session: SessionId,
+        epoch: Epoch,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idle_ms: Option<u64>,
+    },
     /// Pins (or unpins) a session to its decode owner: while pinned, it is not moved to
     /// another worker (expiry of its owner still moves or ends it). Fenced by its epoch.
     PinSession {

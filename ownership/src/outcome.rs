@@ -75,6 +75,12 @@ pub enum Rejection {
     Pinned(SessionId),
     #[error("a response id must be 1 to {max} bytes")]
     BadResponseId { max: usize },
+    #[error("session {session:?} was written {since_ms} ms ago, within the {idle_ms} ms it must be idle")]
+    RecentlyWritten {
+        session: SessionId,
+        since_ms: u64,
+        idle_ms: u64,
+    },
 }
 
 impl Rejection {
@@ -93,6 +99,7 @@ impl Rejection {
             Rejection::BadBatch { .. } => "bad_batch",
             Rejection::Pinned(_) => "pinned",
             Rejection::BadResponseId { .. } => "bad_response_id",
+            Rejection::RecentlyWritten { .. } => "recently_written",
         }
     }
 
@@ -100,7 +107,9 @@ impl Rejection {
     pub fn is_stale(&self) -> bool {
         matches!(
             self,
-            Rejection::StaleEpoch { .. } | Rejection::StaleRetry { .. }
+            Rejection::StaleEpoch { .. }
+                | Rejection::StaleRetry { .. }
+                | Rejection::RecentlyWritten { .. }
         )
     }
 }

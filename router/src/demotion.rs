@@ -24,6 +24,19 @@ use crate::state::AppState;
 /// How often the sweep runs.
 const SWEEP_EVERY: Duration = Duration::from_millis(200);
 
+/// Most of a lease the directory's idle check leaves out. This router's own record of the
+/// session's last step is batched and committed after the step ends, so the directory's
+/// last write can trail the moment this router saw the session go idle; the window it
+/// checks is the lease less this (or less half the lease, if that is shorter).
+const RECORD_SLACK_MS: u64 = 1_000;
+
+/// How long the directory must have seen no write of a session this router finds idle
+/// past `lease_ms`: its lease, less the time this router's own last record may trail its
+/// idle clock. Another router serving the session writes it at every step, well within.
+fn idle_window_ms(lease_ms: u64) -> u64 {
+    lease_ms - RECORD_SLACK_MS.min(lease_ms / 2)
+}
+
 /// Sweeps until `cancel` fires, wherever the sweep waits (a hung directory must not hold
 /// up shutdown).
 pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
@@ -61,6 +74,7 @@ async fn demote(st: &AppState, l: Lapsed) {
     let command = Command::DemoteSession {
         session: SessionId(l.session.clone()),
         epoch,
+        idle_ms: Some(idle_window_ms(l.lease_ms)),
     };
     match sync.client().write(command).await {
         Ok(Outcome::Released) => {}
@@ -90,5 +104,18 @@ async fn demote(st: &AppState, l: Lapsed) {
         .await
     {
         tracing::warn!(worker = %w.spec.name, error = %e, "demoted session's tail not dropped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_idle_window_is_the_lease_less_a_record_s_lag() {
+        assert_eq!(idle_window_ms(600_000), 599_000);
+        assert_eq!(idle_window_ms(5_000), 4_000);
+        assert_eq!(idle_window_ms(1_500), 750);
+        assert_eq!(idle_window_ms(0), 0);
     }
 }

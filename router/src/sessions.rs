@@ -35,6 +35,8 @@ pub struct Lapsed {
     pub session: String,
     pub owner: WorkerId,
     pub tail: Vec<u64>,
+    /// The lease it lapsed past, ms.
+    pub lease_ms: u64,
 }
 
 /// Every session's idle clock.
@@ -177,6 +179,7 @@ impl Sessions {
                     session: k,
                     owner: t.owner,
                     tail: t.tail,
+                    lease_ms: t.lease.ttl_ms(),
                 })
             })
             .collect()
@@ -224,7 +227,8 @@ mod tests {
             vec![Lapsed {
                 session: "s".into(),
                 owner: WorkerId(1),
-                tail: vec![7]
+                tail: vec![7],
+                lease_ms: 1_000,
             }]
         );
         assert!(s.lapsed(idle + 5_000).is_empty(), "reported once");

@@ -129,7 +129,8 @@ impl Directory {
             Command::DemoteSession {
                 session,
                 epoch: given,
-            } => self.demote_session(session, *given),
+                idle_ms,
+            } => self.demote_session(session, *given, *idle_ms),
             Command::LabelSession {
                 session,
                 root,

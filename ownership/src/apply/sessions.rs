@@ -200,11 +200,26 @@ impl Directory {
         }
     }
 
-    pub(super) fn demote_session(&mut self, id: &SessionId, given: Epoch) -> Outcome {
+    pub(super) fn demote_session(
+        &mut self,
+        id: &SessionId,
+        given: Epoch,
+        idle_ms: Option<u64>,
+    ) -> Outcome {
+        let now = self.now_ms;
         let s = match self.fenced_session(id, given) {
             Ok(s) => s,
             Err(rejected) => return rejected,
         };
+        let since_ms = now.saturating_sub(s.last_access_ms);
+        if let Some(idle_ms) = idle_ms.filter(|&idle| since_ms < idle) {
+            return Rejection::RecentlyWritten {
+                session: id.clone(),
+                since_ms,
+                idle_ms,
+            }
+            .into();
+        }
         let Some(owner) = s.owner.take() else {
             return Outcome::Released;
         };

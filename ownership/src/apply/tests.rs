@@ -499,6 +499,7 @@ fn a_demoted_session_keeps_its_artifact_and_resumes_on_any_worker() {
     let demote = |epoch| Command::DemoteSession {
         session: s.clone(),
         epoch,
+        idle_ms: None,
     };
     assert!(matches!(
         log.run(demote(Epoch(epoch.0 + 1))),
@@ -515,6 +516,44 @@ fn a_demoted_session_keeps_its_artifact_and_resumes_on_any_worker() {
     assert!(!log.d.leases[&a].keys.contains(&Key::Session(s.clone())));
     // Without an owner, any worker may take the session up (no epoch needed).
     assert!(matches!(log.run(set(b)), Outcome::Owned { worker: W1, .. }));
+}
+
+/// A router sees only the steps sent to it: its demotion of a session it finds idle is
+/// refused while the directory saw the session written (by any router) within the window.
+#[test]
+fn a_demotion_is_refused_while_the_session_was_written_within_its_idle_window() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let s = SessionId("s".into());
+    let set = Command::SetDecodeOwner {
+        session: s.clone(),
+        lease: a,
+        prefix: None,
+        tail_tokens: 0,
+        predicted_tool_gap_ms: None,
+        expect_epoch: None,
+    };
+    let Outcome::Owned { epoch, .. } = log.at(10_000).run(set.clone()) else {
+        panic!()
+    };
+    let demote = Command::DemoteSession {
+        session: s.clone(),
+        epoch,
+        idle_ms: Some(1_500),
+    };
+    // Another router's step 1.2 s later writes it again, with the same epoch.
+    assert!(matches!(log.at(11_200).run(set), Outcome::Owned { .. }));
+    assert_eq!(
+        log.at(12_000).run(demote.clone()),
+        Outcome::Rejected(Rejection::RecentlyWritten {
+            session: s.clone(),
+            since_ms: 800,
+            idle_ms: 1_500
+        })
+    );
+    assert!(log.d.sessions[&s].owner.is_some(), "refused: still owned");
+    assert_eq!(log.at(12_700).run(demote), Outcome::Released);
+    assert!(log.d.sessions[&s].owner.is_none());
 }
 
 #[test]

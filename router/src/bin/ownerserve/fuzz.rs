@@ -594,6 +594,7 @@ fn envelopes() -> Vec<Envelope> {
             Command::DemoteSession {
                 session: session("t"),
                 epoch: Epoch(1),
+                idle_ms: Some(2_000),
             },
         ),
         env(12_000, None, Command::Tick),
