@@ -132,18 +132,6 @@ fn admin() -> reqwest::Client {
         .unwrap()
 }
 
-/// A router's Prometheus scrape.
-async fn scrape(router: &str) -> String {
-    admin()
-        .get(format!("{router}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// The directory's state, read linearizably from any node.
 async fn state(urls: &[String]) -> Option<ownerserve_ownership::Directory> {
     common::linearizable::directory_state(&common::linearizable::http(), urls).await
@@ -396,7 +384,7 @@ async fn a_new_session_sent_to_both_routers_at_once_gets_one_owner_serving_both(
     // the winner's worker.
     let (mut won, mut lost) = (0.0, 0.0);
     for r in [&a, &b] {
-        let text = scrape(r).await;
+        let text = common::get_text(&format!("{r}/metrics")).await;
         won += counter(&text, "ownerserve_ownership_claims_total{result=\"won\"}");
         lost += counter(&text, "ownerserve_ownership_claims_total{result=\"lost\"}");
     }
@@ -444,7 +432,10 @@ async fn a_router_does_not_demote_a_session_the_other_router_is_serving() {
         steps += 1;
     }
     let demotions = |router: String| async move {
-        counter(&scrape(&router).await, "ownerserve_session_demotions_total")
+        counter(
+            &common::get_text(&format!("{router}/metrics")).await,
+            "ownerserve_session_demotions_total",
+        )
     };
     assert_eq!(
         demotions(a.clone()).await,
