@@ -54,7 +54,13 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
         .registry
         .all()
         .iter()
-        .map(|w| json!({"id": w.id.0, "name": w.spec.name}))
+        .map(|w| {
+            json!({
+                "id": w.id.0,
+                "name": w.spec.name,
+                "max_num_batched_tokens": st.cfg.planner.chunk_tokens_of(w.id),
+            })
+        })
         .collect();
     // Only an embedded node is read per request (see `DirectoryClient::lookup`).
     let consulted = if lookup.consulted {

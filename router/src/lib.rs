@@ -21,7 +21,9 @@
 //! - [`registry`] and `health`: the workers and their health; `discovery` (feature
 //!   `kubernetes`): workers found from the Kubernetes API joining and leaving it at run
 //!   time, each with its probe and scrape tasks (`worker_tasks`).
-//! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry.
+//! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry;
+//!   `step_budget`: the engines' step budgets the planner prices prefills in (SGLang's
+//!   read from its `/server_info` at startup).
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers;
 //!   `busy_poll`: the runtime kept polling its sockets for a short window after each
 //!   request's activity, instead of parking.
@@ -68,6 +70,7 @@ pub mod response_owners;
 pub mod server;
 mod sessions;
 pub mod state;
+mod step_budget;
 pub mod up;
 pub mod upstream;
 mod worker_tasks;

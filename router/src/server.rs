@@ -37,6 +37,7 @@ use crate::proxy::plan::RoutingPolicy;
 use crate::registry::Registry;
 use crate::sessions::Sessions;
 use crate::state::{AppState, Telemetry};
+use crate::step_budget;
 use crate::upstream::{self, EngineCalls, Upstream};
 use ownerserve_edge::auth;
 use ownerserve_edge::http_metrics::HttpMetrics;
@@ -84,11 +85,10 @@ impl AppState {
     /// (health checks, KV events and scrapes, the directory node or client, the ownership
     /// sync and the idle-session sweep), all ending with `shutdown`. Serve it with [`app`].
     pub async fn start(
-        cfg: RouterConfig,
+        mut cfg: RouterConfig,
         tracker: &TaskTracker,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Arc<AppState>> {
-        let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings)?);
         let (proxy_metrics, telemetry) = telemetry(&cfg.policy)?;
         let upstream = Upstream {
             client: upstream::client(cfg.connect_timeout),
@@ -98,6 +98,9 @@ impl AppState {
         let registry = Arc::new(Registry::new(cfg.workers.clone()));
         let health = HealthSettings::of(&cfg);
         health::check_all(client, &registry, &health).await;
+        // Read before the policy is built from its settings.
+        step_budget::learn(&registry, client, &mut cfg).await;
+        let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings)?);
         let block_size =
             kv::resolve_block_size(&registry, client, cfg.kv_block_size, cfg.health_timeout)
                 .await?;

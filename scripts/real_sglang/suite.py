@@ -70,6 +70,9 @@ TOKEN = "real-sglang-suite"
 MODEL = "tiny"
 PAGE = 16
 MAX_TOTAL_TOKENS = 16384
+# Not the planner's default (8192 for its H100 preset): the router must read it from the
+# engines' /server_info for the planner to price prefills in it.
+CHUNKED_PREFILL = 4096
 ROUTING_BAR = 0.95
 # The issue's acceptance: >= 2 minutes of idle and traffic, >= 60 s of it mixed.
 IDLE_S, MIXED_S = 60, 70
@@ -94,6 +97,7 @@ class Engine:
                "--sleep-on-idle",
                "--host", "127.0.0.1", "--port", str(self.port),
                "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--page-size", str(PAGE),
+               "--chunked-prefill-size", str(CHUNKED_PREFILL),
                "--enable-metrics", "--enable-cache-report",
                "--kv-events-config", json.dumps({
                    "publisher": "zmq", "endpoint": f"tcp://*:{self.zmq}", "topic": "kv-events",
@@ -214,6 +218,20 @@ class Suite:
                    "".join(e.worker_toml() for e in engines))
         self.routers.append(r)
         return r
+
+    def step_budget(self, r, engines):
+        """The planner prices prefills in each engine's own chunked-prefill size, which the
+        router reads from its /server_info (no worker key sets it here)."""
+        reported = [http("GET", e.url + "/server_info", timeout=30)[2].get("chunked_prefill_size")
+                    for e in engines]
+        _, _, plan = r.post("/admin/v1/plan/explain", {
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+            {"authorization": f"Bearer {TOKEN}"})
+        priced = [w.get("max_num_batched_tokens") for w in plan.get("workers", [])]
+        self.check("step budget: the planner's is each engine's chunked_prefill_size",
+                   reported == [CHUNKED_PREFILL] * len(engines)
+                   and priced == [CHUNKED_PREFILL] * len(engines),
+                   f"engines report {reported}, the planner prices {priced}")
 
     # --- 1. the official SDK ---------------------------------------------------------
 
@@ -517,6 +535,7 @@ class Suite:
     def steps(self, engines):
         r = self.router("main", engines)
         self.openai_sdk(r, engines)
+        self.step_budget(r, engines)
         self.capacity(r, engines)
         self.token_routing(r)
         self.chat_routing(r)

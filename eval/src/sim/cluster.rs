@@ -163,7 +163,7 @@ impl Cluster {
     }
 
     /// The cost planner's figures for this fleet (`configs`, its workers' engine
-    /// configurations): each worker's own roofline, the links its settings give and whether
+    /// configurations): each worker's own roofline and step budget, the links its settings give and whether
     /// its prefill workers may decode (what an operator configures the live router with).
     pub fn planner_config(&self, configs: &[SimConfig]) -> Option<OwnerServeConfig> {
         let first = configs.first()?;
@@ -185,11 +185,19 @@ impl Cluster {
             .enumerate()
             .map(|(i, c)| (WorkerId(i as u32), c.roofline.clone()))
             .collect();
+        let chunk_tokens = |c: &SimConfig| u64::from(c.scheduler.max_num_batched_tokens);
+        let worker_chunk_tokens = configs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (WorkerId(i as u32), chunk_tokens(c)))
+            .collect();
         Some(OwnerServeConfig {
             model: first.model.clone(),
             models: BTreeMap::new(),
             roofline: first.roofline.clone(),
             rooflines,
+            chunk_tokens: chunk_tokens(first),
+            worker_chunk_tokens,
             links: Links {
                 default: link_of(first),
                 pairs,
@@ -245,11 +253,14 @@ mod tests {
     }
 
     #[test]
-    fn the_planner_sees_each_workers_roofline() {
+    fn the_planner_sees_each_workers_roofline_and_step_budget() {
         let c = Cluster::parse("1p1d", &SimSettings::default()).expect("parses");
-        let configs = c.build().expect("builds");
+        let mut configs = c.build().expect("builds");
+        configs[1].scheduler.max_num_batched_tokens = 1_024;
         let p = c.planner_config(&configs).expect("a planner config");
         assert_eq!(p.rooflines.len(), 2);
         assert!((p.links.default.bytes_per_s - 50e9).abs() < 1.0);
+        assert_eq!(p.chunk_tokens_of(WorkerId(0)), 8_192);
+        assert_eq!(p.chunk_tokens_of(WorkerId(1)), 1_024);
     }
 }

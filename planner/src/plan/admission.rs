@@ -203,6 +203,7 @@ mod tests {
                 1,
                 Efficiency::default(),
             ),
+            chunk_tokens: 8_192,
             queue_s: 0.0,
             decoding: 20,
             queued: 0,

@@ -16,11 +16,23 @@
 //! step waits for them, which its own `T_queue` carries.
 
 use crate::roofline::{Roofline, StepFigures};
+use crate::spec::GpuSpec;
 
-/// Token budget of one engine step the planner assumes when it splits a prefill into
-/// chunks (vLLM's `max_num_batched_tokens` default with chunked prefill, and the
-/// simulated engine's).
-pub const CHUNK_TOKENS: u64 = 8_192;
+/// Token budget of one engine step (`max_num_batched_tokens`) the planner assumes for an
+/// engine on `gpu` whose operator did not say: vLLM V1's default for its OpenAI server
+/// (`EngineArgs.get_batch_defaults`): 8,192 on GPUs with at least 70 GiB that are not an
+/// A100 (H100, H20, H200, MI300X), 2,048 on the rest (A100, L40), where larger chunks cost
+/// throughput. The simulated engine's default is 8,192 whatever the GPU; the simulator
+/// tells the planner its engines' budgets.
+pub fn engine_default_chunk_tokens(gpu: &GpuSpec) -> u64 {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    let large = gpu.memory_gb * 1e9 >= 70.0 * GIB;
+    if large && !gpu.name.to_ascii_lowercase().contains("a100") {
+        8_192
+    } else {
+        2_048
+    }
+}
 
 /// The sequences a prefill on a worker with `running` sequences stalls: its decodes, on a
 /// worker that `decodes` (`PlanWorker::decodes`). A prefill-only worker's running
@@ -36,7 +48,7 @@ pub fn stalled_decodes(decodes: bool, running: u64) -> u64 {
 }
 
 /// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds to its end,
-/// chunked by [`CHUNK_TOKENS`] less one token per decode, each chunk sharing its step with
+/// chunked by the worker's step budget `chunk_tokens` less one token per decode, each chunk sharing its step with
 /// the decodes: `Roofline::chunked_prefill_s`) costs the `decoding` sequences decoding
 /// beside it, which read `decode_context` KV tokens: each loses, per chunk step, the mixed
 /// step's time minus the decode-only step's. Never more than `decoding × compute_s`.
@@ -47,11 +59,12 @@ pub fn marginal_interference_s(
     decode_context: u64,
     tokens: u64,
     compute_s: f64,
+    chunk_tokens: u64,
 ) -> f64 {
     if decoding == 0 || tokens == 0 {
         return 0.0;
     }
-    let budget = CHUNK_TOKENS.saturating_sub(decoding).max(1);
+    let budget = chunk_tokens.saturating_sub(decoding).max(1);
     let chunks = tokens.div_ceil(budget);
     let decode_only = roofline.decode_step_s(figures, decoding, decode_context);
     let lost = (compute_s - chunks as f64 * decode_only).max(0.0);
@@ -92,7 +105,7 @@ mod tests {
     fn no_decodes_no_interference() {
         let (m, r) = llama_h100();
         assert_eq!(
-            marginal_interference_s(&r, &StepFigures::of(&m), 0, 0, 8_000, 0.5),
+            marginal_interference_s(&r, &StepFigures::of(&m), 0, 0, 8_000, 0.5, 8_192),
             0.0
         );
     }
@@ -112,7 +125,7 @@ mod tests {
                 },
             )
             .total_s;
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 0, 4_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 0, 4_000, c, 8_192);
         assert!((i - 10.0 * (c - dec)).abs() < 1e-12, "{i}");
         assert!(i < 10.0 * c);
     }
@@ -122,7 +135,7 @@ mod tests {
         let (m, r) = llama_h100();
         // 16 new tokens ride a memory-bound decode step almost for free.
         let c = prefill_s(&r, &m, 16);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 0, 16, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 0, 16, c, 8_192);
         assert!(i < 0.1 * 32.0 * c, "{i} vs {}", 32.0 * c);
     }
 
@@ -130,7 +143,48 @@ mod tests {
     fn a_long_prefill_stalls_each_decode_for_nearly_its_whole_time() {
         let (m, r) = llama_h100();
         let c = prefill_s(&r, &m, 32_000);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 0, 32_000, c);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 0, 32_000, c, 8_192);
         assert!(i > 0.9 * 8.0 * c && i <= 8.0 * c, "{i} vs {}", 8.0 * c);
+    }
+
+    /// vLLM's server picks its step budget by GPU: 8,192 on the large ones, 2,048 on an
+    /// A100 (also 80 GB, excluded by name) and on smaller GPUs.
+    #[test]
+    fn the_default_budget_is_vllm_s_for_the_gpu() {
+        let budget = |g: &str| engine_default_chunk_tokens(&GpuSpec::preset(g).unwrap());
+        assert_eq!(budget("h100"), 8_192);
+        assert_eq!(budget("h20"), 8_192);
+        assert_eq!(budget("a100"), 2_048);
+        assert_eq!(budget("l40"), 2_048);
+    }
+
+    /// On an engine with a small step budget a long prefill runs in many short chunks,
+    /// each shared with the decodes' memory-bound step, so it stalls them less than the
+    /// same prefill in 8,192-token chunks.
+    #[test]
+    fn a_smaller_step_budget_stalls_the_decodes_less() {
+        let (m, r) = llama_h100();
+        let f = StepFigures::of(&m);
+        let (decodes, context, tokens) = (24, 24 * 12_000, 16_000);
+        let compute = |budget: u64| {
+            r.chunked_prefill_s(
+                &f,
+                tokens,
+                prefill_pairs(tokens, 0),
+                0,
+                decodes,
+                context,
+                budget,
+            )
+        };
+        let stall = |budget: u64| {
+            marginal_interference_s(&r, &f, decodes, context, tokens, compute(budget), budget)
+        };
+        assert!(
+            stall(1_024) < 0.8 * stall(8_192),
+            "{} vs {}",
+            stall(1_024),
+            stall(8_192)
+        );
     }
 }

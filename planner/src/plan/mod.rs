@@ -40,7 +40,7 @@ use crate::spec::ModelSpec;
 pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
-pub use interference::{marginal_interference_s, CHUNK_TOKENS};
+pub use interference::{engine_default_chunk_tokens, marginal_interference_s};
 
 /// The five things the planner can do with a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,6 +90,10 @@ pub struct PlanWorker {
     /// Being drained by an operator: it takes no new work but can still send its KV.
     pub draining: bool,
     pub roofline: Roofline,
+    /// Token budget of one of its engine's steps (`max_num_batched_tokens`; SGLang's
+    /// `chunked_prefill_size`): the chunks a prefill there runs in, each shared with the
+    /// decodes running there (`interference.rs`).
+    pub chunk_tokens: u64,
     /// Predicted wait before a new prefill starts there, seconds.
     pub queue_s: f64,
     /// Sequences running there now: on a worker that decodes, a prefill there stalls each
@@ -206,7 +210,7 @@ impl PlanWorker {
             context,
             self.stalled_decodes(),
             self.running_kv_tokens(),
-            interference::CHUNK_TOKENS,
+            self.chunk_tokens,
         )
     }
 }

@@ -14,7 +14,8 @@ use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
 use crate::kv_release::DecodeLifetimes;
 use crate::plan::{
-    plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker, Weights,
+    engine_default_chunk_tokens, plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan,
+    PlanInput, PlanWorker, Weights,
 };
 use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepFigures};
 use crate::spec::{GpuSpec, ModelSpec, SpecError};
@@ -31,6 +32,11 @@ pub struct OwnerServeConfig {
     pub roofline: Roofline,
     /// Workers whose GPUs differ from the default.
     pub rooflines: BTreeMap<WorkerId, Roofline>,
+    /// Every worker's engine step budget (`max_num_batched_tokens`) unless overridden in
+    /// `worker_chunk_tokens`: the chunks its prefills run in (`PlanWorker::chunk_tokens`).
+    pub chunk_tokens: u64,
+    /// Workers whose engines run a different step budget.
+    pub worker_chunk_tokens: BTreeMap<WorkerId, u64>,
     pub links: Links,
     pub weights: Weights,
     pub thresholds: ClassThresholds,
@@ -57,6 +63,8 @@ impl OwnerServeConfig {
             models: BTreeMap::new(),
             roofline: Roofline::new(&gpu, gpus.max(1), Efficiency::default()),
             rooflines: BTreeMap::new(),
+            chunk_tokens: engine_default_chunk_tokens(&gpu),
+            worker_chunk_tokens: BTreeMap::new(),
             links: Links {
                 default: Link {
                     bytes_per_s: gpu.link_gbs * 1e9,
@@ -79,6 +87,14 @@ impl OwnerServeConfig {
     /// The roofline of `worker`.
     pub fn roofline_of(&self, worker: WorkerId) -> &Roofline {
         self.rooflines.get(&worker).unwrap_or(&self.roofline)
+    }
+
+    /// The engine step budget of `worker`.
+    pub fn chunk_tokens_of(&self, worker: WorkerId) -> u64 {
+        self.worker_chunk_tokens
+            .get(&worker)
+            .copied()
+            .unwrap_or(self.chunk_tokens)
     }
 }
 
@@ -156,6 +172,7 @@ impl OwnerServe {
             draining: w.draining,
             queue_s: 0.0,
             roofline,
+            chunk_tokens: self.cfg.chunk_tokens_of(w.id),
             decoding: w.decoding(),
             queued,
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),

@@ -185,6 +185,9 @@ pub struct RouterSettings {
     pub planner_gpus: u32,
     /// Worker-to-worker KV transfer bandwidth, GB/s (unset: the GPU preset's link).
     pub planner_link_gbs: Option<f64>,
+    /// Token budget of one engine step the planner prices prefills with (unset: vLLM's
+    /// default for each worker's GPU, `engine_default_chunk_tokens`).
+    pub planner_max_num_batched_tokens: Option<u64>,
     /// Latency of one KV transfer, microseconds.
     pub planner_link_latency_us: f64,
     /// λ: seconds charged per GB of HBM a plan duplicates.
@@ -320,6 +323,7 @@ impl Default for RouterSettings {
             planner_gpu: "h100".to_owned(),
             planner_gpus: 1,
             planner_link_gbs: None,
+            planner_max_num_batched_tokens: None,
             planner_link_latency_us: 20.0,
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
@@ -377,6 +381,12 @@ pub struct WorkerSettings {
     /// in its metrics (SGLang `max_total_num_tokens`, vLLM `num_gpu_blocks × block_size`).
     #[serde(default)]
     pub kv_capacity_tokens: Option<u64>,
+    /// Token budget of one of this worker's engine steps (vLLM `--max-num-batched-tokens`,
+    /// SGLang `--chunked-prefill-size`), when it differs from
+    /// `router.planner_max_num_batched_tokens`: the chunks the planner prices its
+    /// prefills in.
+    #[serde(default)]
+    pub max_num_batched_tokens: Option<u64>,
 }
 
 fn default_engine() -> EngineKind {

@@ -2,7 +2,7 @@
 //! are refused with the key named.
 
 use super::*;
-use ownerserve_planner::ids::{EngineKind, Role};
+use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 
 #[test]
 fn the_embedded_up_config_parses_and_validates() {
@@ -268,4 +268,57 @@ fn each_served_model_is_priced_with_its_own_spec() {
     };
     let err = RouterConfig::validate(&bad, one()).unwrap_err().to_string();
     assert!(err.starts_with("router.models.tiny: "), "{err}");
+}
+
+/// The planner prices each worker's prefills in its engine's step budget: the worker's
+/// `max_num_batched_tokens`, else the router's, else vLLM's default for the worker's GPU.
+#[test]
+fn each_worker_s_step_budget_reaches_the_planner() {
+    let flag = |f: &str| {
+        worker_specs(&[parse_worker_flag(f).unwrap()])
+            .unwrap()
+            .remove(0)
+    };
+    let workers = || {
+        vec![
+            WorkerSpec {
+                name: "own".into(),
+                ..flag("http://127.0.0.1:1,max_num_batched_tokens=1024")
+            },
+            WorkerSpec {
+                name: "a100".into(),
+                ..flag("http://127.0.0.1:2,gpu=a100")
+            },
+            WorkerSpec {
+                name: "plain".into(),
+                ..flag("http://127.0.0.1:3")
+            },
+        ]
+    };
+    let cfg = RouterConfig::validate(&RouterSettings::default(), workers()).unwrap();
+    let budget = |cfg: &RouterConfig, i: u32| cfg.planner.chunk_tokens_of(WorkerId(i));
+    assert_eq!(
+        (budget(&cfg, 0), budget(&cfg, 1), budget(&cfg, 2)),
+        (1_024, 2_048, 8_192)
+    );
+    let set = RouterSettings {
+        planner_max_num_batched_tokens: Some(4_096),
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&set, workers()).unwrap();
+    assert_eq!(
+        (budget(&cfg, 0), budget(&cfg, 1), budget(&cfg, 2)),
+        (1_024, 4_096, 4_096)
+    );
+    let zero = WorkerSpec {
+        max_num_batched_tokens: Some(0),
+        ..workers().remove(2)
+    };
+    let err = RouterConfig::validate(&RouterSettings::default(), vec![zero])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("plain.max_num_batched_tokens: must be positive"),
+        "{err}"
+    );
 }

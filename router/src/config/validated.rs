@@ -10,7 +10,9 @@ use ownerserve_ownership::node::secret::ClusterSecret;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::KvIndexConfig;
-use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
+use ownerserve_planner::plan::{
+    engine_default_chunk_tokens, ClassThresholds, Link, Links, Weights,
+};
 use ownerserve_planner::policy::{
     self, BusyThresholds, KvAwareConfig, OwnerServeConfig, PolicySettings,
 };
@@ -175,25 +177,21 @@ fn planner_setup(
         }
     }
     let pairs = planner_link_pairs(s, workers)?;
-    let mut rooflines = std::collections::BTreeMap::new();
-    for (i, w) in workers.iter().enumerate() {
-        if w.gpu.is_none() && w.gpus.is_none() {
-            continue;
-        }
-        let g = match &w.gpu {
-            Some(name) => load(name, GpuSpec::preset, GpuSpec::from_toml)
-                .map_err(|e| ConfigError::invalid("workers", format!("{}.gpu", w.name), e))?,
-            None => gpu.clone(),
-        };
-        let n = w.gpus.unwrap_or(s.planner_gpus).max(1);
-        rooflines.insert(
-            WorkerId(i as u32),
-            Roofline::new(&g, n, Efficiency::default()),
-        );
+    if s.planner_max_num_batched_tokens == Some(0) {
+        return Err(ConfigError::router(
+            "planner_max_num_batched_tokens",
+            "must be positive",
+        ));
     }
+    let chunk_tokens = s
+        .planner_max_num_batched_tokens
+        .unwrap_or_else(|| engine_default_chunk_tokens(&gpu));
+    let (rooflines, worker_chunk_tokens) = worker_engines(s, &gpu, workers)?;
     Ok(OwnerServeConfig {
         roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
         rooflines,
+        chunk_tokens,
+        worker_chunk_tokens,
         model,
         models,
         links: Links {
@@ -210,6 +208,49 @@ fn planner_setup(
         pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
         prefill_workers_decode: s.planner_prefill_workers_decode,
     })
+}
+
+/// Per worker, its roofline and its engine's step budget, where they differ from the
+/// planner's defaults.
+type WorkerEngines = (
+    std::collections::BTreeMap<WorkerId, Roofline>,
+    std::collections::BTreeMap<WorkerId, u64>,
+);
+
+/// The workers whose rooflines (their `gpu`, `gpus`) or engine step budgets differ from
+/// the planner's defaults. A worker's budget is its own `max_num_batched_tokens`, else the
+/// router's, else vLLM's default for its GPU.
+fn worker_engines(
+    s: &RouterSettings,
+    gpu: &GpuSpec,
+    workers: &[WorkerSpec],
+) -> Result<WorkerEngines, ConfigError> {
+    let mut rooflines = std::collections::BTreeMap::new();
+    let mut worker_chunk_tokens = std::collections::BTreeMap::new();
+    for (i, w) in workers.iter().enumerate() {
+        let g = match &w.gpu {
+            Some(name) => Some(
+                load(name, GpuSpec::preset, GpuSpec::from_toml)
+                    .map_err(|e| ConfigError::invalid("workers", format!("{}.gpu", w.name), e))?,
+            ),
+            None => None,
+        };
+        let own_chunk = w
+            .max_num_batched_tokens
+            .or(s.planner_max_num_batched_tokens);
+        if let Some(c) = own_chunk.or_else(|| g.as_ref().map(engine_default_chunk_tokens)) {
+            worker_chunk_tokens.insert(WorkerId(i as u32), c);
+        }
+        if g.is_none() && w.gpus.is_none() {
+            continue;
+        }
+        let n = w.gpus.unwrap_or(s.planner_gpus).max(1);
+        rooflines.insert(
+            WorkerId(i as u32),
+            Roofline::new(g.as_ref().unwrap_or(gpu), n, Efficiency::default()),
+        );
+    }
+    Ok((rooflines, worker_chunk_tokens))
 }
 
 /// How much work one request may ask of the engines (checked at ingress).
@@ -574,12 +615,17 @@ fn check_workers(workers: &[WorkerSpec]) -> Result<(), ConfigError> {
                 "must start with /",
             ));
         }
-        if w.kv_capacity_tokens == Some(0) {
-            return Err(ConfigError::invalid(
-                "workers",
-                format!("{}.kv_capacity_tokens", w.name),
-                "must be positive",
-            ));
+        for (key, v) in [
+            ("kv_capacity_tokens", w.kv_capacity_tokens),
+            ("max_num_batched_tokens", w.max_num_batched_tokens),
+        ] {
+            if v == Some(0) {
+                return Err(ConfigError::invalid(
+                    "workers",
+                    format!("{}.{key}", w.name),
+                    "must be positive",
+                ));
+            }
         }
     }
     Ok(())

@@ -26,6 +26,8 @@ pub struct WorkerSpec {
     pub health_path: Option<String>,
     /// Its KV capacity in tokens as configured (`None`: what the engine reports).
     pub kv_capacity_tokens: Option<u64>,
+    /// Its engine's step budget as configured (`None`: the router's setting).
+    pub max_num_batched_tokens: Option<u64>,
 }
 
 impl WorkerSpec {
@@ -44,6 +46,7 @@ impl WorkerSpec {
             kv_block_size: None,
             health_path: None,
             kv_capacity_tokens: None,
+            max_num_batched_tokens: None,
         }
     }
 
@@ -87,7 +90,8 @@ pub fn worker_url(url: &str) -> Result<String, String> {
 }
 
 /// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`
-/// (also `kv_events`, `kv_replay`, `kv_block_size`, `health_path`, `kv_capacity_tokens`).
+/// (also `kv_events`, `kv_replay`, `kv_block_size`, `health_path`, `kv_capacity_tokens`,
+/// `max_num_batched_tokens`).
 pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
     let bad = |reason: String| ConfigError::WorkerFlag {
         flag: flag.to_owned(),
@@ -108,6 +112,7 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
         kv_block_size: None,
         health_path: None,
         kv_capacity_tokens: None,
+        max_num_batched_tokens: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -132,8 +137,12 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
                 w.kv_capacity_tokens =
                     Some(v.parse().map_err(|e| bad(format!("kv_capacity_tokens: {e}")))?)
             }
+            "max_num_batched_tokens" => {
+                w.max_num_batched_tokens =
+                    Some(v.parse().map_err(|e| bad(format!("max_num_batched_tokens: {e}")))?)
+            }
             _ => return Err(bad(format!(
-                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size, health_path, kv_capacity_tokens)"
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size, health_path, kv_capacity_tokens, max_num_batched_tokens)"
             ))),
         }
     }
@@ -166,6 +175,7 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, Confi
                 kv_block_size: w.kv_block_size,
                 health_path: w.health_path.clone(),
                 kv_capacity_tokens: w.kv_capacity_tokens,
+                max_num_batched_tokens: w.max_num_batched_tokens,
                 ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
             })
         })
