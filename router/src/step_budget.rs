@@ -3,7 +3,8 @@
 //! chunks of it, each sharing its step with the decodes running there.
 //!
 //! A worker's configured `max_num_batched_tokens` wins; else an SGLang engine reports its
-//! budget in `/server_info` (its server arguments) and it is read once at startup; else
+//! budget in `/server_info` (its server arguments) and it is read once at startup (a worker
+//! that joins later from discovery, or was down then, keeps the default); else
 //! the planner keeps the router's setting or vLLM's default for the worker's GPU
 //! (`config::validated`). vLLM publishes no scheduler settings (its `cache_config_info`
 //! gauge carries only the cache's), so a vLLM worker's non-default budget is configured.
