@@ -163,8 +163,9 @@ impl Cluster {
     }
 
     /// The cost planner's figures for this fleet (`configs`, its workers' engine
-    /// configurations): each worker's own roofline and step budget, the links its settings give and whether
-    /// its prefill workers may decode (what an operator configures the live router with).
+    /// configurations): each worker's own roofline and step budget, the links its settings
+    /// give and whether its prefill workers may decode (what an operator configures the
+    /// live router with).
     pub fn planner_config(&self, configs: &[SimConfig]) -> Option<OwnerServeConfig> {
         let first = configs.first()?;
         let link_of = |c: &SimConfig| Link {

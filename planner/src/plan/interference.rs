@@ -48,10 +48,11 @@ pub fn stalled_decodes(decodes: bool, running: u64) -> u64 {
 }
 
 /// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds to its end,
-/// chunked by the worker's step budget `chunk_tokens` less one token per decode, each chunk sharing its step with
-/// the decodes: `Roofline::chunked_prefill_s`) costs the `decoding` sequences decoding
-/// beside it, which read `decode_context` KV tokens: each loses, per chunk step, the mixed
-/// step's time minus the decode-only step's. Never more than `decoding × compute_s`.
+/// chunked by the worker's step budget `chunk_tokens` less one token per decode, each
+/// chunk sharing its step with the decodes: `Roofline::chunked_prefill_s`) costs the
+/// `decoding` sequences decoding beside it, which read `decode_context` KV tokens: each
+/// loses, per chunk step, the mixed step's time minus the decode-only step's. Never more
+/// than `decoding × compute_s`.
 pub fn marginal_interference_s(
     roofline: &Roofline,
     figures: &StepFigures<'_>,
