@@ -8,8 +8,7 @@ use std::hint::black_box;
 use ownerserve_planner::hash::{hashes_after, prompt_hashes, KeptChain, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::plan::{
-    engine_default_chunk_tokens, plan, ArtifactView, ClassThresholds, Link, Links, PlanInput,
-    PlanWorker, Weights,
+    plan, ArtifactView, ClassThresholds, Link, Links, PlanInput, PlanWorker, StepBudget, Weights,
 };
 use ownerserve_planner::policy::SplitMix64;
 use ownerserve_planner::roofline::{Efficiency, Roofline};
@@ -59,7 +58,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
             healthy: true,
             draining: false,
             roofline: Roofline::new(&gpu, 1, Efficiency::default()),
-            chunk_tokens: engine_default_chunk_tokens(&gpu),
+            step_budget: StepBudget::engine_default(&gpu),
             queue_s: (rng.next_u64() % 1000) as f64 / 1e4,
             decoding: rng.next_u64() % 64,
             queued: rng.next_u64() % 8,

@@ -158,18 +158,19 @@ impl Roofline {
     }
 
     /// Seconds to the end of a prefill of `tokens` tokens (`pairs` attention pairs over
-    /// `context` cached tokens) on an engine that runs it as chunked prefill: steps of
-    /// `budget` tokens, each shared with `decodes` decoding sequences that read
-    /// `decode_context` KV tokens (vLLM V1 schedules the running decodes first and gives
-    /// the prefill the rest of the budget; the simulated engine does the same). The
-    /// chunks are priced as equal steps of the average chunk.
+    /// `context` cached tokens) on an engine that runs it as chunked prefill: `chunk`
+    /// prompt tokens a step (`StepBudget::prefill_chunk`), each step shared with `decodes`
+    /// decoding sequences that read `decode_context` KV tokens (vLLM V1 schedules the
+    /// running decodes first and gives the prefill the rest of the budget, up to its
+    /// long-prefill cap; the simulated engine does the same). The chunks are priced as
+    /// equal steps of the average chunk.
     ///
     /// Why not one step of all the tokens: the engine runs it so. A long prompt pays a
     /// step's overhead per chunk, and each chunk's step also carries the decodes' tokens
     /// and reads (hidden under a long chunk's compute, not under a short one's).
     #[expect(
         clippy::too_many_arguments,
-        reason = "the prefill's three figures, the decodes' two and the budget, each named"
+        reason = "the prefill's three figures, the decodes' two and the chunk, each named"
     )]
     pub fn chunked_prefill_s(
         &self,
@@ -179,12 +180,12 @@ impl Roofline {
         context: u64,
         decodes: u64,
         decode_context: u64,
-        budget: u64,
+        chunk: u64,
     ) -> f64 {
         if tokens == 0 {
             return 0.0;
         }
-        let chunks = tokens.div_ceil(budget.saturating_sub(decodes).max(1));
+        let chunks = tokens.div_ceil(chunk.max(1));
         let chunk = tokens / chunks;
         // Each chunk reads the prompt's KV computed before it: on average, the cached
         // context and half of the rest.
@@ -246,7 +247,7 @@ mod tests {
         let f = StepFigures::of(&m);
         let alone = |n: u64| r.prefill_step_s(&f, n, prefill_pairs(n, 0), 0);
         let beside = |n: u64, d: u64, ctx: u64| {
-            r.chunked_prefill_s(&f, n, prefill_pairs(n, 0), 0, d, ctx, 8_192)
+            r.chunked_prefill_s(&f, n, prefill_pairs(n, 0), 0, d, ctx, 8_192 - d)
         };
         assert_eq!(beside(3_000, 0, 0), alone(3_000));
         assert_eq!(beside(0, 20, 600_000), 0.0);

@@ -55,10 +55,12 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
         .all()
         .iter()
         .map(|w| {
+            let budget = st.cfg.planner.step_budget_of(w.id);
             json!({
                 "id": w.id.0,
                 "name": w.spec.name,
-                "max_num_batched_tokens": st.cfg.planner.chunk_tokens_of(w.id),
+                "max_num_batched_tokens": budget.tokens,
+                "long_prefill_token_threshold": budget.long_prefill_cap,
             })
         })
         .collect();

@@ -7,9 +7,11 @@
 //! that joins later from discovery, or was down then, keeps the default); else
 //! the planner keeps the router's setting or vLLM's default for the worker's GPU
 //! (`config::validated`). vLLM publishes no scheduler settings (its `cache_config_info`
-//! gauge carries only the cache's), so a vLLM worker's non-default budget is configured.
+//! gauge carries only the cache's), so a vLLM worker's non-default budget is configured,
+//! as is its `--long-prefill-token-threshold` (SGLang has no per-request cap).
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::plan::StepBudget;
 
 use crate::config::RouterConfig;
 use crate::registry::Registry;
@@ -30,13 +32,17 @@ pub async fn learn(registry: &Registry, client: &HttpClient, cfg: &mut RouterCon
         };
         if let Some(tokens) = status.is_success().then(|| reported(&body)).flatten() {
             tracing::debug!(worker = %w.spec.name, tokens, "engine step budget from /server_info");
-            cfg.planner.worker_chunk_tokens.insert(w.id, tokens);
+            let budget = StepBudget {
+                tokens,
+                ..cfg.planner.step_budget_of(w.id)
+            };
+            cfg.planner.worker_step_budgets.insert(w.id, budget);
         }
     }
     if let Some(planner) = cfg.policy_settings.ownerserve.as_mut() {
         planner
-            .worker_chunk_tokens
-            .clone_from(&cfg.planner.worker_chunk_tokens);
+            .worker_step_budgets
+            .clone_from(&cfg.planner.worker_step_budgets);
     }
 }
 

@@ -80,6 +80,8 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
     file.router.planner_link_gbs = Some(file.sim.link_gbs);
     file.router.planner_link_latency_us = file.sim.link_latency_us;
     file.router.planner_max_num_batched_tokens = Some(u64::from(file.sim.max_num_batched_tokens));
+    file.router.planner_long_prefill_token_threshold =
+        Some(u64::from(file.sim.long_prefill_token_threshold));
     file.router.planner_time_scale = file.sim.time_scale;
     file.router.planner_calibrate = !file.sim.instant;
     if file.fleet.iter().all(|g| g.count == 0) {

@@ -65,6 +65,9 @@ BLOCK = 32
 ROUTING_BAR = 0.95
 # The engines' context: Claude Code's first prompt is ~88 KB (the tiny model allows 131,072).
 MAX_MODEL_LEN = 65536
+# The third engine's `--long-prefill-token-threshold`: a prompt beside other requests
+# computes at most this many tokens a step there (docs/EVALUATION.md, nineteenth pass).
+LONG_PREFILL_CAP = 256
 
 
 _PORTS_GIVEN = set()
@@ -155,8 +158,10 @@ def ok_status(url):
 class Engine:
     """One real vLLM engine process and its ports."""
 
-    def __init__(self, name, venv, model_dir, log_dir):
+    def __init__(self, name, venv, model_dir, log_dir, long_prefill_cap=0):
         self.name = name
+        # vLLM's `--long-prefill-token-threshold` (0: not set, vLLM's default).
+        self.long_prefill_cap = long_prefill_cap
         self.port, self.zmq, self.replay, self.side = (free_port() for _ in range(4))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(log_dir, f"{name}.log")
@@ -179,6 +184,8 @@ class Engine:
                "--kv-transfer-config", json.dumps({
                    "kv_connector": "NixlConnector", "kv_role": "kv_both",
                    "kv_buffer_device": "cpu"})]
+        if long_prefill_cap:
+            cmd += ["--long-prefill-token-threshold", str(long_prefill_cap)]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -190,9 +197,11 @@ class Engine:
         return ok_status(self.url + "/health")()
 
     def worker_toml(self, role="hybrid"):
+        cap = (f"long_prefill_token_threshold = {self.long_prefill_cap}\n"
+               if self.long_prefill_cap else "")
         return (f'[[workers]]\nname = "{self.name}"\nurl = "{self.url}"\nrole = "{role}"\n'
                 f'engine = "vllm"\nkv_events = "tcp://127.0.0.1:{self.zmq}"\n'
-                f'kv_replay = "tcp://127.0.0.1:{self.replay}"\n')
+                f'kv_replay = "tcp://127.0.0.1:{self.replay}"\n{cap}')
 
     def prompt_tokens(self, source):
         """`vllm:prompt_tokens_by_source_total{source=...}` now. An engine busy decoding on a
@@ -432,6 +441,12 @@ class Suite:
                    "/v1/models", plan.get("inputs", {}).get("model") == "tiny-llama-cpu"
                    and all(m.get("max_model_len") == MAX_MODEL_LEN for m in served) and served,
                    f"priced as {plan.get('inputs', {}).get('model')}; served {served}")
+        caps = {w.get("name"): w.get("long_prefill_token_threshold")
+                for w in plan.get("workers", [])}
+        self.check("pricing: the planner prices e2's prefills in chunks of its "
+                   "--long-prefill-token-threshold (a real vLLM engine started with it), the "
+                   "others uncapped", caps == {"e0": 0, "e1": 0, "e2": LONG_PREFILL_CAP},
+                   f"caps {caps}")
 
     # --- chat prefix routing ------------------------------------------------------------
 
@@ -736,7 +751,9 @@ class Suite:
             shutil.copy(os.path.join(TOKENIZER_FIXTURE, f), model_dir)
         write_model_config(model_dir)
         started = time.time()
-        engines = [Engine(f"e{i}", self.args.venv, model_dir, self.log_dir) for i in range(3)]
+        # e2 runs vLLM's per-request prefill cap; `pricing` checks the planner prices it.
+        engines = [Engine(f"e{i}", self.args.venv, model_dir, self.log_dir,
+                          LONG_PREFILL_CAP if i == 2 else 0) for i in range(3)]
         try:
             for e in engines:
                 wait_for(f"engine {e.name}", e.up_or_exited, 900, 2)

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use ownerserve_planner::ids::{Role, WorkerId};
-use ownerserve_planner::plan::{ClassThresholds, Link, Links, Weights};
+use ownerserve_planner::plan::{ClassThresholds, Link, Links, StepBudget, Weights};
 use ownerserve_planner::policy::{OwnerServeConfig, PrefillWorkersDecode};
 use ownerserve_shim::sim::config::{SimConfig, SimConfigError, SimSettings};
 
@@ -186,19 +186,22 @@ impl Cluster {
             .enumerate()
             .map(|(i, c)| (WorkerId(i as u32), c.roofline.clone()))
             .collect();
-        let chunk_tokens = |c: &SimConfig| u64::from(c.scheduler.max_num_batched_tokens);
-        let worker_chunk_tokens = configs
+        let step_budget = |c: &SimConfig| StepBudget {
+            tokens: u64::from(c.scheduler.max_num_batched_tokens),
+            long_prefill_cap: u64::from(c.scheduler.long_prefill_token_threshold),
+        };
+        let worker_step_budgets = configs
             .iter()
             .enumerate()
-            .map(|(i, c)| (WorkerId(i as u32), chunk_tokens(c)))
+            .map(|(i, c)| (WorkerId(i as u32), step_budget(c)))
             .collect();
         Some(OwnerServeConfig {
             model: first.model.clone(),
             models: BTreeMap::new(),
             roofline: first.roofline.clone(),
             rooflines,
-            chunk_tokens: chunk_tokens(first),
-            worker_chunk_tokens,
+            step_budget: step_budget(first),
+            worker_step_budgets,
             links: Links {
                 default: link_of(first),
                 pairs,
@@ -258,10 +261,15 @@ mod tests {
         let c = Cluster::parse("1p1d", &SimSettings::default()).expect("parses");
         let mut configs = c.build().expect("builds");
         configs[1].scheduler.max_num_batched_tokens = 1_024;
+        configs[1].scheduler.long_prefill_token_threshold = 256;
         let p = c.planner_config(&configs).expect("a planner config");
         assert_eq!(p.rooflines.len(), 2);
         assert!((p.links.default.bytes_per_s - 50e9).abs() < 1.0);
-        assert_eq!(p.chunk_tokens_of(WorkerId(0)), 8_192);
-        assert_eq!(p.chunk_tokens_of(WorkerId(1)), 1_024);
+        assert_eq!(p.step_budget_of(WorkerId(0)), StepBudget::of(8_192));
+        let second = StepBudget {
+            tokens: 1_024,
+            long_prefill_cap: 256,
+        };
+        assert_eq!(p.step_budget_of(WorkerId(1)), second);
     }
 }

@@ -46,6 +46,10 @@ pub fn fuse(c: SimConfig, settings: &SimSettings, n: u32) -> SimConfig {
     scheduler.host_blocks = scheduler.host_blocks.saturating_mul(n);
     scheduler.max_num_seqs = scheduler.max_num_seqs.saturating_mul(n);
     scheduler.max_num_batched_tokens = scheduler.max_num_batched_tokens.saturating_mul(n);
+    // A request's share of a step scales with the step: N capped chunks on N workers take
+    // one capped chunk's time, as one N-times chunk does here.
+    scheduler.long_prefill_token_threshold =
+        scheduler.long_prefill_token_threshold.saturating_mul(n);
     SimConfig {
         model,
         roofline,
@@ -80,6 +84,12 @@ mod tests {
             8 * c.scheduler.max_num_batched_tokens
         );
         assert_eq!(p.scheduler.max_num_seqs, 8 * c.scheduler.max_num_seqs);
+        let capped = SimSettings {
+            long_prefill_token_threshold: 512,
+            ..s.clone()
+        };
+        let pc = fuse(capped.build().expect("builds"), &capped, 8);
+        assert_eq!(pc.scheduler.long_prefill_token_threshold, 8 * 512);
         let (fc, fp) = (StepFigures::of(&c.model), StepFigures::of(&p.model));
         for (b, ctx) in [(1, 1_000), (25, 300_000), (200, 400_000)] {
             let fleet = c.roofline.decode_step_s(&fc, b, ctx);

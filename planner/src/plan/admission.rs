@@ -203,7 +203,7 @@ mod tests {
                 1,
                 Efficiency::default(),
             ),
-            chunk_tokens: 8_192,
+            step_budget: crate::plan::StepBudget::of(8_192),
             queue_s: 0.0,
             decoding: 20,
             queued: 0,

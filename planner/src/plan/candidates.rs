@@ -529,7 +529,7 @@ impl Pricing<'_, '_> {
             w.running_kv_tokens(),
             tokens,
             compute_s,
-            w.chunk_tokens,
+            w.prefill_chunk(),
         )
     }
 

@@ -14,9 +14,54 @@
 //! steps after it carries), and a prefill leg on a prefill worker stalls no one. Sequences
 //! queued ahead of this prefill are not delayed by it (first come, first served); this
 //! step waits for them, which its own `T_queue` carries.
+//!
+//! How many prompt tokens a chunk holds is the engine's: [`StepBudget`].
+
+use serde::Serialize;
 
 use crate::roofline::{Roofline, StepFigures};
 use crate::spec::GpuSpec;
+
+/// How an engine cuts a prefill into steps: its step budget, and the cap on one request's
+/// share of a step that vLLM can set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct StepBudget {
+    /// Tokens of one engine step (vLLM `--max-num-batched-tokens`, SGLang
+    /// `--chunked-prefill-size`).
+    pub tokens: u64,
+    /// Most prompt tokens one request computes in a step while other requests run there
+    /// (vLLM `--long-prefill-token-threshold`); 0 = no cap. SGLang has no such knob.
+    pub long_prefill_cap: u64,
+}
+
+impl StepBudget {
+    /// A budget of `tokens` a step with no per-request cap.
+    pub fn of(tokens: u64) -> Self {
+        Self {
+            tokens,
+            long_prefill_cap: 0,
+        }
+    }
+
+    /// What an engine on `gpu` runs when its operator did not say:
+    /// [`engine_default_chunk_tokens`], no cap (vLLM's default threshold is 0).
+    pub fn engine_default(gpu: &GpuSpec) -> Self {
+        Self::of(engine_default_chunk_tokens(gpu))
+    }
+
+    /// Prompt tokens a prefill computes per step beside `decodes` decoding sequences and
+    /// `others` requests running or waiting in all: the budget less one token per decode
+    /// (the engine schedules running decodes first), and no more than the cap while any
+    /// other request is there (vLLM lifts it for a request that is alone).
+    pub fn prefill_chunk(self, decodes: u64, others: u64) -> u64 {
+        let room = self.tokens.saturating_sub(decodes).max(1);
+        if self.long_prefill_cap > 0 && others > 0 {
+            room.min(self.long_prefill_cap)
+        } else {
+            room
+        }
+    }
+}
 
 /// Token budget of one engine step (`max_num_batched_tokens`) the planner assumes for an
 /// engine on `gpu` whose operator did not say: vLLM V1's default for its OpenAI server
@@ -48,8 +93,8 @@ pub fn stalled_decodes(decodes: bool, running: u64) -> u64 {
 }
 
 /// Decode-seconds a prefill of `tokens` prompt tokens (`compute_s` seconds to its end,
-/// chunked by the worker's step budget `chunk_tokens` less one token per decode, each
-/// chunk sharing its step with the decodes: `Roofline::chunked_prefill_s`) costs the
+/// run `chunk` tokens a step (`StepBudget::prefill_chunk`), each chunk sharing its step
+/// with the decodes: `Roofline::chunked_prefill_s`) costs the
 /// `decoding` sequences decoding beside it, which read `decode_context` KV tokens: each
 /// loses, per chunk step, the mixed step's time minus the decode-only step's. Never more
 /// than `decoding × compute_s`.
@@ -60,13 +105,12 @@ pub fn marginal_interference_s(
     decode_context: u64,
     tokens: u64,
     compute_s: f64,
-    chunk_tokens: u64,
+    chunk: u64,
 ) -> f64 {
     if decoding == 0 || tokens == 0 {
         return 0.0;
     }
-    let budget = chunk_tokens.saturating_sub(decoding).max(1);
-    let chunks = tokens.div_ceil(budget);
+    let chunks = tokens.div_ceil(chunk.max(1));
     let decode_only = roofline.decode_step_s(figures, decoding, decode_context);
     let lost = (compute_s - chunks as f64 * decode_only).max(0.0);
     decoding as f64 * lost
@@ -126,7 +170,7 @@ mod tests {
                 },
             )
             .total_s;
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 0, 4_000, c, 8_192);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 10, 0, 4_000, c, 8_182);
         assert!((i - 10.0 * (c - dec)).abs() < 1e-12, "{i}");
         assert!(i < 10.0 * c);
     }
@@ -136,7 +180,7 @@ mod tests {
         let (m, r) = llama_h100();
         // 16 new tokens ride a memory-bound decode step almost for free.
         let c = prefill_s(&r, &m, 16);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 0, 16, c, 8_192);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 32, 0, 16, c, 8_160);
         assert!(i < 0.1 * 32.0 * c, "{i} vs {}", 32.0 * c);
     }
 
@@ -144,7 +188,7 @@ mod tests {
     fn a_long_prefill_stalls_each_decode_for_nearly_its_whole_time() {
         let (m, r) = llama_h100();
         let c = prefill_s(&r, &m, 32_000);
-        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 0, 32_000, c, 8_192);
+        let i = marginal_interference_s(&r, &StepFigures::of(&m), 8, 0, 32_000, c, 8_184);
         assert!(i > 0.9 * 8.0 * c && i <= 8.0 * c, "{i} vs {}", 8.0 * c);
     }
 
@@ -159,33 +203,50 @@ mod tests {
         assert_eq!(budget("l40"), 2_048);
     }
 
-    /// On an engine with a small step budget a long prefill runs in many short chunks,
-    /// each shared with the decodes' memory-bound step, so it stalls them less than the
-    /// same prefill in 8,192-token chunks.
+    /// On an engine with a small step budget, or a cap on one request's share of a step,
+    /// a long prefill runs in many short chunks, each shared with the decodes'
+    /// memory-bound step, so it stalls them less than the same prefill in 8,192-token
+    /// chunks.
     #[test]
-    fn a_smaller_step_budget_stalls_the_decodes_less() {
+    fn a_smaller_step_budget_or_prefill_cap_stalls_the_decodes_less() {
         let (m, r) = llama_h100();
         let f = StepFigures::of(&m);
         let (decodes, context, tokens) = (24, 24 * 12_000, 16_000);
-        let compute = |budget: u64| {
-            r.chunked_prefill_s(
+        let stall = |budget: StepBudget| {
+            let chunk = budget.prefill_chunk(decodes, decodes);
+            let compute = r.chunked_prefill_s(
                 &f,
                 tokens,
                 prefill_pairs(tokens, 0),
                 0,
                 decodes,
                 context,
-                budget,
-            )
+                chunk,
+            );
+            marginal_interference_s(&r, &f, decodes, context, tokens, compute, chunk)
         };
-        let stall = |budget: u64| {
-            marginal_interference_s(&r, &f, decodes, context, tokens, compute(budget), budget)
+        let capped = StepBudget {
+            tokens: 8_192,
+            long_prefill_cap: 512,
         };
-        assert!(
-            stall(1_024) < 0.8 * stall(8_192),
-            "{} vs {}",
-            stall(1_024),
-            stall(8_192)
-        );
+        let full = stall(StepBudget::of(8_192));
+        assert!(stall(StepBudget::of(1_024)) < 0.8 * full);
+        assert!(stall(capped) < stall(StepBudget::of(1_024)));
+    }
+
+    /// The chunk is the budget less the decodes' tokens, capped while anything else runs
+    /// (vLLM lifts its long-prefill threshold for a request that is alone).
+    #[test]
+    fn a_prefill_s_chunk_is_the_budget_left_and_the_cap_only_beside_others() {
+        let capped = StepBudget {
+            tokens: 8_192,
+            long_prefill_cap: 512,
+        };
+        assert_eq!(StepBudget::of(8_192).prefill_chunk(20, 20), 8_172);
+        assert_eq!(capped.prefill_chunk(20, 20), 512);
+        // A prefill worker's prefill legs are not decodes, but the cap holds beside them.
+        assert_eq!(capped.prefill_chunk(0, 3), 512);
+        assert_eq!(capped.prefill_chunk(0, 0), 8_192);
+        assert_eq!(StepBudget::of(16).prefill_chunk(40, 40), 1);
     }
 }

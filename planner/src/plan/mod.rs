@@ -40,7 +40,7 @@ use crate::spec::ModelSpec;
 pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
-pub use interference::{engine_default_chunk_tokens, marginal_interference_s};
+pub use interference::{engine_default_chunk_tokens, marginal_interference_s, StepBudget};
 
 /// The five things the planner can do with a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -90,10 +90,10 @@ pub struct PlanWorker {
     /// Being drained by an operator: it takes no new work but can still send its KV.
     pub draining: bool,
     pub roofline: Roofline,
-    /// Token budget of one of its engine's steps (`max_num_batched_tokens`; SGLang's
-    /// `chunked_prefill_size`): the chunks a prefill there runs in, each shared with the
-    /// decodes running there (`interference.rs`).
-    pub chunk_tokens: u64,
+    /// How its engine cuts a prefill into steps (`max_num_batched_tokens`, SGLang's
+    /// `chunked_prefill_size`, vLLM's `long_prefill_token_threshold`): the chunks a prefill
+    /// there runs in, each shared with the decodes running there (`interference.rs`).
+    pub step_budget: StepBudget,
     /// Predicted wait before a new prefill starts there, seconds.
     pub queue_s: f64,
     /// Sequences running there now: on a worker that decodes, a prefill there stalls each
@@ -168,6 +168,13 @@ impl PlanWorker {
         interference::stalled_decodes(self.decodes(), self.decoding)
     }
 
+    /// Prompt tokens a new prefill here computes per step ([`StepBudget::prefill_chunk`]):
+    /// beside the decodes it stalls, and the sequences running or queued here.
+    pub fn prefill_chunk(&self) -> u64 {
+        self.step_budget
+            .prefill_chunk(self.stalled_decodes(), self.decoding + self.queued)
+    }
+
     /// KV tokens held by the sequences running here (capacity minus free); 0 when unknown.
     pub fn running_kv_tokens(&self) -> u64 {
         match (self.kv_capacity_tokens, self.kv_free_tokens) {
@@ -210,7 +217,7 @@ impl PlanWorker {
             context,
             self.stalled_decodes(),
             self.running_kv_tokens(),
-            self.chunk_tokens,
+            self.prefill_chunk(),
         )
     }
 }

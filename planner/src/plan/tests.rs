@@ -14,7 +14,7 @@ pub(super) fn worker(id: u32, role: Role) -> PlanWorker {
         healthy: true,
         draining: false,
         roofline: Roofline::new(&GpuSpec::preset("h100").unwrap(), 1, Efficiency::default()),
-        chunk_tokens: 8_192,
+        step_budget: StepBudget::of(8_192),
         queue_s: 0.0,
         decoding: 0,
         queued: 0,
@@ -588,7 +588,10 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             healthy: pick(rng, 10) != 0,
             draining: pick(rng, 10) == 0,
             roofline: Roofline::new(&gpu, 1 + pick(rng, 4) as u32, Efficiency::default()),
-            chunk_tokens: [512, 2_048, 8_192, 16_384][pick(rng, 4)],
+            step_budget: StepBudget {
+                tokens: [512, 2_048, 8_192, 16_384][pick(rng, 4)],
+                long_prefill_cap: [0, 0, 256, 2_048][pick(rng, 4)],
+            },
             queue_s: if pick(rng, 3) == 0 {
                 0.0
             } else {

@@ -14,8 +14,8 @@ use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
 use crate::kv_release::DecodeLifetimes;
 use crate::plan::{
-    engine_default_chunk_tokens, plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan,
-    PlanInput, PlanWorker, Weights,
+    plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker,
+    StepBudget, Weights,
 };
 use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepFigures};
 use crate::spec::{GpuSpec, ModelSpec, SpecError};
@@ -32,11 +32,12 @@ pub struct OwnerServeConfig {
     pub roofline: Roofline,
     /// Workers whose GPUs differ from the default.
     pub rooflines: BTreeMap<WorkerId, Roofline>,
-    /// Every worker's engine step budget (`max_num_batched_tokens`) unless overridden in
-    /// `worker_chunk_tokens`: the chunks its prefills run in (`PlanWorker::chunk_tokens`).
-    pub chunk_tokens: u64,
-    /// Workers whose engines run a different step budget.
-    pub worker_chunk_tokens: BTreeMap<WorkerId, u64>,
+    /// Every worker's engine step budget (`max_num_batched_tokens`, and vLLM's
+    /// `long_prefill_token_threshold`) unless overridden in `worker_step_budgets`: the
+    /// chunks its prefills run in (`PlanWorker::step_budget`).
+    pub step_budget: StepBudget,
+    /// Workers whose engines cut prefills differently.
+    pub worker_step_budgets: BTreeMap<WorkerId, StepBudget>,
     pub links: Links,
     pub weights: Weights,
     pub thresholds: ClassThresholds,
@@ -63,8 +64,8 @@ impl OwnerServeConfig {
             models: BTreeMap::new(),
             roofline: Roofline::new(&gpu, gpus.max(1), Efficiency::default()),
             rooflines: BTreeMap::new(),
-            chunk_tokens: engine_default_chunk_tokens(&gpu),
-            worker_chunk_tokens: BTreeMap::new(),
+            step_budget: StepBudget::engine_default(&gpu),
+            worker_step_budgets: BTreeMap::new(),
             links: Links {
                 default: Link {
                     bytes_per_s: gpu.link_gbs * 1e9,
@@ -89,12 +90,12 @@ impl OwnerServeConfig {
         self.rooflines.get(&worker).unwrap_or(&self.roofline)
     }
 
-    /// The engine step budget of `worker`.
-    pub fn chunk_tokens_of(&self, worker: WorkerId) -> u64 {
-        self.worker_chunk_tokens
+    /// How `worker`'s engine cuts prefills into steps.
+    pub fn step_budget_of(&self, worker: WorkerId) -> StepBudget {
+        self.worker_step_budgets
             .get(&worker)
             .copied()
-            .unwrap_or(self.chunk_tokens)
+            .unwrap_or(self.step_budget)
     }
 }
 
@@ -172,7 +173,7 @@ impl OwnerServe {
             draining: w.draining,
             queue_s: 0.0,
             roofline,
-            chunk_tokens: self.cfg.chunk_tokens_of(w.id),
+            step_budget: self.cfg.step_budget_of(w.id),
             decoding: w.decoding(),
             queued,
             cached_tokens: u64::from(w.cached_blocks) * u64::from(block_size),

@@ -188,6 +188,9 @@ pub struct RouterSettings {
     /// Token budget of one engine step the planner prices prefills with (unset: vLLM's
     /// default for each worker's GPU, `engine_default_chunk_tokens`).
     pub planner_max_num_batched_tokens: Option<u64>,
+    /// Most prompt tokens one request computes per engine step while others run (vLLM
+    /// `--long-prefill-token-threshold`; unset or 0: no cap, vLLM's default).
+    pub planner_long_prefill_token_threshold: Option<u64>,
     /// Latency of one KV transfer, microseconds.
     pub planner_link_latency_us: f64,
     /// λ: seconds charged per GB of HBM a plan duplicates.
@@ -324,6 +327,7 @@ impl Default for RouterSettings {
             planner_gpus: 1,
             planner_link_gbs: None,
             planner_max_num_batched_tokens: None,
+            planner_long_prefill_token_threshold: None,
             planner_link_latency_us: 20.0,
             planner_lambda_s_per_gb: Weights::default().lambda_s_per_gb,
             planner_mu: Weights::default().mu,
@@ -387,6 +391,11 @@ pub struct WorkerSettings {
     /// prefills in.
     #[serde(default)]
     pub max_num_batched_tokens: Option<u64>,
+    /// This worker's vLLM `--long-prefill-token-threshold`, when it differs from
+    /// `router.planner_long_prefill_token_threshold` (0: no cap): the most prompt tokens
+    /// one request computes per step beside others.
+    #[serde(default)]
+    pub long_prefill_token_threshold: Option<u64>,
 }
 
 fn default_engine() -> EngineKind {

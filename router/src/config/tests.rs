@@ -271,7 +271,9 @@ fn each_served_model_is_priced_with_its_own_spec() {
 }
 
 /// The planner prices each worker's prefills in its engine's step budget: the worker's
-/// `max_num_batched_tokens`, else the router's, else vLLM's default for the worker's GPU.
+/// `max_num_batched_tokens`, else the router's, else vLLM's default for the worker's GPU;
+/// and capped per request by the worker's `long_prefill_token_threshold`, else the
+/// router's, else not at all.
 #[test]
 fn each_worker_s_step_budget_reaches_the_planner() {
     let flag = |f: &str| {
@@ -283,7 +285,7 @@ fn each_worker_s_step_budget_reaches_the_planner() {
         vec![
             WorkerSpec {
                 name: "own".into(),
-                ..flag("http://127.0.0.1:1,max_num_batched_tokens=1024")
+                ..flag("http://127.0.0.1:1,max_num_batched_tokens=1024,long_prefill_token_threshold=256")
             },
             WorkerSpec {
                 name: "a100".into(),
@@ -296,19 +298,23 @@ fn each_worker_s_step_budget_reaches_the_planner() {
         ]
     };
     let cfg = RouterConfig::validate(&RouterSettings::default(), workers()).unwrap();
-    let budget = |cfg: &RouterConfig, i: u32| cfg.planner.chunk_tokens_of(WorkerId(i));
+    let budget = |cfg: &RouterConfig, i: u32| {
+        let b = cfg.planner.step_budget_of(WorkerId(i));
+        (b.tokens, b.long_prefill_cap)
+    };
     assert_eq!(
         (budget(&cfg, 0), budget(&cfg, 1), budget(&cfg, 2)),
-        (1_024, 2_048, 8_192)
+        ((1_024, 256), (2_048, 0), (8_192, 0))
     );
     let set = RouterSettings {
         planner_max_num_batched_tokens: Some(4_096),
+        planner_long_prefill_token_threshold: Some(512),
         ..RouterSettings::default()
     };
     let cfg = RouterConfig::validate(&set, workers()).unwrap();
     assert_eq!(
         (budget(&cfg, 0), budget(&cfg, 1), budget(&cfg, 2)),
-        (1_024, 4_096, 4_096)
+        ((1_024, 256), (4_096, 512), (4_096, 512))
     );
     let zero = WorkerSpec {
         max_num_batched_tokens: Some(0),

@@ -11,7 +11,7 @@ use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::plan::{
-    engine_default_chunk_tokens, ClassThresholds, Link, Links, Weights,
+    engine_default_chunk_tokens, ClassThresholds, Link, Links, StepBudget, Weights,
 };
 use ownerserve_planner::policy::{
     self, BusyThresholds, KvAwareConfig, OwnerServeConfig, PolicySettings,
@@ -183,15 +183,18 @@ fn planner_setup(
             "must be positive",
         ));
     }
-    let chunk_tokens = s
-        .planner_max_num_batched_tokens
-        .unwrap_or_else(|| engine_default_chunk_tokens(&gpu));
-    let (rooflines, worker_chunk_tokens) = worker_engines(s, &gpu, workers)?;
+    let step_budget = StepBudget {
+        tokens: s
+            .planner_max_num_batched_tokens
+            .unwrap_or_else(|| engine_default_chunk_tokens(&gpu)),
+        long_prefill_cap: s.planner_long_prefill_token_threshold.unwrap_or(0),
+    };
+    let (rooflines, worker_step_budgets) = worker_engines(s, &gpu, step_budget, workers)?;
     Ok(OwnerServeConfig {
         roofline: Roofline::new(&gpu, s.planner_gpus.max(1), Efficiency::default()),
         rooflines,
-        chunk_tokens,
-        worker_chunk_tokens,
+        step_budget,
+        worker_step_budgets,
         model,
         models,
         links: Links {
@@ -214,19 +217,21 @@ fn planner_setup(
 /// planner's defaults.
 type WorkerEngines = (
     std::collections::BTreeMap<WorkerId, Roofline>,
-    std::collections::BTreeMap<WorkerId, u64>,
+    std::collections::BTreeMap<WorkerId, StepBudget>,
 );
 
 /// The workers whose rooflines (their `gpu`, `gpus`) or engine step budgets differ from
-/// the planner's defaults. A worker's budget is its own `max_num_batched_tokens`, else the
-/// router's, else vLLM's default for its GPU.
+/// the planner's defaults (`default_budget`). A worker's budget is its own
+/// `max_num_batched_tokens`, else the router's, else vLLM's default for its GPU; its
+/// long-prefill cap its own `long_prefill_token_threshold`, else the router's.
 fn worker_engines(
     s: &RouterSettings,
     gpu: &GpuSpec,
+    default_budget: StepBudget,
     workers: &[WorkerSpec],
 ) -> Result<WorkerEngines, ConfigError> {
     let mut rooflines = std::collections::BTreeMap::new();
-    let mut worker_chunk_tokens = std::collections::BTreeMap::new();
+    let mut worker_step_budgets = std::collections::BTreeMap::new();
     for (i, w) in workers.iter().enumerate() {
         let g = match &w.gpu {
             Some(name) => Some(
@@ -235,11 +240,20 @@ fn worker_engines(
             ),
             None => None,
         };
-        let own_chunk = w
+        let tokens = w
             .max_num_batched_tokens
-            .or(s.planner_max_num_batched_tokens);
-        if let Some(c) = own_chunk.or_else(|| g.as_ref().map(engine_default_chunk_tokens)) {
-            worker_chunk_tokens.insert(WorkerId(i as u32), c);
+            .or(s.planner_max_num_batched_tokens)
+            .or_else(|| g.as_ref().map(engine_default_chunk_tokens))
+            .unwrap_or(default_budget.tokens);
+        let long_prefill_cap = w
+            .long_prefill_token_threshold
+            .unwrap_or(default_budget.long_prefill_cap);
+        let budget = StepBudget {
+            tokens,
+            long_prefill_cap,
+        };
+        if budget != default_budget {
+            worker_step_budgets.insert(WorkerId(i as u32), budget);
         }
         if g.is_none() && w.gpus.is_none() {
             continue;
@@ -250,7 +264,7 @@ fn worker_engines(
             Roofline::new(g.as_ref().unwrap_or(gpu), n, Efficiency::default()),
         );
     }
-    Ok((rooflines, worker_chunk_tokens))
+    Ok((rooflines, worker_step_budgets))
 }
 
 /// How much work one request may ask of the engines (checked at ingress).

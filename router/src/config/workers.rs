@@ -28,6 +28,8 @@ pub struct WorkerSpec {
     pub kv_capacity_tokens: Option<u64>,
     /// Its engine's step budget as configured (`None`: the router's setting).
     pub max_num_batched_tokens: Option<u64>,
+    /// Its engine's long-prefill cap as configured (`None`: the router's setting).
+    pub long_prefill_token_threshold: Option<u64>,
 }
 
 impl WorkerSpec {
@@ -47,6 +49,7 @@ impl WorkerSpec {
             health_path: None,
             kv_capacity_tokens: None,
             max_num_batched_tokens: None,
+            long_prefill_token_threshold: None,
         }
     }
 
@@ -113,6 +116,7 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
         health_path: None,
         kv_capacity_tokens: None,
         max_num_batched_tokens: None,
+        long_prefill_token_threshold: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -141,8 +145,14 @@ pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
                 w.max_num_batched_tokens =
                     Some(v.parse().map_err(|e| bad(format!("max_num_batched_tokens: {e}")))?)
             }
+            "long_prefill_token_threshold" => {
+                w.long_prefill_token_threshold = Some(
+                    v.parse()
+                        .map_err(|e| bad(format!("long_prefill_token_threshold: {e}")))?,
+                )
+            }
             _ => return Err(bad(format!(
-                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size, health_path, kv_capacity_tokens, max_num_batched_tokens)"
+                "unknown key `{k}` (role, engine, name, kv_events, kv_replay, gpu, gpus, bootstrap_port, kv_block_size, health_path, kv_capacity_tokens, max_num_batched_tokens, long_prefill_token_threshold)"
             ))),
         }
     }
@@ -176,6 +186,7 @@ pub fn worker_specs(workers: &[WorkerSettings]) -> Result<Vec<WorkerSpec>, Confi
                 health_path: w.health_path.clone(),
                 kv_capacity_tokens: w.kv_capacity_tokens,
                 max_num_batched_tokens: w.max_num_batched_tokens,
+                long_prefill_token_threshold: w.long_prefill_token_threshold,
                 ..WorkerSpec::new(&name, &url(w, &name)?, w.role, w.engine)
             })
         })

@@ -49,6 +49,14 @@ pub struct SimSettings {
         default_value_t = 8192
     )]
     pub max_num_batched_tokens: u32,
+    /// Most prompt tokens one request may compute in a step while others run or wait
+    /// (vLLM's `--long-prefill-token-threshold`); 0 = no cap beyond the step budget.
+    #[arg(
+        long,
+        env = "OWNERSERVE_SIM_LONG_PREFILL_TOKEN_THRESHOLD",
+        default_value_t = 0
+    )]
+    pub long_prefill_token_threshold: u32,
     /// Most sequences running at once.
     #[arg(long, env = "OWNERSERVE_SIM_MAX_NUM_SEQS", default_value_t = 256)]
     pub max_num_seqs: u32,
@@ -131,6 +139,7 @@ impl Default for SimSettings {
             served_model_name: None,
             block_size: 16,
             max_num_batched_tokens: 8192,
+            long_prefill_token_threshold: 0,
             max_num_seqs: 256,
             gpu_memory_utilization: 0.9,
             max_kv_blocks: 0,
@@ -344,6 +353,7 @@ impl SimSettings {
             scheduler: SchedulerConfig {
                 block_size: self.block_size,
                 max_num_batched_tokens: self.max_num_batched_tokens,
+                long_prefill_token_threshold: self.long_prefill_token_threshold,
                 max_num_seqs: self.max_num_seqs,
                 num_blocks: u32::try_from(num_blocks).unwrap_or(u32::MAX),
                 max_model_len: model.max_model_len,

@@ -35,6 +35,10 @@ pub struct SchedulerConfig {
     pub block_size: u32,
     /// Token budget of one step (`max_num_batched_tokens`).
     pub max_num_batched_tokens: u32,
+    /// Most prompt tokens one sequence may compute in a step while other sequences are
+    /// running or waiting (vLLM's `long_prefill_token_threshold`, not adaptive); 0 = no
+    /// cap beyond the step budget.
+    pub long_prefill_token_threshold: u32,
     /// Most sequences running at once (`max_num_seqs`).
     pub max_num_seqs: u32,
     /// KV blocks available, from HBM minus weights.
@@ -343,11 +347,12 @@ impl Scheduler {
         let mut out = StepOutput::default();
         let mut budget = self.cfg.max_num_batched_tokens as usize;
         let mut scheduled: Vec<(usize, usize)> = Vec::new();
+        let cap = self.per_sequence_cap();
 
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let n = (seq.tokens.len() - seq.computed).min(budget).min(cap);
             let need = (seq.computed + n).div_ceil(self.block_size()) - seq.blocks.len();
             if self.pool.num_free() < need {
                 // Running work comes first: a waiting sequence's held prefix is only an
@@ -379,7 +384,7 @@ impl Scheduler {
 
         if out.preempted == 0 {
             let restored_before = self.pool.host().restored();
-            self.admit(now_s, &mut budget, &mut scheduled, &mut out);
+            self.admit(now_s, cap, &mut budget, &mut scheduled, &mut out);
             out.restored_tokens =
                 (self.pool.host().restored() - restored_before) * self.block_size() as u64;
         }
@@ -423,9 +428,22 @@ impl Scheduler {
         out
     }
 
+    /// Most tokens one sequence may compute this step: the long-prefill threshold while
+    /// another sequence is running or waiting (vLLM lifts it when a request is alone, as
+    /// there is no one for it to starve).
+    fn per_sequence_cap(&self) -> usize {
+        let threshold = self.cfg.long_prefill_token_threshold as usize;
+        if threshold > 0 && self.running.len() + self.waiting.len() > 1 {
+            threshold
+        } else {
+            usize::MAX
+        }
+    }
+
     fn admit(
         &mut self,
         now_s: f64,
+        cap: usize,
         budget: &mut usize,
         scheduled: &mut Vec<(usize, usize)>,
         out: &mut StepOutput,
@@ -438,7 +456,7 @@ impl Scheduler {
             seq.chain.extend_to(&seq.tokens);
             let len = seq.tokens.len();
             let hashes = seq.chain.hashes().to_vec();
-            let Some(got) = self.take_prefix(&hashes, len, *budget, out) else {
+            let Some(got) = self.take_prefix(&hashes, len, (*budget).min(cap), out) else {
                 break;
             };
             let (blocks, hit_blocks, restored, n) = got;

@@ -10,6 +10,7 @@ fn config(num_blocks: u32, budget: u32) -> SchedulerConfig {
     SchedulerConfig {
         block_size: 16,
         max_num_batched_tokens: budget,
+        long_prefill_token_threshold: 0,
         max_num_seqs: 64,
         num_blocks,
         max_model_len: 131_072,
@@ -207,6 +208,34 @@ fn decodes_and_prefills_share_a_step_within_the_budget() {
     let out = s.step(0.0);
     assert_eq!(out.work.decode_seqs, 1);
     assert_eq!(out.work.prefill_tokens, 1023);
+}
+
+/// vLLM's `long_prefill_token_threshold`: while another request runs, a long prompt
+/// computes at most the threshold per step (the rest of the budget stays unused); alone, it
+/// takes the whole budget.
+#[test]
+fn the_long_prefill_threshold_caps_a_prompt_only_while_others_run() {
+    let capped = SchedulerConfig {
+        long_prefill_token_threshold: 512,
+        ..config(10_000, 8192)
+    };
+    let mut alone = engine_with(capped.clone());
+    alone.add(seq(1, tokens(1, 5000), 2, 0.0)).unwrap();
+    assert_eq!(alone.step(0.0).work.prefill_tokens, 5000);
+
+    let mut shared = engine_with(capped);
+    shared.add(seq(1, tokens(1, 100), 50, 0.0)).unwrap();
+    shared.step(0.0);
+    shared.add(seq(2, tokens(5000, 3000), 5, 0.0)).unwrap();
+    let steps: Vec<(u64, u64)> = (0..7)
+        .map(|_| {
+            let w = shared.step(0.0).work;
+            (w.decode_seqs, w.prefill_tokens)
+        })
+        .collect();
+    assert_eq!(steps[..5], [(1, 512); 5]);
+    assert_eq!(steps[5], (1, 3000 - 5 * 512));
+    assert_eq!(steps[6], (2, 0));
 }
 
 #[test]
