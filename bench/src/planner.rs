@@ -8,7 +8,8 @@ use std::hint::black_box;
 use ownerserve_planner::hash::{hashes_after, prompt_hashes, KeptChain, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::plan::{
-    plan, ArtifactView, ClassThresholds, Link, Links, PlanInput, PlanWorker, StepBudget, Weights,
+    plan, ArtifactView, ClassThresholds, Link, Links, MigrationBudget, PlanInput, PlanWorker,
+    StepBudget, Weights,
 };
 use ownerserve_planner::policy::SplitMix64;
 use ownerserve_planner::roofline::{Efficiency, Roofline};
@@ -101,6 +102,7 @@ pub fn run(args: PlannerBenchArgs) -> anyhow::Result<()> {
         fork: false,
         thresholds: ClassThresholds::default(),
         exhaustive,
+        migration_budget: MigrationBudget::UNLIMITED,
     };
     say(&format!(
         "bench planner: {} workers ({} prefill), {}-token prompt, {}, {n} iterations, one thread",

@@ -54,6 +54,10 @@ pub struct SimulateArgs {
     /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
     #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
     prefill_workers_decode: PrefillWorkersDecode,
+    /// The cost planner's migration budget: the share of its prompts' KV bytes its moves
+    /// may ship (the router's `planner_migration_budget`; unset: none).
+    #[arg(long)]
+    migration_budget: Option<f64>,
     /// Run the pooled relaxation instead of the fleet: its hybrid workers fused into one
     /// engine with their KV pools, budgets, FLOP/s and bandwidth summed and the weights
     /// read once per GPU (`eval/src/sim/pooled.rs`). What it cannot hold, a router on
@@ -228,6 +232,9 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     let wl = args.workload.build()?;
     let mut cluster = Cluster::parse(&args.cluster, &args.engine)?
         .with_prefill_workers_decode(args.prefill_workers_decode);
+    if let Some(share) = args.migration_budget {
+        cluster = cluster.with_migration_budget(share);
+    }
     if args.pooled {
         cluster = cluster.pooled()?;
     }

@@ -31,6 +31,9 @@ pub struct Cluster {
     /// (the router's `planner_prefill_workers_decode`; the simulated engine can). The peers'
     /// routers keep their sources' roles either way.
     pub prefill_workers_decode: PrefillWorkersDecode,
+    /// The cost planner's migration budget (the router's `planner_migration_budget`;
+    /// infinite: none, the default).
+    pub migration_budget: f64,
 }
 
 /// A cluster spec that cannot be built.
@@ -107,7 +110,16 @@ impl Cluster {
             name: spec.trim().to_ascii_lowercase(),
             workers,
             prefill_workers_decode: PrefillWorkersDecode::default(),
+            migration_budget: Weights::default().migration_budget,
         })
+    }
+
+    /// The same fleet with the cost planner's migration budget set to `share`.
+    pub fn with_migration_budget(self, share: f64) -> Self {
+        Self {
+            migration_budget: share,
+            ..self
+        }
     }
 
     /// The same fleet with its prefill workers allowed to decode when `when` says.
@@ -206,7 +218,10 @@ impl Cluster {
                 default: link_of(first),
                 pairs,
             },
-            weights: Weights::default(),
+            weights: Weights {
+                migration_budget: self.migration_budget,
+                ..Weights::default()
+            },
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: first.scheduler.pcie_bytes_per_s,
             prefill_workers_decode: self.prefill_workers_decode,

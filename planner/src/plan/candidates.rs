@@ -176,6 +176,11 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         {
             // What the move lands on t waits there for the step's turn (`admission.rs`).
             let m = p.move_bytes(now, t, sent, a.copy_room_tokens);
+            // The budget caps moves the planner chooses, not the hand-over off an owner
+            // that cannot keep the session (draining, or no longer decoding).
+            if could_stay && !input.migration_budget.allows(m.moved) {
+                continue;
+            }
             let floor = p.migration_floor_s(t, m, could_stay);
             if prune && floor >= beat {
                 continue;
@@ -188,7 +193,7 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             }
             let mut c = p.migrate(now, t, m, p.work_taking(t, new, compute_s));
             if could_stay {
-                c.cost = c.cost.with_hysteresis(input.weights);
+                c.cost = c.cost.with_hysteresis(p.hysteresis());
             }
             beat = beat.min(c.cost.total);
             out.push(c);
@@ -754,12 +759,16 @@ impl Pricing<'_, '_> {
 
     /// A move's copy, with the hysteresis on it when it leaves an owner that could stay.
     fn copy_s(&self, m: MoveBytes, could_stay: bool) -> f64 {
-        let hysteresis = if could_stay {
-            self.input.weights.migrate_hysteresis.max(0.0) * m.copy_s
-        } else {
-            0.0
-        };
-        m.copy_s + hysteresis
+        let hysteresis = if could_stay { self.hysteresis() } else { 0.0 };
+        m.copy_s * (1.0 + hysteresis)
+    }
+
+    /// The multiple of its copy a move off an owner that could keep the session pays on
+    /// top of it: `Weights::migrate_hysteresis`, raised by the migration budget's shadow
+    /// price once half of it is spent (`migration_budget.rs`).
+    fn hysteresis(&self) -> f64 {
+        let h = self.input.weights.migrate_hysteresis.max(0.0);
+        h * (1.0 + self.input.migration_budget.shadow_price())
     }
 
     /// Move the session from `d` to `t`, sending `m` ([`Pricing::move_bytes`]) and computing

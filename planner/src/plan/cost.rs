@@ -125,9 +125,10 @@ impl CostTerms {
         self
     }
 
-    /// The same terms with a migration's hysteresis added to the total.
-    pub fn with_hysteresis(mut self, weights: Weights) -> Self {
-        let h = weights.migrate_hysteresis.max(0.0) * (self.network_s + self.restore_s);
+    /// The same terms with a migration's hysteresis added to the total: `hysteresis` times
+    /// its copy (`Pricing::hysteresis`).
+    pub fn with_hysteresis(mut self, hysteresis: f64) -> Self {
+        let h = hysteresis * (self.network_s + self.restore_s);
         self.hysteresis_s = h;
         self.total += h;
         self

@@ -14,6 +14,9 @@
 //! restore over PCIe or recompute the host-cached part, fetch or recompute the artifact's
 //! (`candidates.rs`, `T_host`).
 //!
+//! Moves are capped by a migration budget, priced increasingly as it is spent
+//! (`migration_budget.rs`).
+//!
 //! Every worker is priced as the step will find it when admitted there (`admission.rs`):
 //! its queue is the longer of the compute queue and the wait for the KV its running
 //! sequences hold, and its cached prefix counts only as much as survives that wait.
@@ -28,6 +31,7 @@ mod classify;
 mod cost;
 mod decode;
 mod interference;
+mod migration_budget;
 
 use std::collections::BTreeMap;
 
@@ -41,6 +45,7 @@ pub use admission::{admission, admitted_view, Admission};
 pub use classify::{classify, ClassThresholds, StepClass, StepFacts};
 pub use cost::CostTerms;
 pub use interference::{engine_default_chunk_tokens, marginal_interference_s, StepBudget};
+pub use migration_budget::MigrationBudget;
 
 /// The five things the planner can do with a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -280,6 +285,13 @@ pub struct Weights {
     /// worker, its own and what it adds to the sequences running there
     /// (`CostTerms::decode_s`).
     pub rho: f64,
+    /// Share of the KV bytes of the prompts a planner has routed that its migrations may
+    /// move in all, with a shadow price past half of it (`migration_budget.rs`). Off
+    /// (infinite) by default: the budget counts from the router's start, so a run's first
+    /// moves meet it nearly spent; at 0.1 it changed the evaluation's Qwen3 rows that way
+    /// (coding-agent on `8h`: p99 TTFT 1.28 → 1.36 s) while it kept the held-out H20 and
+    /// A100 runs that moved 11–13% under 6.3% (EVALUATION.md, nineteenth pass).
+    pub migration_budget: f64,
 }
 
 /// ρ's default, 0.1: chosen on runs held out of the evaluation matrix (seed 7; the matrix
@@ -299,6 +311,7 @@ impl Default for Weights {
             nu: 1.0,
             kappa: 1.0,
             rho: RHO,
+            migration_budget: f64::INFINITY,
         }
     }
 }
@@ -336,6 +349,8 @@ pub struct PlanInput<'a> {
     /// priced are skipped: the same choice from far fewer candidates, though the runner-up
     /// a plan's reason names is the cheapest listed one, so it may differ.
     pub exhaustive: bool,
+    /// What is left of the planner's migration budget (`Weights::migration_budget`).
+    pub migration_budget: MigrationBudget,
 }
 
 impl PlanInput<'_> {

@@ -95,6 +95,7 @@ impl Scenario {
             fork: self.fork,
             thresholds: ClassThresholds::default(),
             exhaustive: self.exhaustive,
+            migration_budget: MigrationBudget::UNLIMITED,
         }
     }
 }
@@ -457,6 +458,7 @@ fn no_available_worker_is_an_error() {
         fork: false,
         thresholds: ClassThresholds::default(),
         exhaustive: false,
+        migration_budget: MigrationBudget::UNLIMITED,
     })
     .unwrap_err();
     assert_eq!(err, PlanError::NoWorker);
@@ -664,6 +666,7 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
             nu: rng.next_f64() * 2.0,
             kappa: rng.next_f64() * 2.0,
             rho: rng.next_f64() * 0.5,
+            migration_budget: rng.next_f64() * 0.2,
         };
     }
     s

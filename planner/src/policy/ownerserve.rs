@@ -14,8 +14,8 @@ use crate::ewma::{Ewma, PrefillCalibration};
 use crate::ids::WorkerId;
 use crate::kv_release::DecodeLifetimes;
 use crate::plan::{
-    plan, Action, ArtifactView, ClassThresholds, Link, Links, Plan, PlanInput, PlanWorker,
-    StepBudget, Weights,
+    plan, Action, ArtifactView, ClassThresholds, Link, Links, MigrationBudget, Plan, PlanInput,
+    PlanWorker, StepBudget, Weights,
 };
 use crate::roofline::{prefill_pairs, Efficiency, Roofline, StepFigures};
 use crate::spec::{GpuSpec, ModelSpec, SpecError};
@@ -110,6 +110,10 @@ pub struct OwnerServe {
     /// Every worker's observed decode lifetimes, as a distribution: their shape says how
     /// soon decodes of a given age end (`kv_release`).
     lifetimes: DecodeLifetimes,
+    /// KV bytes of the prompts routed so far and of the migrations chosen for them: what
+    /// `Weights::migration_budget` is measured against (`OwnerServe::migration_budget`).
+    prompt_kv_bytes: f64,
+    migrated_bytes: f64,
 }
 
 /// Weight of a new decode-lifetime sample in its EWMA.
@@ -122,7 +126,19 @@ impl OwnerServe {
             calibration: Vec::new(),
             decode_lifetime: HashMap::new(),
             lifetimes: DecodeLifetimes::default(),
+            prompt_kv_bytes: 0.0,
+            migrated_bytes: 0.0,
         }
+    }
+
+    /// What is left of the migration budget for a step of `prompt_kv_bytes`: its share of
+    /// every prompt routed so far and this one, less what migrations already moved.
+    fn migration_budget(&self, prompt_kv_bytes: f64) -> MigrationBudget {
+        MigrationBudget::of(
+            self.cfg.weights.migration_budget,
+            self.prompt_kv_bytes + prompt_kv_bytes,
+            self.migrated_bytes,
+        )
     }
 
     /// The planner's figures.
@@ -272,6 +288,7 @@ impl OwnerServe {
             fork: req.fork,
             thresholds: self.cfg.thresholds,
             exhaustive,
+            migration_budget: self.migration_budget(prompt_kv_bytes(model, prompt)),
         };
         plan(&input).map_err(|_| PolicyError::NoHealthyWorker)
     }
@@ -319,6 +336,11 @@ pub fn queue_s(w: &PlanWorker, model: &ModelSpec, waiting: u64, queued: u64) -> 
     w.preset_prefill_s(&StepFigures::of(model), waiting, pairs, 0)
 }
 
+/// KV bytes of a prompt of `tokens` tokens of `model`.
+fn prompt_kv_bytes(model: &ModelSpec, tokens: u64) -> f64 {
+    model.kv_bytes_per_token() * tokens as f64
+}
+
 /// The dispatch that carries out a plan.
 pub fn dispatch_of(p: &Plan) -> Dispatch {
     let c = &p.chosen;
@@ -349,6 +371,11 @@ impl Policy for OwnerServe {
         workers: &[WorkerView],
     ) -> Result<Decision, PolicyError> {
         let p = self.plan(req, workers)?;
+        self.prompt_kv_bytes +=
+            prompt_kv_bytes(self.cfg.model_for(req.model), u64::from(req.prompt_tokens));
+        if p.chosen.action == Action::Migrate {
+            self.migrated_bytes += p.chosen.network_bytes;
+        }
         Ok(Decision {
             worker: p.chosen.decode_on,
             dispatch: dispatch_of(&p),
@@ -683,6 +710,63 @@ mod tests {
         assert!(
             matches!(d.dispatch, Dispatch::Migrate { source: WorkerId(1), tokens } if tokens >= 8_000),
             "{d:?}"
+        );
+    }
+
+    /// A session whose owner is swamped moves while the budget allows; once migrations
+    /// have moved their share of the prompts routed, the same step stays, and explain
+    /// lists no move. A draining owner still hands its session over.
+    #[test]
+    fn migrations_stop_at_their_share_of_the_prompts_routed() {
+        let ws = [
+            WorkerView {
+                cached_blocks: 500,
+                pulls_kv: true,
+                active_prefill_tokens: 400_000,
+                active_compute_tokens: 400_000,
+                ..WorkerView::idle(WorkerId(1), Role::Decode)
+            },
+            WorkerView::idle(WorkerId(2), Role::Decode),
+        ];
+        let r = RouteRequest {
+            decode_owner: Some(WorkerId(1)),
+            ..req(8_020)
+        };
+        let with_budget = |budget: f64| {
+            let mut cfg = OwnerServeConfig::from_presets("llama-3.1-8b", "h100", 1).unwrap();
+            cfg.weights.migration_budget = budget;
+            OwnerServe::new(cfg)
+        };
+        let mut free = with_budget(f64::INFINITY);
+        assert_eq!(free.choose(&r, &ws).unwrap().action(), Action::Migrate);
+
+        // Room for one 8,000-token move after ~21 prompts of 8,020 tokens at 5%.
+        let mut capped = with_budget(0.05);
+        let small = req(8_020);
+        for _ in 0..20 {
+            capped
+                .choose(&small, &[WorkerView::idle(WorkerId(2), Role::Decode)])
+                .unwrap();
+        }
+        assert_eq!(capped.choose(&r, &ws).unwrap().action(), Action::Migrate);
+        assert_ne!(capped.choose(&r, &ws).unwrap().action(), Action::Migrate);
+        let explained = Policy::explain(&capped, &r, &ws).unwrap().unwrap();
+        assert!(explained
+            .candidates
+            .iter()
+            .all(|c| c.action != Action::Migrate));
+
+        let draining = [
+            WorkerView {
+                draining: true,
+                ..ws[0]
+            },
+            ws[1],
+        ];
+        let mut none = with_budget(0.0);
+        assert_eq!(
+            none.choose(&r, &draining).unwrap().action(),
+            Action::Migrate
         );
     }
 

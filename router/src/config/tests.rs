@@ -328,3 +328,33 @@ fn each_worker_s_step_budget_reaches_the_planner() {
         "{err}"
     );
 }
+
+/// `planner_migration_budget` reaches the planner's weights; unset is no budget, and a
+/// negative or non-finite share is refused.
+#[test]
+fn the_migration_budget_reaches_the_planner() {
+    let one = || {
+        vec![WorkerSpec::new(
+            "a",
+            "http://127.0.0.1:1",
+            Role::Decode,
+            EngineKind::Vllm,
+        )]
+    };
+    let cfg = RouterConfig::validate(&RouterSettings::default(), one()).unwrap();
+    assert_eq!(cfg.planner.weights.migration_budget, f64::INFINITY);
+    let set = RouterSettings {
+        planner_migration_budget: Some(0.1),
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&set, one()).unwrap();
+    assert_eq!(cfg.planner.weights.migration_budget, 0.1);
+    for bad in [-0.1, f64::NAN, f64::INFINITY] {
+        let s = RouterSettings {
+            planner_migration_budget: Some(bad),
+            ..RouterSettings::default()
+        };
+        let err = RouterConfig::validate(&s, one()).unwrap_err().to_string();
+        assert!(err.contains("planner_migration_budget"), "{err}");
+    }
+}

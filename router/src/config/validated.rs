@@ -162,6 +162,7 @@ fn planner_setup(
         nu: s.planner_nu,
         kappa: s.planner_kappa,
         rho: s.planner_rho,
+        migration_budget: s.planner_migration_budget.unwrap_or(f64::INFINITY),
         ..Weights::default()
     };
     for (field, v) in [
@@ -177,6 +178,14 @@ fn planner_setup(
         }
     }
     let pairs = planner_link_pairs(s, workers)?;
+    if s.planner_migration_budget
+        .is_some_and(|b| !(b >= 0.0 && b.is_finite()))
+    {
+        return Err(ConfigError::router(
+            "planner_migration_budget",
+            "must be zero or positive",
+        ));
+    }
     if s.planner_max_num_batched_tokens == Some(0) {
         return Err(ConfigError::router(
             "planner_max_num_batched_tokens",
