@@ -4,6 +4,11 @@
 use super::*;
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 
+/// One decode worker of `engine` on 127.0.0.1:1, named `a`.
+fn one_decoder(engine: EngineKind) -> Vec<WorkerSpec> {
+    vec![WorkerSpec::new("a", "http://127.0.0.1:1", Role::Decode, engine)]
+}
+
 #[test]
 fn the_embedded_up_config_parses_and_validates() {
     let up: UpFile = toml::from_str(DEFAULT_UP_TOML).unwrap();
@@ -44,12 +49,7 @@ fn worker_flags_parse_and_bad_ones_are_named() {
 #[test]
 fn errors_name_the_section_and_key() {
     let bad = |s: RouterSettings| {
-        let one = vec![WorkerSpec::new(
-            "a",
-            "http://127.0.0.1:1",
-            Role::Decode,
-            EngineKind::Sim,
-        )];
+        let one = one_decoder(EngineKind::Sim);
         RouterConfig::validate(&s, one).unwrap_err().to_string()
     };
     let d = RouterSettings::default;
@@ -99,12 +99,7 @@ fn unknown_policy_and_keys_are_refused() {
         policy: "magic".into(),
         ..RouterSettings::default()
     };
-    let one = vec![WorkerSpec::new(
-        "a",
-        "http://127.0.0.1:1",
-        Role::Decode,
-        EngineKind::Sim,
-    )];
+    let one = one_decoder(EngineKind::Sim);
     let err = RouterConfig::validate(&s, one).unwrap_err().to_string();
     assert!(
         err.contains("magic") && err.contains("round_robin"),
@@ -139,14 +134,7 @@ fn overrides_win_over_the_file() {
 
 #[test]
 fn a_model_tokenizer_is_loaded_at_startup_and_a_missing_one_is_named() {
-    let one = || {
-        vec![WorkerSpec::new(
-            "a",
-            "http://127.0.0.1:1",
-            Role::Decode,
-            EngineKind::Sim,
-        )]
-    };
+    let one = || one_decoder(EngineKind::Sim);
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../workers-shim/tests/fixtures/tokenizers/local"
@@ -233,14 +221,7 @@ fn health_path_and_capacity_are_worker_keys() {
 
 #[test]
 fn each_served_model_is_priced_with_its_own_spec() {
-    let one = || {
-        vec![WorkerSpec::new(
-            "a",
-            "http://127.0.0.1:1",
-            Role::Decode,
-            EngineKind::Vllm,
-        )]
-    };
+    let one = || one_decoder(EngineKind::Vllm);
     let tiny = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../configs/models/tiny-llama-cpu.toml"
@@ -333,14 +314,7 @@ fn each_worker_s_step_budget_reaches_the_planner() {
 /// negative or non-finite share is refused.
 #[test]
 fn the_migration_budget_reaches_the_planner() {
-    let one = || {
-        vec![WorkerSpec::new(
-            "a",
-            "http://127.0.0.1:1",
-            Role::Decode,
-            EngineKind::Vllm,
-        )]
-    };
+    let one = || one_decoder(EngineKind::Vllm);
     let cfg = RouterConfig::validate(&RouterSettings::default(), one()).unwrap();
     assert_eq!(cfg.planner.weights.migration_budget, f64::INFINITY);
     let set = RouterSettings {
