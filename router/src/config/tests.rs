@@ -6,7 +6,12 @@ use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 
 /// One decode worker of `engine` on 127.0.0.1:1, named `a`.
 fn one_decoder(engine: EngineKind) -> Vec<WorkerSpec> {
-    vec![WorkerSpec::new("a", "http://127.0.0.1:1", Role::Decode, engine)]
+    vec![WorkerSpec::new(
+        "a",
+        "http://127.0.0.1:1",
+        Role::Decode,
+        engine,
+    )]
 }
 
 #[test]
