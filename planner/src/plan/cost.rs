@@ -36,7 +36,8 @@ pub struct CostTerms {
     /// hold (κ applied; 0 on the prefix owner and for steps that are not forks), seconds.
     pub duplicate_s: f64,
     /// Hysteresis charged on a migration off an owner that could keep the session,
-    /// seconds (`Weights::migrate_hysteresis` times its transfer); 0 for other actions.
+    /// seconds (`Weights::migrate_hysteresis` times its transfer, raised by the migration
+    /// budget's shadow price when one is set); 0 for other actions.
     pub hysteresis_s: f64,
     /// Copying the prompt's host-cached tokens back into HBM over PCIe, seconds (0 when
     /// recomputing them is cheaper, or the worker holds none in host memory).
