@@ -34,10 +34,12 @@ impl MigrationBudget {
     /// The budget of a planner allowed to move `share` of the `prompt_bytes` it has routed
     /// (this step's included), having moved `moved_bytes`.
     pub fn of(share: f64, prompt_bytes: f64, moved_bytes: f64) -> Self {
-        let allowed = share.max(0.0) * prompt_bytes;
-        if allowed.is_infinite() {
+        // Tested on the share, not the product: no budget times no prompt bytes yet (an
+        // empty first prompt) is NaN, which would refuse every move.
+        if share.is_infinite() {
             return Self::UNLIMITED;
         }
+        let allowed = share.max(0.0) * prompt_bytes;
         let spent = if allowed > 0.0 {
             (moved_bytes / allowed).clamp(0.0, 1.0)
         } else {
@@ -81,6 +83,7 @@ mod tests {
         assert_eq!(at(100.0).shadow_price(), f64::INFINITY);
         assert!(at(60.0).allows(40.0) && !at(60.0).allows(41.0));
         assert!(MigrationBudget::of(f64::INFINITY, 1.0, 5.0).allows(1e30));
+        assert!(MigrationBudget::of(f64::INFINITY, 0.0, 0.0).allows(1e30));
         assert!(!MigrationBudget::of(0.0, 1_000.0, 0.0).allows(1.0));
     }
 }

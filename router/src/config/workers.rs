@@ -94,7 +94,7 @@ pub fn worker_url(url: &str) -> Result<String, String> {
 
 /// Parses `--worker URL[,role=R][,engine=E][,name=N][,gpu=G][,gpus=N][,bootstrap_port=P]`
 /// (also `kv_events`, `kv_replay`, `kv_block_size`, `health_path`, `kv_capacity_tokens`,
-/// `max_num_batched_tokens`).
+/// `max_num_batched_tokens`, `long_prefill_token_threshold`).
 pub fn parse_worker_flag(flag: &str) -> Result<WorkerSettings, ConfigError> {
     let bad = |reason: String| ConfigError::WorkerFlag {
         flag: flag.to_owned(),
