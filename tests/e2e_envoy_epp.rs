@@ -131,7 +131,10 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
     // A simulated engine step costs 20 ms: a step takes tens of ms, so streams are open
     // when the replica is told to stop.
     let (_sims, flags, endpoints) = epp::sims(3, &["--step-overhead-s", "0.02"]);
-    let extra = ["--fallbacks", "0", "--shutdown-delay-ms", "1000"];
+    // The shutdown delay must outlast the gateway's detection (two failed health checks
+    // 200 ms apart, about 0.4 s here); 1 s was too tight on a loaded 2-core CI machine
+    // (a stream sent to the replica as it closed failed with 500).
+    let extra = ["--fallbacks", "0", "--shutdown-delay-ms", "3000"];
     let mut replicas = two_replicas("envoy-epp.toml", &nodes, &flags, &extra).await;
     // The directory's own operator API lists every session and its owner.
     let api = nodes.url(1);
@@ -146,13 +149,14 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
 
     // 50 sessions × 5 steps in five waves of ten concurrent sessions. In the third wave
     // replica 1 gets SIGTERM (Kubernetes deleting its pod) while the gateway has streams
-    // open on it: it reports NOT_SERVING, answers for its shutdown delay (1 s) while the
+    // open on it: it reports NOT_SERVING, answers for its shutdown delay (3 s) while the
     // gateway's health checks (two failed, 200 ms apart) take it out of rotation, finishes its open
     // streams and exits; no client sees an error (`wave` panics on any non-200).
     let gateway = envoy.url.clone();
     let mut served: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let done = Arc::new(AtomicUsize::new(0));
     let mut open_at_sigterm = 0;
+    let mut detected_after = Duration::ZERO;
     for w in 0..5 {
         let run = wave(&gateway, &api, &endpoints, w * 10..w * 10 + 10, &done);
         if w == 2 {
@@ -160,10 +164,13 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
                 while done.load(Ordering::Relaxed) < 100 + 15 {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
-                sigterm_mid_stream(&envoy, &replicas[1]).await
+                let open = sigterm_mid_stream(&envoy, &replicas[1]).await;
+                let at = Instant::now();
+                envoy.wait_epp(replicas[1].grpc_port, false).await;
+                (open, at.elapsed())
             });
             served.extend(out);
-            open_at_sigterm = open;
+            (open_at_sigterm, detected_after) = open;
         } else {
             served.extend(run.await);
         }
@@ -183,7 +190,7 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         .filter(|at| at.iter().any(|a| *a != at[0]))
         .count();
     eprintln!(
-        "streams open on the replica at SIGTERM: {open_at_sigterm}; sessions the planner moved between steps: {moved} of {}",
+        "streams open on the replica at SIGTERM: {open_at_sigterm}; the gateway took it out after {detected_after:?}; sessions the planner moved between steps: {moved} of {}",
         served.len()
     );
     // Checked against the directory: the endpoint that served each session is its owner.

@@ -83,6 +83,15 @@ fn listener(name: &str, port: u16, ext_proc: Option<&str>, subset: Option<&[Stri
         typed_config:
           \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: {name}
+          # Each failed request on stderr with Envoy's reason (an ext_proc stream reset, a
+          # timeout, no healthy replica…), so a failure seen only on a loaded CI machine says
+          # which one it was.
+          access_log:
+          - name: envoy.access_loggers.stderr
+            filter: {{ status_code_filter: {{ comparison: {{ op: GE, value: {{ default_value: 500, runtime_key: unused }} }} }} }}
+            typed_config:
+              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StderrAccessLog
+              log_format: {{ text_format_source: {{ inline_string: \"[envoy {name}] %START_TIME% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% flags=%RESPONSE_FLAGS% session=%REQ(X-SESSION-ID)% upstream=%UPSTREAM_HOST%\\n\" }} }}
           route_config:
             virtual_hosts:
             - name: all
