@@ -100,7 +100,7 @@ impl AppState {
         health::check_all(client, &registry, &health).await;
         // Read before the policy is built from its settings.
         step_budget::learn(&registry, client, &mut cfg).await;
-        let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings)?);
+        let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings())?);
         let block_size =
             kv::resolve_block_size(&registry, client, cfg.kv_block_size, cfg.health_timeout)
                 .await?;

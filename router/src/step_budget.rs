@@ -18,7 +18,7 @@ use crate::registry::Registry;
 use crate::upstream::{get_small, HttpClient};
 
 /// Reads the step budget every SGLang worker without a configured one reports into the
-/// planner's settings (`cfg.planner`, and the routing policy's copy of them); a worker
+/// planner's settings (`cfg.planner`, which the routing policy is then built from); a worker
 /// that is down or reports none keeps the planner's default.
 pub async fn learn(registry: &Registry, client: &HttpClient, cfg: &mut RouterConfig) {
     let timeout = cfg.health_timeout;
@@ -38,11 +38,6 @@ pub async fn learn(registry: &Registry, client: &HttpClient, cfg: &mut RouterCon
             };
             cfg.planner.worker_step_budgets.insert(w.id, budget);
         }
-    }
-    if let Some(planner) = cfg.policy_settings.ownerserve.as_mut() {
-        planner
-            .worker_step_budgets
-            .clone_from(&cfg.planner.worker_step_budgets);
     }
 }
 

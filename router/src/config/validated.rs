@@ -54,7 +54,9 @@ pub struct RouterConfig {
     /// Models not tokenized with the built-in tokenizer, and how they are.
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
     pub workers: Vec<WorkerSpec>,
-    pub policy_settings: PolicySettings,
+    /// The other policies' settings; the cost planner's are `planner`
+    /// ([`RouterConfig::policy_settings`] puts them together).
+    pub baseline_settings: PolicySettings,
     /// The index's settings; its block size is the default until the engines are asked
     /// (`crate::kv::resolve_block_size`).
     pub kv_index: KvIndexConfig,
@@ -79,7 +81,8 @@ pub struct RouterConfig {
     pub worker_lease_ttl: Duration,
     pub ownership_flush: Duration,
     pub ownership_claim_timeout: Duration,
-    /// What the cost planner prices plans with (also in `policy_settings.ownerserve`).
+    /// What the cost planner prices plans with; startup refines it with what the engines
+    /// report (`crate::step_budget::learn`).
     pub planner: OwnerServeConfig,
     /// Converts observed wall-clock prefill times into the workers' (simulated) time.
     pub planner_time_scale: f64,
@@ -358,6 +361,14 @@ fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
 }
 
 impl RouterConfig {
+    /// Every policy's settings, the cost planner's as they are now.
+    pub fn policy_settings(&self) -> PolicySettings {
+        PolicySettings {
+            ownerserve: Some(self.planner.clone()),
+            ..self.baseline_settings.clone()
+        }
+    }
+
     /// Prints the admin token if it was generated (the only way to learn it).
     pub fn announce_token(&self) {
         if self.token_origin == Origin::Generated {
@@ -384,9 +395,12 @@ impl RouterConfig {
         let discovery = discovery_setup(&workers, kubernetes)?;
         check_workers(&workers)?;
         let planner = planner_setup(s, &workers)?;
-        let policy_settings = policy_settings(s, &planner);
-        policy::by_name(&s.policy, &policy_settings)
-            .map_err(|e| ConfigError::router("policy", e))?;
+        let baseline_settings = baseline_settings(s);
+        let every = PolicySettings {
+            ownerserve: Some(planner.clone()),
+            ..baseline_settings.clone()
+        };
+        policy::by_name(&s.policy, &every).map_err(|e| ConfigError::router("policy", e))?;
         let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())
             .map_err(|e| ConfigError::router("admin_token", e))?;
         let directory = directory_setup(s)?;
@@ -418,7 +432,7 @@ impl RouterConfig {
             prompt_flights: prompt_flights(s)?,
             tokenizers: load_tokenizers(s)?,
             workers,
-            policy_settings,
+            baseline_settings,
             kv_index: KvIndexConfig {
                 block_size: s.kv_block_size.unwrap_or(DEFAULT_KV_BLOCK_SIZE),
                 max_blocks: s.kv_index_max_blocks.max(1024),
@@ -553,8 +567,8 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Every policy's settings (the `--policy` chosen reads its own).
-fn policy_settings(s: &RouterSettings, planner: &OwnerServeConfig) -> PolicySettings {
+/// The settings of every policy but the cost planner (the `--policy` chosen reads its own).
+fn baseline_settings(s: &RouterSettings) -> PolicySettings {
     PolicySettings {
         kv_aware: KvAwareConfig {
             overlap_weight: s.kv_overlap_weight,
@@ -566,7 +580,6 @@ fn policy_settings(s: &RouterSettings, planner: &OwnerServeConfig) -> PolicySett
             },
         },
         session_ttl_ms: s.session_ttl_s.saturating_mul(1000),
-        ownerserve: Some(planner.clone()),
         ..PolicySettings::default()
     }
 }
