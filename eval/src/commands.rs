@@ -55,8 +55,9 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
     prefill_workers_decode: PrefillWorkersDecode,
     /// The cost planner's migration budget: the share of its prompts' KV bytes its moves
-    /// may ship (the router's `planner_migration_budget`; unset: none).
-    #[arg(long)]
+    /// may ship (the router's `planner_migration_budget`; unset: its default, 0.1; `inf`:
+    /// no budget).
+    #[arg(long, value_parser = migration_share)]
     migration_budget: Option<f64>,
     /// Run the pooled relaxation instead of the fleet: its hybrid workers fused into one
     /// engine with their KV pools, budgets, FLOP/s and bandwidth summed and the weights
@@ -224,6 +225,17 @@ fn policies(list: &str) -> Vec<String> {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect()
+    }
+}
+
+/// A migration budget's share: zero, positive or `inf` (NaN and negative shares refused,
+/// as the router refuses them).
+fn migration_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if share >= 0.0 => Ok(share),
+        _ => Err(format!(
+            "{text:?}: a share of the prompts' KV bytes, zero, positive or inf"
+        )),
     }
 }
 

@@ -286,11 +286,13 @@ pub struct Weights {
     /// (`CostTerms::decode_s`).
     pub rho: f64,
     /// Share of the KV bytes of the prompts a planner has routed that its migrations may
-    /// move in all, with a shadow price past half of it (`migration_budget.rs`). Off
-    /// (infinite) by default: the budget counts from the router's start, so a run's first
-    /// moves meet it nearly spent; at 0.1 it changed the evaluation's Qwen3 rows that way
-    /// (coding-agent on `8h`: p99 TTFT 1.28 → 1.36 s) while it kept the held-out H20 and
-    /// A100 runs that moved 11–13% under 6.3% (EVALUATION.md, nineteenth pass).
+    /// move in all, with a shadow price past half of it (`migration_budget.rs`);
+    /// `f64::INFINITY` is no budget. 0.1 by default, the share the acceptance criterion
+    /// allows: held-out runs on H20s moved 11–13% without it and 6.0–6.3% with it, at a
+    /// p99 TTFT as good or better on 3 of 4 rows; on the evaluation matrix it changed only
+    /// Qwen3 and long-doc rows, and no criterion's tally (EVALUATION.md, twentieth pass).
+    /// The budget counts from the router's start, so a run's first moves meet it nearly
+    /// spent.
     pub migration_budget: f64,
 }
 
@@ -311,7 +313,7 @@ impl Default for Weights {
             nu: 1.0,
             kappa: 1.0,
             rho: RHO,
-            migration_budget: f64::INFINITY,
+            migration_budget: 0.1,
         }
     }
 }

@@ -207,9 +207,9 @@ pub struct RouterSettings {
     /// worker, its own and what it adds to the sequences running there.
     pub planner_rho: f64,
     /// Share of the KV bytes of the prompts this router has routed that the planner's
-    /// migrations may move in all (`Weights::migration_budget`; unset: no budget; 0: no
-    /// migration).
-    pub planner_migration_budget: Option<f64>,
+    /// migrations may move in all (`Weights::migration_budget`, 0.1; `inf`: no budget; 0:
+    /// no migration).
+    pub planner_migration_budget: f64,
     /// When the cost planner may decode sessions on prefill workers whose engine serves
     /// whole requests (vLLM, sim; never SGLang's prefill servers), if that is the cheaper
     /// plan: `never`, `auto` (where the worker reports a KV pool sized for decoding) or
@@ -338,7 +338,7 @@ impl Default for RouterSettings {
             planner_nu: Weights::default().nu,
             planner_kappa: Weights::default().kappa,
             planner_rho: Weights::default().rho,
-            planner_migration_budget: None,
+            planner_migration_budget: Weights::default().migration_budget,
             planner_prefill_workers_decode: PrefillWorkersDecode::Auto,
             planner_time_scale: 1.0,
             planner_calibrate: true,

@@ -315,22 +315,27 @@ fn each_worker_s_step_budget_reaches_the_planner() {
     );
 }
 
-/// `planner_migration_budget` reaches the planner's weights; unset is no budget, and a
-/// negative or non-finite share is refused.
+/// `planner_migration_budget` reaches the planner's weights: 0.1 by default, `inf` is no
+/// budget, and a negative or NaN share is refused.
 #[test]
 fn the_migration_budget_reaches_the_planner() {
     let one = || one_decoder(EngineKind::Vllm);
     let cfg = RouterConfig::validate(&RouterSettings::default(), one()).unwrap();
-    assert_eq!(cfg.planner.weights.migration_budget, f64::INFINITY);
-    let set = RouterSettings {
-        planner_migration_budget: Some(0.1),
-        ..RouterSettings::default()
-    };
-    let cfg = RouterConfig::validate(&set, one()).unwrap();
     assert_eq!(cfg.planner.weights.migration_budget, 0.1);
-    for bad in [-0.1, f64::NAN, f64::INFINITY] {
+    for share in [0.0, 0.25, f64::INFINITY] {
+        let set = RouterSettings {
+            planner_migration_budget: share,
+            ..RouterSettings::default()
+        };
+        let cfg = RouterConfig::validate(&set, one()).unwrap();
+        assert_eq!(cfg.planner.weights.migration_budget, share);
+    }
+    // TOML writes no budget as `inf`.
+    let off: RouterFile = toml::from_str("[router]\nplanner_migration_budget = inf").unwrap();
+    assert_eq!(off.router.planner_migration_budget, f64::INFINITY);
+    for bad in [-0.1, f64::NAN, f64::NEG_INFINITY] {
         let s = RouterSettings {
-            planner_migration_budget: Some(bad),
+            planner_migration_budget: bad,
             ..RouterSettings::default()
         };
         let err = RouterConfig::validate(&s, one()).unwrap_err().to_string();

@@ -165,7 +165,7 @@ fn planner_setup(
         nu: s.planner_nu,
         kappa: s.planner_kappa,
         rho: s.planner_rho,
-        migration_budget: s.planner_migration_budget.unwrap_or(f64::INFINITY),
+        migration_budget: s.planner_migration_budget,
         ..Weights::default()
     };
     for (field, v) in [
@@ -181,12 +181,11 @@ fn planner_setup(
         }
     }
     let pairs = planner_link_pairs(s, workers)?;
-    if s.planner_migration_budget
-        .is_some_and(|b| !(b >= 0.0 && b.is_finite()))
-    {
+    // `inf` is no budget; NaN (which every comparison refuses) and negative shares are not.
+    if !(s.planner_migration_budget >= 0.0) {
         return Err(ConfigError::router(
             "planner_migration_budget",
-            "must be zero or positive",
+            "must be zero, positive or inf (no budget)",
         ));
     }
     if s.planner_max_num_batched_tokens == Some(0) {
