@@ -181,8 +181,9 @@ fn planner_setup(
         }
     }
     let pairs = planner_link_pairs(s, workers)?;
-    // `inf` is no budget; NaN (which every comparison refuses) and negative shares are not.
-    if !(s.planner_migration_budget >= 0.0) {
+    // `inf` is no budget; NaN and negative shares are refused.
+    let b = s.planner_migration_budget;
+    if b.is_nan() || b < 0.0 {
         return Err(ConfigError::router(
             "planner_migration_budget",
             "must be zero, positive or inf (no budget)",
