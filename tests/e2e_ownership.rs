@@ -207,7 +207,7 @@ async fn explain_shows_the_plan_for_a_session_s_next_turn_without_running_it() {
     // This router routes with kv_aware: explain shows what the planner would do.
     assert_eq!(
         plan["inputs"]["planner"],
-        "fresh (routing uses another policy)"
+        "fresh (routing uses another policy; no migration budget)"
     );
     let candidates = plan["candidates"].as_array().unwrap();
     let remote = candidates

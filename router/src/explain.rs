@@ -39,13 +39,19 @@ pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
     let views = sources.candidates(&parsed.model, id.hashes(), &[], Needs::ALL);
     let (req, lookup) = (step.route, step.lookup);
     // The routing policy itself when it is the planner, with what its calibration has
-    // learned; otherwise a fresh planner shows what `ownerserve` would do.
+    // learned and its migration budget as spent; otherwise a fresh planner shows what
+    // `ownerserve` would do, without a migration budget: having routed nothing, its budget
+    // would refuse nearly every move.
     let (planned, planner) = match st.policy.explain(&req, &views) {
         Some(p) => (p, "routing"),
-        None => (
-            OwnerServe::new(st.cfg.planner.clone()).explain_plan(&req, &views),
-            "fresh (routing uses another policy)",
-        ),
+        None => {
+            let mut cfg = st.cfg.planner.clone();
+            cfg.weights.migration_budget = f64::INFINITY;
+            (
+                OwnerServe::new(cfg).explain_plan(&req, &views),
+                "fresh (routing uses another policy; no migration budget)",
+            )
+        }
     };
     let p = planned.map_err(|_| ApiError::NoHealthyWorker {
         model: parsed.model.to_string(),

@@ -433,6 +433,9 @@ pub struct Plan {
     runner_up: Option<usize>,
     /// The step's prompt tokens, for [`Plan::reason`].
     prompt_tokens: u64,
+    /// Share of the migration budget spent before this step ([`MigrationBudget::spent`];
+    /// 0 without a budget), for operators to see when it binds.
+    pub migration_budget_spent: f64,
 }
 
 /// Why no plan exists.
@@ -488,6 +491,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
         candidates: all,
         runner_up,
         prompt_tokens: input.prompt_tokens,
+        migration_budget_spent: input.migration_budget.spent,
     })
 }
 

@@ -748,8 +748,13 @@ mod tests {
                 .choose(&small, &[WorkerView::idle(WorkerId(2), Role::Decode)])
                 .unwrap();
         }
-        assert_eq!(capped.choose(&r, &ws).unwrap().action(), Action::Migrate);
-        assert_ne!(capped.choose(&r, &ws).unwrap().action(), Action::Migrate);
+        let spent = |d: &Decision| d.plan.as_ref().unwrap().migration_budget_spent;
+        let moved = capped.choose(&r, &ws).unwrap();
+        assert_eq!(moved.action(), Action::Migrate);
+        assert_eq!(spent(&moved), 0.0, "nothing moved before it");
+        let after = capped.choose(&r, &ws).unwrap();
+        assert_ne!(after.action(), Action::Migrate);
+        assert!(spent(&after) > 0.9, "the plan reports the budget spent");
         let explained = Policy::explain(&capped, &r, &ws).unwrap().unwrap();
         assert!(explained
             .candidates

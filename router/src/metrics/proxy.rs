@@ -1,17 +1,17 @@
 //! What the router decides and moves, counted on the request path: plans executed by
 //! action (every policy), the cost planner's decisions by action and step class with
 //! each cost term summed, fallbacks, where a known session's step ran against its
-//! directory owner, KV bytes moved by kind, migrations, demotions, queue time and time to
-//! first token.
+//! directory owner, KV bytes moved by kind, migrations and the migration budget spent,
+//! demotions, queue time and time to first token.
 
 use std::time::Duration;
 
-use prometheus::{Histogram, IntCounter, IntCounterVec, Registry};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, Registry};
 
 use ownerserve_planner::plan::{Action, Plan, StepClass};
 
 use ownerserve_edge::exposition::{
-    counter, counter_vec, float_counter_vec, histogram_vec, LATENCY_BUCKETS,
+    counter, counter_vec, float_counter_vec, gauge, histogram_vec, LATENCY_BUCKETS,
 };
 
 /// The cost terms of a plan, each in (weighted) seconds so they add up to its total.
@@ -58,6 +58,8 @@ pub struct ProxyMetrics {
     session_steps: IntCounterVec,
     kv_moved: IntCounterVec,
     migrations: IntCounter,
+    /// Share of the cost planner's migration budget spent at its last decision.
+    migration_budget_spent: Gauge,
     demotions: IntCounter,
     /// Routed requests whose ownership records were dropped: the directory sync was
     /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage).
@@ -132,6 +134,11 @@ impl ProxyMetrics {
             "ownerserve_migrations_total",
             "Sessions whose ownership moved after their KV was copied to the target.",
         )?;
+        let migration_budget_spent = gauge(
+            registry,
+            "ownerserve_planner_migration_budget_spent",
+            "Share of the cost planner's migration budget spent at its last decision, 0 to 1 (0 without a budget): the KV its migrations shipped over planner_migration_budget of the KV of the prompts it routed. Past 0.5 each move pays a rising price; at 1 only hand-overs off draining workers move.",
+        )?;
         let demotions = counter(
             registry,
             "ownerserve_session_demotions_total",
@@ -198,6 +205,7 @@ impl ProxyMetrics {
             session_steps,
             kv_moved,
             migrations,
+            migration_budget_spent,
             demotions,
             shed,
             claims,
@@ -240,6 +248,7 @@ impl ProxyMetrics {
             .position(|c| *c == plan.class)
             .unwrap_or(0);
         series.decisions[class].inc();
+        self.migration_budget_spent.set(plan.migration_budget_spent);
         let c = &plan.chosen.cost;
         let terms = [
             c.queue_s,
@@ -323,6 +332,7 @@ mod tests {
             "ownerserve_kv_moved_bytes_total{kind=\"migrate\"} 10",
             "ownerserve_kv_moved_bytes_total{kind=\"remote_prefill\"} 7",
             "ownerserve_migrations_total 1",
+            "ownerserve_planner_migration_budget_spent 0",
             "ownerserve_session_steps_total{placement=\"owner\"} 1",
             "ownerserve_session_steps_total{placement=\"elsewhere\"} 0",
             "ownerserve_planner_decisions_total{action=\"colocate\",class=\"cold_resume\"} 0",
