@@ -289,8 +289,8 @@ pub struct Weights {
     /// move in all, with a shadow price past half of it (`migration_budget.rs`);
     /// `f64::INFINITY` is no budget. 0.1 by default, the share the acceptance criterion
     /// allows: held-out runs on H20s moved 11–13% without it and 6.0–6.3% with it, at a
-    /// p99 TTFT as good or better on 3 of 4 rows; on the evaluation matrix it changed only
-    /// Qwen3 and long-doc rows, and no criterion's tally (EVALUATION.md, twentieth pass).
+    /// p99 TTFT as good or better on 3 of 4 rows; on the evaluation matrix it changed no
+    /// criterion's tally (EVALUATION.md, twentieth pass).
     /// The budget counts from the router's start, so a run's first moves meet it nearly
     /// spent.
     pub migration_budget: f64,
