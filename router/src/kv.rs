@@ -2,7 +2,7 @@
 //! workers without events, by the router's own routing decisions with a TTL), plus the
 //! tasks that keep it current: subscribers, engine-load scrapers and expiry.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use ownerserve_planner::ids::{EngineKind, WorkerId};
+use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::{
     IndexStats, KvIndex, KvIndexConfig, MatchScratch, EXPIRY_BATCH,
 };
@@ -21,9 +21,10 @@ use ownerserve_shim::kv_events::shared_index::SharedIndex;
 use ownerserve_shim::kv_events::subscriber::{
     EventSink, Subscriber, SubscriberConfig, SubscriberStats,
 };
-use ownerserve_shim::load_metrics::{kv_block_size, kv_capacity_tokens, parse_load};
+use ownerserve_shim::load_metrics::{kv_capacity_tokens, parse_load};
 
-use crate::config::{FanoutRole, WorkerSpec, DEFAULT_KV_BLOCK_SIZE};
+use crate::config::{FanoutRole, DEFAULT_KV_BLOCK_SIZE};
+use crate::engine_report::EngineReport;
 use crate::registry::{Registry, Worker};
 use crate::upstream::{get_small, HttpClient};
 
@@ -377,23 +378,18 @@ pub enum BlockSizeError {
 }
 
 /// The KV block size the router hashes with. Each worker's size is what its engine
-/// reports (vLLM's `cache_config_info`, SGLang's `page_size`) or, for an engine that is
+/// reported at startup (`reports`: vLLM's `cache_config_info`, SGLang's `page_size`) or, for an engine that is
 /// down or reports none, what is configured for it (its `kv_block_size`, else
 /// `router.kv_block_size`); a configured size the engine contradicts is an error, and so
 /// are workers of different sizes. With nothing reported or configured: 16.
-pub async fn resolve_block_size(
+pub fn resolve_block_size(
     registry: &Registry,
-    client: &HttpClient,
+    reports: &HashMap<WorkerId, EngineReport>,
     configured: Option<usize>,
-    timeout: Duration,
 ) -> Result<usize, BlockSizeError> {
     let mut sizes: Vec<(String, usize)> = Vec::new();
     for w in registry.all().iter() {
-        let reported = if w.is_healthy() {
-            reported_block_size(client, &w.spec, timeout).await
-        } else {
-            None
-        };
+        let reported = reports.get(&w.id).and_then(|r| r.block_size);
         let (set, key) = match w.spec.kv_block_size {
             Some(b) => (Some(b), format!("workers.{}.kv_block_size", w.spec.name)),
             None => (configured, "router.kv_block_size".to_owned()),
@@ -429,32 +425,6 @@ pub async fn resolve_block_size(
             Ok(DEFAULT_KV_BLOCK_SIZE)
         }
     }
-}
-
-/// The block size an engine reports, if it does.
-async fn reported_block_size(
-    client: &HttpClient,
-    spec: &WorkerSpec,
-    timeout: Duration,
-) -> Option<usize> {
-    let path = match spec.engine {
-        EngineKind::Sglang => "/server_info",
-        _ => "/metrics",
-    };
-    let (status, body) = get_small(client, &spec.base_url, path, timeout)
-        .await
-        .ok()?;
-    if !status.is_success() {
-        return None;
-    }
-    let b = match spec.engine {
-        EngineKind::Sglang => serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()?
-            .get("page_size")?
-            .as_u64()?,
-        _ => u64::from(kv_block_size(std::str::from_utf8(&body).ok()?)?),
-    };
-    usize::try_from(b).ok()
 }
 
 /// Subscribes to the KV events of `w`, a worker that joined at run time, into the local

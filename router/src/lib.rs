@@ -22,8 +22,9 @@
 //!   `kubernetes`): workers found from the Kubernetes API joining and leaving it at run
 //!   time, each with its probe and scrape tasks (`worker_tasks`).
 //! - [`kv`]: the KV index, its event subscribers, load scrapers and expiry;
-//!   `step_budget`: the engines' step budgets the planner prices prefills in (SGLang's
-//!   read from its `/server_info` at startup).
+//!   `engine_report`: what each engine reports about itself, read once at startup (its
+//!   KV block size, SGLang's step budget); `step_budget`: the engines' step budgets the
+//!   planner prices prefills in.
 //! - [`upstream`]: the pooled client and the streaming relay to and from workers;
 //!   `busy_poll`: the runtime kept polling its sockets for a short window after each
 //!   request's activity, instead of parking.
@@ -50,6 +51,7 @@ pub mod ctl;
 mod demotion;
 #[cfg(feature = "kubernetes")]
 pub mod discovery;
+mod engine_report;
 #[cfg(feature = "kubernetes")]
 pub mod epp;
 pub mod error;

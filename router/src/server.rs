@@ -24,6 +24,7 @@ use ownerserve_shim::openai::Endpoint;
 use crate::admission::Admission;
 use crate::client_gate::ClientGate;
 use crate::config::{DirectorySetup, RouterConfig};
+use crate::engine_report;
 use crate::error::ApiError;
 use crate::explain;
 use crate::health::{self, HealthSettings};
@@ -98,12 +99,11 @@ impl AppState {
         let registry = Arc::new(Registry::new(cfg.workers.clone()));
         let health = HealthSettings::of(&cfg);
         health::check_all(client, &registry, &health).await;
-        // Read before the policy is built from its settings.
-        step_budget::learn(&registry, client, &mut cfg).await;
+        let reports = engine_report::read_all(&registry, client, cfg.health_timeout).await;
+        // Learned before the policy is built from its settings.
+        step_budget::learn(&registry, &reports, &mut cfg);
         let policy = RoutingPolicy::new(policy::by_name(&cfg.policy, &cfg.policy_settings())?);
-        let block_size =
-            kv::resolve_block_size(&registry, client, cfg.kv_block_size, cfg.health_timeout)
-                .await?;
+        let block_size = kv::resolve_block_size(&registry, &reports, cfg.kv_block_size)?;
         let index = KvIndexConfig {
             block_size,
             ..cfg.kv_index
