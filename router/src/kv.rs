@@ -378,10 +378,11 @@ pub enum BlockSizeError {
 }
 
 /// The KV block size the router hashes with. Each worker's size is what its engine
-/// reported at startup (`reports`: vLLM's `cache_config_info`, SGLang's `page_size`) or, for an engine that is
-/// down or reports none, what is configured for it (its `kv_block_size`, else
-/// `router.kv_block_size`); a configured size the engine contradicts is an error, and so
-/// are workers of different sizes. With nothing reported or configured: 16.
+/// reported at startup (`reports`: vLLM's `cache_config_info`, SGLang's `page_size`) or,
+/// for an engine that was down or reported none, what is configured for it (its
+/// `kv_block_size`, else `router.kv_block_size`); a configured size the engine contradicts
+/// is an error, and so are workers of different sizes. With nothing reported or
+/// configured: 16.
 pub fn resolve_block_size(
     registry: &Registry,
     reports: &HashMap<WorkerId, EngineReport>,
