@@ -31,8 +31,8 @@ pub struct Cluster {
     /// (the router's `planner_prefill_workers_decode`; the simulated engine can). The peers'
     /// routers keep their sources' roles either way.
     pub prefill_workers_decode: PrefillWorkersDecode,
-    /// The cost planner's migration budget (the router's `planner_migration_budget`;
-    /// infinite: none, the default).
+    /// The cost planner's migration budget (the router's `planner_migration_budget`; its
+    /// default, 0.1, unless set; infinite: none).
     pub migration_budget: f64,
 }
 

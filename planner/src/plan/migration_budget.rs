@@ -7,9 +7,9 @@
 //! H20s (a GPU no run of the evaluation matrix uses) moved 11–13% of its prompts' KV, over
 //! the 10% the evaluation accepts. So the moves a planner chooses ship at most
 //! `Weights::migration_budget` of the KV bytes of the prompts it has routed (0.1 by
-//! default, `f64::INFINITY` for none). A hard cap alone spends the budget on whichever moves come
-//! first and then refuses the ones that matter (on those runs p99 TTFT went from 5 s to
-//! 16 s), so past half the budget each move's hysteresis grows as a shadow price,
+//! default, `f64::INFINITY` for none). A hard cap alone spends the budget on whichever
+//! moves come first and then refuses the ones that matter (on those runs p99 TTFT went
+//! from 5 s to 16 s), so past half the budget each move's hysteresis grows as a shadow price,
 //! `(s − ½) / (1 − s)` more for a budget `s` spent, keeping the budget for the moves that
 //! save the most. A hand-over off an owner that cannot keep the session (draining) is not
 //! capped or priced so; its bytes count.

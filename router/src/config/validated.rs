@@ -363,10 +363,7 @@ fn millis(field: &str, v: u64) -> Result<Duration, ConfigError> {
 impl RouterConfig {
     /// Every policy's settings, the cost planner's as they are now.
     pub fn policy_settings(&self) -> PolicySettings {
-        PolicySettings {
-            ownerserve: Some(self.planner.clone()),
-            ..self.baseline_settings.clone()
-        }
+        with_planner(&self.baseline_settings, &self.planner)
     }
 
     /// Prints the admin token if it was generated (the only way to learn it).
@@ -396,11 +393,8 @@ impl RouterConfig {
         check_workers(&workers)?;
         let planner = planner_setup(s, &workers)?;
         let baseline_settings = baseline_settings(s);
-        let every = PolicySettings {
-            ownerserve: Some(planner.clone()),
-            ..baseline_settings.clone()
-        };
-        policy::by_name(&s.policy, &every).map_err(|e| ConfigError::router("policy", e))?;
+        policy::by_name(&s.policy, &with_planner(&baseline_settings, &planner))
+            .map_err(|e| ConfigError::router("policy", e))?;
         let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())
             .map_err(|e| ConfigError::router("admin_token", e))?;
         let directory = directory_setup(s)?;
@@ -565,6 +559,14 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// `baseline`'s settings with the cost planner's `planner` beside them.
+fn with_planner(baseline: &PolicySettings, planner: &OwnerServeConfig) -> PolicySettings {
+    PolicySettings {
+        ownerserve: Some(planner.clone()),
+        ..baseline.clone()
+    }
 }
 
 /// The settings of every policy but the cost planner (the `--policy` chosen reads its own).
