@@ -8,7 +8,10 @@ Prints, per criterion, how many rows pass, then every failing cell with its figu
 the findings in docs/EVALUATION.md ("Where it stands") can be checked against the files.
 
     python3 scripts/acceptance_tally.py            # from the repository's root
-    python3 scripts/acceptance_tally.py --dir docs/eval
+    python3 scripts/acceptance_tally.py --check docs/EVALUATION.md
+
+`--check` fails (exit 1) when the "rows passing" column of that section's table, in
+criterion order, is not what the files say: a matrix regenerated without its findings.
 """
 
 import argparse
@@ -36,9 +39,26 @@ def acceptance_rows(path):
     return rows
 
 
+def stated_counts(path):
+    """The "N / M" cells of the table in the "Where it stands" section, in order."""
+    counts = []
+    in_section = False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("## "):
+                in_section = line.startswith("## Where it stands")
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if in_section and line.startswith("| ") and len(cells) > 1 and " / " in cells[1]:
+                counts.append(cells[1])
+    return counts
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="docs/eval", help="where the matrix files are")
+    ap.add_argument("--check", metavar="EVALUATION_MD",
+                    help="fail unless this file's \"Where it stands\" table states these counts")
     args = ap.parse_args()
     paths = sorted(glob.glob(os.path.join(args.dir, "matrix-*-agentic-dram0.md")))
     paths += sorted(glob.glob(os.path.join(args.dir, "matrix-*-other.md")))
@@ -66,6 +86,12 @@ def main() -> int:
     print()
     for row, name, detail in fails:
         print(f"FAIL {name} | {row} | {detail}")
+    if args.check:
+        counted = [f"{passed[c]} / {judged[c]}" for c in CRITERIA]
+        stated = stated_counts(args.check)
+        if stated != counted:
+            print(f"{args.check} states {stated}; the matrix files give {counted}", file=sys.stderr)
+            return 1
     return 0
 
 
