@@ -23,7 +23,9 @@ pub enum Role {
     Prefill,
     /// Owns decoding sessions.
     Decode,
-    /// Does both; the planner may colocate prefill and decode here.
+    /// Does both for its own sessions: the planner may colocate prefill and decode here,
+    /// and a prefill worker may prefill for it, but it never prefills for another worker
+    /// (`plan::candidates::generate`).
     Hybrid,
 }
 

@@ -55,11 +55,20 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         .iter()
         .filter(|w| sole.is_some() || (w.takes_work() && w.decodes()));
     // Each prefill worker's share of a remote prefill, computed once for every decoder:
-    // the work, and the bytes it computes (and keeps a copy of).
+    // the work, and the bytes it computes (and keeps a copy of). Only the prefill pool
+    // prefills for another worker, as in the peers' disaggregation (`dynamo_disagg`,
+    // `llm_d`): a hybrid worker computes its own sessions' prompts and receives, never
+    // sends, a remote prefill. Why: a leg on a hybrid worker is the newest sequence beside
+    // that worker's own decodes, so it is the one the engine preempts (and recomputes)
+    // when their growth runs out of blocks, and the prompt's KV is then allocated twice
+    // in a fleet whose every pool holds decodes. Priced as a prefill worker's, such legs
+    // took 1.4–3.5 s longer than planned at the p90 on Qwen3-30B coding-agent sessions
+    // on `8h` (34–39 sessions; colocations and moves were within 0.4 s), and they set the
+    // tail (EVALUATION.md, twenty-first pass).
     let prefillers: Vec<Prefiller<'_>> = input
         .workers
         .iter()
-        .filter(|w| w.takes_work() && matches!(w.role, Role::Prefill | Role::Hybrid))
+        .filter(|w| w.takes_work() && w.role == Role::Prefill)
         .map(|w| {
             let local = p.local_reuse(w);
             let work = p.work(w, p.to_compute(local.reused));

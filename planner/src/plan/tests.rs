@@ -844,8 +844,7 @@ fn per_pair_links_list_every_pair() {
         assert_listed_in_full(&pruned, &all, i);
         assert_eq!(pruned.chosen, all.chosen, "step {i}");
     }
-    // And every pair is there: P prefill workers × D decoders, less the workers that are
-    // both.
+    // And every pair is there: the prefill workers × the decoders.
     let mut s = mixed_fleet();
     s.links
         .pairs
@@ -856,10 +855,11 @@ fn per_pair_links_list_every_pair() {
         .iter()
         .filter(|c| c.action == Action::RemotePrefill)
         .count();
-    assert_eq!(remote, 4 * 4 - 2);
+    assert_eq!(remote, 2 * 4);
 }
 
-/// Six workers, two of each role: 4 can prefill, 4 can decode, 2 do both.
+/// Six workers, two of each role: 4 can decode (the hybrid ones too), and the 2 prefill
+/// workers prefill for them.
 fn mixed_fleet() -> Scenario {
     Scenario::new(
         30_000,
@@ -886,7 +886,36 @@ fn uniform_links_list_one_remote_prefill_per_decoder() {
     };
     assert_eq!(remote(&s), 4);
     s.exhaustive = true;
-    assert_eq!(remote(&s), 4 * 4 - 2);
+    assert_eq!(remote(&s), 2 * 4);
+}
+
+#[test]
+fn only_prefill_workers_prefill_for_another_worker() {
+    // Hybrid workers receive remote prefills from the prefill workers, and never send one:
+    // on a fleet of hybrids alone no step is a remote prefill, however busy its decoder.
+    let mut s = mixed_fleet();
+    s.exhaustive = true;
+    let plan = s.plan();
+    let remote: Vec<_> = plan
+        .candidates
+        .iter()
+        .filter(|c| c.action == Action::RemotePrefill)
+        .collect();
+    assert!(remote.iter().all(|c| c.compute_on.0 % 3 == 0));
+    assert!(
+        remote.iter().any(|c| c.decode_on.0 % 3 == 2),
+        "hybrids receive"
+    );
+    let mut busy = worker(0, Role::Hybrid);
+    busy.queue_s = 30.0;
+    busy.queued = 20;
+    let mut hybrids = Scenario::new(30_000, vec![busy, worker(1, Role::Hybrid)]);
+    hybrids.exhaustive = true;
+    assert!(hybrids
+        .plan()
+        .candidates
+        .iter()
+        .all(|c| c.action != Action::RemotePrefill));
 }
 
 #[test]
