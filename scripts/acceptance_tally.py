@@ -23,35 +23,27 @@ import sys
 CRITERIA = ["p99 TTFT", "E2E", "sessions held", "KV migrated", "dup."]
 
 
-def acceptance_rows(path):
-    """Each row of the file's acceptance table: its cells, split on '|'."""
+def table_rows(path, heading):
+    """The cells of each table line in the section whose heading starts with `heading`."""
     rows = []
-    in_table = False
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("## Acceptance per row"):
-                in_table = True
-                continue
-            if in_table and line.startswith("## "):
-                break
-            if in_table and line.startswith("| ") and not line.startswith("| workload"):
-                rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    return rows
-
-
-def stated_counts(path):
-    """The "N / M" cells of the table in the "Where it stands" section, in order."""
-    counts = []
     in_section = False
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.startswith("## "):
-                in_section = line.startswith("## Where it stands")
-                continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if in_section and line.startswith("| ") and len(cells) > 1 and " / " in cells[1]:
-                counts.append(cells[1])
-    return counts
+                in_section = line.startswith(heading)
+            elif in_section and line.startswith("| "):
+                rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def acceptance_rows(path):
+    """Each row of the file's acceptance table (its header and rule left out)."""
+    return [r for r in table_rows(path, "## Acceptance per row") if r[0] not in ("workload", "---")]
+
+
+def stated_counts(path):
+    """The "N / M" cells of the table in the "Where it stands" section, in order."""
+    return [r[1] for r in table_rows(path, "## Where it stands") if len(r) > 1 and " / " in r[1]]
 
 
 def main() -> int:
