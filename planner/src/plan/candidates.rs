@@ -64,7 +64,9 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // in a fleet whose every pool holds decodes. Priced as a prefill worker's, such legs
     // took 1.4–3.5 s longer than planned at the p90 on Qwen3-30B coding-agent sessions
     // on `8h` (34–39 sessions; colocations and moves were within 0.4 s), and they set the
-    // tail (EVALUATION.md, twenty-first pass).
+    // tail (EVALUATION.md, twenty-first pass). A prefill worker allowed to decode too
+    // (`PlanWorker::prefill_decodes`) stays in the pool: prefill is its first job, and on
+    // the P/D fleets it decodes only where its pool has room (`prefill_workers_decode`).
     let prefillers: Vec<Prefiller<'_>> = input
         .workers
         .iter()
