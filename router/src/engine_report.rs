@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use ownerserve_planner::ids::{EngineKind, WorkerId};
 use ownerserve_shim::load_metrics::kv_block_size;
 
@@ -23,36 +24,49 @@ pub struct EngineReport {
     pub step_tokens: Option<u64>,
 }
 
-/// Asks every healthy worker once; a worker that is down now keeps what is configured
-/// for it (a worker that joins later, from discovery, is not asked).
+/// Asks every healthy worker once, all at the same time, so startup waits at most one
+/// `timeout` however many engines are slow to answer; a worker that is down now keeps
+/// what is configured for it (a worker that joins later, from discovery, is not asked).
 pub async fn read_all(
     registry: &Registry,
     client: &HttpClient,
     timeout: Duration,
 ) -> HashMap<WorkerId, EngineReport> {
-    let mut out = HashMap::new();
-    for w in registry.all().iter().filter(|w| w.is_healthy()) {
-        let path = match w.spec.engine {
-            EngineKind::Sglang => "/server_info",
-            _ => "/metrics",
-        };
-        let body = match get_small(client, &w.spec.base_url, path, timeout).await {
-            Ok((status, body)) if status.is_success() => body,
-            _ => continue,
-        };
-        let report = match w.spec.engine {
-            EngineKind::Sglang => of_server_info(&body),
-            _ => EngineReport {
-                block_size: std::str::from_utf8(&body)
-                    .ok()
-                    .and_then(kv_block_size)
-                    .and_then(|b| usize::try_from(b).ok()),
-                step_tokens: None,
-            },
-        };
-        out.insert(w.id, report);
-    }
-    out
+    let fleet = registry.all();
+    let asks = fleet.iter().filter(|w| w.is_healthy()).map(|w| async move {
+        Some((
+            w.id,
+            read_one(client, w.spec.engine, &w.spec.base_url, timeout).await?,
+        ))
+    });
+    join_all(asks).await.into_iter().flatten().collect()
+}
+
+/// One engine's report, or `None` when it did not answer in `timeout` with a success.
+async fn read_one(
+    client: &HttpClient,
+    engine: EngineKind,
+    base_url: &str,
+    timeout: Duration,
+) -> Option<EngineReport> {
+    let path = match engine {
+        EngineKind::Sglang => "/server_info",
+        _ => "/metrics",
+    };
+    let body = match get_small(client, base_url, path, timeout).await {
+        Ok((status, body)) if status.is_success() => body,
+        _ => return None,
+    };
+    Some(match engine {
+        EngineKind::Sglang => of_server_info(&body),
+        _ => EngineReport {
+            block_size: std::str::from_utf8(&body)
+                .ok()
+                .and_then(kv_block_size)
+                .and_then(|b| usize::try_from(b).ok()),
+            step_tokens: None,
+        },
+    })
 }
 
 /// An SGLang `/server_info` body: its `page_size`, and its `chunked_prefill_size` when
@@ -71,7 +85,70 @@ fn of_server_info(body: &[u8]) -> EngineReport {
 
 #[cfg(test)]
 mod tests {
+    use ownerserve_planner::ids::Role;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
     use super::*;
+    use crate::config::WorkerSpec;
+    use crate::upstream::client;
+
+    /// A vLLM-like engine whose `/metrics` (block size 32) answers `delay` after each
+    /// request; it runs as long as the returned set is kept.
+    async fn slow_engine(delay: Duration) -> (String, tokio::task::JoinSet<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binds");
+        let addr = listener.local_addr().expect("has an address");
+        let mut engine = tokio::task::JoinSet::new();
+        engine.spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                tokio::time::sleep(delay).await;
+                let body = "vllm:cache_config_info{block_size=\"32\",num_gpu_blocks=\"100\"} 1.0\n";
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                let _ = conn.write_all(format!("{head}{body}").as_bytes()).await;
+            }
+        });
+        (format!("http://{addr}"), engine)
+    }
+
+    #[tokio::test]
+    async fn every_engine_is_asked_at_once_so_slow_ones_cost_one_wait() {
+        // Four engines that each take 0.5 s: one after another that is 2 s of startup.
+        let delay = Duration::from_millis(500);
+        let (mut specs, mut engines) = (Vec::new(), Vec::new());
+        for i in 0..4 {
+            let (url, engine) = slow_engine(delay).await;
+            specs.push(WorkerSpec::new(
+                &format!("w{i}"),
+                &url,
+                Role::Hybrid,
+                EngineKind::Vllm,
+            ));
+            engines.push(engine);
+        }
+        let registry = Registry::new(specs);
+        for w in registry.all().iter() {
+            w.mark_healthy(Vec::new());
+        }
+        let started = std::time::Instant::now();
+        let reports = read_all(
+            &registry,
+            &client(Duration::from_secs(1)),
+            Duration::from_secs(5),
+        )
+        .await;
+        let took = started.elapsed();
+        assert_eq!(reports.len(), 4);
+        assert!(
+            reports.values().all(|r| r.block_size == Some(32)),
+            "{reports:?}"
+        );
+        assert!(
+            took < delay * 3,
+            "took {took:?}: the engines were asked one after another"
+        );
+    }
 
     #[test]
     fn sglang_s_server_info_gives_its_page_size_and_its_chunk_unless_chunking_is_off() {
