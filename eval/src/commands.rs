@@ -120,9 +120,9 @@ pub struct ReportArgs {
     #[arg(long, default_value_t = 3)]
     capacity_baselines: usize,
     /// The matrix's capacity search stops once the failing count is within this share of
-    /// the held one (1/8 by default: each search starts from the row's own run and takes
-    /// about half the runs of a 1/16 search).
-    #[arg(long, default_value_t = 0.125)]
+    /// the held one; 0 (the default) bisects to the session, which the 1.2× acceptance
+    /// needs (`CapacitySearch::tolerance`).
+    #[arg(long, default_value_t = 0.0)]
     capacity_tolerance: f64,
     #[command(flatten)]
     engine: SimSettings,
@@ -470,7 +470,7 @@ fn matrix_capacity(
     slo_s: f64,
 ) -> Result<Vec<(String, usize)>, CommandError> {
     let search = report::CapacitySearch {
-        tolerance: args.capacity_tolerance.clamp(1e-3, 1.0),
+        tolerance: args.capacity_tolerance.clamp(0.0, 1.0),
         ..report::CapacitySearch::new(slo_s, args.capacity_max)
     };
     let names = if args.capacity_policies == "auto" {
