@@ -7,6 +7,7 @@ use crate::kv_state::PrefixBytes;
 use crate::roofline::{prefill_pairs, StepFigures};
 
 use super::admission::{admission, admitted_view, Admission};
+use super::cost::hysteresis_s;
 use super::decode::{expected_decode_steps, marginal_decode_s};
 use super::interference::marginal_interference_s;
 use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
@@ -771,7 +772,7 @@ impl Pricing<'_, '_> {
     /// A move's copy, with the hysteresis on it when it leaves an owner that could stay.
     fn copy_s(&self, m: MoveBytes, could_stay: bool) -> f64 {
         let hysteresis = if could_stay { self.hysteresis() } else { 0.0 };
-        m.copy_s * (1.0 + hysteresis)
+        m.copy_s + hysteresis_s(m.copy_s, hysteresis)
     }
 
     /// The multiple of its copy a move off an owner that could keep the session pays on

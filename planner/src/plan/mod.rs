@@ -473,8 +473,10 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
     let mut runner_up: Option<(usize, &Candidate)> = None;
     for (i, c) in all.iter().enumerate() {
         match best {
-            Some((_, b)) if c.cost.total >= b.cost.total => {
-                if runner_up.is_none_or(|(_, r)| c.cost.total < r.cost.total) {
+            // `total_cmp` ranks a NaN total above every number, so a priced term that went
+            // wrong can never win the step.
+            Some((_, b)) if c.cost.total.total_cmp(&b.cost.total).is_ge() => {
+                if runner_up.is_none_or(|(_, r)| c.cost.total.total_cmp(&r.cost.total).is_lt()) {
                     runner_up = Some((i, c));
                 }
             }

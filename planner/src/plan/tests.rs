@@ -56,6 +56,7 @@ struct Scenario {
     fork: bool,
     weights: Weights,
     exhaustive: bool,
+    migration_budget: MigrationBudget,
 }
 
 impl Scenario {
@@ -71,6 +72,7 @@ impl Scenario {
             fork: false,
             weights: Weights::default(),
             exhaustive: false,
+            migration_budget: MigrationBudget::UNLIMITED,
         }
     }
 
@@ -95,7 +97,7 @@ impl Scenario {
             fork: self.fork,
             thresholds: ClassThresholds::default(),
             exhaustive: self.exhaustive,
-            migration_budget: MigrationBudget::UNLIMITED,
+            migration_budget: self.migration_budget,
         }
     }
 }
@@ -656,6 +658,12 @@ fn random_scenario(rng: &mut SplitMix64) -> Scenario {
         1
     };
     s.fork = pick(rng, 5) == 0;
+    // A budget with room, one past half spent, or one spent (or zero): infinite shadow price.
+    s.migration_budget = match pick(rng, 4) {
+        0 => MigrationBudget::of(0.1, 1e9, rng.next_f64() * 1e8),
+        1 => MigrationBudget::of(rng.next_f64() * 0.1, 1e9, 1e8),
+        _ => MigrationBudget::UNLIMITED,
+    };
     s.links = links(1.0 + rng.next_f64() * 400.0);
     s.links.default.latency_s = rng.next_f64() * 1e-4;
     if pick(rng, 2) == 0 {
@@ -742,6 +750,11 @@ fn pruning_dominated_remote_prefills_keeps_the_choice() {
             continue;
         };
         let (a, b) = (&pruned.chosen, &all.chosen);
+        assert!(
+            all.candidates.iter().all(|c| !c.cost.total.is_nan()),
+            "step {i}: a NaN total: {:#?}",
+            all.candidates
+        );
         assert_eq!(
             (a.action, a.compute_on, a.decode_on, a.source),
             (b.action, b.compute_on, b.decode_on, b.source),
@@ -1052,6 +1065,37 @@ fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
     assert!((on(1).queue_s - 1.0).abs() < 1e-9, "{:?}", on(1));
     assert_eq!(on(2).queue_s, 0.0);
     assert_chosen(&p, Action::Colocate, 2);
+}
+
+#[test]
+fn a_move_that_copies_nothing_pays_no_hysteresis_when_the_budget_is_spent() {
+    // The move recomputes the whole prompt on a full target (nothing of the owner's copy
+    // survives its queue there), so it ships nothing. With the budget spent (or set to 0)
+    // the shadow price is infinite; the move must still be a finite price, and lose to
+    // the owner, which holds the prompt and has no queue.
+    let owner = pressured(1, 110_000, 10_000, 48_000);
+    let mut full = pressured(2, 110_000, 10_000, 0);
+    full.waiting_tokens = 200_000;
+    full.decoding = 0;
+    for budget in [
+        MigrationBudget::of(0.0, 1e12, 0.0),
+        MigrationBudget::of(0.1, 1e9, 1e8),
+    ] {
+        assert_eq!(budget.shadow_price(), f64::INFINITY);
+        let mut s = Scenario::new(50_000, vec![owner.clone(), full.clone()]);
+        s.decode_owner = Some(1);
+        s.exhaustive = true;
+        s.migration_budget = budget;
+        let p = s.plan();
+        let m = p
+            .candidates
+            .iter()
+            .find(|c| c.action == Action::Migrate)
+            .expect("a move that ships nothing fits any budget");
+        assert_eq!((m.network_bytes, m.cost.hysteresis_s), (0.0, 0.0), "{m:#?}");
+        assert!(m.cost.total.is_finite(), "{m:#?}");
+        assert_chosen(&p, Action::Colocate, 1);
+    }
 }
 
 #[test]
