@@ -66,10 +66,11 @@ pub fn unservable_steps(wl: &Workload, cluster: &Cluster) -> Result<usize, Repor
 }
 
 /// The most sessions (to the session, or within `search.tolerance`) `policy` holds on
-/// `cluster` under the SLO; 0 if even one session misses it. `workload(n)` builds the workload with `n`
-/// sessions. `known` is a count already run and whether it met the SLO (the matrix's own
-/// run): the search starts there, doubling up from a pass or halving down from a fail,
-/// instead of doubling up from 8, which saves the runs below a passing count.
+/// `cluster` under the SLO; 0 if even one session misses it. `workload(n)` builds the
+/// workload with `n` sessions. `known` is a count already run and whether it met the SLO
+/// (the matrix's own run): the search starts there, doubling up from a pass or halving
+/// down from a fail, instead of doubling up from 8, which saves the runs below a passing
+/// count.
 pub fn max_sessions(
     workload: &dyn Fn(usize) -> Result<Workload, WorkloadError>,
     cluster: &Cluster,

@@ -1067,16 +1067,23 @@ fn a_decoder_whose_kv_is_full_waits_for_its_running_sequences_to_finish() {
     assert_chosen(&p, Action::Colocate, 2);
 }
 
+/// An owner (worker 1) holding 48K tokens of a 50K prompt with 110K free (10K of it
+/// empty), and an idle target (worker 2) as full, with `waiting` tokens queued there.
+fn owner_and_full_target(waiting: u64) -> (PlanWorker, PlanWorker) {
+    let owner = pressured(1, 110_000, 10_000, 48_000);
+    let mut full = pressured(2, 110_000, 10_000, 0);
+    full.waiting_tokens = waiting;
+    full.decoding = 0;
+    (owner, full)
+}
+
 #[test]
 fn a_move_that_copies_nothing_pays_no_hysteresis_when_the_budget_is_spent() {
     // The move recomputes the whole prompt on a full target (nothing of the owner's copy
     // survives its queue there), so it ships nothing. With the budget spent (or set to 0)
     // the shadow price is infinite; the move must still be a finite price, and lose to
     // the owner, which holds the prompt and has no queue.
-    let owner = pressured(1, 110_000, 10_000, 48_000);
-    let mut full = pressured(2, 110_000, 10_000, 0);
-    full.waiting_tokens = 200_000;
-    full.decoding = 0;
+    let (owner, full) = owner_and_full_target(200_000);
     for budget in [
         MigrationBudget::of(0.0, 1e12, 0.0),
         MigrationBudget::of(0.1, 1e9, 1e8),
@@ -1122,10 +1129,7 @@ fn a_move_onto_a_full_worker_ships_only_what_survives_its_queue_there() {
     // newest free content, so the queued prompts take the 110K − 48K older free tokens
     // first and then 28K of the copy: the move ships and counts as reused only the 20K
     // that are left; the rest is recomputed.
-    let owner = pressured(1, 110_000, 10_000, 48_000);
-    let mut full = pressured(2, 110_000, 10_000, 0);
-    full.waiting_tokens = 90_000;
-    full.decoding = 0;
+    let (owner, full) = owner_and_full_target(90_000);
     let mut s = Scenario::new(50_000, vec![owner, full]);
     s.decode_owner = Some(1);
     s.exhaustive = true;
