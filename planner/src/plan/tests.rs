@@ -1078,6 +1078,45 @@ fn owner_and_full_target(waiting: u64) -> (PlanWorker, PlanWorker) {
 }
 
 #[test]
+fn a_move_recomputes_the_prefix_where_that_beats_copying_it() {
+    // The owner holds 19,200 of a 29,521-token prompt behind an 8 s queue; the other worker
+    // is idle. At 50 GB/s the move copies the prefix; at 1 GB/s the copy (2.5 s) is slower
+    // than recomputing it, so the move sends nothing and computes the whole prompt, and it
+    // still beats waiting on the owner.
+    let mut owner = worker(0, Role::Hybrid);
+    owner.cached_tokens = 19_200;
+    owner.queue_s = 8.0;
+    let mut s = Scenario::new(29_521, vec![owner, worker(1, Role::Hybrid)]);
+    s.decode_owner = Some(0);
+    s.exhaustive = true;
+    let move_to_1 = |s: &Scenario| {
+        let p = s.plan();
+        let m = p
+            .candidates
+            .iter()
+            .find(|c| c.action == Action::Migrate)
+            .cloned()
+            .expect("a move is priced");
+        (p, m)
+    };
+    let (_, fast) = move_to_1(&s);
+    assert_eq!(fast.reused_tokens, 19_200, "{fast:#?}");
+    assert!(fast.network_bytes > 0.0);
+    s.links = links(1.0);
+    let (p, slow) = move_to_1(&s);
+    assert_eq!(
+        (slow.reused_tokens, slow.network_bytes, slow.compute_tokens),
+        (0, 0.0, 29_521),
+        "{slow:#?}"
+    );
+    assert!(
+        slow.cost.hbm_bytes > 0.0,
+        "the source keeps its copy: {slow:#?}"
+    );
+    assert_chosen(&p, Action::Migrate, 1);
+}
+
+#[test]
 fn a_move_that_copies_nothing_pays_no_hysteresis_when_the_budget_is_spent() {
     // The move recomputes the whole prompt on a full target (nothing of the owner's copy
     // survives its queue there), so it ships nothing. With the budget spent (or set to 0)

@@ -164,12 +164,15 @@ impl Dispatcher<'_> {
                 None => out.fell_back = true,
             },
             Dispatch::Migrate { source, tokens } => {
-                // Between engines that cannot pull KV the plan priced the move as a
-                // recompute on the target: no copy is tried, and that is no fallback.
-                let copies = self
-                    .registry
-                    .get(source)
-                    .is_some_and(|s| pulls_between(&s, decode));
+                // Between engines that cannot pull KV, or where the plan found the
+                // recompute faster than the copy (or nothing of the prefix survives on the
+                // target: 0 tokens), the move is a recompute on the target: no copy is
+                // tried, and that is no fallback.
+                let copies = tokens > 0
+                    && self
+                        .registry
+                        .get(source)
+                        .is_some_and(|s| pulls_between(&s, decode));
                 let copied = match copies {
                     true => self.migrate(step, source, decode, tokens, &mut out).await,
                     false => None,
