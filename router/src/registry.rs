@@ -41,7 +41,7 @@ pub struct Worker {
     active_prefill_tokens: AtomicU64,
     /// Of those, the tokens it computes itself (`WorkerView::active_compute_tokens`).
     active_compute_tokens: AtomicU64,
-    /// Remote prefills decoding there whose prefill leg still runs
+    /// Steps decoding there whose prefill leg or move's copy still runs
     /// (`WorkerView::legs_heading`).
     legs_heading: AtomicU32,
     models: RwLock<Arc<[ServedModel]>>,
@@ -399,8 +399,8 @@ impl InFlight {
         self.worker.discharge(std::mem::take(&mut self.prefill));
     }
 
-    /// Its prefill runs on another worker: it reaches this worker's queue once that
-    /// leg is done ([`InFlight::leg_arrived`]).
+    /// Its prefill runs on another worker, or its KV is being copied here: it reaches
+    /// this worker's queue once that leg is done ([`InFlight::leg_arrived`]).
     pub fn leg_heading(&mut self) {
         if !self.heading {
             self.heading = true;
@@ -408,7 +408,8 @@ impl InFlight {
         }
     }
 
-    /// The prefill leg is over (or there was none): the request is this worker's now.
+    /// The prefill leg or copy is over (or there was none): the request is this worker's
+    /// now.
     pub fn leg_arrived(&mut self) {
         if std::mem::take(&mut self.heading) {
             self.worker.legs_heading.fetch_sub(1, Ordering::Relaxed);

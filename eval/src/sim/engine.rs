@@ -26,7 +26,8 @@ pub(crate) struct Engine {
     pub active_prefill_tokens: u64,
     /// Of those, the tokens it will compute itself (`WorkerView::active_compute_tokens`).
     pub active_compute_tokens: u64,
-    /// Remote prefills decoding here whose KV has not arrived (`WorkerView::legs_heading`).
+    /// Remote prefills, fetches and moves decoding here whose KV has not arrived
+    /// (`WorkerView::legs_heading`).
     pub legs_heading: u32,
     /// Virtual seconds spent in steps.
     pub busy_s: f64,

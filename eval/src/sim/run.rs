@@ -583,6 +583,11 @@ impl<'w> Sim<'w> {
         }
         r.phase = Phase::Transfer;
         r.transit = Some(InTransit { local, run, why });
+        // A fetch or move reaches its worker's queue only once its copy lands, as a remote
+        // prefill's decode leg does: until then it is counted as heading there.
+        if !std::mem::replace(&mut r.leg_heading, true) {
+            self.engines[worker].legs_heading += 1;
+        }
         self.queue
             .push(self.now_s + took, Event::Arrived { req: id });
     }

@@ -182,3 +182,64 @@ fn the_views_count_the_kv_of_the_requests_decoding_on_each_worker_until_they_end
         );
     }
 }
+
+/// Moves every step onto worker 1 from worker 0, noting at each decision how many steps
+/// the views count as heading to worker 1 and how many are in flight there.
+struct MovesSeen {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(u32, u32)>>>,
+}
+
+impl Policy for MovesSeen {
+    fn name(&self) -> &'static str {
+        "moves_seen"
+    }
+
+    fn choose(
+        &mut self,
+        req: &ownerserve_planner::policy::RouteRequest<'_>,
+        workers: &[ownerserve_planner::policy::WorkerView],
+    ) -> Result<ownerserve_planner::policy::Decision, ownerserve_planner::policy::PolicyError> {
+        use ownerserve_planner::ids::WorkerId;
+        use ownerserve_planner::policy::{Decision, Dispatch};
+        let w = &workers[1];
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.push((w.legs_heading, w.in_flight));
+        Ok(Decision {
+            worker: WorkerId(1),
+            dispatch: Dispatch::Migrate {
+                source: WorkerId(0),
+                tokens: u64::from(req.prompt_tokens),
+            },
+            plan: None,
+        })
+    }
+}
+
+/// A move reaches its worker's queue only once its copy lands; until then the views count
+/// it as heading there, as a remote prefill's decode leg, so that a prefill planned there
+/// meanwhile is priced for the step it will run ahead of.
+#[test]
+fn a_move_whose_copy_is_under_way_is_counted_as_heading_to_its_worker() {
+    let wl = swe_smith();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let policy = MovesSeen { seen: seen.clone() };
+    // Copies that take 2 s: steps planned meanwhile see them under way.
+    let settings = SimSettings {
+        link_latency_us: 2e6,
+        ..SimSettings::default()
+    };
+    let c = Cluster::parse("2h", &settings).expect("cluster");
+    simulate(&wl, &c, Box::new(policy), &SimOptions::default(), &|_| {}).expect("runs");
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        seen.iter().any(|(heading, _)| *heading > 0),
+        "no move counted"
+    );
+    // A copy that landed no longer counts: what is counted is in flight there.
+    for (heading, in_flight) in seen.iter() {
+        assert!(
+            heading <= in_flight,
+            "{heading} heading, {in_flight} in flight"
+        );
+    }
+}

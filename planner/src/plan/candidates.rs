@@ -355,12 +355,32 @@ struct DecoderTerms {
     decode_s: f64,
 }
 
+/// The prompt's tokens the directory's artifact covers that its owner still caches: a
+/// fetch can copy no more, and a prefix the owner evicted is no one's to duplicate. (Priced
+/// on the directory's figure alone, fetches from owners that had evicted the prefix were
+/// planned to reuse it and recomputed it all: on Mooncake's conversation trace on 2p6d,
+/// 58 fetches planned to reuse 15K–73K tokens reused 512, and the prompts sent after
+/// them to the same worker waited up to 5 s behind a prefill the planner had not seen.)
+fn artifact_held(input: &PlanInput<'_>) -> u64 {
+    input.artifact.map_or(0, |a| {
+        let owner_holds = input
+            .workers
+            .iter()
+            .find(|w| w.id == a.owner)
+            .map_or(0, |o| o.cached_tokens);
+        a.tokens.min(input.prompt_tokens).min(owner_holds)
+    })
+}
+
 /// Prices candidates; holds the step's byte figures every candidate is a difference from.
 struct Pricing<'a, 'b> {
     input: &'a PlanInput<'b>,
     /// Bytes of the whole prompt's state.
     prompt_bytes: f64,
-    /// Sealed bytes of the prompt's tokens the artifact covers; 0 without one.
+    /// The prompt's tokens the artifact covers and its owner still caches
+    /// ([`artifact_held`]); 0 without one.
+    artifact_tokens: u64,
+    /// Sealed bytes of those tokens.
     artifact_sealed: f64,
     /// Decode steps the step is expected to run (`decode::expected_decode_steps`).
     decode_steps: Option<f64>,
@@ -374,12 +394,12 @@ struct Pricing<'a, 'b> {
 impl<'a, 'b> Pricing<'a, 'b> {
     fn new(input: &'a PlanInput<'b>, figures: StepFigures<'b>) -> Self {
         let bytes = |tokens| input.model.prefix_bytes(tokens, input.block_size);
+        let artifact_tokens = artifact_held(input);
         Self {
             input,
             prompt_bytes: bytes(input.prompt_tokens).total,
-            artifact_sealed: input
-                .artifact
-                .map_or(0.0, |a| bytes(a.tokens.min(input.prompt_tokens)).sealed),
+            artifact_tokens,
+            artifact_sealed: bytes(artifact_tokens).sealed,
             decode_steps: (input.weights.rho > 0.0)
                 .then(|| expected_decode_steps(input.workers, &figures))
                 .flatten(),
@@ -407,11 +427,7 @@ impl Pricing<'_, '_> {
     /// Bytes of the artifact's sealed state `w` does not hold: past its cached tokens,
     /// whose bytes are `cached`, up to the artifact's end within the prompt.
     fn artifact_lacked(&self, w: &PlanWorker, cached: PrefixBytes) -> f64 {
-        let held = self
-            .input
-            .artifact
-            .map_or(0, |a| a.tokens.min(self.prompt()));
-        if w.cached_tokens >= held {
+        if w.cached_tokens >= self.artifact_tokens {
             return 0.0;
         }
         (self.artifact_sealed - cached.sealed).max(0.0)
@@ -666,8 +682,7 @@ impl Pricing<'_, '_> {
         w: &PlanWorker,
         cached: PrefixBytes,
     ) -> Option<Candidate> {
-        let a = self.input.artifact?;
-        let sealed = a.tokens.min(self.prompt());
+        let sealed = self.artifact_tokens;
         if sealed <= w.cached_tokens {
             return None;
         }
@@ -703,10 +718,7 @@ impl Pricing<'_, '_> {
     }
 
     fn tail_recompute(&self, o: &PlanWorker) -> Candidate {
-        let sealed = self
-            .input
-            .artifact
-            .map_or(0, |a| a.tokens.min(self.prompt()).min(o.cached_tokens));
+        let sealed = self.artifact_tokens;
         let resume = self.input.model.resume_point(sealed);
         // A demoted session's tail offloaded to the owner's host tier comes back from it.
         let local = self.local_reuse(o);

@@ -1375,3 +1375,37 @@ fn a_new_session_decodes_where_the_least_context_runs_not_where_the_fewest_seque
     assert_eq!(p.chosen.decode_on, WorkerId(0));
     assert_eq!(on(&p, 1), 0.0);
 }
+
+/// A fetch copies what the artifact's owner still caches, not what the directory sealed:
+/// with most of the 64K prefix evicted there, it is priced for the part that is left and
+/// the prompt's rest is computed; with none left, there is nothing to fetch.
+#[test]
+fn a_fetch_brings_only_what_the_artifact_owner_still_caches() {
+    let fetch = |held: u64| {
+        let mut o = worker(0, Role::Hybrid);
+        o.cached_tokens = held;
+        o.queue_s = 5.0;
+        let s = Scenario {
+            artifact: Some((0, 64_000)),
+            decode_owner: Some(0),
+            fork: true,
+            exhaustive: true,
+            ..Scenario::new(64_100, vec![o, worker(1, Role::Hybrid)])
+        };
+        s.plan()
+            .candidates
+            .into_iter()
+            .find(|c| c.action == Action::ArtifactFetch)
+    };
+    let all = fetch(64_000).unwrap();
+    let part = fetch(16_000).unwrap();
+    assert_eq!((all.reused_tokens, all.compute_tokens), (64_000, 100));
+    assert_eq!((part.reused_tokens, part.compute_tokens), (16_000, 48_100));
+    assert!(
+        (part.network_bytes - all.network_bytes / 4.0).abs() < all.network_bytes * 0.01,
+        "{} of {}",
+        part.network_bytes,
+        all.network_bytes
+    );
+    assert!(fetch(0).is_none(), "the owner holds nothing to fetch");
+}

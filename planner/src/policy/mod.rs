@@ -80,9 +80,9 @@ pub struct WorkerView {
     /// what a move, a fetch or a remote prefill's leg brings it is KV to hold, not a
     /// prefill to queue behind. Only the cost planner reads it (its compute queue).
     pub active_compute_tokens: u64,
-    /// Remote prefills whose decode legs will run here, dispatched and not arrived yet
-    /// (their prefill legs run elsewhere): steps that join this worker's queue soon.
-    /// Only the cost planner reads it.
+    /// Steps dispatched here that reach its queue only once KV arrives: remote prefills'
+    /// decode legs (their prefill legs run elsewhere) and moves whose copy is under way.
+    /// A prefill planned here now would run ahead of them. Only the cost planner reads it.
     pub legs_heading: u32,
     /// Leading blocks of this request's prompt the worker holds in GPU memory.
     pub cached_blocks: u32,

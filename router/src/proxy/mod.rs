@@ -269,7 +269,12 @@ impl Attempt<'_> {
             PrefillCharge::of(decision, prompt, cached),
             prompt,
         );
-        if matches!(decision.dispatch, Dispatch::Disaggregated { .. }) {
+        // A remote prefill's leg and a move's copy run before the request reaches the
+        // worker's queue; until then it is heading there.
+        if matches!(
+            decision.dispatch,
+            Dispatch::Disaggregated { .. } | Dispatch::Migrate { .. }
+        ) {
             in_flight.leg_heading();
         }
         let prepared = self
