@@ -14,8 +14,9 @@
 //! restore over PCIe or recompute the host-cached part, fetch or recompute the artifact's
 //! (`candidates.rs`, `T_host`).
 //!
-//! A move copies the owner's prefix, or recomputes it on an idle target where that takes
-//! less than the copy (a slow link). Moves are capped by a migration budget, priced
+//! A fetch copies the directory's artifact only as far as its owner still caches it. A move
+//! copies the owner's prefix, or recomputes it on an idle target where that takes less than
+//! the copy (a slow link). Moves are capped by a migration budget, priced
 //! increasingly as it is spent (`migration_budget.rs`).
 //!
 //! Every worker is priced as the step will find it when admitted there (`admission.rs`):
