@@ -359,7 +359,7 @@ struct DecoderTerms {
 /// fetch can copy no more, and a prefix the owner evicted is no one's to duplicate. (Priced
 /// on the directory's figure alone, fetches from owners that had evicted the prefix were
 /// planned to reuse it and recomputed it all: on Mooncake's conversation trace on 2p6d,
-/// 58 fetches planned to reuse 15K–73K tokens reused 512, and the prompts sent after
+/// 58 fetches planned to reuse 3K–73K tokens reused 512, and the prompts sent after
 /// them to the same worker waited up to 5 s behind a prefill the planner had not seen.)
 fn artifact_held(input: &PlanInput<'_>) -> u64 {
     input.artifact.map_or(0, |a| {

@@ -81,8 +81,10 @@ pub struct WorkerView {
     /// prefill to queue behind. Only the cost planner reads it (its compute queue).
     pub active_compute_tokens: u64,
     /// Steps dispatched here that reach its queue only once KV arrives: remote prefills'
-    /// decode legs (their prefill legs run elsewhere) and moves whose copy is under way.
-    /// A prefill planned here now would run ahead of them. Only the cost planner reads it.
+    /// decode legs (their prefill legs run elsewhere) and moves whose copy is under way
+    /// (and, in the simulator, fetches: the router sends a fetch to the engine at once, so
+    /// the engine's own queue holds it). A prefill planned here now would run ahead of
+    /// them. Only the cost planner reads it.
     pub legs_heading: u32,
     /// Leading blocks of this request's prompt the worker holds in GPU memory.
     pub cached_blocks: u32,
