@@ -2,7 +2,7 @@
 //! replayed over HTTP through `ownerserve up` (router with the ownerserve policy, embedded
 //! directory, one prefill and one decode sim worker) and simulated on the same cluster
 //! with the same policy; mean TTFT, step latency and session time must agree within a
-//! stated tolerance. The fleet runs in real time (time scale 1).
+//! stated tolerance. The fleet runs at half speed (time scale 0.5).
 
 mod common;
 
@@ -22,10 +22,13 @@ use ownerserve_shim::sim::config::SimSettings;
 /// and event-delivery latency and routes on scraped (slightly stale) load; the simulator
 /// sees none of that.
 const TOLERANCE: f64 = 0.25;
-/// Extra TTFT the live path may add per step, simulated seconds: its HTTP legs (measured
-/// at 4–7 ms per step on the 2-core dev machine at time scale 1).
+/// Extra TTFT the live path may add per step, simulated seconds: its HTTP legs (6–12 ms of
+/// wall time per step on the 2-core dev machine, so 3–6 simulated ms at [`TIME_SCALE`]).
 const TTFT_OVERHEAD_S: f64 = 0.010;
-const TIME_SCALE: f64 = 1.0;
+/// The fleet runs at half speed, so the engines' simulated time, not the live path's fixed
+/// HTTP cost, dominates TTFT. At full speed the measured excess (9–11 ms a step) left 6 ms
+/// of margin, and a CI run on a loaded machine exceeded it.
+const TIME_SCALE: f64 = 0.5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replayed_trace_agrees_with_its_simulation() {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{eventually, free_port, get_json, temp_config, DirectoryNodes, Proc};
+use super::{eventually, get_json, temp_config, DirectoryNodes, Proc};
 
 /// A running `ownerserve epp`: its operator API (`proc.url`) and its gRPC ports.
 pub struct Epp {
@@ -15,10 +15,11 @@ pub struct Epp {
     pub health: String,
 }
 
-/// Starts `ownerserve epp --config <config>` with `--worker` flags and `extra` flags.
+/// Starts `ownerserve epp --config <config>` with `--worker` flags and `extra` flags. Its
+/// gRPC ports are bound by the replica itself (`0`) and read from the line it prints: a
+/// port probed free here could be taken by another test's process before the replica binds
+/// it (a CI run lost a replica that way).
 pub fn spawn(config: &str, workers: &[String], extra: &[&str]) -> Epp {
-    let (g, h) = (free_port(), free_port());
-    let (gs, hs) = (g.to_string(), h.to_string());
     let mut args = vec![
         "epp",
         "--config",
@@ -26,9 +27,9 @@ pub fn spawn(config: &str, workers: &[String], extra: &[&str]) -> Epp {
         "--port",
         "0",
         "--grpc-port",
-        &gs,
+        "0",
         "--grpc-health-port",
-        &hs,
+        "0",
     ];
     for w in workers {
         args.push("--worker");
@@ -38,8 +39,20 @@ pub fn spawn(config: &str, workers: &[String], extra: &[&str]) -> Epp {
     // `OWNERSERVE_TEST_EPP_LOG` (a log filter) makes the replicas talk, to debug a run.
     let log = std::env::var("OWNERSERVE_TEST_EPP_LOG").ok();
     let envs: Vec<(&str, &str)> = log.iter().map(|l| ("OWNERSERVE_LOG", l.as_str())).collect();
+    let proc = Proc::spawn(&args, &envs, "operator API on");
+    let announced = proc.lines.last().expect("the marker line").clone();
+    let port_after = |label: &str| -> u16 {
+        announced
+            .split(label)
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|addr| addr.trim().rsplit(':').next())
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| panic!("no `{label}` address in {announced:?}"))
+    };
+    let (g, h) = (port_after("ext_proc on "), port_after("grpc health on "));
     Epp {
-        proc: Proc::spawn(&args, &envs, "operator API on"),
+        proc,
         grpc_port: g,
         grpc: format!("http://127.0.0.1:{g}"),
         health: format!("http://127.0.0.1:{h}"),
