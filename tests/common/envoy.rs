@@ -315,25 +315,21 @@ impl Envoy {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn envoy");
+        // The admin address file is read again on every try: it may be caught half written.
         let deadline = Instant::now() + Duration::from_secs(30);
-        let admin = loop {
-            let written = std::fs::read_to_string(&admin_path).unwrap_or_default();
-            if !written.trim().is_empty() {
-                break written.trim().to_owned();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "envoy never wrote its admin address:\n{config}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let (port, subset_port) = loop {
-            let ports = listener_ports(&admin);
+        let (admin, port, subset_port) = loop {
+            let admin = std::fs::read_to_string(&admin_path).unwrap_or_default();
+            let admin = admin.trim();
+            let ports = if admin.is_empty() {
+                Vec::new()
+            } else {
+                listener_ports(admin)
+            };
             let port_of = |name: &str| ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p);
             let subset = port_of("subset");
             if let Some(port) = port_of("gateway") {
                 if spec.subset.is_none() || subset.is_some() {
-                    break (port, subset);
+                    break (admin.to_owned(), port, subset);
                 }
             }
             assert!(Instant::now() < deadline, "envoy never listened:\n{config}");
