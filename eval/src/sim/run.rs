@@ -423,8 +423,7 @@ impl<'w> Sim<'w> {
                         prefill: p,
                         started_s: now,
                     };
-                    r.leg_heading = true;
-                    self.engines[worker].legs_heading += 1;
+                    head_to(r, &mut self.engines[worker]);
                     // The router counts the leg against the prefill worker while it runs.
                     if let Some(e) = self.engines.get_mut(p) {
                         let blocks = r.hashes.len() as u64;
@@ -585,9 +584,7 @@ impl<'w> Sim<'w> {
         r.transit = Some(InTransit { local, run, why });
         // A fetch or move reaches its worker's queue only once its copy lands, as a remote
         // prefill's decode leg does: until then it is counted as heading there.
-        if !std::mem::replace(&mut r.leg_heading, true) {
-            self.engines[worker].legs_heading += 1;
-        }
+        head_to(r, &mut self.engines[worker]);
         self.queue
             .push(self.now_s + took, Event::Arrived { req: id });
     }
@@ -598,10 +595,7 @@ impl<'w> Sim<'w> {
         };
         r.phase = Phase::Decode;
         let worker = r.worker;
-        if std::mem::take(&mut r.leg_heading) {
-            let e = &mut self.engines[worker];
-            e.legs_heading = e.legs_heading.saturating_sub(1);
-        }
+        arrived_at(r, &mut self.engines[worker]);
         let Some(t) = r.transit.take() else {
             self.submit(id, worker, false);
             return;
@@ -929,5 +923,20 @@ fn placement_of(d: &Decision, there: &WorkerView) -> Placement {
         kv_free_there: load.kv_free_tokens.unwrap_or(0),
         prefill_tokens_there: there.active_prefill_tokens,
         preempted_while_waiting: 0,
+    }
+}
+
+/// Counts `r` as heading to its worker `e` (`Engine::legs_heading`) until its KV arrives;
+/// once, however many legs and copies it passes through.
+fn head_to(r: &mut Req, e: &mut Engine) {
+    if !std::mem::replace(&mut r.leg_heading, true) {
+        e.legs_heading += 1;
+    }
+}
+
+/// `r`'s KV arrived at its worker `e`: it no longer counts as heading there.
+fn arrived_at(r: &mut Req, e: &mut Engine) {
+    if std::mem::take(&mut r.leg_heading) {
+        e.legs_heading = e.legs_heading.saturating_sub(1);
     }
 }
