@@ -388,23 +388,35 @@ pub fn temp_config(name: &str, text: &str) -> String {
 }
 
 /// A free TCP port on 127.0.0.1 (for processes whose port must be known before they start).
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where nothing else
+/// the tests run lands: every other process binds port 0 and every outgoing connection
+/// takes its local port from that range, so neither can take this port between the probe
+/// and the process binding it (an ephemeral probe could be handed out again to a process
+/// another test started, and the node meant for it exited with "address in use").
 pub fn free_port() -> u16 {
-    // The kernel may hand the same ephemeral port out again once its probe socket is
-    // closed; a cluster given one port for two nodes never starts. So a port is never
-    // handed out twice by this process.
+    // A port is never handed out twice by this process: a cluster given one port for two
+    // nodes never starts.
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
+    let (low, high) = (16_384u32, u32::from(ephemeral_start()).max(16_384 + 1024));
+    let span = high - low;
+    // Each test process starts at its own place in the range, so two test binaries
+    // running at once rarely probe the same ports.
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    (0..span)
+        .map(|i| (low + (start + i) % span) as u16)
+        .find(|p| !given.contains(p) && std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .inspect(|p| given.push(*p))
+        .expect("a free port below the ephemeral range")
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default 32768 when unknown).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// `n` `ownerserve directory` processes forming one cluster on 127.0.0.1, numbered from 1
