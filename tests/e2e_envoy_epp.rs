@@ -144,7 +144,8 @@ async fn envoy_sends_each_step_to_its_owner_through_two_epp_replicas() {
         body_mode: "BUFFERED",
         subset: Some(vec![only.clone()]),
         direct: None,
-    });
+    })
+    .await;
     envoy.wait_healthy_epps(2).await;
 
     // 50 sessions × 5 steps in five waves of ten concurrent sessions. In the third wave
@@ -277,7 +278,8 @@ async fn a_replica_killed_outright_fails_exactly_the_streams_it_held() {
         body_mode: "BUFFERED",
         subset: None,
         direct: None,
-    });
+    })
+    .await;
     envoy.wait_healthy_epps(2).await;
     let gateway = envoy.url.clone();
     let mut runs = tokio::task::JoinSet::new();
@@ -345,7 +347,8 @@ async fn full_duplex_streamed_bodies_are_picked_whole_through_envoy() {
         body_mode: "FULL_DUPLEX_STREAMED",
         subset: None,
         direct: None,
-    });
+    })
+    .await;
     envoy.wait_healthy_epps(1).await;
     for s in 0..4 {
         let session = format!("duplex-{s}");
@@ -396,13 +399,15 @@ async fn bench_epp_hop() {
         body_mode: "BUFFERED",
         subset: None,
         direct: Some(endpoint),
-    });
+    })
+    .await;
     let with_epp = Envoy::start(&GatewaySpec {
         epps: &[epp.grpc_port],
         body_mode: "BUFFERED",
         subset: None,
         direct: None,
-    });
+    })
+    .await;
     with_epp.wait_healthy_epps(1).await;
     let (rounds, per_round) = (5, 200);
     // Per round and gateway: (p50, p99) in ms.

@@ -278,7 +278,7 @@ impl Envoy {
     /// port itself (`0`; the admin port written to a file, the listeners' read from
     /// `/listeners`) and picks its own base id: a port probed free here could be taken by
     /// another test's process before Envoy binds it.
-    pub fn start(spec: &GatewaySpec<'_>) -> Envoy {
+    pub async fn start(spec: &GatewaySpec<'_>) -> Envoy {
         let with_epp = !spec.epps.is_empty();
         let ext = with_epp.then(|| ext_proc_filter(spec.body_mode));
         let mut listeners = listener("gateway", 0, ext.as_deref(), None);
@@ -323,7 +323,7 @@ impl Envoy {
             let ports = if admin.is_empty() {
                 Vec::new()
             } else {
-                listener_ports(admin)
+                listener_ports(admin).await
             };
             let port_of = |name: &str| ports.iter().find(|(n, _)| n == name).map(|(_, p)| *p);
             let subset = port_of("subset");
@@ -333,7 +333,7 @@ impl Envoy {
                 }
             }
             assert!(Instant::now() < deadline, "envoy never listened:\n{config}");
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         };
         Envoy {
             child,
@@ -346,33 +346,12 @@ impl Envoy {
 
 /// The listeners Envoy's admin API at `admin` (`host:port`) lists as bound: (name, port).
 /// Empty until it answers.
-fn listener_ports(admin: &str) -> Vec<(String, u16)> {
-    use std::io::{Read, Write};
-    let Ok(mut conn) = std::net::TcpStream::connect(admin) else {
+async fn listener_ports(admin: &str) -> Vec<(String, u16)> {
+    let url = format!("http://{admin}/listeners?format=json");
+    let Ok(resp) = super::client().get(url).send().await else {
         return Vec::new();
     };
-    let asked = write!(
-        conn,
-        "GET /listeners?format=json HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    if asked.is_err() || conn.read_to_string(&mut text).is_err() {
-        return Vec::new();
-    }
-    // Envoy's admin answers HTTP/1.1 only, its body chunked: `size\r\ndata\r\n`… `0`.
-    let mut chunked = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let mut body = String::new();
-    while let Some((size, rest)) = chunked.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            return Vec::new();
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        body.push_str(&rest[..n]);
-        chunked = rest[n..].trim_start_matches("\r\n");
-    }
-    let Ok(json) = serde_json::from_str::<serde_json::Value>(&body) else {
+    let Ok(json) = resp.json::<serde_json::Value>().await else {
         return Vec::new();
     };
     json["listener_statuses"]
