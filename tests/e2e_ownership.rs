@@ -98,10 +98,10 @@ async fn up_records_leases_and_the_owners_of_routed_sessions() {
     assert_eq!(
         leases["leases"].as_array().unwrap().len(),
         names.len(),
-        "one lease per worker"
+        "one lease per worker: {leases}"
     );
     let owners = get_json(&format!("{}/admin/v1/owners", stack.url)).await;
-    assert_eq!(owners["owners"].as_array().unwrap().len(), 3);
+    assert_eq!(owners["owners"].as_array().unwrap().len(), 3, "{owners}");
 }
 
 #[tokio::test]

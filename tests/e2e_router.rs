@@ -722,17 +722,30 @@ async fn overload_is_shed_with_429_and_retry_after_while_health_answers() {
 }
 
 /// `up`'s embedded directory lives in a per-process temp folder no later process would
-/// find: a clean shutdown removes it (hundreds piled up in /tmp before).
+/// find (`ownerserve-directory-<pid>-<start ns>`): a clean shutdown removes it (hundreds
+/// piled up in /tmp before).
 #[tokio::test]
 async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
     let mut stack = Proc::up(&["--instant", "true"]);
-    let dir = std::env::temp_dir().join(format!("ownerserve-directory-{}", stack.child.id()));
-    let log = dir.join("log.redb");
+    let prefix = format!("ownerserve-directory-{}-", stack.child.id());
+    let ours = move || {
+        std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+    };
+    let found = ours.clone();
     eventually(Duration::from_secs(20), "the directory's log", || {
-        let log = log.clone();
-        async move { log.exists() }
+        let found = found.clone();
+        async move { found().is_some_and(|d| d.join("log.redb").exists()) }
     })
     .await;
+    let dir = ours().expect("the directory's folder");
     let term = std::process::Command::new("kill")
         .args(["-TERM", &stack.child.id().to_string()])
         .status()

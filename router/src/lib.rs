@@ -29,7 +29,8 @@
 //!   `busy_poll`: the runtime kept polling its sockets for a short window after each
 //!   request's activity, instead of parking.
 //! - [`up`]: the whole stack in one process; [`ha_directory`]: `up --ha`'s directory, a
-//!   3-node Raft cluster of child processes.
+//!   3-node Raft cluster of child processes; [`scratch_dir`]: the never-reused temp folder
+//!   of a directory kept only while its process runs.
 //! - `ownership_sync`: what the router records in the ownership directory (the node and
 //!   its clients are `ownerserve_ownership::node`'s) and the workers' leases there (one per
 //!   worker, shared by every router); `replica_admin`: the operator view of a remote
@@ -69,6 +70,7 @@ pub mod proxy;
 pub mod registry;
 mod replica_admin;
 pub mod response_owners;
+pub mod scratch_dir;
 pub mod server;
 mod sessions;
 pub mod state;

@@ -703,9 +703,10 @@ fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, ConfigError> {
     Ok(match s.directory {
         DirectoryMode::Off => DirectorySetup::Off,
         DirectoryMode::Embedded => DirectorySetup::Embedded {
-            data_dir: s.directory_data_dir.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("ownerserve-directory-{}", std::process::id()))
-            }),
+            data_dir: s
+                .directory_data_dir
+                .clone()
+                .unwrap_or_else(|| crate::scratch_dir::scratch_dir("directory")),
             ephemeral: s.directory_data_dir.is_none(),
         },
         DirectoryMode::Remote => {
