@@ -16,10 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use xxhash_rust::xxh3::xxh3_64;
-use zeromq::{DealerSocket, Socket, SocketEvent, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::kv_index::KvEvent;
@@ -54,9 +53,9 @@ pub struct SubscriberConfig {
     pub replay_timeout: Duration,
     /// Longest wait between reconnection attempts.
     pub max_backoff: Duration,
-    /// Reconnect after this long without a message: a publisher that went away without
-    /// the socket noticing (no FIN: a host or a network gone) looks idle; whatever is
-    /// missed while reconnecting comes back as a gap.
+    /// Reconnect after this long without a message. The ZMQ crate does not report a
+    /// publisher that went away, so an idle socket may be a dead one (a restarted engine
+    /// binds a new socket); whatever is missed while reconnecting comes back as a gap.
     pub idle_reconnect: Duration,
 }
 
@@ -146,11 +145,6 @@ impl Subscriber {
         let mut backoff = Duration::from_millis(50);
         while !cancel.is_cancelled() {
             let mut socket = SubSocket::new();
-            // The socket reconnects by itself to a publisher that went away (zeromq ≥ 0.5),
-            // and a restarted engine numbers its batches from 0 again: batches published
-            // before that reconnection are lost and the next ones can look in order. So a
-            // disconnection ends this socket, and the next one resyncs from the replay.
-            let mut events = socket.monitor();
             let connected = async {
                 socket.connect(&self.cfg.endpoint).await?;
                 socket.subscribe(&self.cfg.topic).await
@@ -178,13 +172,6 @@ impl Subscriber {
             loop {
                 let msg = tokio::select! {
                     m = tokio::time::timeout(self.cfg.idle_reconnect, socket.recv()) => m,
-                    Some(event) = events.next() => match event {
-                        SocketEvent::Disconnected(_) => {
-                            tracing::debug!(worker = %self.cfg.name, "kv events: publisher went away, reconnecting");
-                            break;
-                        }
-                        _ => continue,
-                    },
                     () = cancel.cancelled() => return,
                 };
                 match msg {
