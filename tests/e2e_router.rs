@@ -727,8 +727,10 @@ async fn overload_is_shed_with_429_and_retry_after_while_health_answers() {
 #[tokio::test]
 async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
     let mut stack = Proc::up(&["--instant", "true"]);
-    let prefix = format!("ownerserve-directory-{}-", stack.child.id());
-    let ours = move || {
+    // The folder whose name starts with `ownerserve-directory-<its pid>-`, once it exists.
+    let pid = stack.child.id();
+    let find = move || {
+        let prefix = format!("ownerserve-directory-{pid}-");
         std::fs::read_dir(std::env::temp_dir())
             .expect("temp dir")
             .filter_map(Result::ok)
@@ -739,13 +741,13 @@ async fn a_clean_shutdown_removes_the_embedded_directorys_temp_folder() {
                     .is_some_and(|n| n.starts_with(&prefix))
             })
     };
-    let found = ours.clone();
-    eventually(Duration::from_secs(20), "the directory's log", || {
-        let found = found.clone();
-        async move { found().is_some_and(|d| d.join("log.redb").exists()) }
-    })
+    eventually(
+        Duration::from_secs(20),
+        "the directory's log",
+        || async move { find().is_some_and(|d| d.join("log.redb").exists()) },
+    )
     .await;
-    let dir = ours().expect("the directory's folder");
+    let dir = find().expect("the directory's folder");
     let term = std::process::Command::new("kill")
         .args(["-TERM", &stack.child.id().to_string()])
         .status()
