@@ -240,6 +240,37 @@ mod tests {
     }
 
     #[test]
+    fn session_inference_does_not_scan_earlier_requests() {
+        // 150,000 two-turn conversations: one full block, then that block and a partial
+        // one. Linear inference takes well under a second even in a debug build; one that
+        // scanned the earlier requests for each would make ~4.5e10 comparisons (tens of
+        // minutes). The limit sits far from both, so no load on the machine decides it (a
+        // ratio of two timed sizes did: it failed under CI's load).
+        const CONVS: u64 = 150_000;
+        let mut records = Vec::new();
+        for c in 0..CONVS {
+            for (turn, input_length) in [(0, MOONCAKE_BLOCK), (1, MOONCAKE_BLOCK + 100)] {
+                let record = Record {
+                    timestamp: (c * 2 + turn) as f64,
+                    input_length,
+                    output_length: 10,
+                    hash_ids: (0..=turn).map(|k| c * 2 + k).collect(),
+                };
+                records.push((records.len(), record));
+            }
+        }
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(infer_sessions(&records)));
+        let owner = finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("inference of 300,000 requests finished within 60 s");
+        for (pos, parent) in owner.iter().enumerate() {
+            let expected = (pos % 2 == 1).then(|| pos - 1);
+            assert_eq!(*parent, expected, "request {pos}");
+        }
+    }
+
+    #[test]
     fn bad_lines_name_the_line() {
         let cases = [
             "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\nnot json\n",

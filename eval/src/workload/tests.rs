@@ -2,7 +2,6 @@
 //! tokens, stats, and reading speed.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use super::*;
 
@@ -203,57 +202,4 @@ fn check_rejects_broken_workloads() {
         fork.check(),
         Err(Violation::ForkOutOfRange { .. })
     ));
-}
-
-/// A Mooncake trace of `convs` conversations of 30 turns, up to 130 ids a request: each
-/// turn drops its partial last block and extends the conversation's full ones.
-fn mooncake_conversations(convs: usize) -> String {
-    let mut text = String::new();
-    let mut next_id = 0u64;
-    let mut ids_of: Vec<Vec<u64>> = vec![Vec::new(); convs];
-    for turn in 0..30u32 {
-        for (c, ids) in ids_of.iter_mut().enumerate() {
-            ids.pop();
-            let target = (turn as usize + 1) * 4 + c % 10;
-            while ids.len() < target {
-                ids.push(next_id);
-                next_id += 1;
-            }
-            let list: Vec<String> = ids.iter().map(u64::to_string).collect();
-            let input = ids.len() as u32 * 512 - 100;
-            text.push_str(&format!(
-                "{{\"timestamp\": {}, \"input_length\": {input}, \"output_length\": 10, \"hash_ids\": [{}]}}\n",
-                turn * 1000 + c as u32,
-                list.join(", ")
-            ));
-        }
-    }
-    text
-}
-
-#[test]
-fn mooncake_reading_is_linear_in_the_ids() {
-    // Twice the conversations (twice the requests and ids) must take about twice as long,
-    // not four times: a session inference that scanned the earlier requests would. The
-    // two sizes alternate and each keeps its fastest of three reads, so a burst of load
-    // on the machine slows one read, not the ratio (an absolute limit broke under load).
-    let texts = [mooncake_conversations(200), mooncake_conversations(400)];
-    let mut fastest = [f64::INFINITY; 2];
-    for _ in 0..3 {
-        for (i, text) in texts.iter().enumerate() {
-            let started = std::time::Instant::now();
-            let w = mooncake::parse(text, Path::new("big.jsonl")).expect("parse");
-            fastest[i] = fastest[i].min(started.elapsed().as_secs_f64());
-            let convs = 200 * (i + 1);
-            assert_eq!(w.num_requests(), 30 * convs);
-            assert_eq!(w.sessions.len(), convs);
-        }
-    }
-    let ratio = fastest[1] / fastest[0];
-    assert!(
-        ratio < 3.0,
-        "2x the ids took {ratio:.2}x as long (fastest {:.3} s against {:.3} s)",
-        fastest[1],
-        fastest[0]
-    );
 }
