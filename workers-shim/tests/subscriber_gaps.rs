@@ -159,11 +159,96 @@ async fn replay_replies_with_a_topic_frame_are_accepted() {
             .await
             .unwrap();
     });
-    let replayed = fetch_replay(&endpoint, 3).await.unwrap();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let replayed = fetch_replay(&endpoint, 3, deadline).await.unwrap();
+    assert!(replayed.ended);
     assert_eq!(
-        replayed.iter().map(|b| b.seq).collect::<Vec<_>>(),
+        replayed.batches.iter().map(|b| b.seq).collect::<Vec<_>>(),
         vec![3, 4]
     );
-    assert_eq!(replayed[1].batch, batch(4));
+    assert_eq!(replayed.batches[1].batch, batch(4));
     server.await.unwrap();
+}
+
+/// A ROUTER that answers each replay request with the next scripted reply: the sequence
+/// numbers it sends and whether its end marker gets through. vLLM's and SGLang's ROUTERs
+/// drop what a slow reader leaves queued past ZMQ's high-water mark, holes and end marker
+/// alike; this plays such replies back on purpose. Returns the endpoint and the starts it
+/// was asked for.
+async fn lossy_replay_router(
+    replies: Vec<(Vec<u64>, bool)>,
+) -> (String, tokio::task::JoinHandle<Vec<u64>>) {
+    use ownerserve_shim::kv_events::publisher::END_SEQ;
+    use zeromq::{RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+    let mut router = RouterSocket::new();
+    let endpoint = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let tasks = tokio_util::task::TaskTracker::new();
+    let server = tasks.spawn(async move {
+        let mut starts = Vec::new();
+        for (seqs, end) in replies {
+            let request = router.recv().await.unwrap().into_vec();
+            let start: [u8; 8] = request[2].as_ref().try_into().unwrap();
+            starts.push(u64::from_be_bytes(start));
+            let identity = request[0].clone();
+            let reply = |seq: Bytes, payload: Bytes| {
+                let frames = vec![identity.clone(), Bytes::new(), seq, payload];
+                ZmqMessage::try_from(frames).unwrap()
+            };
+            for seq in seqs {
+                let payload = Bytes::from(encode_batch(&batch(seq), Encoding::Array));
+                let seq = Bytes::copy_from_slice(&seq.to_be_bytes());
+                router.send(reply(seq, payload)).await.unwrap();
+            }
+            if end {
+                let end = reply(Bytes::from_static(&END_SEQ), Bytes::new());
+                router.send(end).await.unwrap();
+            }
+        }
+        starts
+    });
+    (endpoint, server)
+}
+
+#[tokio::test]
+async fn a_replay_with_holes_or_no_end_marker_is_asked_again_from_the_hole() {
+    // Asked from 0: batches 4 and 5 are dropped. Asked from 4: the rest, but its end
+    // marker is dropped. Asked from 9: nothing newer, and the end marker.
+    let (endpoint, server) = lossy_replay_router(vec![
+        (vec![0, 1, 2, 3, 6, 7, 8], true),
+        (vec![4, 5, 6, 7, 8], false),
+        (vec![], true),
+    ])
+    .await;
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let cfg = SubscriberConfig::new(WorkerId(0), "tcp://127.0.0.1:1".into(), Some(endpoint), 16);
+    let mut sub = Subscriber::new(cfg);
+    // A new subscriber's first live batch is 9: it replays the history first.
+    sub.on_message(frames(9, &batch(9)), &index).await;
+    assert_eq!(server.await.unwrap(), vec![0, 4, 9]);
+    assert_eq!(sub.last_seq(), Some(9));
+    assert_eq!(index.lock().len(), 10, "every block, the dropped ones too");
+    assert_eq!(sub.stats.replayed_batches.load(Ordering::Relaxed), 9);
+    assert_eq!(sub.stats.missing_history.load(Ordering::Relaxed), 0);
+    assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn a_hole_the_engine_no_longer_holds_is_counted_as_missing_history() {
+    // Batches 4 and 5 are gone from the engine's buffer: asked from 4, it starts at 6.
+    let (endpoint, server) = lossy_replay_router(vec![
+        (vec![0, 1, 2, 3, 6, 7, 8], true),
+        (vec![6, 7, 8], true),
+    ])
+    .await;
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let cfg = SubscriberConfig::new(WorkerId(0), "tcp://127.0.0.1:1".into(), Some(endpoint), 16);
+    let mut sub = Subscriber::new(cfg);
+    sub.on_message(frames(9, &batch(9)), &index).await;
+    assert_eq!(server.await.unwrap(), vec![0, 4]);
+    assert_eq!(sub.last_seq(), Some(9));
+    assert_eq!(sub.stats.batches.load(Ordering::Relaxed), 8, "0-3 and 6-9");
+    // 6-9 chain under the missing 5, so the index cannot place them.
+    assert_eq!(index.lock().len(), 4);
+    assert_eq!(sub.stats.missing_history.load(Ordering::Relaxed), 1);
 }

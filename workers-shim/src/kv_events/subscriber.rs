@@ -9,13 +9,17 @@
 //! we applied: if its bytes are what we applied, the rest is the gap; if not (or it is gone),
 //! the engine is new, its blocks are forgotten and the replay rebuilds them. Every
 //! (re)connection resyncs this way at once, so a new router learns the engine's existing
-//! cache from the replay buffer. Malformed messages are counted and skipped.
+//! cache from the replay buffer. A reply with holes (a ROUTER drops what a slow reader
+//! leaves queued) is asked for again from the hole. Malformed messages are counted and
+//! skipped.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use xxhash_rust::xxh3::xxh3_64;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
@@ -265,23 +269,22 @@ impl Subscriber {
             tracing::warn!(worker = %self.cfg.name, "kv events: out of sequence and no replay endpoint");
             return false;
         };
+        let deadline = Instant::now() + self.cfg.replay_timeout;
         let start = self.last_seq.unwrap_or(0);
-        let fetched =
-            tokio::time::timeout(self.cfg.replay_timeout, fetch_replay(&endpoint, start)).await;
-        let batches = match fetched {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) => {
-                bump(&self.stats.missing_history);
-                tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: replay failed");
-                return false;
-            }
-            Err(_) => {
+        let replay = match fetch_replay(&endpoint, start, deadline).await {
+            Ok(r) if r.ended || !r.batches.is_empty() => r,
+            Ok(_) => {
                 bump(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, "kv events: replay timed out");
                 return false;
             }
+            Err(e) => {
+                bump(&self.stats.missing_history);
+                tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: replay failed");
+                return false;
+            }
         };
-        let first = batches.first().map(|b| (b.seq, b.payload));
+        let first = replay.batches.first().map(|b| (b.seq, b.payload));
         match (self.last_seq, first) {
             // The batch we applied last is still there, unchanged: same engine.
             (Some(last), Some((seq, payload))) if seq == last && payload == self.last_payload => {}
@@ -297,13 +300,86 @@ impl Subscriber {
             }
             (None, Some(_)) => bump(&self.stats.missing_history),
         }
-        for b in batches {
-            bump(&self.stats.replayed_batches);
-            self.apply(b.seq, b.payload, b.batch, sink);
-        }
+        self.apply_replays(replay, &endpoint, deadline, sink).await;
         true
     }
+
+    /// Applies a replay's batches in sequence order. A ROUTER drops what it cannot queue
+    /// for a slow reader (vLLM's and SGLang's keep ZMQ's default high-water mark, 1,000
+    /// messages), from the middle of a reply and its end marker alike; applied as it came,
+    /// such a reply left blocks out of the index while the stream looked in order. So
+    /// what arrives is kept by sequence number, applied as far as it runs without a hole,
+    /// and asked for again from the first hole (each reply resends everything from there,
+    /// and fills what earlier ones dropped) until a reply ends with nothing missing, the
+    /// deadline passes or [`MAX_REPLAY_ROUNDS`] requests were made.
+    async fn apply_replays(
+        &mut self,
+        replay: Replay,
+        endpoint: &str,
+        deadline: Instant,
+        sink: &dyn EventSink,
+    ) {
+        let mut pending = BTreeMap::new();
+        let mut ended = self.absorb(replay, &mut pending);
+        // A later reply that starts past the hole it was asked for: the engine's buffer
+        // moved on, and the batches from its start are applied across the hole.
+        let mut skip_to = None;
+        for round in 1.. {
+            while let Some(entry) = pending.first_entry() {
+                let seq = *entry.key();
+                let next = self.last_seq.map(|l| l.saturating_add(1));
+                if next.is_some_and(|n| seq < n) {
+                    entry.remove();
+                    continue;
+                }
+                if next.is_some_and(|n| seq > n) && skip_to != Some(seq) {
+                    break;
+                }
+                let b: ReplayedBatch = entry.remove();
+                bump(&self.stats.replayed_batches);
+                self.apply(b.seq, b.payload, b.batch, sink);
+            }
+            if ended && pending.is_empty() {
+                return;
+            }
+            let next = self.last_seq.map_or(0, |l| l.saturating_add(1));
+            let fetched = if round < MAX_REPLAY_ROUNDS && Instant::now() < deadline {
+                fetch_replay(endpoint, next, deadline).await.ok()
+            } else {
+                None
+            };
+            let Some(again) = fetched.filter(|r| r.ended || !r.batches.is_empty()) else {
+                bump(&self.stats.missing_history);
+                tracing::warn!(worker = %self.cfg.name, from = next, "kv events: replay incomplete; batches from here on may be missing");
+                return;
+            };
+            skip_to = again.batches.first().map(|b| b.seq).filter(|&s| s > next);
+            if skip_to.is_some() {
+                // The engine's buffer moved on past the hole while we asked.
+                bump(&self.stats.missing_history);
+            }
+            ended = self.absorb(again, &mut pending);
+        }
+    }
+
+    /// Keeps a reply's batches by sequence number; returns whether it ended.
+    fn absorb(&self, replay: Replay, pending: &mut BTreeMap<u64, ReplayedBatch>) -> bool {
+        self.stats
+            .malformed
+            .fetch_add(replay.malformed, Ordering::Relaxed);
+        for b in replay.batches {
+            pending.insert(b.seq, b);
+        }
+        replay.ended
+    }
 }
+
+/// Most replay requests one resync makes (the first and the ones that fill holes).
+const MAX_REPLAY_ROUNDS: u32 = 8;
+
+/// How long a replay's reply may pause before it is taken to have ended without its end
+/// marker (which the ROUTER may have dropped). The publishers send a reply in one burst.
+const REPLAY_PAUSE: Duration = Duration::from_millis(300);
 
 /// One batch of a replay.
 #[derive(Debug, Clone)]
@@ -314,6 +390,17 @@ pub struct ReplayedBatch {
     pub batch: WireBatch,
 }
 
+/// What one replay request brought back, in the order it came.
+#[derive(Debug, Default)]
+pub struct Replay {
+    pub batches: Vec<ReplayedBatch>,
+    /// The end marker came: the publisher sent everything it held from the start asked
+    /// for (though a ROUTER may still have dropped some of it: see the sequence numbers).
+    pub ended: bool,
+    /// Frames that did not decode: their batches are kept empty.
+    pub malformed: u64,
+}
+
 /// Why a replay did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -321,37 +408,72 @@ pub enum ReplayError {
     Zmq(#[from] zeromq::ZmqError),
     #[error("malformed replay reply with {0} frames")]
     Frames(usize),
+    #[error("no connection before the replay's deadline")]
+    Connect,
 }
 
-/// Fetches buffered batches from `start` on over a DEALER socket.
-pub async fn fetch_replay(endpoint: &str, start: u64) -> Result<Vec<ReplayedBatch>, ReplayError> {
+/// Fetches buffered batches from `start` on over a DEALER socket, until the end marker,
+/// a pause of [`REPLAY_PAUSE`] after the first reply, or `deadline`. The frames are kept
+/// as they come and decoded after: a reader slower than the publisher loses messages.
+pub async fn fetch_replay(
+    endpoint: &str,
+    start: u64,
+    deadline: Instant,
+) -> Result<Replay, ReplayError> {
     let mut dealer = DealerSocket::new();
-    dealer.connect(endpoint).await?;
+    tokio::time::timeout_at(deadline, dealer.connect(endpoint))
+        .await
+        .map_err(|_| ReplayError::Connect)??;
     let request = vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())];
     dealer
         .send(ZmqMessage::try_from(request).map_err(|_| ReplayError::Frames(0))?)
         .await?;
-    let mut out = Vec::new();
+    let mut raw = Vec::new();
+    let mut ended = false;
     loop {
-        let frames = dealer.recv().await?.into_vec();
+        let wait = if raw.is_empty() {
+            deadline
+        } else {
+            deadline.min(Instant::now() + REPLAY_PAUSE)
+        };
+        let Ok(message) = tokio::time::timeout_at(wait, dealer.recv()).await else {
+            break;
+        };
+        let frames = message?.into_vec();
         // [b"", seq, payload] (vLLM before #45177, SGLang) or [b"", topic, seq, payload].
         let (seq, payload) = match frames.as_slice() {
-            [_, seq, payload] | [_, _, seq, payload] => (seq, payload),
+            [_, seq, payload] | [_, _, seq, payload] => (seq.clone(), payload.clone()),
             other => return Err(ReplayError::Frames(other.len())),
         };
         if seq.as_ref() == END_SEQ {
-            return Ok(out);
+            ended = true;
+            break;
         }
-        let (Ok(seq), Ok(batch)) = (decode_seq(seq), decode_batch(payload)) else {
-            // A bad batch in a replay is skipped like a bad live one.
+        raw.push((seq, payload));
+    }
+    let mut malformed = 0;
+    let mut batches = Vec::with_capacity(raw.len());
+    for (seq, payload) in &raw {
+        let Ok(seq) = decode_seq(seq) else {
+            malformed += 1;
             continue;
         };
-        out.push(ReplayedBatch {
+        // A bad batch is kept, empty, so that its place in the sequence is not a hole.
+        let batch = decode_batch(payload).unwrap_or_else(|_| {
+            malformed += 1;
+            WireBatch::default()
+        });
+        batches.push(ReplayedBatch {
             seq,
             payload: xxh3_64(payload),
             batch,
         });
     }
+    Ok(Replay {
+        batches,
+        ended,
+        malformed,
+    })
 }
 
 /// Sleeps, or returns true at once if cancelled.

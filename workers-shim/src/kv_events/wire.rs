@@ -40,7 +40,7 @@ pub enum WireEvent {
 }
 
 /// A decoded batch.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WireBatch {
     pub ts: f64,
     pub events: Vec<WireEvent>,
