@@ -171,8 +171,8 @@ async fn replay_replies_with_a_topic_frame_are_accepted() {
 }
 
 /// A ROUTER that answers each replay request with the next scripted reply: the sequence
-/// numbers it sends and whether its end marker gets through. vLLM's and SGLang's ROUTERs
-/// drop what a slow reader leaves queued past ZMQ's high-water mark, holes and end marker
+/// numbers it sends and whether its end marker gets through. vLLM's replay ROUTER drops
+/// what a slow reader leaves queued past ZMQ's high-water mark, holes and end marker
 /// alike; this plays such replies back on purpose. Returns the endpoint and the starts it
 /// was asked for.
 async fn lossy_replay_router(

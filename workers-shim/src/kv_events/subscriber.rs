@@ -305,7 +305,7 @@ impl Subscriber {
     }
 
     /// Applies a replay's batches in sequence order. A ROUTER drops what it cannot queue
-    /// for a slow reader (vLLM's and SGLang's keep ZMQ's default high-water mark, 1,000
+    /// for a slow reader (vLLM's replay ROUTER keeps ZMQ's default high-water mark, 1,000
     /// messages), from the middle of a reply and its end marker alike; applied as it came,
     /// such a reply left blocks out of the index while the stream looked in order. So
     /// what arrives is kept by sequence number, applied as far as it runs without a hole,
