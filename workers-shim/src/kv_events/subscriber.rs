@@ -404,7 +404,7 @@ pub struct Replay {
 /// Why a replay did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    #[error("zmq")]
+    #[error("zmq: {0}")]
     Zmq(#[from] zeromq::ZmqError),
     #[error("malformed replay reply with {0} frames")]
     Frames(usize),
