@@ -220,11 +220,7 @@ async fn a_replay_with_holes_or_no_end_marker_is_asked_again_from_the_hole() {
         (vec![], true),
     ])
     .await;
-    let index = SharedIndex::new(KvIndexConfig::default());
-    let cfg = SubscriberConfig::new(WorkerId(0), "tcp://127.0.0.1:1".into(), Some(endpoint), 16);
-    let mut sub = Subscriber::new(cfg);
-    // A new subscriber's first live batch is 9: it replays the history first.
-    sub.on_message(frames(9, &batch(9)), &index).await;
+    let (sub, index) = first_live_batch_9(endpoint).await;
     assert_eq!(sub.last_seq(), Some(9));
     assert_eq!(index.lock().len(), 10, "every block, the dropped ones too");
     assert_eq!(sub.stats.replayed_batches.load(Ordering::Relaxed), 9);
@@ -241,16 +237,22 @@ async fn a_hole_the_engine_no_longer_holds_is_counted_as_missing_history() {
         (vec![6, 7, 8], true),
     ])
     .await;
-    let index = SharedIndex::new(KvIndexConfig::default());
-    let cfg = SubscriberConfig::new(WorkerId(0), "tcp://127.0.0.1:1".into(), Some(endpoint), 16);
-    let mut sub = Subscriber::new(cfg);
-    sub.on_message(frames(9, &batch(9)), &index).await;
+    let (sub, index) = first_live_batch_9(endpoint).await;
     assert_eq!(sub.last_seq(), Some(9));
     assert_eq!(sub.stats.batches.load(Ordering::Relaxed), 8, "0-3 and 6-9");
     // 6-9 chain under the missing 5, so the index cannot place them.
     assert_eq!(index.lock().len(), 4);
     assert_eq!(sub.stats.missing_history.load(Ordering::Relaxed), 1);
     assert_eq!(asked(server).await, vec![0, 4]);
+}
+
+/// A new subscriber whose first live batch is 9, so it replays the history first.
+async fn first_live_batch_9(replay: String) -> (Subscriber, SharedIndex) {
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let cfg = SubscriberConfig::new(WorkerId(0), "tcp://127.0.0.1:1".into(), Some(replay), 16);
+    let mut sub = Subscriber::new(cfg);
+    sub.on_message(frames(9, &batch(9)), &index).await;
+    (sub, index)
 }
 
 /// The starts the scripted ROUTER was asked for; fails if it still waits for a request.
