@@ -272,7 +272,7 @@ impl Subscriber {
         let deadline = Instant::now() + self.cfg.replay_timeout;
         let start = self.last_seq.unwrap_or(0);
         let replay = match fetch_replay(&endpoint, start, deadline).await {
-            Ok(r) if r.ended || !r.batches.is_empty() => r,
+            Ok(r) if r.answered() => r,
             Ok(_) => {
                 bump(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, "kv events: replay timed out");
@@ -348,7 +348,7 @@ impl Subscriber {
             } else {
                 None
             };
-            let Some(again) = fetched.filter(|r| r.ended || !r.batches.is_empty()) else {
+            let Some(again) = fetched.filter(Replay::answered) else {
                 bump(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, from = next, "kv events: replay incomplete; batches from here on may be missing");
                 return;
@@ -399,6 +399,13 @@ pub struct Replay {
     pub ended: bool,
     /// Frames that did not decode: their batches are kept empty.
     pub malformed: u64,
+}
+
+impl Replay {
+    /// The publisher answered: its end marker came, or at least one batch did.
+    pub fn answered(&self) -> bool {
+        self.ended || !self.batches.is_empty()
+    }
 }
 
 /// Why a replay did not complete.
