@@ -420,7 +420,7 @@ pub enum ReplayError {
 }
 
 /// Fetches buffered batches from `start` on over a DEALER socket, until the end marker,
-/// a pause of [`REPLAY_PAUSE`] after the first reply, or `deadline`. The frames are kept
+/// a 300 ms pause after the first reply, or `deadline`. The frames are kept
 /// as they come and decoded after: a reader slower than the publisher loses messages.
 pub async fn fetch_replay(
     endpoint: &str,
