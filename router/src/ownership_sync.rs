@@ -252,6 +252,11 @@ async fn keep_or_grant(
         if matches!(kept, Ok(Outcome::LeaseRenewed { .. })) {
             return Some(lease);
         }
+        // The lease ended before this renewal (its sessions lost their owner): worth an
+        // operator's attention, unlike a renewal that merely timed out.
+        if let Ok(Outcome::Rejected(why)) = &kept {
+            tracing::warn!(worker = %worker, lease = lease.0, ?why, "directory lease ended before its renewal");
+        }
     }
     // Another router may have granted one since the local copy was read: catch up and
     // look again before granting a second.
@@ -383,7 +388,11 @@ async fn write_records(
     type Of = Vec<(Routed, LeaseId, usize)>;
     let mut batches: Vec<(Vec<Command>, Of)> = Vec::new();
     for r in ready {
-        let Some(&lease) = leases.get(&r.worker) else {
+        // The shared lease first, as claims take it (`OwnershipSync::lease_of`): a session
+        // recorded under another lease of its worker (one granted in a race, which no
+        // router renews) would lose its owner when that lease lapses.
+        let shared = shared_lease(client, dir_worker(r.worker));
+        let Some(lease) = shared.or_else(|| leases.get(&r.worker).copied()) else {
             continue;
         };
         let commands = commands_for(&r, lease, block_size);
@@ -546,16 +555,16 @@ mod tests {
 
     /// A lease the directory ended before a flush (not renewed in time on a starved
     /// machine): the records refused for it wait for the next lease instead of being lost.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
+    /// A one-node directory in this process, in a fresh data folder named by `tag`.
+    async fn embedded_directory(
+        tag: &str,
+        tracker: &TaskTracker,
+        cancel: &CancellationToken,
+    ) -> (Arc<dyn DirectoryClient>, std::path::PathBuf) {
         use ownerserve_ownership::node::metrics::DirectoryMetrics;
         use ownerserve_ownership::node::{Embedded, Node, NodeSettings};
-        let data_dir = std::env::temp_dir().join(format!(
-            "ownerserve-sync-lapse-{}-{}",
-            std::process::id(),
-            line!()
-        ));
-        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let data_dir =
+            std::env::temp_dir().join(format!("ownerserve-sync-{tag}-{}", std::process::id()));
         let node = Node::start(
             NodeSettings {
                 id: 1,
@@ -567,12 +576,18 @@ mod tests {
                 metrics: DirectoryMetrics::register(&prometheus::Registry::new()).unwrap(),
                 cluster_secret: None,
             },
-            &tracker,
-            &cancel,
+            tracker,
+            cancel,
         )
         .await
         .unwrap();
-        let client: Arc<dyn DirectoryClient> = Arc::new(Embedded(node));
+        (Arc::new(Embedded(node)), data_dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let (client, data_dir) = embedded_directory("lapse", &tracker, &cancel).await;
         let registry = one_healthy_worker();
         let worker = registry.all()[0].id;
         let settings = SyncSettings {
@@ -615,6 +630,46 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         assert_ne!(owner.lease, first, "owned under the new lease");
+        cancel.cancel();
+        tracker.close();
+        tracker.wait().await;
+        std::fs::remove_dir_all(&data_dir).ok();
+    }
+
+    /// Two live leases of one worker (two routers granted at once): a record goes under
+    /// the shared one (the lowest), which every router renews, not under the other, which
+    /// lapses and would take the session's owner with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_goes_under_the_shared_lease_of_its_worker() {
+        let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+        let (client, data_dir) = embedded_directory("shared", &tracker, &cancel).await;
+        let grant = || {
+            let client = client.clone();
+            async move {
+                let command = Command::GrantLease {
+                    worker: DirWorkerId(3),
+                    ttl_ms: 60_000,
+                };
+                match client.write(command).await {
+                    Ok(Outcome::LeaseGranted { lease, .. }) => lease,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let (shared, other) = (grant().await, grant().await);
+        assert!(shared < other);
+        let step = routed(64, Some("two-leases"), Effects::default());
+        let leases = HashMap::from([(step.worker, other)]);
+        let lapsed = write_records(&*client, vec![step], &leases, 16).await;
+        assert!(lapsed.is_empty());
+        let mut owner = None;
+        client.read_local(&mut |d| {
+            owner = d
+                .sessions
+                .get(&SessionId("two-leases".into()))
+                .and_then(|s| s.owner);
+        });
+        assert_eq!(owner.map(|o| o.lease), Some(shared));
         cancel.cancel();
         tracker.close();
         tracker.wait().await;

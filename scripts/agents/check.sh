@@ -116,9 +116,10 @@ opencode_env=(env HOME="$home")
 
 # Ownership records are flushed in the background: give them a moment.
 sleep 2
-# What the directory refused or the sync dropped, if anything (why a record may be missing).
+# What the directory refused (by command), the sync dropped, or lease expiries ended, if
+# anything: why a record or an owner may be missing.
 curl -sf "$base/metrics" -H "authorization: Bearer $token" \
-  | grep -E '^ownerserve_(directory_rejections_total|ownership_records_dropped_total)' \
+  | grep -E '^ownerserve_(directory_rejections_total|ownership_records_dropped_total)|^ownerserve_directory_commands_total.*rejected|^ownerserve_directory_changes_total.*lease_' \
   | grep -v ' 0$' || true
 curl -sf "$base/admin/v1/sessions" -H "authorization: Bearer $token" | python3 -c '
 import json, sys

@@ -169,7 +169,13 @@ class Engine:
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(self.side), VLLM_LOGGING_LEVEL="WARNING",
                    VLLM_ENABLE_RESPONSES_API_STORE="1")
-        cmd = [f"{venv}/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+        # At a lower CPU priority than the router, its directory and the clients: on this
+        # 2-core machine three CPU engines keep both cores busy (load ~30), which starved
+        # the router's embedded directory (commits p99 10-30 s) and its health probes. On
+        # a GPU fleet the engines compute on GPUs and never take the control plane's CPU;
+        # `nice` keeps that so here while the engines still get every idle cycle.
+        cmd = ["nice", "-n", "10", f"{venv}/bin/python", "-m",
+               "vllm.entrypoints.openai.api_server",
                "--model", model_dir, "--served-model-name", MODEL, "--load-format", "dummy",
                "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN),
                "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager",
