@@ -584,6 +584,21 @@ mod tests {
         (Arc::new(Embedded(node)), data_dir)
     }
 
+    /// The session's owner in the local copy of the directory.
+    fn session_owner(
+        client: &dyn DirectoryClient,
+        session: &str,
+    ) -> Option<ownerserve_ownership::ids::Owner> {
+        let mut owner = None;
+        client.read_local(&mut |d| {
+            owner = d
+                .sessions
+                .get(&SessionId(session.into()))
+                .and_then(|s| s.owner);
+        });
+        owner
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
         let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
@@ -613,14 +628,7 @@ mod tests {
         step.worker = worker;
         sync.record(step);
         let owner = loop {
-            let mut owner = None;
-            client.read_local(&mut |d| {
-                owner = d
-                    .sessions
-                    .get(&SessionId("after-lapse".into()))
-                    .and_then(|s| s.owner);
-            });
-            if let Some(o) = owner {
+            if let Some(o) = session_owner(&*client, "after-lapse") {
                 break o;
             }
             assert!(
@@ -662,13 +670,7 @@ mod tests {
         let leases = HashMap::from([(step.worker, other)]);
         let lapsed = write_records(&*client, vec![step], &leases, 16).await;
         assert!(lapsed.is_empty());
-        let mut owner = None;
-        client.read_local(&mut |d| {
-            owner = d
-                .sessions
-                .get(&SessionId("two-leases".into()))
-                .and_then(|s| s.owner);
-        });
+        let owner = session_owner(&*client, "two-leases");
         assert_eq!(owner.map(|o| o.lease), Some(shared));
         cancel.cancel();
         tracker.close();
