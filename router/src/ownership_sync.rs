@@ -553,8 +553,6 @@ mod tests {
         tracker.wait().await;
     }
 
-    /// A lease the directory ended before a flush (not renewed in time on a starved
-    /// machine): the records refused for it wait for the next lease instead of being lost.
     /// A one-node directory in this process, in a fresh data folder named by `tag`.
     async fn embedded_directory(
         tag: &str,
@@ -599,6 +597,8 @@ mod tests {
         owner
     }
 
+    /// A lease the directory ended before a flush (not renewed in time on a starved
+    /// machine): the records refused for it wait for the next lease instead of being lost.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn records_refused_for_an_ended_lease_are_written_under_the_next_one() {
         let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
