@@ -94,15 +94,13 @@ impl OwnershipSync {
     /// of the directory, which every router renews), else the one this router renews, so a
     /// router that has not renewed yet can still claim for the worker.
     pub fn lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
-        // The shared lease first: routers that granted at once converge on it, and a
-        // session claimed under the other one would lose its owner when that one lapses.
-        shared_lease(&*self.client, dir_worker(worker)).or_else(|| {
-            self.leases
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&worker)
-                .copied()
-        })
+        let own = self
+            .leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&worker)
+            .copied();
+        lease_to_write(&*self.client, worker, own)
     }
 
     /// The directory, for commands that must commit before the request goes on (a
@@ -234,6 +232,18 @@ fn shared_lease(client: &dyn DirectoryClient, worker: DirWorkerId) -> Option<Lea
             .map(|(id, _)| *id);
     });
     found
+}
+
+/// The lease a command for `worker` goes under: the shared one first (routers that
+/// granted at once converge on it, and a session claimed or recorded under the other one
+/// would lose its owner when that one lapses, since no router renews it), else the one
+/// this router renews (`own`), so a router that has not renewed yet can still write.
+fn lease_to_write(
+    client: &dyn DirectoryClient,
+    worker: WorkerId,
+    own: Option<LeaseId>,
+) -> Option<LeaseId> {
+    shared_lease(client, dir_worker(worker)).or(own)
 }
 
 /// Renews the worker's shared lease (or the one this router knows), or grants one.
@@ -388,11 +398,7 @@ async fn write_records(
     type Of = Vec<(Routed, LeaseId, usize)>;
     let mut batches: Vec<(Vec<Command>, Of)> = Vec::new();
     for r in ready {
-        // The shared lease first, as claims take it (`OwnershipSync::lease_of`): a session
-        // recorded under another lease of its worker (one granted in a race, which no
-        // router renews) would lose its owner when that lease lapses.
-        let shared = shared_lease(client, dir_worker(r.worker));
-        let Some(lease) = shared.or_else(|| leases.get(&r.worker).copied()) else {
+        let Some(lease) = lease_to_write(client, r.worker, leases.get(&r.worker).copied()) else {
             continue;
         };
         let commands = commands_for(&r, lease, block_size);
