@@ -45,48 +45,44 @@ impl Role {
     }
 }
 
-/// The engine software behind a worker; decides wire formats and dispatch protocols.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    Vllm,
-    Sglang,
+/// Declares [`EngineKind`] from one line per engine: its variant and its name (in
+/// configs, `--worker ...,engine=`, discovery labels and the admin API). Everything else
+/// about an engine is its protocol object (`ownerserve_shim::engines::protocol`).
+macro_rules! engine_kinds {
+    ($($(#[$doc:meta])* $variant:ident = $name:literal,)+) => {
+        /// The engine software behind a worker; its protocol
+        /// (`ownerserve_shim::engines::protocol`) decides wire formats and dispatch.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum EngineKind {
+            $($(#[$doc])* #[serde(rename = $name)] $variant,)+
+        }
+
+        impl EngineKind {
+            /// Every engine kind, in declaration order.
+            pub const ALL: &'static [EngineKind] = &[$(EngineKind::$variant),+];
+
+            /// Its name, as in configs and the admin API.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(EngineKind::$variant => $name,)+
+                }
+            }
+        }
+    };
+}
+
+engine_kinds! {
+    Vllm = "vllm",
+    Sglang = "sglang",
     /// Our simulated GPU engine (`ownerserve sim-worker`), which speaks vLLM's formats.
-    Sim,
+    Sim = "sim",
 }
 
 impl EngineKind {
-    /// Lower-case name, as in configs and the admin API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EngineKind::Vllm => "vllm",
-            EngineKind::Sglang => "sglang",
-            EngineKind::Sim => "sim",
-        }
-    }
-
-    /// Whether its workers can pull a sealed prefix from a peer and serve one
-    /// (`WorkerView::pulls_kv`): the simulated engine's `/kv/fetch`. vLLM's NIXL connector
-    /// and SGLang's disaggregation move KV only from a prefill leg to its decode leg.
-    pub fn pulls_kv(self) -> bool {
-        self == EngineKind::Sim
-    }
-
-    /// Whether an instance started in the prefill role still serves whole requests
-    /// (`WorkerView::prefill_decodes`): vLLM's NIXL connector acts only on requests that
-    /// carry `kv_transfer_params`, and the simulated engine has no role; SGLang's
-    /// `--disaggregation-mode prefill` server only ever hands its KV to a decode server.
-    pub fn decodes_in_prefill_role(self) -> bool {
-        self != EngineKind::Sglang
-    }
-
-    /// Whether a decode instance gets a remote prefill's decode leg at the same time as
-    /// the prefill leg (`WorkerView::decode_leg_at_dispatch`): SGLang's bootstrap pair is
-    /// sent to both servers at once, and the decode server holds the request in its queue
-    /// while the prefill runs. vLLM's NIXL two-step sends the decode leg only once the
-    /// prefill leg has answered, and the simulated engine's flow does the same.
-    pub fn decode_leg_at_dispatch(self) -> bool {
-        self == EngineKind::Sglang
+    /// Every engine's name, comma-separated (what an unknown name is told to be one of).
+    pub fn names() -> String {
+        let names: Vec<&str> = Self::ALL.iter().map(|k| k.as_str()).collect();
+        names.join(", ")
     }
 }
 
@@ -96,7 +92,7 @@ impl EngineKind {
 pub struct UnknownName {
     pub kind: &'static str,
     pub name: String,
-    pub expected: &'static str,
+    pub expected: String,
 }
 
 impl FromStr for Role {
@@ -109,7 +105,7 @@ impl FromStr for Role {
             _ => Err(UnknownName {
                 kind: "role",
                 name: s.to_owned(),
-                expected: "prefill, decode, hybrid",
+                expected: "prefill, decode, hybrid".to_owned(),
             }),
         }
     }
@@ -118,16 +114,15 @@ impl FromStr for Role {
 impl FromStr for EngineKind {
     type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "vllm" => Ok(EngineKind::Vllm),
-            "sglang" => Ok(EngineKind::Sglang),
-            "sim" => Ok(EngineKind::Sim),
-            _ => Err(UnknownName {
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownName {
                 kind: "engine",
                 name: s.to_owned(),
-                expected: "vllm, sglang, sim",
-            }),
-        }
+                expected: Self::names(),
+            })
     }
 }
 
@@ -136,9 +131,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_sglang_prefill_servers_never_serve_whole_requests() {
-        assert!(EngineKind::Vllm.decodes_in_prefill_role());
-        assert!(EngineKind::Sim.decodes_in_prefill_role());
-        assert!(!EngineKind::Sglang.decodes_in_prefill_role());
+    fn every_engine_parses_from_its_name_in_flags_and_configs() {
+        #[derive(Deserialize)]
+        struct Entry {
+            engine: EngineKind,
+        }
+        for &kind in EngineKind::ALL {
+            assert_eq!(kind.as_str().parse::<EngineKind>(), Ok(kind));
+            let entry: Entry =
+                toml::from_str(&format!("engine = \"{}\"", kind.as_str())).expect("parses");
+            assert_eq!(entry.engine, kind);
+        }
+        let err = "tgi".parse::<EngineKind>().expect_err("unknown");
+        assert_eq!(err.expected, "vllm, sglang, sim");
     }
 }

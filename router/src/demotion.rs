@@ -15,8 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use ownerserve_ownership::ids::SessionId;
 use ownerserve_ownership::{Command, Outcome};
-use ownerserve_planner::ids::EngineKind;
-use ownerserve_shim::engines::sim::{DropRequest, DROP_PATH};
+use ownerserve_shim::engines::{self, sim::DropRequest};
 
 use crate::sessions::{now_ms, Lapsed};
 use crate::state::AppState;
@@ -88,8 +87,12 @@ async fn demote(st: &AppState, l: Lapsed) {
     let Some(w) = st.registry.get(owner) else {
         return;
     };
-    // Only the sim engine can drop named blocks; other engines evict the tail by LRU.
-    if l.tail.is_empty() || w.spec.engine != EngineKind::Sim {
+    // Only an engine that drops named blocks (the sim engine) is told to; the others
+    // evict the tail by LRU.
+    let Some(drop_path) = engines::protocol(w.spec.engine).drop_path() else {
+        return;
+    };
+    if l.tail.is_empty() {
         return;
     }
     let drop = DropRequest {
@@ -100,7 +103,7 @@ async fn demote(st: &AppState, l: Lapsed) {
     let body = Bytes::from(serde_json::to_vec(&drop).unwrap_or_default());
     if let Err(e) = st
         .engines
-        .post(&w.spec.base_url, DROP_PATH, &[], body)
+        .post(&w.spec.base_url, drop_path, &[], body)
         .await
     {
         tracing::warn!(worker = %w.spec.name, error = %e, "demoted session's tail not dropped");

@@ -2,27 +2,21 @@
 //! size the router hashes prompts with (vLLM's `cache_config_info` gauge in `/metrics`,
 //! SGLang's `page_size` in `/server_info`) and the step budget the planner prices prefills
 //! in (SGLang's `chunked_prefill_size`, in the same `/server_info`; vLLM publishes none).
-//! One request per worker: an SGLang worker's `/server_info` answers both.
+//! One request per worker, at the path its engine's protocol names and read by its parser
+//! (`EngineProtocol::self_report_path`, `read_self_report`); this file does the IO.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use ownerserve_planner::ids::{EngineKind, WorkerId};
-use ownerserve_shim::load_metrics::kv_block_size;
+use ownerserve_shim::engines;
 
 use crate::registry::Registry;
 use crate::upstream::{get_small, HttpClient};
 
 /// What one engine reported; `None` where it reported nothing (or could not be asked).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineReport {
-    /// Tokens per KV block.
-    pub block_size: Option<usize>,
-    /// Prompt tokens one engine step computes (SGLang's `chunked_prefill_size` when
-    /// chunked prefill is on).
-    pub step_tokens: Option<u64>,
-}
+pub use ownerserve_shim::engines::EngineReport;
 
 /// Asks every healthy worker once, all at the same time, so startup waits at most one
 /// `timeout` however many engines are slow to answer; a worker that is down now keeps
@@ -49,37 +43,11 @@ async fn read_one(
     base_url: &str,
     timeout: Duration,
 ) -> Option<EngineReport> {
-    let path = match engine {
-        EngineKind::Sglang => "/server_info",
-        _ => "/metrics",
-    };
-    let body = match get_small(client, base_url, path, timeout).await {
-        Ok((status, body)) if status.is_success() => body,
-        _ => return None,
-    };
-    Some(match engine {
-        EngineKind::Sglang => of_server_info(&body),
-        _ => EngineReport {
-            block_size: std::str::from_utf8(&body)
-                .ok()
-                .and_then(kv_block_size)
-                .and_then(|b| usize::try_from(b).ok()),
-            step_tokens: None,
-        },
-    })
-}
-
-/// An SGLang `/server_info` body: its `page_size`, and its `chunked_prefill_size` when
-/// chunked prefill is on (SGLang sends -1 or null when it is off, and then runs a prompt
-/// in one step, which no budget describes).
-fn of_server_info(body: &[u8]) -> EngineReport {
-    let Ok(info) = serde_json::from_slice::<serde_json::Value>(body) else {
-        return EngineReport::default();
-    };
-    let field = |name: &str| info.get(name).and_then(serde_json::Value::as_u64);
-    EngineReport {
-        block_size: field("page_size").and_then(|b| usize::try_from(b).ok()),
-        step_tokens: field("chunked_prefill_size").filter(|&t| t > 0),
+    let protocol = engines::protocol(engine);
+    let path = protocol.self_report_path();
+    match get_small(client, base_url, path, timeout).await {
+        Ok((status, body)) if status.is_success() => Some(protocol.read_self_report(&body)),
+        _ => None,
     }
 }
 
@@ -148,21 +116,5 @@ mod tests {
             took < delay * 3,
             "took {took:?}: the engines were asked one after another"
         );
-    }
-
-    #[test]
-    fn sglang_s_server_info_gives_its_page_size_and_its_chunk_unless_chunking_is_off() {
-        assert_eq!(
-            of_server_info(br#"{"chunked_prefill_size": 4096, "page_size": 16}"#),
-            EngineReport {
-                block_size: Some(16),
-                step_tokens: Some(4096)
-            }
-        );
-        let off = of_server_info(br#"{"chunked_prefill_size": -1, "page_size": 1}"#);
-        assert_eq!((off.block_size, off.step_tokens), (Some(1), None));
-        let null = of_server_info(br#"{"chunked_prefill_size": null}"#);
-        assert_eq!(null, EngineReport::default());
-        assert_eq!(of_server_info(b"not json"), EngineReport::default());
     }
 }

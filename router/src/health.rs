@@ -6,7 +6,8 @@
 //! the previous probe, so a busy engine whose probe is slow stays up while it serves. A
 //! refused connection counts always (and on the request path marks the worker down at
 //! once); `health_failure_threshold` failures in a row mark it down, fewer leave it
-//! suspect. Probe paths per engine: [`crate::config::WorkerSpec::probe_path`].
+//! suspect. Probe paths per engine: [`crate::config::WorkerSpec::probe_path`], from the
+//! engine's protocol (`ownerserve_shim::engines::EngineProtocol::probe_path`).
 
 use std::sync::Arc;
 use std::time::Duration;

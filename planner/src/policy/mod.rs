@@ -104,7 +104,7 @@ pub struct WorkerView {
     /// Its engine takes a remote prefill's decode leg when the prefill leg is sent, and
     /// the leg keeps its place in its queue from then on (SGLang); else the leg reaches it
     /// only after the prefill and joins the back of its queue then
-    /// (`EngineKind::decode_leg_at_dispatch`). Only the cost planner reads it.
+    /// (`EngineProtocol::decode_leg_at_dispatch` in the shim). Only the cost planner reads it.
     pub decode_leg_at_dispatch: bool,
     /// The engine's last scraped load, if any.
     pub load: Option<EngineLoad>,

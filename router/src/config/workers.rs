@@ -53,16 +53,12 @@ impl WorkerSpec {
         }
     }
 
-    /// The path the health checker probes: `health_path` if set, else the engine's cheap
-    /// readiness check. vLLM's `/health` answers at once; SGLang's `/health` runs a
-    /// generation and always takes at least 1 s (up to 20 s under load), so SGLang is
-    /// probed at `/ready`, which answers once its tokenizer manager is ready; the
-    /// simulated engine serves `/health`.
+    /// The path the health checker probes: `health_path` if set, else its engine's cheap
+    /// readiness check (`EngineProtocol::probe_path`).
     pub fn probe_path(&self) -> &str {
-        match (&self.health_path, self.engine) {
-            (Some(p), _) => p,
-            (None, EngineKind::Sglang) => "/ready",
-            (None, EngineKind::Vllm | EngineKind::Sim) => "/health",
+        match &self.health_path {
+            Some(p) => p,
+            None => ownerserve_shim::engines::protocol(self.engine).probe_path(),
         }
     }
 

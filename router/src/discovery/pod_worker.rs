@@ -70,7 +70,7 @@ pub enum NotAWorker {
         pod: String,
         label: String,
         value: String,
-        what: &'static str,
+        what: String,
     },
 }
 
@@ -96,7 +96,7 @@ pub fn workers_of(pod: &Pod, mapping: &PodMapping) -> Result<Vec<PodWorker>, Not
             pod: name.to_owned(),
             label: mapping.engine_label.clone(),
             value: v.clone(),
-            what: "engine (vllm, sglang, sim)",
+            what: format!("engine ({})", EngineKind::names()),
         })?,
         None => mapping.default_engine,
     };
@@ -160,7 +160,7 @@ fn role_of(value: Option<&String>, pod: &str, label: &str) -> Result<Role, NotAW
             pod: pod.to_owned(),
             label: label.to_owned(),
             value: v.to_owned(),
-            what: "role (prefill, decode, both, hybrid)",
+            what: "role (prefill, decode, both, hybrid)".to_owned(),
         }),
     }
 }
@@ -386,7 +386,7 @@ mod tests {
                     pod: "r".into(),
                     label: "llm-d.ai/role".into(),
                     value: "encode".into(),
-                    what: "role (prefill, decode, both, hybrid)",
+                    what: "role (prefill, decode, both, hybrid)".to_owned(),
                 }),
             ),
         ];

