@@ -3,7 +3,7 @@
 //! pairing, KV pull and drop, prefill role) and its dispatch adapters, how it is asked to
 //! run one leg of a plan. They are pure (JSON transforms of the client's body, names,
 //! paths); the router does the IO (sequencing, headers, concurrency) as each engine's
-//! protocol requires (WIRE_FORMATS.md §4). [`protocol`] is the one place an
+//! protocol requires (WIRE_FORMATS.md §4). [`protocol()`] is the one place an
 //! [`EngineKind`] is matched; everything else asks its protocol. Adding an engine:
 //! docs/ARCHITECTURE.md, "Adding an engine".
 //!

@@ -1,6 +1,6 @@
 //! What an engine protocol is: everything the router does differently for one engine
 //! kind, as one object ([`EngineProtocol`]) per engine (`vllm.rs`, `sglang.rs`, `sim.rs`),
-//! which [`super::protocol`] maps each [`EngineKind`] to. Pure: names, paths, flags and
+//! which [`super::protocol()`] maps each [`EngineKind`] to. Pure: names, paths, flags and
 //! parsers; the router does the IO they describe.
 
 use ownerserve_planner::ids::EngineKind;
