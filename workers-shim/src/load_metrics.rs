@@ -62,8 +62,8 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     Some(&labels[start..end])
 }
 
-/// The protocol names a sample's `name` is a load gauge of, unless it is a duplicate
-/// tensor-parallel rank's sample.
+/// The metric names of the engine whose load gauge `name` is; `None` for any other
+/// sample, and for a tensor-parallel rank's duplicate.
 fn load_names(name: &str, labels: &str) -> Option<&'static MetricNames> {
     let names = engines::all()
         .map(|p| p.metric_names())
