@@ -1,7 +1,7 @@
 //! The router as a black box: real `ownerserve` processes on loopback.
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! is served there.
 #![allow(clippy::unwrap_used, reason = "test: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

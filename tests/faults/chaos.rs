@@ -28,7 +28,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 #![allow(clippy::print_stdout, reason = "the campaign's report")]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
