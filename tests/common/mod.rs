@@ -43,7 +43,7 @@ pub struct Proc {
 impl Proc {
     /// Runs `ownerserve <args>` and waits for the line `<marker> http://ADDR`.
     pub fn spawn(args: &[&str], envs: &[(&str, &str)], marker: &str) -> Proc {
-        // A long campaign (tests/chaos.rs) runs a copy of the binary, so a rebuild meanwhile
+        // A long campaign (tests/faults/chaos.rs) runs a copy of the binary, so a rebuild meanwhile
         // cannot swap it under the runs.
         let exe = std::env::var("OWNERSERVE_TEST_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ownerserve").to_owned());

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -307,6 +307,22 @@ async fn chat(
     req.send().await.unwrap()
 }
 
+/// Waits until the directory records an owner for `session`.
+async fn owner_recorded(router: &str, session: &str) {
+    let url = format!("{router}/admin/v1/sessions/{session}");
+    eventually(
+        Duration::from_secs(10),
+        "the session's owner recorded",
+        || async {
+            let Ok(r) = client().get(&url).bearer_auth(ADMIN_TOKEN).send().await else {
+                return false;
+            };
+            r.status().is_success() && r.json::<Value>().await.is_ok_and(|v| !v["owner"].is_null())
+        },
+    )
+    .await;
+}
+
 /// Sessions with several steps, a fork, a drain of the owner with a step after it, a
 /// stream, and two refused requests.
 async fn drive(router: &str) {
@@ -314,8 +330,8 @@ async fn drive(router: &str) {
         for turn in 1..=4 {
             let r = chat(router, session, turn * 20, &[]).await;
             assert_eq!(r.status(), 200);
-            // Let the ownership records commit, so the next step sees its owner.
-            tokio::time::sleep(Duration::from_millis(120)).await;
+            // The ownership records committed, so the next step sees its owner.
+            owner_recorded(router, session).await;
         }
     }
     let r = chat(
@@ -332,7 +348,7 @@ async fn drive(router: &str) {
         .to_str()
         .unwrap()
         .to_owned();
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    owner_recorded(router, "dash-b").await;
     let drained = client()
         .post(format!("{router}/admin/v1/workers/{owner}/drain"))
         .bearer_auth(ADMIN_TOKEN)
@@ -421,7 +437,18 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         sessions.is_some_and(|v| v >= 1.0) && forks.is_some_and(|v| v >= 1.0)
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Two more scrapes of every target: each one's last scrape 2 s (two intervals) past the
+    // newest scrape that saw the traffic.
+    let seen = prom
+        .value("max(timestamp(up))")
+        .await
+        .expect("scraped targets");
+    eventually(Duration::from_secs(15), "two more scrapes", || async {
+        prom.value("min(timestamp(up))")
+            .await
+            .is_some_and(|t| t >= seen + 2.0)
+    })
+    .await;
 
     let mut empty = Vec::new();
     let all = queries();

@@ -5,7 +5,7 @@
 //! is served there.
 #![allow(clippy::unwrap_used, reason = "test: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -622,6 +622,7 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
             }
         }
         if round == 6 {
+            // The fault itself: the router stays stopped 10 s, past its sessions' leases.
             tokio::time::sleep(Duration::from_secs(10)).await;
             ha.routers[1].signal("-CONT");
         }

@@ -14,7 +14,7 @@
     reason = "tests report timings and bench figures"
 )]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

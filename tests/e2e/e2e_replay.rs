@@ -4,7 +4,7 @@
 //! with the same policy; mean TTFT, step latency and session time must agree within a
 //! stated tolerance. The fleet runs at half speed (time scale 0.5).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -106,6 +106,8 @@ async fn a_killed_subscriber_socket_catches_up_by_replay() {
     // A new socket for the same subscriber: the next live batch reveals the gap.
     let cancel = CancellationToken::new();
     let task = spawn_subscriber(sub, resumed.clone(), cancel.clone());
+    // Time for the SUB socket to connect and subscribe (ZMQ's slow joiner): nothing shows
+    // it but a batch arriving, and a batch published before it would be dropped.
     tokio::time::sleep(Duration::from_millis(300)).await;
     send(&w.url, &prompt(8)).await;
 
@@ -157,6 +159,7 @@ async fn an_engine_restart_forgets_the_old_cache() {
     let sub = Subscriber::new(config(&ep, &rp));
     let stats = sub.stats.clone();
     let task = spawn_subscriber(sub, index.clone(), cancel.clone());
+    // Time for the SUB socket to subscribe (ZMQ's slow joiner; nothing else shows it).
     tokio::time::sleep(Duration::from_millis(300)).await;
     send(&w.url, &prompt(0)).await;
     send(&w.url, &prompt(1)).await;

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

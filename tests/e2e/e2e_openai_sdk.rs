@@ -1,7 +1,7 @@
 //! `ownerserve up` driven by the official `openai` Python SDK, as a client would use it.
 //! Needs `python3` with `openai` installed (`.ci/run` installs it).
 
-mod common;
+use crate::common;
 
 use common::{Proc, MODEL};
 

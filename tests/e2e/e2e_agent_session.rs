@@ -11,7 +11,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -191,6 +191,7 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
     let mut faults = 0;
     let mut rng = 7u64;
     while (origin.elapsed() < run_for || faults < 3) && origin.elapsed() < run_for * 4 {
+        // The fault schedule: a fault every ~second while the clients run.
         tokio::time::sleep(Duration::from_millis(900)).await;
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1);
         // A kill needs a known leader; without one (an election under way) the round
@@ -203,6 +204,7 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
             (Some(i), _) => {
                 // Kill -9 whoever leads, then bring it back.
                 nodes.kill(i + 1);
+                // Down for 1.2 s (the fault's length), past an election timeout.
                 tokio::time::sleep(Duration::from_millis(1200)).await;
                 nodes.restart(i + 1);
                 faults += 1;
@@ -210,6 +212,7 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
             (None, 0 | 1) => {
                 let victim = ((rng >> 40) % NODES as u64) as usize;
                 partition(&c, &urls, Some(victim)).await;
+                // Cut off for 1.5 s (the fault's length).
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 partition(&c, &urls, None).await;
                 faults += 1;

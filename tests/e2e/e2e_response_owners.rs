@@ -9,7 +9,7 @@
 //! while its lease holds, then `410 response_lost`, naming the response, on both routers.
 #![allow(clippy::unwrap_used, reason = "test: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;

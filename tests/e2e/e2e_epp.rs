@@ -8,7 +8,7 @@
 #![cfg(feature = "kubernetes")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::Duration;

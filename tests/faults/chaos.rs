@@ -28,7 +28,7 @@
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 #![allow(clippy::print_stdout, reason = "the campaign's report")]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -305,6 +305,8 @@ fn one_run(seed: u64) -> RunReport {
     let mut rng = Rng(seed.wrapping_mul(6_364_136_223_846_793_005) | 1);
     let mut router_kills: Vec<(Duration, Duration)> = Vec::new();
     while origin.elapsed() < FAULT_PHASE {
+        // The fault schedule (what the run is about): a fault every 0.3–0.8 s, each lasting
+        // `pause`.
         std::thread::sleep(Duration::from_millis(300 + rng.below(500)));
         let victim = match rng.below(6) {
             0..=2 => Victim::Node(1 + rng.below(3) as usize),

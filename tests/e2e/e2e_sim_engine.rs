@@ -1,7 +1,7 @@
 //! The simulated GPU engine as a black box: a real `ownerserve sim-worker` process.
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

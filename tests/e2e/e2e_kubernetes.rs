@@ -11,7 +11,7 @@
     reason = "tests report timings and bench figures"
 )]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
