@@ -97,7 +97,7 @@ impl Node {
     /// leadership in its old term without knowing the commit index (we do not persist it,
     /// which saves an fsync per commit), and would serve its snapshot's stale state.
     /// Committing an empty batch and reading once it is applied is linearizable regardless
-    /// (tests/e2e_linearizability.rs caught the stale read).
+    /// (tests/faults/e2e_linearizability.rs caught the stale read).
     pub async fn read_barrier(&self) -> Result<(), BarrierError> {
         self.propose(
             Command::Batch {

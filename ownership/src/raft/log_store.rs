@@ -166,7 +166,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     // `save_committed` / `read_committed` keep openraft's defaults (not persisted): saving
     // them would cost an fsync per commit on every node, and after a restart the commit
     // index is learned again from the quorum. (Persisting it with a non-durable redb commit
-    // instead lost acknowledged entries under kill -9: tests/e2e_directory.rs caught it.)
+    // instead lost acknowledged entries under kill -9: tests/faults/e2e_directory.rs caught it.)
     // The catch: a leader restarted in its old term does not know what is committed, so
     // `ensure_linearizable` alone can let it serve stale state; the node's reads go through
     // a committed barrier instead (`Node::read_barrier` in the router crate).
