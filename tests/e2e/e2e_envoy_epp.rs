@@ -378,7 +378,7 @@ fn percentiles(mut samples: Vec<f64>) -> (f64, f64) {
 /// `ownerserve epp` (BUFFERED body, embedded directory, policy `ownerserve`), measured in
 /// the same run in alternating rounds of sequential requests. Prints p50/p99 of each and
 /// the hop's added latency. Run: `cargo test -p ownerserve-router --release --test
-/// e2e_envoy_epp -- --ignored --nocapture bench_epp_hop`.
+/// e2e -- --ignored --nocapture bench_epp_hop`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run it by name"]
 async fn bench_epp_hop() {

@@ -23,7 +23,7 @@
 //! default 1) and `OWNERSERVE_CHAOS_PARALLEL` (runs at once, default 1) set the campaign;
 //! it prints one line per run and the totals, and fails on any violation. A restart runs the
 //! binary again: for a long campaign, point `OWNERSERVE_TEST_BIN` at a copy, so a rebuild
-//! meanwhile cannot swap it (the README's "Hardening" section has the command).
+//! meanwhile cannot swap it (docs/OPERATING.md, "Hardening", has the command).
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 #![allow(clippy::print_stdout, reason = "the campaign's report")]
