@@ -231,6 +231,33 @@ mod tests {
     }
 
     #[test]
+    fn only_the_stored_rows_keep_a_stored_answer() {
+        let bodies: [(Endpoint, &[u8]); 4] = [
+            (
+                Endpoint::ChatCompletions,
+                br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"store":true}"#,
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"model":"m","prompt":"hi","store":true}"#,
+            ),
+            (
+                Endpoint::Messages,
+                br#"{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"store":true}"#,
+            ),
+            (
+                Endpoint::Responses,
+                br#"{"model":"m","input":"hi","store":true}"#,
+            ),
+        ];
+        for (endpoint, body) in bodies {
+            let parsed = ownerserve_shim::openai::parse(body, endpoint)
+                .unwrap_or_else(|e| panic!("{endpoint:?}: {e}"));
+            assert_eq!(parsed.store, of(endpoint).stored, "{endpoint:?}");
+        }
+    }
+
+    #[test]
     fn paths_and_methods_are_unique_and_only_proxied_posts_are_hot() {
         for (i, a) in ENDPOINTS.iter().enumerate() {
             for b in &ENDPOINTS[i + 1..] {
