@@ -3,6 +3,10 @@
 //! and, for every routed request, a claim of its prompt's prefix and the session's decode
 //! owner for the worker that served it. Records are batched into one `Batch` entry per
 //! flush, so the proxy never waits for a Raft round trip.
+//!
+//! This file is the handle the proxy records through; `commands` builds the directory
+//! commands of a record, `leases` picks and renews the workers' leases, `flush` is the
+//! task that batches records into the directory.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +31,7 @@ mod leases;
 mod tests;
 
 pub use commands::owner_claim;
+
 /// Most records queued for the sync task. While the directory is down the task waits on
 /// it and the queue fills; past this, records are dropped and counted, so an outage costs
 /// ownership records, never the router's memory (each record holds a prompt's tokens).
