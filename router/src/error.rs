@@ -8,6 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
 use ownerserve_edge::error_body::{ErrorBody, ErrorCode};
+
+use crate::api::SseError;
 use ownerserve_shim::openai::{Endpoint, RequestError};
 
 /// Everything that can go wrong serving a client request.
@@ -205,20 +207,18 @@ impl ApiError {
         self.with_body(|b| b.sse_event())
     }
 
-    /// The error as the last event of a stream of `endpoint`: Anthropic's `error` event on
-    /// Messages, the Responses `error` event on Responses (neither API has `[DONE]`), else
-    /// [`Self::sse_event`].
+    /// The error as the last event of a stream of `endpoint`, as its row of
+    /// `api::ENDPOINTS` says: Anthropic's `error` event on Messages, the Responses `error`
+    /// event on Responses (neither API has `[DONE]`), else [`Self::sse_event`].
     pub fn sse_event_for(&self, endpoint: Endpoint) -> Vec<u8> {
         let message = self.to_string();
         let (status, _, _, code) = self.parts();
-        let event = match endpoint {
-            Endpoint::Messages | Endpoint::MessagesCountTokens => {
-                ownerserve_edge::anthropic_errors::body(status, &message)
-            }
-            Endpoint::Responses => serde_json::json!({
+        let event = match crate::api::endpoints::of(endpoint).sse_error {
+            Some(SseError::Anthropic) => ownerserve_edge::anthropic_errors::body(status, &message),
+            Some(SseError::Responses) => serde_json::json!({
                 "type": "error", "code": code, "message": message, "param": null,
             }),
-            Endpoint::ChatCompletions | Endpoint::Completions => return self.sse_event(),
+            Some(SseError::OpenAiDone) | None => return self.sse_event(),
         };
         format!("event: error\ndata: {event}\n\n").into_bytes()
     }

@@ -3,6 +3,9 @@
 //!
 //! # Layout
 //! - [`config`]: TOML + env + flags, validated before any socket opens.
+//! - [`api`]: the client API's endpoints, one table (path, method, hot, disaggregable,
+//!   error shape, SSE error event, stored) every route, the endpoint picker and the error
+//!   mapping read, and the routes built from it.
 //! - [`state`]: what every handler and stage reads; [`server`]: builds it, starts the
 //!   router's tasks, and serves its routes; [`error`] maps every error to
 //!   HTTP (its bodies built by `ownerserve_edge`, which also guards the operator API with
@@ -45,6 +48,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod admission;
+pub mod api;
 mod busy_poll;
 mod client_gate;
 pub mod config;

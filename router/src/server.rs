@@ -1,7 +1,6 @@
-//! The router's HTTP server: the OpenAI proxy (`/v1/chat/completions`, `/v1/completions`,
-//! `/v1/models`), the coding agents' APIs (`/v1/messages`, `/v1/messages/count_tokens`,
-//! `/v1/responses`, `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`),
-//! `/health`, and the operator API (`/admin/v1/...`). `server/front.rs` serves the hot proxy
+//! The router's HTTP server: the client API (the OpenAI proxy and the coding agents' APIs,
+//! every endpoint a row of `api::ENDPOINTS`, routed by `api::routes`), `/health`, the
+//! metrics and the operator API (`/admin/v1/...`). `server/front.rs` serves the hot proxy
 //! routes without axum's router.
 
 use std::sync::Arc;
@@ -19,7 +18,6 @@ use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy::{self, OwnerServeConfig};
-use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::Admission;
 use crate::client_gate::ClientGate;
@@ -300,29 +298,7 @@ pub fn app(state: Arc<AppState>) -> Router {
         .remote_directory
         .clone()
         .map(|remote| crate::replica_admin::routes(remote, tokens.clone()));
-    let mut client_api = Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
-        .route("/v1/responses", post(responses))
-        .route("/v1/responses/{id}", get(get_response))
-        .route("/v1/responses/{id}/cancel", post(cancel_response))
-        .route("/v1/models", get(models));
-    let mut anthropic_api = Router::new()
-        .route("/v1/messages", post(messages))
-        .route("/v1/messages/count_tokens", post(count_tokens));
-    if !state.client_gate.is_open() {
-        let guard = axum::middleware::from_fn_with_state(
-            state.client_gate.clone(),
-            crate::client_gate::guard,
-        );
-        client_api = client_api.route_layer(guard.clone());
-        anthropic_api = anthropic_api.route_layer(guard);
-    }
-    // Claude Code and the anthropic SDKs read Anthropic's error shape on /v1/messages (the
-    // other routes go without this layer: each costs the hot path ~2-3 µs).
-    let client_api = client_api.merge(anthropic_api.layer(axum::middleware::from_fn(
-        ownerserve_edge::anthropic_errors::rewrite,
-    )));
+    let client_api = crate::api::routes::client_api(&state);
     // The fleet's figures and its workers' URLs: the read token's, unless made public.
     let mut metrics = Router::new()
         .route("/metrics", get(crate::metrics::scrape::metrics))
@@ -392,61 +368,9 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     }
 }
 
-async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    req: Request,
-) -> Result<Response, ApiError> {
-    crate::proxy::handle(&st, req, Endpoint::ChatCompletions).await
-}
-
-async fn completions(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::handle(&st, req, Endpoint::Completions).await
-}
-
-/// `POST /v1/messages` (Anthropic Messages; `?beta=true` and other queries accepted).
-async fn messages(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::handle(&st, req, Endpoint::Messages).await
-}
-
-/// `POST /v1/messages/count_tokens`: the prompt's tokens as the router routes them.
-async fn count_tokens(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::stored::count_tokens(&st, req).await
-}
-
-/// `POST /v1/responses` (OpenAI Responses).
-async fn responses(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::handle(&st, req, Endpoint::Responses).await
-}
-
-/// `GET /v1/responses/{id}`: from the worker that stored it.
-async fn get_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    crate::proxy::stored::get(&st, &id).await
-}
-
-/// `POST /v1/responses/{id}/cancel`: at the worker that runs it.
-async fn cancel_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    crate::proxy::stored::cancel(&st, &id).await
-}
-
 /// `POST /admin/v1/plan/explain`: the plan for a chat request, without running it.
 async fn plan_explain(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
     Ok(Json(explain::explain(&st, req).await?).into_response())
-}
-
-async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<_> = st
-        .registry
-        .healthy_models()
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "ownerserve"}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(st): State<Arc<AppState>>) -> Response {

@@ -11,7 +11,6 @@ use bytes::Bytes;
 
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::PrefillCharge;
-use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::Ticket;
 use crate::error::ApiError;
@@ -35,19 +34,6 @@ pub struct Picked {
     /// Held until the exchange ends: the model's admission slot and the worker's
     /// in-flight count.
     pub held: Option<(Ticket, InFlight)>,
-}
-
-/// The endpoint API a request path names (the ones the proxy serves).
-pub fn endpoint_of(path: &str) -> Option<Endpoint> {
-    let path = path.split('?').next().unwrap_or(path);
-    [
-        Endpoint::ChatCompletions,
-        Endpoint::Completions,
-        Endpoint::Messages,
-        Endpoint::Responses,
-    ]
-    .into_iter()
-    .find(|e| e.path() == path)
 }
 
 /// `host:port` of a worker, as the gateway names endpoints.
@@ -97,7 +83,7 @@ pub async fn pick(
     fallbacks: usize,
 ) -> Result<Picked, ApiError> {
     let excluded = outside(&st.registry, subset);
-    let Some(endpoint) = endpoint_of(path) else {
+    let Some(endpoint) = crate::api::endpoints::proxied_at(path) else {
         return any_worker(st, &excluded);
     };
     let mut req = Request::builder()

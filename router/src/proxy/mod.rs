@@ -174,7 +174,8 @@ impl Planned<'_> {
                 (decision, lookup, fork_fence)
             }
         };
-        if !endpoint.disaggregable() && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
+        if !crate::api::endpoints::of(endpoint).disaggregable
+            && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
         {
             st.metrics.fallback(decision.action());
             decision.dispatch = Dispatch::Single;

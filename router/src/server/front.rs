@@ -1,6 +1,6 @@
-//! The router's front service: the proxy's hot routes (`POST /v1/chat/completions` and
-//! `POST /v1/completions`, when no client keys or rates are configured) go straight to the
-//! proxy, the rest to axum's router. Matching two paths here costs nothing; axum's router
+//! The router's front service: the proxy's hot routes (the rows of `api::ENDPOINTS` marked
+//! `hot`: `POST /v1/chat/completions` and `POST /v1/completions`, when no client keys or
+//! rates are configured) go straight to the proxy, the rest to axum's router. Matching two paths here costs nothing; axum's router
 //! (path match, parameters, matched path, method router, boxed handler) cost ~2 µs of a
 //! 2 KB request at one connection. Both ways run the same per-request layer
 //! ([`ownerserve_edge::tracked`]) and the same handler.
@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::body::Incoming;
@@ -19,6 +18,7 @@ use ownerserve_edge::tracked::{self, Route};
 use ownerserve_shim::openai::Endpoint;
 use tower_service::Service;
 
+use crate::api;
 use crate::state::AppState;
 
 /// What serves each client connection.
@@ -36,14 +36,11 @@ impl Front {
     /// The hot route `req` is for, if any (none while client keys or rates are set: those
     /// requests go through the router's gate).
     fn hot(&self, req: &hyper::Request<Incoming>) -> Option<(Endpoint, &'static str)> {
-        if !self.state.client_gate.is_open() || req.method() != Method::POST {
+        if !self.state.client_gate.is_open() {
             return None;
         }
-        match req.uri().path() {
-            "/v1/chat/completions" => Some((Endpoint::ChatCompletions, "/v1/chat/completions")),
-            "/v1/completions" => Some((Endpoint::Completions, "/v1/completions")),
-            _ => None,
-        }
+        let row = api::endpoints::hot(req.method(), req.uri().path())?;
+        Some((row.proxied()?, row.path))
     }
 }
 
