@@ -24,20 +24,24 @@ use ownerserve_shim::sim::config::SimSettings;
 
 mod error;
 mod kubernetes;
+mod policy;
+mod shape;
 mod validated;
 mod workers;
 
 pub use error::ConfigError;
 pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, PodSource};
+pub use policy::{KvAwareTable, PolicyTable, SessionAffinityTable};
 pub use validated::{
     BodySettings, DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig,
     DEFAULT_KV_BLOCK_SIZE,
 };
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
-/// The `[router]` table.
+/// The `[router]` table, in its flat form: the sub-tables (`[router.limits]`, ...) and the
+/// deprecated flat keys are both rewritten into it as it is read (`shape`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct RouterSettings {
     /// Runtime threads. 1 (the default) runs every task on one thread, as linkerd2-proxy
     /// does by default: no cross-thread wake-ups on the request path, the lowest latency;
@@ -232,6 +236,32 @@ pub struct RouterSettings {
     pub session_lease_max_ms: u64,
     /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
     pub log_format: LogFormat,
+    /// `router.X is deprecated: use router.Y`, one per deprecated key the file used
+    /// (logged by [`RouterSettings::warn_deprecated`]).
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for RouterSettings {
+    /// Reads `[router]` in its sub-table shape, its flat shape or a mix of the two.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(d)?;
+        let flat = shape::flatten(table).map_err(D::Error::custom)?;
+        let mut settings = RouterSettings::deserialize(toml::Value::Table(flat.table))
+            .map_err(|e| D::Error::custom(e.message()))?;
+        settings.deprecated = flat.deprecated;
+        Ok(settings)
+    }
+}
+
+impl RouterSettings {
+    /// Logs one warning per deprecated key the file used (call once the logs are set up).
+    pub fn warn_deprecated(&self) {
+        for note in &self.deprecated {
+            tracing::warn!("{note}");
+        }
+    }
 }
 
 /// One `[[router.planner_links]]` entry: the link from one worker to another.
@@ -347,6 +377,7 @@ impl Default for RouterSettings {
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
             log_format: LogFormat::Text,
+            deprecated: Vec::new(),
         }
     }
 }
