@@ -567,4 +567,6 @@ impl RouterOverrides {
 }
 
 #[cfg(test)]
+mod shape_tests;
+#[cfg(test)]
 mod tests;
