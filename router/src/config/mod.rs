@@ -1,12 +1,16 @@
 //! Configuration: one TOML file, overridden by `OWNERSERVE_*` environment variables, then by
 //! command-line flags; validated into [`RouterConfig`] before any socket opens. Every key is
-//! documented in `configs/README.md`.
+//! documented in `docs/CONFIG.md`.
 //!
 //! # Layout
 //! - this file: the TOML tables as written ([`RouterSettings`], [`RouterFile`], [`UpFile`])
 //!   and the flags that override them ([`RouterOverrides`]);
+//! - `shape`: the sub-tables (`[router.limits]`, `[router.kv]`, ...) and the deprecated
+//!   flat keys, rewritten into [`RouterSettings`]'s flat form as it is read; `policy`: the
+//!   tagged `[router.policy]` ([`PolicyTable`]);
 //! - `validated`: [`RouterConfig`], the settings checked into types that cannot hold
-//!   bad values, and the planner's figures;
+//!   bad values; `planner_setup`: the planner's figures; `directory`: the directory
+//!   choice; `tokenizers`: each served model's tokenizer;
 //! - `workers`: worker specs, `--worker` flags and worker URLs;
 //! - `kubernetes`: the `[kubernetes]` table (worker discovery) and its flags;
 //! - `error`: [`ConfigError`], which names the section and key at fault.
@@ -22,20 +26,22 @@ use ownerserve_planner::plan::Weights;
 use ownerserve_planner::policy::PrefillWorkersDecode;
 use ownerserve_shim::sim::config::SimSettings;
 
+mod directory;
 mod error;
 mod kubernetes;
+mod planner_setup;
 mod policy;
 mod shape;
+mod tokenizers;
 mod validated;
 mod workers;
 
+pub use directory::DirectorySetup;
 pub use error::ConfigError;
 pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, PodSource};
 pub use policy::{KvAwareTable, PolicyTable, SessionAffinityTable};
-pub use validated::{
-    BodySettings, DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig,
-    DEFAULT_KV_BLOCK_SIZE,
-};
+pub use tokenizers::ModelTokenizer;
+pub use validated::{BodySettings, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
 /// The `[router]` table, in its flat form: the sub-tables (`[router.limits]`, ...) and the
@@ -297,6 +303,10 @@ pub enum FanoutRole {
 }
 
 impl Default for RouterSettings {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one default per [router] key, read top to bottom"
+    )]
     fn default() -> Self {
         Self {
             worker_threads: 1,
