@@ -293,3 +293,44 @@ fn every_shipped_config_loads_in_the_new_shape() {
         }
     }
 }
+
+#[test]
+fn every_router_key_is_documented_in_docs_config_md_under_its_table() {
+    let doc = include_str!("../../../docs/CONFIG.md");
+    let table_of = |heading: &str| -> &str {
+        let start = doc
+            .find(&format!("## `[{heading}]`\n"))
+            .unwrap_or_else(|| panic!("no ## `[{heading}]` in docs/CONFIG.md"));
+        let rest = &doc[start + 1..];
+        &rest[..rest.find("\n## ").unwrap_or(rest.len())]
+    };
+    for key in [
+        "host",
+        "port",
+        "worker_threads",
+        "busy_poll_us",
+        "log_format",
+    ] {
+        assert!(
+            table_of("router").contains(&format!("| `{key}` |")),
+            "{key}"
+        );
+    }
+    for (flat, path) in MOVED {
+        let (section, leaf) = path.split_once('.').unwrap();
+        let row = format!("| `{leaf}` | `{flat}` |");
+        assert!(
+            table_of(&format!("router.{section}")).contains(&row),
+            "{row} not under [router.{section}]"
+        );
+    }
+    let policy = table_of("router.policy");
+    assert!(policy.contains("| `name` | `policy` |"));
+    for (flat, name, key) in MOVED_TO_POLICY {
+        let row = format!("| `{key}` (`name = \"{name}\"`) | `{flat}` |");
+        assert!(policy.contains(&row), "{row}");
+    }
+    for name in ownerserve_planner::policy::POLICY_NAMES {
+        assert!(policy.contains(&format!("`{name}`")), "policy {name}");
+    }
+}
