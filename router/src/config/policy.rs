@@ -13,8 +13,6 @@
 use serde::Deserialize;
 use toml::{Table, Value};
 
-use super::shape::Flat;
-
 /// A routing policy and its settings (`[router.policy]`), one variant per name
 /// `ownerserve_planner::policy::POLICY_NAMES` lists. Settings left out keep their defaults.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -85,15 +83,11 @@ impl PolicyTable {
         }
     }
 
-    /// Puts the name and the settings that are set into their flat keys.
-    pub(super) fn put_into(&self, flat: &mut Flat) -> Result<(), String> {
-        flat.put(
-            "policy",
-            "policy.name",
-            Value::String(self.name().to_owned()),
-        )?;
+    /// The name and the settings that are set, as flat keys: (flat key, where it was
+    /// written under `router.`, value).
+    pub(super) fn flat_entries(&self) -> Vec<(&'static str, String, Value)> {
         let int = |v: u64| Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
-        let set: Vec<(&str, &str, Option<Value>)> = match self {
+        let set: Vec<(&'static str, &str, Option<Value>)> = match self {
             Self::KvAware(t) => vec![
                 (
                     "kv_overlap_weight",
@@ -124,12 +118,16 @@ impl PolicyTable {
             Self::SessionAffinity(t) => vec![("session_ttl_s", "ttl_s", t.ttl_s.map(int))],
             _ => Vec::new(),
         };
-        for (key, written, value) in set {
-            if let Some(v) = value {
-                flat.put(key, &format!("policy.{written}"), v)?;
-            }
-        }
-        Ok(())
+        let name = (
+            "policy",
+            "policy.name".to_owned(),
+            Value::String(self.name().to_owned()),
+        );
+        std::iter::once(name)
+            .chain(set.into_iter().filter_map(|(key, written, value)| {
+                value.map(|v| (key, format!("policy.{written}"), v))
+            }))
+            .collect()
     }
 }
 
@@ -177,13 +175,17 @@ mod tests {
 
     #[test]
     fn only_the_settings_written_become_flat_keys() {
-        let mut flat = Flat::default();
-        policy("name = \"kv_aware\"\ntemperature = 0.5")
+        let entries = policy("name = \"kv_aware\"\ntemperature = 0.5")
             .unwrap()
-            .put_into(&mut flat)
-            .unwrap();
-        let keys: Vec<&String> = flat.table.keys().collect();
-        assert_eq!(keys, ["kv_temperature", "policy"]);
-        assert_eq!(flat.table["policy"].as_str(), Some("kv_aware"));
+            .flat_entries();
+        let keys: Vec<(&str, &str)> = entries.iter().map(|(k, w, _)| (*k, w.as_str())).collect();
+        assert_eq!(
+            keys,
+            [
+                ("policy", "policy.name"),
+                ("kv_temperature", "policy.temperature")
+            ]
+        );
+        assert_eq!(entries[0].2.as_str(), Some("kv_aware"));
     }
 }

@@ -134,7 +134,7 @@ pub(super) struct Flat {
 
 impl Flat {
     /// Sets flat key `key`, written at `path` (under `router.`); a key set twice is refused.
-    pub(super) fn put(&mut self, key: &str, path: &str, value: Value) -> Result<(), String> {
+    fn put(&mut self, key: &str, path: &str, value: Value) -> Result<(), String> {
         if let Some(first) = self.written_as.insert(key.to_owned(), path.to_owned()) {
             let (old, new) = if first == key {
                 (first.as_str(), path)
@@ -183,7 +183,11 @@ pub(super) fn flatten(router: Table) -> Result<Flat, String> {
     let mut flat = Flat::default();
     for (key, value) in router {
         match (key.as_str(), value) {
-            ("policy", Value::Table(t)) => PolicyTable::from_table(t)?.put_into(&mut flat)?,
+            ("policy", Value::Table(t)) => {
+                for (key, written, value) in PolicyTable::from_table(t)?.flat_entries() {
+                    flat.put(key, &written, value)?;
+                }
+            }
             (section, Value::Table(t)) if is_section(section) => {
                 put_section(&mut flat, section, t)?;
             }

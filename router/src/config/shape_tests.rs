@@ -334,3 +334,42 @@ fn every_router_key_is_documented_in_docs_config_md_under_its_table() {
         assert!(policy.contains(&format!("`{name}`")), "policy {name}");
     }
 }
+
+/// A log sink for [`the_deprecated_keys_are_logged_once_each_as_warnings`].
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_deprecated_keys_are_logged_once_each_as_warnings() {
+    let file: RouterFile = toml::from_str(
+        "[router]\nport = 9000\nmax_body_bytes = 4096\nkv_block_size = 32\n\
+         [router.limits]\nmax_choices = 4\n",
+    )
+    .unwrap();
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || file.router.warn_deprecated());
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines.iter().all(|l| l.contains("WARN")), "{text}");
+    assert!(text.contains("router.kv_block_size is deprecated: use router.kv.block_size"));
+    assert!(text.contains("router.max_body_bytes is deprecated: use router.limits.max_body_bytes"));
+}
