@@ -373,3 +373,47 @@ fn the_deprecated_keys_are_logged_once_each_as_warnings() {
     assert!(text.contains("router.kv_block_size is deprecated: use router.kv.block_size"));
     assert!(text.contains("router.max_body_bytes is deprecated: use router.limits.max_body_bytes"));
 }
+
+#[test]
+fn the_flags_override_the_sub_tables_as_they_did_the_flat_keys() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        overrides: RouterOverrides,
+    }
+    use clap::Parser;
+    let cli = Cli::try_parse_from([
+        "ownerserve",
+        "--host=0.0.0.0",
+        "--port=9",
+        "--policy=round_robin",
+        "--admin-token=admin-flag-0123",
+        "--read-token=read-flag-0123",
+        "--worker-threads=3",
+        "--busy-poll-us=7",
+        "--directory-secret=flag-secret-0123456789",
+        "--api-keys=flag-key-0001,flag-key-0002",
+        "--engine-api-key=flag-engine-key",
+    ])
+    .unwrap();
+    let mut from_nested = load(router_table(NESTED)).unwrap();
+    let mut from_flat = load(router_table(FLAT)).unwrap();
+    from_flat.deprecated.clear();
+    for s in [&mut from_nested, &mut from_flat] {
+        cli.overrides.apply(s);
+        assert_eq!(s.host.to_string(), "0.0.0.0");
+        assert_eq!((s.port, s.policy.as_str()), (9, "round_robin"));
+        assert_eq!(s.admin_token.as_deref(), Some("admin-flag-0123"));
+        assert_eq!(s.read_token.as_deref(), Some("read-flag-0123"));
+        assert_eq!((s.worker_threads, s.busy_poll_us), (3, 7));
+        assert_eq!(
+            s.directory_secret.as_deref(),
+            Some("flag-secret-0123456789")
+        );
+        assert_eq!(s.api_keys, ["flag-key-0001", "flag-key-0002"]);
+        assert_eq!(s.engine_api_key.as_deref(), Some("flag-engine-key"));
+        // The file's kv_aware settings stay, unused by the policy the flag chose.
+        assert_eq!(s.kv_overlap_weight, 2.0);
+    }
+    assert_eq!(from_nested, from_flat);
+}
