@@ -410,17 +410,17 @@ pub struct WorkerSettings {
     /// ZMQ ROUTER endpoint for replaying missed event batches.
     #[serde(default)]
     pub kv_replay: Option<String>,
-    /// The worker's GPU preset (or `.toml` file) when it differs from `planner_gpu`.
+    /// The worker's GPU preset (or `.toml` file) when it differs from `router.planner.gpu`.
     #[serde(default)]
     pub gpu: Option<String>,
-    /// GPUs of this worker when they differ from `planner_gpus`.
+    /// GPUs of this worker when they differ from `router.planner.gpus`.
     #[serde(default)]
     pub gpus: Option<u32>,
     /// SGLang prefill workers: the `disaggregation_bootstrap_port` (from `/server_info`).
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
     /// Tokens per KV block of this worker's engine, when it differs from
-    /// `router.kv_block_size` (checked against what the engine reports at startup).
+    /// `router.kv.block_size` (checked against what the engine reports at startup).
     #[serde(default)]
     pub kv_block_size: Option<usize>,
     /// The path of this worker's health probe, when it differs from its engine's (vLLM
@@ -433,12 +433,12 @@ pub struct WorkerSettings {
     pub kv_capacity_tokens: Option<u64>,
     /// Token budget of one of this worker's engine steps (vLLM `--max-num-batched-tokens`,
     /// SGLang `--chunked-prefill-size`), when it differs from
-    /// `router.planner_max_num_batched_tokens`: the chunks the planner prices its
+    /// `router.planner.max_num_batched_tokens`: the chunks the planner prices its
     /// prefills in.
     #[serde(default)]
     pub max_num_batched_tokens: Option<u64>,
     /// This worker's vLLM `--long-prefill-token-threshold`, when it differs from
-    /// `router.planner_long_prefill_token_threshold` (0: no cap): the most prompt tokens
+    /// `router.planner.long_prefill_token_threshold` (0: no cap): the most prompt tokens
     /// one request computes per step beside others.
     #[serde(default)]
     pub long_prefill_token_threshold: Option<u64>,
