@@ -65,6 +65,7 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
         None => toml::from_str(DEFAULT_UP_TOML).context("embedded configs/up.toml")?,
     };
     crate::logging::init(log.unwrap_or(file.router.log_format));
+    file.router.warn_deprecated();
     args.overrides.apply(&mut file.router);
     if let Some(scale) = args.time_scale {
         file.sim.time_scale = scale;

@@ -1,12 +1,16 @@
 //! Configuration: one TOML file, overridden by `OWNERSERVE_*` environment variables, then by
 //! command-line flags; validated into [`RouterConfig`] before any socket opens. Every key is
-//! documented in `configs/README.md`.
+//! documented in `docs/CONFIG.md`.
 //!
 //! # Layout
 //! - this file: the TOML tables as written ([`RouterSettings`], [`RouterFile`], [`UpFile`])
 //!   and the flags that override them ([`RouterOverrides`]);
+//! - `shape`: the sub-tables (`[router.limits]`, `[router.kv]`, ...) and the deprecated
+//!   flat keys, rewritten into [`RouterSettings`]'s flat form as it is read; `policy`: the
+//!   tagged `[router.policy]` ([`PolicyTable`]);
 //! - `validated`: [`RouterConfig`], the settings checked into types that cannot hold
-//!   bad values, and the planner's figures;
+//!   bad values; `planner_setup`: the planner's figures; `directory`: the directory
+//!   choice; `tokenizers`: each served model's tokenizer;
 //! - `workers`: worker specs, `--worker` flags and worker URLs;
 //! - `kubernetes`: the `[kubernetes]` table (worker discovery) and its flags;
 //! - `error`: [`ConfigError`], which names the section and key at fault.
@@ -22,22 +26,28 @@ use ownerserve_planner::plan::Weights;
 use ownerserve_planner::policy::PrefillWorkersDecode;
 use ownerserve_shim::sim::config::SimSettings;
 
+mod directory;
 mod error;
 mod kubernetes;
+mod planner_setup;
+mod policy;
+mod shape;
+mod tokenizers;
 mod validated;
 mod workers;
 
+pub use directory::DirectorySetup;
 pub use error::ConfigError;
 pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, PodSource};
-pub use validated::{
-    BodySettings, DirectorySetup, ModelTokenizer, RequestLimits, RouterConfig,
-    DEFAULT_KV_BLOCK_SIZE,
-};
+pub use policy::{KvAwareTable, PolicyTable, SessionAffinityTable};
+pub use tokenizers::ModelTokenizer;
+pub use validated::{BodySettings, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
-/// The `[router]` table.
+/// The `[router]` table, in its flat form: the sub-tables (`[router.limits]`, ...) and the
+/// deprecated flat keys are both rewritten into it as it is read (`shape`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct RouterSettings {
     /// Runtime threads. 1 (the default) runs every task on one thread, as linkerd2-proxy
     /// does by default: no cross-thread wake-ups on the request path, the lowest latency;
@@ -232,6 +242,32 @@ pub struct RouterSettings {
     pub session_lease_max_ms: u64,
     /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
     pub log_format: LogFormat,
+    /// `router.X is deprecated: use router.Y`, one per deprecated key the file used
+    /// (logged by [`RouterSettings::warn_deprecated`]).
+    #[serde(skip)]
+    pub deprecated: Vec<String>,
+}
+
+impl<'de> Deserialize<'de> for RouterSettings {
+    /// Reads `[router]` in its sub-table shape, its flat shape or a mix of the two.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let table = toml::Table::deserialize(d)?;
+        let flat = shape::flatten(table).map_err(D::Error::custom)?;
+        let mut settings = RouterSettings::deserialize(toml::Value::Table(flat.table))
+            .map_err(|e| D::Error::custom(e.message()))?;
+        settings.deprecated = flat.deprecated;
+        Ok(settings)
+    }
+}
+
+impl RouterSettings {
+    /// Logs one warning per deprecated key the file used (call once the logs are set up).
+    pub fn warn_deprecated(&self) {
+        for note in &self.deprecated {
+            tracing::warn!("{note}");
+        }
+    }
 }
 
 /// One `[[router.planner_links]]` entry: the link from one worker to another.
@@ -267,6 +303,10 @@ pub enum FanoutRole {
 }
 
 impl Default for RouterSettings {
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one default per [router] key, read top to bottom"
+    )]
     fn default() -> Self {
         Self {
             worker_threads: 1,
@@ -347,6 +387,7 @@ impl Default for RouterSettings {
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
             log_format: LogFormat::Text,
+            deprecated: Vec::new(),
         }
     }
 }
@@ -369,17 +410,17 @@ pub struct WorkerSettings {
     /// ZMQ ROUTER endpoint for replaying missed event batches.
     #[serde(default)]
     pub kv_replay: Option<String>,
-    /// The worker's GPU preset (or `.toml` file) when it differs from `planner_gpu`.
+    /// The worker's GPU preset (or `.toml` file) when it differs from `router.planner.gpu`.
     #[serde(default)]
     pub gpu: Option<String>,
-    /// GPUs of this worker when they differ from `planner_gpus`.
+    /// GPUs of this worker when they differ from `router.planner.gpus`.
     #[serde(default)]
     pub gpus: Option<u32>,
     /// SGLang prefill workers: the `disaggregation_bootstrap_port` (from `/server_info`).
     #[serde(default)]
     pub bootstrap_port: Option<u16>,
     /// Tokens per KV block of this worker's engine, when it differs from
-    /// `router.kv_block_size` (checked against what the engine reports at startup).
+    /// `router.kv.block_size` (checked against what the engine reports at startup).
     #[serde(default)]
     pub kv_block_size: Option<usize>,
     /// The path of this worker's health probe, when it differs from its engine's (vLLM
@@ -392,12 +433,12 @@ pub struct WorkerSettings {
     pub kv_capacity_tokens: Option<u64>,
     /// Token budget of one of this worker's engine steps (vLLM `--max-num-batched-tokens`,
     /// SGLang `--chunked-prefill-size`), when it differs from
-    /// `router.planner_max_num_batched_tokens`: the chunks the planner prices its
+    /// `router.planner.max_num_batched_tokens`: the chunks the planner prices its
     /// prefills in.
     #[serde(default)]
     pub max_num_batched_tokens: Option<u64>,
     /// This worker's vLLM `--long-prefill-token-threshold`, when it differs from
-    /// `router.planner_long_prefill_token_threshold` (0: no cap): the most prompt tokens
+    /// `router.planner.long_prefill_token_threshold` (0: no cap): the most prompt tokens
     /// one request computes per step beside others.
     #[serde(default)]
     pub long_prefill_token_threshold: Option<u64>,
@@ -535,5 +576,7 @@ impl RouterOverrides {
     }
 }
 
+#[cfg(test)]
+mod shape_tests;
 #[cfg(test)]
 mod tests;

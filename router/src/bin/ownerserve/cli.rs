@@ -230,6 +230,7 @@ fn router_config(args: &RouterArgs, log: Option<LogFormat>) -> anyhow::Result<Ro
         None => RouterFile::default(),
     };
     logging::init(log.unwrap_or(file.router.log_format));
+    file.router.warn_deprecated();
     args.overrides.apply(&mut file.router);
     args.kubernetes.apply(&mut file.kubernetes);
     for flag in &args.workers {
