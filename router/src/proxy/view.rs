@@ -2,6 +2,9 @@
 //! session's owner and epoch, the prompt's longest owned prefix), the KV index (each
 //! worker's cached prefix) and the workers' health and load. The proxy and
 //! `POST /admin/v1/plan/explain` both build it here, so explain shows what routing sees.
+//! The request and the views are assembled by the planner's canonical step helpers
+//! (`ownerserve_planner::step`), the ones the trace simulator runs too; this file only
+//! supplies the router's sources (`RouterSources`).
 
 use std::sync::Arc;
 
