@@ -85,7 +85,8 @@ impl<'a> Sources<'a> {
         excluded: &[WorkerId],
         needs: Needs,
     ) -> Vec<WorkerView> {
-        let workers = self.registry.serving(model, excluded);
+        let fleet = self.registry.all();
+        let workers = Registry::serving(&fleet, model, excluded);
         let mut views: Vec<WorkerView> = workers.iter().map(|w| w.view()).collect();
         let block = self.kv.block_size() as u64;
         for (v, w) in views.iter_mut().zip(&workers) {
@@ -109,7 +110,7 @@ impl<'a> Sources<'a> {
 struct RouterSources<'s, 'a> {
     sources: &'s Sources<'a>,
     /// The workers of the views, in their order.
-    workers: &'s [Arc<Worker>],
+    workers: &'s [&'s Arc<Worker>],
     hashes: &'s [u64],
 }
 

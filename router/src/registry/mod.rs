@@ -186,13 +186,16 @@ impl Registry {
         }
     }
 
-    /// The workers that serve `model`, minus `excluded` ones (workers that already failed
-    /// this request).
-    pub fn serving(&self, model: &str, excluded: &[WorkerId]) -> Vec<Arc<Worker>> {
-        self.all()
+    /// The workers of `fleet` (a snapshot, [`Registry::all`]) that serve `model`, minus
+    /// `excluded` ones (workers that already failed this request).
+    pub fn serving<'f>(
+        fleet: &'f Fleet,
+        model: &str,
+        excluded: &[WorkerId],
+    ) -> Vec<&'f Arc<Worker>> {
+        fleet
             .iter()
             .filter(|w| w.serves(model) && !excluded.contains(&w.id))
-            .cloned()
             .collect()
     }
 
@@ -205,8 +208,8 @@ impl Registry {
         excluded: &[WorkerId],
         ages_time_scale: Option<f64>,
     ) -> Vec<WorkerView> {
-        self.serving(model, excluded)
-            .iter()
+        Self::serving(&self.all(), model, excluded)
+            .into_iter()
             .map(|w| {
                 let mut v = w.view();
                 if let Some(scale) = ages_time_scale {
