@@ -16,9 +16,8 @@ use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::kv_index::{
     expiry_grain_ms, KvEvent, KvIndex, KvIndexConfig, MatchScratch, Tier, EXPIRY_BATCH,
 };
-use ownerserve_planner::policy::{
-    KvAware, KvAwareConfig, Policy, RouteRequest, SplitMix64, WorkerView,
-};
+use ownerserve_planner::policy::{KvAware, KvAwareConfig, Policy, SplitMix64, WorkerView};
+use ownerserve_planner::step::{self, Needs, Owned, StepInput};
 use ownerserve_shim::kv_events::normalize::normalize;
 use ownerserve_shim::kv_events::wire::{
     decode_batch, encode_batch, Encoding, WireBatch, WireEvent,
@@ -222,12 +221,16 @@ pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
         let views: Vec<WorkerView> = (0..workers)
             .map(|w| WorkerView::idle(WorkerId(w), Role::Decode))
             .collect();
-        let req = RouteRequest {
+        let input = StepInput {
             model: "m",
             prompt_tokens: args.prompt_tokens as u32,
             block_size: BLOCK as u32,
-            ..Default::default()
+            session: None,
+            now_ms: 0,
+            samples: 0,
+            fork: false,
         };
+        let req = step::route_request(input, Owned::default(), Needs::ALL);
         let mut policy = KvAware::new(KvAwareConfig::default(), 1);
         let mut scratch = MatchScratch::default();
         let mut out = Vec::new();

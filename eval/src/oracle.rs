@@ -165,6 +165,8 @@ impl Oracle {
 
 #[cfg(test)]
 mod tests {
+    use ownerserve_planner::step::{self, Needs, Owned, StepInput};
+
     use super::*;
     use crate::workload::{ForkOf, Loop, Session, Step, Workload};
 
@@ -212,14 +214,17 @@ mod tests {
         }
     }
 
-    fn req<'a>(session: &'a str, fork: bool) -> RouteRequest<'a> {
-        RouteRequest {
+    fn req(session: &str, fork: bool) -> RouteRequest<'_> {
+        let input = StepInput {
+            model: "",
             prompt_tokens: 100,
             block_size: 16,
             session: Some(session),
+            now_ms: 0,
+            samples: 0,
             fork,
-            ..Default::default()
-        }
+        };
+        step::route_request(input, Owned::default(), Needs::ALL)
     }
 
     #[test]

@@ -24,6 +24,11 @@
 //! - [`policy`]: the `Policy` trait every routing policy and baseline implements, and
 //!   those policies (the planner's `ownerserve` among them, and the peers' routers at their
 //!   own defaults: `dynamo_kv`, `dynamo_disagg`, `llm_d`, `smg_cache_aware`).
+//! - [`step`]: **canonical, copies forbidden**: the one step assembly (the
+//!   `RouteRequest`, the workers' views completed with what a policy reads) and the one
+//!   in-flight ledger (requests, KV blocks, pending prefill, legs heading, decode ages).
+//!   The router, the trace simulator and the oracle all use these; a shell that
+//!   re-implements any of them measures something other than the router.
 #![forbid(unsafe_code)]
 
 pub mod ewma;
@@ -36,5 +41,6 @@ pub mod plan;
 pub mod policy;
 pub mod roofline;
 pub mod spec;
+pub mod step;
 pub mod tokenized;
 pub mod tokenizer;

@@ -3,6 +3,8 @@
 //! [`Scheduler`](ownerserve_shim::sim::scheduler::Scheduler) (continuous batching, chunked
 //! prefill, paged prefix cache with LRU eviction, roofline timing), KV moves over the same
 //! link model, and steps are placed by the same [`Policy`] implementations the router runs.
+//! Each step's request and views are assembled, and what is in flight counted, by the
+//! router's own step helpers (`ownerserve_planner::step`), never a copy.
 //! Deterministic: no clock, no thread, ties broken by event order.
 
 mod cluster;

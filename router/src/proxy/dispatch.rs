@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use ownerserve_ownership::ids::{Epoch, SessionId, Tier, WorkerId as DirWorkerId};
 use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
+use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::engines::{
     self, protocol, sglang, vllm, Pairing, EPOCH_HEADER, SESSION_HEADER,
 };
@@ -269,11 +269,13 @@ impl Dispatcher<'_> {
         let alone = p.view().starts_prefill_now(tokens);
         // Its KV in whole blocks, as the worker's count is kept; what it computes from the
         // prompt's own length, as the simulator charges a leg.
-        let leg = PrefillCharge {
-            tokens,
-            ..PrefillCharge::prefill_leg(decision, step.prompt_tokens)
-        };
-        let _in_flight = p.start_request(step.hashes.len() as u64, leg, tokens);
+        let leg = p.ledger().start_prefill_leg(
+            decision,
+            step.hashes.len() as u64,
+            step.block,
+            step.prompt_tokens,
+        );
+        let _in_flight = p.hold(leg, tokens);
         let started = Instant::now();
         let headers = headers_for(step, step.lookup.epoch);
         let sent = self

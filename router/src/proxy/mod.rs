@@ -41,6 +41,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 
 use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
+use ownerserve_planner::step::Ledger;
 use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::{Refusal, Ticket};
@@ -265,17 +266,16 @@ impl Attempt<'_> {
     ) -> (InFlight, dispatch::Prepared) {
         let prompt = u64::from(self.view.route.prompt_tokens);
         let cached = cached_blocks * self.step.block;
-        let mut in_flight = worker.start_request(
+        let charged = worker.ledger().start_request(
+            decision,
             self.view.route.prompt_blocks(),
-            PrefillCharge::of(decision, prompt, cached),
             prompt,
+            cached,
         );
+        let mut in_flight = worker.hold(charged, prompt);
         // A remote prefill's leg and a move's copy run before the request reaches the
         // worker's queue; until then it is heading there.
-        if matches!(
-            decision.dispatch,
-            Dispatch::Disaggregated { .. } | Dispatch::Migrate { .. }
-        ) {
+        if Ledger::heads_first(decision.dispatch) {
             in_flight.leg_heading();
         }
         let prepared = self

@@ -23,11 +23,7 @@ pub struct RoutingPolicy {
 
 impl RoutingPolicy {
     pub fn new(policy: Box<dyn Policy>) -> Self {
-        let needs = Needs {
-            prefix_match: policy.needs_prefix_match(),
-            directory: policy.needs_directory(),
-            decode_ages: policy.needs_decode_ages(),
-        };
+        let needs = Needs::of(policy.as_ref());
         Self {
             policy: Arc::new(Mutex::new(policy)),
             needs,

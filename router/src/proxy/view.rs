@@ -2,35 +2,25 @@
 //! session's owner and epoch, the prompt's longest owned prefix), the KV index (each
 //! worker's cached prefix) and the workers' health and load. The proxy and
 //! `POST /admin/v1/plan/explain` both build it here, so explain shows what routing sees.
+//! The request and the views are assembled by the planner's canonical step helpers
+//! (`ownerserve_planner::step`), the ones the trace simulator runs too; this file only
+//! supplies the router's sources (`RouterSources`).
+
+use std::sync::Arc;
 
 use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::kv_release::DecodeAges;
 use ownerserve_planner::policy::{RouteRequest, WorkerView};
+use ownerserve_planner::step::{self, Owned, StepInput, ViewSources};
 
 use super::identity::Identity;
 use crate::kv::KvRouting;
-use crate::registry::Registry;
+use crate::registry::{Registry, Worker};
 use crate::sessions::Sessions;
 use ownerserve_ownership::node::{DirectoryClient, Lookup};
 
-/// Which sources a policy reads (the others are not paid for).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Needs {
-    /// Match the prompt against the KV index.
-    pub prefix_match: bool,
-    /// Read the session's owner and the owned prefix from the directory.
-    pub directory: bool,
-    /// Count how long the streams decoding on each worker have decoded.
-    pub decode_ages: bool,
-}
-
-impl Needs {
-    /// Everything (a dry run explains the planner whatever routing uses).
-    pub const ALL: Needs = Needs {
-        prefix_match: true,
-        directory: true,
-        decode_ages: true,
-    };
-}
+/// Which sources a policy reads (the planner's canonical [`step::Needs`]).
+pub use ownerserve_planner::step::Needs;
 
 /// What one step's view is read from.
 #[derive(Clone, Copy)]
@@ -66,41 +56,22 @@ impl<'a> Sources<'a> {
             Some(d) => d.lookup(id.session, id.hashes(), block),
             None => Lookup::default(),
         };
-        let route = RouteRequest {
+        let input = StepInput {
             model,
             prompt_tokens: id.prompt_tokens(),
             block_size: block as u32,
             session: id.session,
             now_ms: self.kv.now_ms(),
-            decode_owner: lookup.owner,
-            artifact: lookup.artifact,
             samples,
             fork: id.fork,
         };
-        StepView { route, lookup }
-    }
-
-    /// Folds each worker's KV capacity into its scraped load: the busy threshold
-    /// (`busy_max_kv_usage`) sees the larger of what the engine reported at its last
-    /// scrape and what the router has in flight there (blocks × block size over the
-    /// capacity), so a burst sent between two scrapes counts at once; and the planner's
-    /// memory term sees the room left before a cached prefix must be evicted (the
-    /// capacity minus what the KV index says the worker holds).
-    fn predicted_kv_usage(&self, views: &mut [WorkerView]) {
-        let block = self.kv.block_size() as u64;
-        for v in views {
-            let (Some(load), Some(w)) = (v.load.as_mut(), self.registry.get(v.id)) else {
-                continue;
-            };
-            if let Some(capacity) = w.kv_capacity_tokens() {
-                let predicted = v.active_blocks.saturating_mul(block) as f64 / capacity as f64;
-                load.kv_usage = load.kv_usage.max(predicted);
-                load.kv_room_tokens =
-                    Some(capacity.saturating_sub(self.kv.worker_gpu_tokens(v.id)));
-                load.kv_free_tokens =
-                    Some(((1.0 - load.kv_usage).max(0.0) * capacity as f64) as u64);
-                load.kv_capacity_tokens = Some(capacity);
-            }
+        let owned = Owned {
+            owner: lookup.owner,
+            artifact: lookup.artifact,
+        };
+        StepView {
+            route: step::route_request(input, owned, needs),
+            lookup,
         }
     }
 
@@ -114,16 +85,51 @@ impl<'a> Sources<'a> {
         excluded: &[WorkerId],
         needs: Needs,
     ) -> Vec<WorkerView> {
-        let ages_time_scale = needs.decode_ages.then_some(self.time_scale);
-        let mut views = self.registry.candidates(model, excluded, ages_time_scale);
-        self.predicted_kv_usage(&mut views);
-        if needs.prefix_match {
-            self.kv.fill_cached(hashes, &mut views);
+        let fleet = self.registry.all();
+        let workers = Registry::serving(&fleet, model, excluded);
+        let mut views: Vec<WorkerView> = workers.iter().map(|w| w.view()).collect();
+        let block = self.kv.block_size() as u64;
+        for (v, w) in views.iter_mut().zip(&workers) {
+            // The KV capacity folded into the scraped load (`step::predict_kv_usage`).
+            if let Some(capacity) = w.kv_capacity_tokens().filter(|_| v.load.is_some()) {
+                step::predict_kv_usage(v, block, capacity, self.kv.worker_gpu_tokens(v.id));
+            }
         }
-        if let Some(sessions) = self.sessions.filter(|_| needs.directory) {
-            sessions.fill_parked_returns(&mut views, self.time_scale);
-        }
+        let mut sources = RouterSources {
+            sources: self,
+            workers: &workers,
+            hashes,
+        };
+        step::complete_views(&mut views, needs, &mut sources);
         views
+    }
+}
+
+/// The router's sources for [`step::complete_views`]: its workers' decodes, the KV index,
+/// the sessions it tracks.
+struct RouterSources<'s, 'a> {
+    sources: &'s Sources<'a>,
+    /// The workers of the views, in their order.
+    workers: &'s [&'s Arc<Worker>],
+    hashes: &'s [u64],
+}
+
+impl ViewSources for RouterSources<'_, '_> {
+    fn decode_ages(&mut self, at: usize, _: &WorkerView) -> DecodeAges {
+        self.workers
+            .get(at)
+            .map(|w| w.decode_ages(self.sources.time_scale))
+            .unwrap_or_default()
+    }
+
+    fn fill_cached(&mut self, views: &mut [WorkerView]) {
+        self.sources.kv.fill_cached(self.hashes, views);
+    }
+
+    fn fill_parked_returns(&mut self, views: &mut [WorkerView]) {
+        if let Some(sessions) = self.sources.sessions {
+            sessions.fill_parked_returns(views, self.sources.time_scale);
+        }
     }
 }
 
