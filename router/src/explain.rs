@@ -11,7 +11,8 @@ use ownerserve_planner::policy::OwnerServe;
 use ownerserve_shim::openai::Endpoint;
 
 use crate::error::ApiError;
-use crate::proxy::identity::{self, Hashing};
+use crate::prompt::Hashing;
+use crate::proxy::identity;
 use crate::proxy::ingress;
 use crate::proxy::view::Needs;
 use crate::state::AppState;

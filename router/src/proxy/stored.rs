@@ -21,9 +21,10 @@ use bytes::Bytes;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
-use super::identity::{self, Hashing};
+use super::identity;
 use super::ingress;
 use crate::error::ApiError;
+use crate::prompt::Hashing;
 use crate::registry::Worker;
 use crate::response_owners;
 use crate::state::AppState;
