@@ -1,7 +1,38 @@
-//! Identity: who a step belongs to. The session (and a fork's child session) come from
-//! headers and body ([`super::agent_identity`]); the prompt is the prompt service's
+//! Identity: who a step belongs to. The session, a fork's child session and side requests
+//! come from headers and body (below); the prompt is the prompt service's
 //! ([`crate::prompt`]), keyed by the session's context window, and refused by ingress when
 //! it does not fit the model's context.
+//!
+//! Sessions come from the coding agents' own headers and bodies, at two levels: the
+//! **agent** (a thread or sub-agent: KV affinity and ownership follow it) and its **root**
+//! session and **parent** (grouping: one conversation's sub-agents share a root).
+//!
+//! What each harness sends. Sources: the requests Claude Code 2.1.328, Codex CLI 0.169.0
+//! and OpenCode 1.18.33 (npm) really sent to a loopback server, recorded in
+//! `tests/fixtures/agents/` (root-agent headers and bodies: `X-Claude-Code-Session-Id`
+//! and `metadata.user_id`; `session-id`, `thread-id`, `x-codex-window-id`,
+//! `x-codex-turn-metadata`, `prompt_cache_key`; `x-session-id`, `x-session-affinity`);
+//! the sub-agent headers (`x-claude-code-agent-id`, `x-claude-code-parent-agent-id`,
+//! `x-codex-parent-thread-id`, `x-parent-session-id`) are from the harnesses' public
+//! sources and changelogs as summarised in the team's agent notes, not yet recorded here.
+//! Dynamo's and llm-d's routers derive sessions from the same headers.
+//!
+//! | harness | agent | root | parent |
+//! |---|---|---|---|
+//! | Claude Code | `x-claude-code-agent-id`, else `x-claude-code-session-id`, else `session_id` in `metadata.user_id` (a JSON string) | `x-claude-code-session-id` / `metadata.user_id` | `x-claude-code-parent-agent-id`, else the root for a sub-agent |
+//! | Codex | `thread-id`, else `session-id`, else `prompt_cache_key` | `session-id` | `x-codex-parent-thread-id` |
+//! | OpenCode | `x-session-id` (also ours), `x-session-affinity` | the parent, else itself | `x-parent-session-id` |
+//! | ours | `x-session-id`, else OpenAI `user`, else `metadata.session_id` | itself | — |
+//!
+//! Headers are read in both spellings (`session-id` and `session_id`). Codex's
+//! `x-codex-window-id` (`<thread>:<n>`) names the context window: a new `n` after a
+//! compaction means the old prefix is gone, so the window, not the thread, keys the
+//! prompt kept for incremental hashing.
+//!
+//! **Side requests** carry the session's id but not its conversation: OpenCode's title
+//! request and Claude Code's topic/title requests (no `tools`, unlike every turn), and
+//! Codex requests whose `x-codex-turn-metadata.request_kind` is not `turn` (a compaction).
+//! They are served without the session, so they never claim, move or demote its owner.
 
 use std::sync::Arc;
 
@@ -17,7 +48,7 @@ use crate::prompt::{Hashing, PromptHasher};
 /// Who a step belongs to and its prompt.
 #[derive(Debug)]
 pub struct Identity<'a> {
-    /// The session (the agent or thread; see [`super::agent_identity`]): `x-session-id`,
+    /// The session (the agent or thread; see [`agent_ids`]): `x-session-id`,
     /// a coding agent's own headers, OpenAI's `user`, `metadata.session_id`. `None` for a
     /// side request (a title, a compaction), which must not move the session's owner.
     pub session: Option<&'a str>,
@@ -59,7 +90,7 @@ pub async fn identify<'a>(
     request_id: &HeaderValue,
     hashing: Hashing,
 ) -> Result<Identity<'a>, ApiError> {
-    let ids = super::agent_identity::agent_ids(headers, parsed);
+    let ids = agent_ids(headers, parsed);
     let session = ids.agent.filter(|_| !ids.side);
     // The prompt kept for the next step: per context window (a Codex compaction starts a
     // new one, whose prefix shares nothing with the old).
@@ -96,6 +127,125 @@ fn child_session(session: &str, fork: Option<&str>, request_id: &HeaderValue) ->
     match fork {
         Some(named) if !matches!(named, "1" | "true") => named.to_owned(),
         _ => format!("{session}/fork-{}", request_id.to_str().unwrap_or("fork")),
+    }
+}
+
+/// Which client named the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Harness {
+    ClaudeCode,
+    Codex,
+    OpenCode,
+    /// `x-session-id`, `user` or `metadata.session_id` from any client.
+    Generic,
+}
+
+/// A step's agent, its root session and its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentIds<'a> {
+    /// The agent or thread: the unit of KV affinity and ownership.
+    pub agent: Option<&'a str>,
+    /// The conversation's root session (the agent itself for a root agent).
+    pub root: Option<&'a str>,
+    /// The agent that spawned this one.
+    pub parent: Option<&'a str>,
+    /// Codex's context window (`<thread>:<n>`), new after a compaction.
+    pub window: Option<&'a str>,
+    /// A side request (title, compaction): served without the session.
+    pub side: bool,
+    pub harness: Harness,
+}
+
+/// The value of header `name` (lowercase, with hyphens), or else of its underscore
+/// spelling, if non-empty. One pass over the request's few headers, without allocating:
+/// this runs on every request for each of the harnesses' headers.
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut underscored = None;
+    for (n, v) in headers {
+        let n = n.as_str();
+        if n.len() != name.len() {
+            continue;
+        }
+        if n == name {
+            match value(v) {
+                Some(v) => return Some(v),
+                None => continue,
+            }
+        }
+        if underscored.is_none()
+            && n.bytes()
+                .zip(name.bytes())
+                .all(|(a, b)| a == b || (a == b'_' && b == b'-'))
+        {
+            underscored = Some(v);
+        }
+    }
+    underscored.and_then(value)
+}
+
+fn value(v: &HeaderValue) -> Option<&str> {
+    v.to_str().ok().filter(|v| !v.is_empty())
+}
+
+/// The agent identity of a request.
+pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> AgentIds<'a> {
+    let no_tools = parsed.template.tools_json.is_none();
+    // Claude Code.
+    let claude_session =
+        header(headers, "x-claude-code-session-id").or(parsed.user_id_session.as_deref());
+    if let Some(root) = claude_session {
+        let agent = header(headers, "x-claude-code-agent-id");
+        let parent = header(headers, "x-claude-code-parent-agent-id").or(agent.map(|_| root));
+        return AgentIds {
+            agent: Some(agent.unwrap_or(root)),
+            root: Some(root),
+            parent,
+            window: None,
+            side: no_tools,
+            harness: Harness::ClaudeCode,
+        };
+    }
+    // Codex.
+    let codex_session = header(headers, "session-id");
+    let thread = header(headers, "thread-id");
+    if codex_session.is_some() || thread.is_some() {
+        let kind = header(headers, "x-codex-turn-metadata")
+            .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+            .and_then(|m| m["request_kind"].as_str().map(str::to_owned));
+        return AgentIds {
+            agent: thread.or(codex_session),
+            root: codex_session.or(thread),
+            parent: header(headers, "x-codex-parent-thread-id"),
+            window: header(headers, "x-codex-window-id"),
+            side: kind.is_some_and(|k| k != "turn"),
+            harness: Harness::Codex,
+        };
+    }
+    // OpenCode (its x-session-id is ours; x-session-affinity is its own).
+    let affinity = header(headers, "x-session-affinity");
+    let ours = header(headers, "x-session-id");
+    if let Some(agent) = affinity.or(ours).filter(|_| affinity.is_some()) {
+        let parent = header(headers, "x-parent-session-id");
+        return AgentIds {
+            agent: Some(agent),
+            root: parent.or(Some(agent)),
+            parent,
+            window: None,
+            side: no_tools,
+            harness: Harness::OpenCode,
+        };
+    }
+    let agent = ours
+        .or(parsed.user.as_deref())
+        .or(parsed.session_id.as_deref())
+        .or(parsed.prompt_cache_key.as_deref());
+    AgentIds {
+        agent,
+        root: agent,
+        parent: header(headers, "x-parent-session-id"),
+        window: None,
+        side: false,
+        harness: Harness::Generic,
     }
 }
 

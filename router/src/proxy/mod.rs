@@ -21,7 +21,6 @@
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
-pub mod agent_identity;
 pub mod claim;
 pub mod dispatch;
 pub mod feedback;

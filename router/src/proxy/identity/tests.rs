@@ -414,3 +414,189 @@ async fn forks_start_a_child_session_named_by_the_header_or_the_request_id() {
         .unwrap();
     assert_eq!((id.fork, id.child), (true, None));
 }
+
+/// The coding agents' session headers and bodies.
+mod agents {
+    use axum::http::HeaderValue;
+    use ownerserve_shim::openai::{parse, Endpoint};
+
+    use super::super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    const TOOLS: &str = r#","tools":[{"type":"function","function":{"name":"ls"}}]"#;
+
+    fn chat(extra: &str) -> Vec<u8> {
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+            .into_bytes()
+    }
+
+    #[test]
+    fn each_harness_names_its_agent_root_and_parent_in_either_spelling() {
+        let body = chat(TOOLS);
+        let p = parse(&body, Endpoint::ChatCompletions).unwrap();
+        type Ids = (
+            Option<&'static str>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        type Case = (&'static [(&'static str, &'static str)], Ids, Harness);
+        let cases: &[Case] = &[
+            (
+                &[
+                    ("x-claude-code-session-id", "cc"),
+                    ("x-claude-code-agent-id", "a1"),
+                ],
+                (Some("a1"), Some("cc"), Some("cc")),
+                Harness::ClaudeCode,
+            ),
+            (
+                &[
+                    ("x-claude-code-session-id", "cc"),
+                    ("x-claude-code-agent-id", "a2"),
+                    ("x-claude-code-parent-agent-id", "a1"),
+                ],
+                (Some("a2"), Some("cc"), Some("a1")),
+                Harness::ClaudeCode,
+            ),
+            (
+                &[
+                    ("session_id", "s"),
+                    ("thread_id", "t"),
+                    ("x-codex-parent-thread-id", "s"),
+                ],
+                (Some("t"), Some("s"), Some("s")),
+                Harness::Codex,
+            ),
+            (
+                &[("session-id", "s")],
+                (Some("s"), Some("s"), None),
+                Harness::Codex,
+            ),
+            (
+                &[
+                    ("x-session-id", "ses_1"),
+                    ("x-session-affinity", "ses_1"),
+                    ("x-parent-session-id", "ses_0"),
+                ],
+                (Some("ses_1"), Some("ses_0"), Some("ses_0")),
+                Harness::OpenCode,
+            ),
+            (
+                &[("x-session-id", "mine")],
+                (Some("mine"), Some("mine"), None),
+                Harness::Generic,
+            ),
+        ];
+        for (pairs, (agent, root, parent), harness) in cases {
+            let h = headers(pairs);
+            let ids = agent_ids(&h, &p);
+            assert_eq!(
+                (ids.agent, ids.root, ids.parent),
+                (*agent, *root, *parent),
+                "{pairs:?}"
+            );
+            assert_eq!(ids.harness, *harness);
+            assert!(!ids.side);
+        }
+    }
+
+    #[test]
+    fn bodies_name_sessions_too_and_side_requests_are_marked() {
+        let body = br#"{"model":"m","max_tokens":8,"metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"\",\"session_id\":\"cc-1\"}"},"messages":[{"role":"user","content":"hi"}]}"#;
+        let p = parse(body, Endpoint::Messages).unwrap();
+        let none = HeaderMap::new();
+        let ids = agent_ids(&none, &p);
+        assert_eq!(
+            (ids.agent, ids.harness),
+            (Some("cc-1"), Harness::ClaudeCode)
+        );
+        assert!(ids.side, "no tools: a title or topic request");
+        let body = br#"{"model":"m","input":"hi","prompt_cache_key":"k"}"#;
+        let p = parse(body, Endpoint::Responses).unwrap();
+        assert_eq!(agent_ids(&none, &p).agent, Some("k"));
+        let compact = headers(&[
+            ("session-id", "s"),
+            ("x-codex-turn-metadata", r#"{"request_kind":"compact"}"#),
+        ]);
+        assert!(agent_ids(&compact, &p).side);
+        let turn = headers(&[
+            ("session-id", "s"),
+            ("x-codex-turn-metadata", r#"{"request_kind":"turn"}"#),
+        ]);
+        assert!(!agent_ids(&turn, &p).side);
+        // Our own x-session-id without tools is a plain step, never a side request.
+        let body = chat("");
+        let p = parse(&body, Endpoint::ChatCompletions).unwrap();
+        assert!(!agent_ids(&headers(&[("x-session-id", "s")]), &p).side);
+        let title = headers(&[("x-session-id", "ses_1"), ("x-session-affinity", "ses_1")]);
+        assert!(agent_ids(&title, &p).side);
+    }
+
+    /// What the three harnesses really sent (`tests/fixtures/agents/`): each capture
+    /// parses on its endpoint and names its session; the title request is a side request.
+    #[test]
+    fn the_recorded_harness_requests_parse_and_name_their_sessions() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/agents");
+        /// Per capture: its agent and whether it is a side request.
+        type Want = &'static [(Option<&'static str>, bool)];
+        let cases: &[(&str, Want, Harness)] = &[
+            (
+                "claude-code-2.1.328-messages.json",
+                &[(Some("bb71fe19-4058-4aa7-a63d-95d5994d5d04"), false)],
+                Harness::ClaudeCode,
+            ),
+            (
+                "codex-0.169.0-responses-two-turns.json",
+                &[
+                    (Some("01a202fb-a207-7980-95dd-2ea181fa2e62"), false),
+                    (Some("01a202fb-a207-7980-95dd-2ea181fa2e62"), false),
+                ],
+                Harness::Codex,
+            ),
+            (
+                "opencode-1.18.33-chat-title-and-turn.json",
+                &[
+                    (Some("ses_dfd0439a4ffe5a1dJp2tfNLoqM"), true),
+                    (Some("ses_dfd0439a4ffe5a1dJp2tfNLoqM"), false),
+                ],
+                Harness::OpenCode,
+            ),
+        ];
+        for (file, want, harness) in cases {
+            let text = std::fs::read_to_string(format!("{dir}/{file}")).unwrap();
+            let captures: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+            assert_eq!(captures.len(), want.len(), "{file}");
+            for (c, (agent, side)) in captures.iter().zip(*want) {
+                let path = c["path"].as_str().unwrap();
+                let endpoint = match path.split('?').next().unwrap() {
+                    "/v1/messages" => Endpoint::Messages,
+                    "/v1/responses" => Endpoint::Responses,
+                    _ => Endpoint::ChatCompletions,
+                };
+                let body = serde_json::to_vec(&c["body"]).unwrap();
+                let parsed = parse(&body, endpoint).unwrap_or_else(|e| panic!("{file}: {e}"));
+                assert!(!parsed.prompt_tokens()[0].is_empty());
+                let mut h = HeaderMap::new();
+                for (k, v) in c["headers"].as_object().unwrap() {
+                    h.insert(
+                        axum::http::HeaderName::from_bytes(k.to_lowercase().as_bytes()).unwrap(),
+                        HeaderValue::from_str(v.as_str().unwrap()).unwrap(),
+                    );
+                }
+                let ids = agent_ids(&h, &parsed);
+                assert_eq!(
+                    (ids.agent, ids.side, ids.harness),
+                    (*agent, *side, *harness),
+                    "{file}"
+                );
+            }
+        }
+    }
+}
