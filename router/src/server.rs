@@ -410,7 +410,7 @@ async fn messages(State(st): State<Arc<AppState>>, req: Request) -> Result<Respo
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as the router routes them.
 async fn count_tokens(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::stored::count_tokens(&st, req).await
+    crate::proxy::count_tokens::count_tokens(&st, req).await
 }
 
 /// `POST /v1/responses` (OpenAI Responses).

@@ -22,6 +22,7 @@
 //! without it; any other failure is the client's error.
 
 pub mod claim;
+pub mod count_tokens;
 pub mod dispatch;
 pub mod feedback;
 pub mod identity;

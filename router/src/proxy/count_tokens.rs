@@ -1,0 +1,34 @@
+//! `POST /v1/messages/count_tokens` (Anthropic Messages): the prompt's tokens, counted as
+//! the router tokenizes it for routing.
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use ownerserve_shim::openai::Endpoint;
+
+use super::identity;
+use super::ingress;
+use crate::error::ApiError;
+use crate::prompt::Hashing;
+use crate::state::AppState;
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
+/// tokenizes it for routing (the model's own tokenizer and chat template when it has one).
+pub async fn count_tokens(st: &AppState, req: Request) -> Result<Response, ApiError> {
+    let req = ingress::Admitted::read(req, &st.body_limits).await?;
+    let parsed = req.parse(
+        Endpoint::MessagesCountTokens,
+        &st.registry,
+        st.cfg.request_limits,
+    )?;
+    let id = identity::identify(
+        &st.prompts,
+        &req.parts.headers,
+        &parsed,
+        &req.request_id,
+        Hashing::Peek,
+    )
+    .await?;
+    Ok(Json(serde_json::json!({"input_tokens": id.prompt_tokens()})).into_response())
+}
