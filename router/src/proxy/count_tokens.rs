@@ -7,8 +7,7 @@ use axum::Json;
 
 use ownerserve_shim::openai::Endpoint;
 
-use super::identity;
-use super::ingress;
+use super::front::{front_half, Ask};
 use crate::error::ApiError;
 use crate::prompt::Hashing;
 use crate::state::AppState;
@@ -16,19 +15,13 @@ use crate::state::AppState;
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
 /// tokenizes it for routing (the model's own tokenizer and chat template when it has one).
 pub async fn count_tokens(st: &AppState, req: Request) -> Result<Response, ApiError> {
-    let req = ingress::Admitted::read(req, &st.body_limits).await?;
-    let parsed = req.parse(
-        Endpoint::MessagesCountTokens,
-        &st.registry,
-        st.cfg.request_limits,
-    )?;
-    let id = identity::identify(
-        &st.prompts,
-        &req.parts.headers,
-        &parsed,
-        &req.request_id,
-        Hashing::Peek,
-    )
-    .await?;
-    Ok(Json(serde_json::json!({"input_tokens": id.prompt_tokens()})).into_response())
+    let ask = Ask {
+        endpoint: Endpoint::MessagesCountTokens,
+        hashing: Hashing::Peek,
+        admits: false,
+    };
+    front_half(st, req, ask, async |f| {
+        Ok(Json(serde_json::json!({"input_tokens": f.id.prompt_tokens()})).into_response())
+    })
+    .await
 }
