@@ -18,6 +18,9 @@
 //! feedback  metrics, calibration, KV index, session activity, ownership records
 //! ```
 //!
+//! Ingress and identity are the front half ([`front::front_half`]), shared with `explain`,
+//! the endpoint picker and `count_tokens`.
+//!
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
