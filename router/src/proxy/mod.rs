@@ -18,7 +18,7 @@
 //! feedback  metrics, calibration, KV index, session activity, ownership records
 //! ```
 //!
-//! Ingress and identity are the front half ([`front::front_half`]), shared with `explain`,
+//! Ingress and identity are the front half (`front::front_half`), shared with `explain`,
 //! the endpoint picker and `count_tokens`.
 //!
 //! A worker that refuses the connection is marked down and the step is planned again
