@@ -8,34 +8,34 @@ use axum::extract::Request;
 use serde_json::{json, Value};
 
 use ownerserve_planner::policy::OwnerServe;
-use ownerserve_shim::openai::Endpoint;
+use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
 use crate::error::ApiError;
-use crate::proxy::identity::{self, Hashing};
-use crate::proxy::ingress;
+use crate::prompt::Hashing;
+use crate::proxy::front::{front_half, Ask};
+use crate::proxy::identity::Identity;
 use crate::proxy::view::Needs;
 use crate::state::AppState;
 
 /// Explains the plan for a chat request (with its session and fork headers), reading
 /// every source whatever the routing policy reads.
 pub async fn explain(st: &AppState, req: Request) -> Result<Value, ApiError> {
-    let req = ingress::Admitted::read(req, &st.body_limits).await?;
-    let parsed = req.parse(
-        Endpoint::ChatCompletions,
-        &st.registry,
-        st.cfg.request_limits,
-    )?;
-    let headers = &req.parts.headers;
-    let id = identity::identify(
-        &st.prompts,
-        headers,
-        &parsed,
-        &req.request_id,
-        Hashing::Peek,
-    )
-    .await?;
+    let ask = Ask {
+        endpoint: Endpoint::ChatCompletions,
+        hashing: Hashing::Peek,
+        admits: false,
+    };
+    front_half(st, req, ask, async |f| Ok(explained(st, f.parsed, f.id))).await?
+}
+
+/// The plan for a request through its front half.
+fn explained(
+    st: &AppState,
+    parsed: &ParsedRequest<'_>,
+    id: &Identity<'_>,
+) -> Result<Value, ApiError> {
     let sources = st.sources();
-    let step = sources.step(&parsed.model, &id, parsed.sampling.n, Needs::ALL);
+    let step = sources.step(&parsed.model, id, parsed.sampling.n, Needs::ALL);
     let views = sources.candidates(&parsed.model, id.hashes(), &[], Needs::ALL);
     let (req, lookup) = (step.route, step.lookup);
     // The routing policy itself when it is the planner, with what its calibration has

@@ -14,9 +14,9 @@
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
 //!   dispatch → relay → feedback); [`explain`] answers `/admin/v1/plan/explain` through
 //!   the same stages without dispatching.
-//! - `prompt_cache`: each session's last prompt (tokens, block hashes); [`prompt_flights`]:
-//!   a long prompt's computation, one per input at a time, bounded and waited for within a
-//!   limit.
+//! - [`prompt`]: the prompt on the router's side: each model's tokenizer (its own, its
+//!   engine's `/tokenize`, or the built-in one), block hashes, each session's last prompt
+//!   and a long prompt's computation, one per input at a time.
 //! - [`admission`]: per-model slots and a bounded queue in front of the request path;
 //!   `client_gate`: `/v1`'s API keys and per-key rate limits, before a body is read.
 //! - [`response_owners`]: which worker holds each stored Responses answer: recorded in the
@@ -68,8 +68,7 @@ pub mod kv;
 pub mod logging;
 pub mod metrics;
 mod ownership_sync;
-mod prompt_cache;
-pub mod prompt_flights;
+pub mod prompt;
 pub mod proxy;
 pub mod registry;
 mod replica_admin;

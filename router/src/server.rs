@@ -30,7 +30,7 @@ use crate::kv::{self, KvRouting};
 use crate::metrics::fleet::FleetMetrics;
 use crate::metrics::proxy::ProxyMetrics;
 use crate::ownership_sync::{OwnershipSync, SyncSettings};
-use crate::proxy::identity::{Engines, PromptHasher};
+use crate::prompt::{Engines, PromptHasher};
 use crate::proxy::ingress::BodyLimits;
 use crate::proxy::plan::RoutingPolicy;
 use crate::registry::Registry;

@@ -59,7 +59,7 @@ fn method_router(endpoint: &ApiEndpoint) -> MethodRouter<Arc<AppState>> {
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens as the router routes them.
 async fn count_tokens(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::stored::count_tokens(&st, req).await
+    crate::proxy::count_tokens::count_tokens(&st, req).await
 }
 
 /// `GET /v1/responses/{id}`: from the worker that stored it.

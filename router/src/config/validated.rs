@@ -41,8 +41,8 @@ pub struct RouterConfig {
     /// Per-API-key token buckets (`None`: no rate limit).
     pub rate_limit: Option<RateLimit>,
     pub prompt_cache_bytes: usize,
-    /// How long prompts are computed ([`crate::prompt_flights`]).
-    pub prompt_flights: crate::prompt_flights::FlightSettings,
+    /// How long prompts are computed ([`crate::prompt::flights`]).
+    pub prompt_flights: crate::prompt::flights::FlightSettings,
     /// Models not tokenized with the built-in tokenizer, and how they are.
     pub tokenizers: std::collections::BTreeMap<String, ModelTokenizer>,
     pub workers: Vec<WorkerSpec>,
@@ -132,8 +132,8 @@ fn body_settings(s: &RouterSettings) -> BodySettings {
 /// `max_tokenizing_prompts`, `tokenize_timeout_ms`.
 fn prompt_flights(
     s: &RouterSettings,
-) -> Result<crate::prompt_flights::FlightSettings, ConfigError> {
-    Ok(crate::prompt_flights::FlightSettings {
+) -> Result<crate::prompt::flights::FlightSettings, ConfigError> {
+    Ok(crate::prompt::flights::FlightSettings {
         threads: match s.tokenize_threads {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
             n => n,

@@ -11,12 +11,13 @@ use bytes::Bytes;
 
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::PrefillCharge;
+use ownerserve_shim::openai::Endpoint;
 
 use crate::admission::Ticket;
 use crate::error::ApiError;
 use crate::ownership_sync::{Effects, Routed};
-use crate::proxy::identity::{self};
-use crate::proxy::{admit, claim, ingress, Planned};
+use crate::proxy::front::{front_half, Ask, Front};
+use crate::proxy::{claim, Planned};
 use crate::registry::{InFlight, Registry, Worker};
 use crate::state::AppState;
 
@@ -92,22 +93,36 @@ pub async fn pick(
         .body(Body::from(body))
         .map_err(|e| ApiError::BodyRead(e.to_string()))?;
     *req.headers_mut() = headers.clone();
-    let req = ingress::Admitted::read(req, &st.body_limits).await?;
-    let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
-    let ticket = admit(st, &parsed.model).await?;
-    let headers = &req.parts.headers;
-    let id =
-        identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;
+    let ask = Ask {
+        endpoint,
+        hashing: st.hashing(),
+        admits: true,
+    };
+    front_half(st, req, ask, async |f| {
+        picked(st, f, endpoint, &excluded, fallbacks).await
+    })
+    .await
+}
+
+/// The pick for a request through its front half: view, plan and claim.
+async fn picked(
+    st: &AppState,
+    f: Front<'_>,
+    endpoint: Endpoint,
+    excluded: &[WorkerId],
+    fallbacks: usize,
+) -> Result<Picked, ApiError> {
+    let (parsed, id) = (f.parsed, f.id);
     let needs = st.policy.needs();
     if needs.directory {
         claim::catch_up(st, false).await;
     }
     let view = st
         .sources()
-        .step(&parsed.model, &id, parsed.sampling.n, needs);
+        .step(&parsed.model, id, parsed.sampling.n, needs);
     let candidates = st
         .sources()
-        .candidates(&parsed.model, id.hashes(), &excluded, needs);
+        .candidates(&parsed.model, id.hashes(), excluded, needs);
     if candidates.is_empty() {
         return Err(ApiError::NoHealthyWorker {
             model: parsed.model.to_string(),
@@ -116,14 +131,14 @@ pub async fn pick(
     let planned = Planned {
         view: &view,
         candidates: &candidates,
-        failed: &excluded,
+        failed: excluded,
         // The gateway sends the request whole: no KV copy, no flip after it. A planned
         // migration (the planner moves a session off its owner, past its hysteresis) is
         // claimed before the pick is answered, so the endpoint the gateway is told is the
         // owner the directory records.
         dispatches: false,
     };
-    let (decision, lookup, _) = planned.decide(st, &id, None, endpoint).await?;
+    let (decision, lookup, _) = planned.decide(st, id, None, endpoint).await?;
     let Some(worker) = st.registry.get(decision.worker) else {
         return Err(ApiError::NoHealthyWorker {
             model: parsed.model.to_string(),
@@ -156,7 +171,7 @@ pub async fn pick(
         worker: worker.id,
         record,
         epoch: lookup.epoch.filter(|_| lookup.owner == Some(worker.id)),
-        held: Some((ticket, in_flight)),
+        held: f.ticket.map(|t| (t, in_flight)),
     })
 }
 

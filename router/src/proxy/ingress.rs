@@ -19,6 +19,7 @@ use ownerserve_shim::openai::{self, Endpoint, ParsedRequest, RequestError};
 
 use crate::config::{BodySettings, RequestLimits};
 use crate::error::ApiError;
+use crate::prompt::Prompted;
 use crate::registry::{ModelAvailability, Registry};
 
 /// A client request read within its limit, with its id.
@@ -90,6 +91,23 @@ impl Admitted {
         check_model(registry, &parsed.model)?;
         Ok(parsed)
     }
+}
+
+/// Refuses a prompt that, with its completion, does not fit the model's context (when
+/// its token count is exact: see [`Prompted::context_limit`]), as the engine would after
+/// queueing it.
+pub fn check_context(parsed: &ParsedRequest<'_>, prompted: &Prompted) -> Result<(), ApiError> {
+    let Some(limit) = prompted.context_limit else {
+        return Ok(());
+    };
+    let (tokens, completion) = (
+        prompted.hashed.tokenized.tokens.len(),
+        parsed.sampling.max_tokens.unwrap_or(1),
+    );
+    if tokens + completion as usize > limit as usize {
+        return Err(RequestError::context_length(limit, tokens, completion).into());
+    }
+    Ok(())
 }
 
 /// Refuses a request asking for more work than `limits` allow.

@@ -18,13 +18,17 @@
 //! feedback  metrics, calibration, KV index, session activity, ownership records
 //! ```
 //!
+//! Ingress and identity are the front half (`front::front_half`), shared with `explain`,
+//! the endpoint picker and `count_tokens`.
+//!
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
-pub mod agent_identity;
 pub mod claim;
+pub mod count_tokens;
 pub mod dispatch;
 pub mod feedback;
+pub(crate) mod front;
 pub mod identity;
 pub mod ingress;
 pub mod plan;
@@ -55,22 +59,35 @@ use ownerserve_edge::http_metrics::Executed;
 pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<Response, ApiError> {
     let started = Instant::now();
     let _handling = st.busy_poll.handling();
-    let req = ingress::Admitted::read(req, &st.body_limits).await?;
-    let parsed = req.parse(endpoint, &st.registry, st.cfg.request_limits)?;
-    // Admitted before any tokenizing: an overloaded router sheds at the cost of a parse.
-    let ticket = admit(st, &parsed.model).await?;
+    let ask = front::Ask {
+        endpoint,
+        hashing: st.hashing(),
+        admits: true,
+    };
+    front::front_half(st, req, ask, async |f| {
+        serve(st, f, endpoint, started).await
+    })
+    .await
+}
+
+/// Serves a request past its front half: view, plan, claim, dispatch, relay.
+async fn serve(
+    st: &AppState,
+    f: front::Front<'_>,
+    endpoint: Endpoint,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let (req, parsed, id) = (f.req, f.parsed, f.id);
     let headers = &req.parts.headers;
-    let id =
-        identity::identify(&st.prompts, headers, &parsed, &req.request_id, st.hashing()).await?;
     let needs = st.policy.needs();
     if needs.directory {
         claim::catch_up(st, false).await;
     }
     let mut view = st
         .sources()
-        .step(&parsed.model, &id, parsed.sampling.n, needs);
+        .step(&parsed.model, id, parsed.sampling.n, needs);
     // A Responses follow-up goes where its previous response is stored.
-    let pinned = stored::owner_of_previous(st, &parsed).await?;
+    let pinned = stored::owner_of_previous(st, parsed).await?;
     let mut replans = 0;
     let mut failed = Vec::new();
     loop {
@@ -83,7 +100,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
             failed: &failed,
             dispatches: true,
         };
-        let (decision, lookup, fork_fence) = planned.decide(st, &id, pinned, endpoint).await?;
+        let (decision, lookup, fork_fence) = planned.decide(st, id, pinned, endpoint).await?;
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
@@ -100,7 +117,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         let attempt = Attempt {
             st,
             step: &step,
-            id: &id,
+            id,
             view: &view,
             client_headers: headers,
             started,
@@ -109,13 +126,13 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
         };
         match attempt.run(&decision, &worker, cached).await {
             // The slot is held until the response body ends.
-            Ok(response) => return Ok(response.map(|b| holding(b, ticket))),
+            Ok(response) => return Ok(response.map(|b| holding(b, f.ticket))),
             // Nothing reached the worker: mark it down and try the next one (unless it
             // holds the previous response: that cannot run elsewhere).
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
                 if pinned.is_some() {
-                    return Err(stored::owner_down(&parsed, &worker.spec.name));
+                    return Err(stored::owner_down(parsed, &worker.spec.name));
                 }
                 failed.push(worker.id);
             }
@@ -125,7 +142,7 @@ pub async fn handle(st: &AppState, req: Request, endpoint: Endpoint) -> Result<R
                 claim::catch_up(st, true).await;
                 view = st
                     .sources()
-                    .step(&parsed.model, &id, parsed.sampling.n, needs);
+                    .step(&parsed.model, id, parsed.sampling.n, needs);
             }
             Err(e) => {
                 tracing::warn!(worker = %worker.spec.name, error = %e, "forward failed");
@@ -232,7 +249,7 @@ pub(crate) async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError
 }
 
 /// `body`, holding `ticket` until it is dropped (the body ended or the client left).
-fn holding(body: Body, ticket: Ticket) -> Body {
+fn holding(body: Body, ticket: Option<Ticket>) -> Body {
     Body::new(http_body_util::BodyExt::map_frame(body, move |frame| {
         let _held = &ticket;
         frame

@@ -5,24 +5,19 @@
 //! recorded as it is relayed. An owner that is not answering gives `503
 //! response_owner_unavailable` (retryable) naming the response; one that is gone (its
 //! last directory lease ended, or it was removed) gives `410 response_lost`. A drained
-//! owner keeps serving the responses it holds: they exist nowhere else. Also `POST /v1/messages/count_tokens`, answered from the prompt the router
-//! routes by.
+//! owner keeps serving the responses it holds: they exist nowhere else.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use bytes::Bytes;
 
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_shim::openai::{Endpoint, ParsedRequest};
+use ownerserve_shim::openai::ParsedRequest;
 
-use super::identity::{self, Hashing};
-use super::ingress;
 use crate::error::ApiError;
 use crate::registry::Worker;
 use crate::response_owners;
@@ -186,24 +181,4 @@ pub async fn get(st: &AppState, id: &str) -> Result<Response, ApiError> {
 /// `POST /v1/responses/{id}/cancel`.
 pub async fn cancel(st: &AppState, id: &str) -> Result<Response, ApiError> {
     at_owner(st, id, &format!("/v1/responses/{id}/cancel"), true).await
-}
-
-/// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
-/// tokenizes it for routing (the model's own tokenizer and chat template when it has one).
-pub async fn count_tokens(st: &AppState, req: Request) -> Result<Response, ApiError> {
-    let req = ingress::Admitted::read(req, &st.body_limits).await?;
-    let parsed = req.parse(
-        Endpoint::MessagesCountTokens,
-        &st.registry,
-        st.cfg.request_limits,
-    )?;
-    let id = identity::identify(
-        &st.prompts,
-        &req.parts.headers,
-        &parsed,
-        &req.request_id,
-        Hashing::Peek,
-    )
-    .await?;
-    Ok(Json(serde_json::json!({"input_tokens": id.prompt_tokens()})).into_response())
 }

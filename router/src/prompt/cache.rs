@@ -119,7 +119,8 @@ impl PromptCache {
         self.keep(session, prompt, InputDigest::default());
     }
 
-    /// [`Self::put`], with the digest of the prompt's input.
+    /// Keeps `prompt` as the session's last, with the digest of its input, evicting the
+    /// least recently used sessions beyond the budget.
     pub fn keep(&self, session: &str, prompt: Arc<HashedPrompt>, input: InputDigest) {
         let size = prompt.heap_bytes() + session.len();
         if size > self.budget_bytes {

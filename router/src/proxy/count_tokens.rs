@@ -1,0 +1,27 @@
+//! `POST /v1/messages/count_tokens` (Anthropic Messages): the prompt's tokens, counted as
+//! the router tokenizes it for routing.
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use ownerserve_shim::openai::Endpoint;
+
+use super::front::{front_half, Ask};
+use crate::error::ApiError;
+use crate::prompt::Hashing;
+use crate::state::AppState;
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
+/// tokenizes it for routing (the model's own tokenizer and chat template when it has one).
+pub async fn count_tokens(st: &AppState, req: Request) -> Result<Response, ApiError> {
+    let ask = Ask {
+        endpoint: Endpoint::MessagesCountTokens,
+        hashing: Hashing::Peek,
+        admits: false,
+    };
+    front_half(st, req, ask, async |f| {
+        Ok(Json(serde_json::json!({"input_tokens": f.id.prompt_tokens()})).into_response())
+    })
+    .await
+}

@@ -1,0 +1,62 @@
+//! The front half of a request, one function for every caller that plans from a client's
+//! body (the proxy, `explain`, the endpoint picker, `count_tokens`): read the body within
+//! its limit, parse and validate it (ingress), take an admission slot when the caller
+//! serves the request, then the step's identity and prompt (refused by ingress when it
+//! does not fit the model's context). What the caller does next borrows all of it, so it
+//! runs as `then`.
+
+use axum::extract::Request;
+
+use ownerserve_shim::openai::{Endpoint, ParsedRequest};
+
+use super::identity::{self, Identity};
+use super::{admit, ingress};
+use crate::admission::Ticket;
+use crate::error::ApiError;
+use crate::prompt::Hashing;
+use crate::state::AppState;
+
+/// What a caller asks of the front half.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub endpoint: Endpoint,
+    /// What the prompt stage computes and keeps.
+    pub hashing: Hashing,
+    /// Take a slot for the model before any tokenizing (an overloaded router sheds at the
+    /// cost of a parse); a dry run (explain, count_tokens) takes none.
+    pub admits: bool,
+}
+
+/// The request as the front half leaves it.
+pub(crate) struct Front<'a> {
+    pub req: &'a ingress::Admitted,
+    pub parsed: &'a ParsedRequest<'a>,
+    pub id: &'a Identity<'a>,
+    /// The model's admission slot, when the caller asked for one.
+    pub ticket: Option<Ticket>,
+}
+
+/// Runs the front half of `req`, then `then` on what it computed.
+pub(crate) async fn front_half<T>(
+    st: &AppState,
+    req: Request,
+    ask: Ask,
+    then: impl for<'a> AsyncFnOnce(Front<'a>) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let req = ingress::Admitted::read(req, &st.body_limits).await?;
+    let parsed = req.parse(ask.endpoint, &st.registry, st.cfg.request_limits)?;
+    let ticket = match ask.admits {
+        true => Some(admit(st, &parsed.model).await?),
+        false => None,
+    };
+    let headers = &req.parts.headers;
+    let id =
+        identity::identify(&st.prompts, headers, &parsed, &req.request_id, ask.hashing).await?;
+    then(Front {
+        req: &req,
+        parsed: &parsed,
+        id: &id,
+        ticket,
+    })
+    .await
+}
