@@ -9,9 +9,9 @@
 //! oldest are dropped, so pods that come and go do not pile up in memory.
 //!
 //! One file per concern: membership (this file: who the workers are, joining and
-//! retiring, which serve a model), [`worker`] (one worker and its view), [`health`]
-//! (active and passive checks, drains), [`ledger`] (the load ledger: requests in flight,
-//! their prefill and KV, the decodes' ages) and [`listing`] (the admin API's rows, workers
+//! retiring, which serve a model), `worker` (one worker and its view), `health`
+//! (active and passive checks, drains), `ledger` (the load ledger: requests in flight,
+//! their prefill and KV, the decodes' ages) and `listing` (the admin API's rows, workers
 //! named in plan reasons).
 
 mod health;
