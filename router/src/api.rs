@@ -3,6 +3,10 @@
 //! routes, the hot front, the endpoint picker and the error mapping all read; [`routes`],
 //! axum's routes built from that table.
 
+pub(crate) mod client_gate;
+pub mod explain;
+pub mod headers;
+
 pub mod endpoints;
 pub mod routes;
 

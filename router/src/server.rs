@@ -3,6 +3,8 @@
 //! metrics and the operator API (`/admin/v1/...`). `server/front.rs` serves the hot proxy
 //! routes without axum's router.
 
+pub mod state;
+
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -19,24 +21,24 @@ use tokio_util::task::TaskTracker;
 use ownerserve_planner::kv_index::KvIndexConfig;
 use ownerserve_planner::policy::{self, OwnerServeConfig};
 
-use crate::admission::Admission;
-use crate::client_gate::ClientGate;
+use crate::api::client_gate::ClientGate;
+use crate::api::explain;
 use crate::config::{DirectorySetup, RouterConfig};
-use crate::engine_report;
 use crate::error::ApiError;
-use crate::explain;
-use crate::health::{self, HealthSettings};
-use crate::kv::{self, KvRouting};
-use crate::metrics::fleet::FleetMetrics;
-use crate::metrics::proxy::ProxyMetrics;
-use crate::ownership_sync::{OwnershipSync, SyncSettings};
+use crate::fleet::engine_report;
+use crate::fleet::health::{self, HealthSettings};
+use crate::fleet::kv::{self, KvRouting};
+use crate::fleet::registry::Registry;
+use crate::fleet::step_budget;
+use crate::ops::metrics::fleet::FleetMetrics;
+use crate::ops::metrics::proxy::ProxyMetrics;
+use crate::ownership::ownership_sync::{OwnershipSync, SyncSettings};
+use crate::ownership::sessions::Sessions;
 use crate::prompt::{Engines, PromptHasher};
+use crate::proxy::admission::Admission;
 use crate::proxy::ingress::BodyLimits;
 use crate::proxy::plan::RoutingPolicy;
-use crate::registry::Registry;
-use crate::sessions::Sessions;
-use crate::state::{AppState, Telemetry};
-use crate::step_budget;
+use crate::server::state::{AppState, Telemetry};
 use crate::upstream::{self, EngineCalls, Upstream};
 use ownerserve_edge::auth;
 use ownerserve_edge::http_metrics::HttpMetrics;
@@ -131,7 +133,7 @@ impl AppState {
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
-        let responses = crate::response_owners::Recorder::new(&ownership, &cfg);
+        let responses = crate::ownership::response_owners::Recorder::new(&ownership, &cfg);
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
         let state = Arc::new(AppState {
@@ -149,7 +151,7 @@ impl AppState {
                 }),
             )
             .with_flights(cfg.prompt_flights),
-            busy_poll: crate::busy_poll::BusyPoll::new(cfg.busy_poll),
+            busy_poll: crate::proxy::busy_poll::BusyPoll::new(cfg.busy_poll),
             kv,
             cfg,
             ownership,
@@ -170,17 +172,20 @@ impl AppState {
 }
 
 /// The tasks that read the built state: the idle-session demotion (with a directory) and
-/// the busy polling after each request's activity (`crate::busy_poll`; it yields while a
+/// the busy polling after each request's activity (`crate::proxy::busy_poll`; it yields while a
 /// prompt is tokenized on the blocking pool).
 fn spawn_state_tasks(state: &Arc<AppState>, tracker: &TaskTracker, shutdown: &CancellationToken) {
     if state.ownership.is_some() {
-        tracker.spawn(crate::demotion::run(state.clone(), shutdown.clone()));
+        tracker.spawn(crate::ownership::demotion::run(
+            state.clone(),
+            shutdown.clone(),
+        ));
     }
     if !state.cfg.busy_poll.is_zero() {
         let (st, shutdown) = (state.clone(), shutdown.clone());
         tracker.spawn(async move {
             let handing_off = || st.prompts.handing_off();
-            crate::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
+            crate::proxy::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
         });
     }
 }
@@ -196,7 +201,7 @@ fn start_discovery(
     let Some(setup) = cfg.discovery.clone() else {
         return Ok(());
     };
-    let tasks = crate::worker_tasks::WorkerTasks {
+    let tasks = crate::fleet::worker_tasks::WorkerTasks {
         client: client.clone(),
         health: HealthSettings::of(cfg),
         scrape: cfg.scrape_interval.map(|every| (every, cfg.health_timeout)),
@@ -204,7 +209,7 @@ fn start_discovery(
         tracker: tracker.clone(),
         shutdown: shutdown.clone(),
     };
-    crate::worker_tasks::discover(setup, registry, tasks)
+    crate::fleet::worker_tasks::discover(setup, registry, tasks)
 }
 
 /// Says so when the fleet serves models the planner does not price as themselves: its
@@ -297,12 +302,15 @@ pub fn app(state: Arc<AppState>) -> Router {
     let remote_admin = state
         .remote_directory
         .clone()
-        .map(|remote| crate::replica_admin::routes(remote, tokens.clone()));
+        .map(|remote| crate::ownership::replica_admin::routes(remote, tokens.clone()));
     let client_api = crate::api::routes::client_api(&state);
     // The fleet's figures and its workers' URLs: the read token's, unless made public.
     let mut metrics = Router::new()
-        .route("/metrics", get(crate::metrics::scrape::metrics))
-        .route("/metrics/targets", get(crate::metrics::scrape::targets));
+        .route("/metrics", get(crate::ops::metrics::scrape::metrics))
+        .route(
+            "/metrics/targets",
+            get(crate::ops::metrics::scrape::targets),
+        );
     if !state.cfg.metrics_public {
         metrics = metrics.route_layer(axum::middleware::from_fn_with_state(
             tokens.clone(),

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use ownerserve_router::config::RouterFile;
-use ownerserve_router::discovery::inference_pool::InferencePool;
+use ownerserve_router::fleet::discovery::inference_pool::InferencePool;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::endpoints::{ApiEndpoint, ErrorShape, Serves, ENDPOINTS};
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// The client API (`/v1/...`), from the table.
 pub fn client_api(state: &AppState) -> Router<Arc<AppState>> {
@@ -27,7 +27,7 @@ pub fn client_api(state: &AppState) -> Router<Arc<AppState>> {
     if !state.client_gate.is_open() {
         let guard = axum::middleware::from_fn_with_state(
             state.client_gate.clone(),
-            crate::client_gate::guard,
+            crate::api::client_gate::guard,
         );
         openai = openai.route_layer(guard.clone());
         anthropic = anthropic.route_layer(guard);

@@ -29,7 +29,7 @@ pub(super) fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, Conf
             data_dir: s
                 .directory_data_dir
                 .clone()
-                .unwrap_or_else(|| crate::scratch_dir::scratch_dir("directory")),
+                .unwrap_or_else(|| crate::ops::scratch_dir::scratch_dir("directory")),
             ephemeral: s.directory_data_dir.is_none(),
         },
         DirectoryMode::Remote => {

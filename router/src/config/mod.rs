@@ -20,7 +20,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::logging::LogFormat;
+use crate::ops::logging::LogFormat;
 use ownerserve_planner::ids::{EngineKind, Role};
 use ownerserve_planner::plan::Weights;
 use ownerserve_planner::policy::PrefillWorkersDecode;

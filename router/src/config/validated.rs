@@ -33,7 +33,7 @@ pub struct RouterConfig {
     /// How much work one request may ask of the engines.
     pub request_limits: RequestLimits,
     /// Per-model slots and queue.
-    pub admission: crate::admission::AdmissionSettings,
+    pub admission: crate::proxy::admission::AdmissionSettings,
     /// Connection limits of the client-facing server.
     pub conn_limits: ConnLimits,
     /// How client bodies may arrive and how many bytes of them the router holds at once.
@@ -50,7 +50,7 @@ pub struct RouterConfig {
     /// ([`RouterConfig::policy_settings`] puts them together).
     pub baseline_settings: PolicySettings,
     /// The index's settings; its block size is the default until the engines are asked
-    /// (`crate::kv::resolve_block_size`).
+    /// (`crate::fleet::kv::resolve_block_size`).
     pub kv_index: KvIndexConfig,
     /// `/metrics` and `/metrics/targets` need no token.
     pub metrics_public: bool,
@@ -74,7 +74,7 @@ pub struct RouterConfig {
     pub ownership_flush: Duration,
     pub ownership_claim_timeout: Duration,
     /// What the cost planner prices plans with; startup refines it with what the engines
-    /// report (`crate::step_budget::learn`).
+    /// report (`crate::fleet::step_budget::learn`).
     pub planner: OwnerServeConfig,
     /// Converts observed wall-clock prefill times into the workers' (simulated) time.
     pub planner_time_scale: f64,
@@ -197,7 +197,7 @@ impl RouterConfig {
             connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
-            admission: crate::admission::AdmissionSettings {
+            admission: crate::proxy::admission::AdmissionSettings {
                 max_inflight_per_worker: s.max_inflight_per_worker.max(1),
                 max_queued_per_model: s.max_queued_per_model,
                 queue_timeout: Duration::from_millis(s.queue_timeout_ms),

@@ -219,10 +219,10 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             let body = read_body(file.as_ref())?;
             let mut headers = Vec::new();
             if let Some(s) = session {
-                headers.push((crate::headers::SESSION_ID, s));
+                headers.push((crate::api::headers::SESSION_ID, s));
             }
             if fork {
-                headers.push((crate::headers::FORK, "true".to_owned()));
+                headers.push((crate::api::headers::FORK, "true".to_owned()));
             }
             (
                 api.call(Method::POST, "/admin/v1/plan/explain", Some(body), &headers)

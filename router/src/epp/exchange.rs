@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, Processin
 use super::pick::{self, Picked};
 use super::protocol::{self as p, BodyMode};
 use crate::error::ApiError;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// What the exchange knows so far.
 pub struct Exchange {

@@ -33,7 +33,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// The ext_proc service's name, as gRPC health reports it.
 pub const EXT_PROC_SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";

@@ -13,13 +13,13 @@ use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::PrefillCharge;
 use ownerserve_shim::openai::Endpoint;
 
-use crate::admission::Ticket;
 use crate::error::ApiError;
-use crate::ownership_sync::{Effects, Routed};
+use crate::fleet::registry::{InFlight, Registry, Worker};
+use crate::ownership::ownership_sync::{Effects, Routed};
+use crate::proxy::admission::Ticket;
 use crate::proxy::front::{front_half, Ask, Front};
 use crate::proxy::{claim, Planned};
-use crate::registry::{InFlight, Registry, Worker};
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// A pick: the endpoints to try in order (the owner first), and what the step's record
 /// needs once the gateway says which endpoint served.

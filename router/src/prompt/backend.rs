@@ -16,7 +16,7 @@ use super::error::PromptError;
 use super::{Hashing, Kept, PromptHasher};
 use crate::config::ModelTokenizer;
 use crate::error::ApiError;
-use crate::registry::ServedModel;
+use crate::fleet::registry::ServedModel;
 
 /// What a model's own tokenizer is asked to tokenize.
 enum ModelInput {

@@ -14,7 +14,7 @@ use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput};
 use super::cache::InputDigest;
 use super::{Hashing, PromptHasher};
 use crate::error::ApiError;
-use crate::registry::Registry;
+use crate::fleet::registry::Registry;
 use crate::upstream::EngineCalls;
 
 /// The engines a `tokenizer = "engine"` model asks.

@@ -24,8 +24,8 @@ use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{Decision, Dispatch};
 
 use super::identity::Identity;
-use crate::ownership_sync::owner_claim;
-use crate::state::AppState;
+use crate::ownership::ownership_sync::owner_claim;
+use crate::server::state::AppState;
 
 /// How a step's ownership was settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

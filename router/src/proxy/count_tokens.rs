@@ -10,7 +10,7 @@ use ownerserve_shim::openai::Endpoint;
 use super::front::{front_half, Ask};
 use crate::error::ApiError;
 use crate::prompt::Hashing;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the prompt as the router
 /// tokenizes it for routing (the model's own tokenizer and chat template when it has one).

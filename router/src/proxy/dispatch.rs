@@ -27,8 +27,8 @@ use ownerserve_shim::engines::{
     self, protocol, sglang, vllm, Pairing, EPOCH_HEADER, SESSION_HEADER,
 };
 
-use crate::ownership_sync::OwnershipSync;
-use crate::registry::{Registry, Worker};
+use crate::fleet::registry::{Registry, Worker};
+use crate::ownership::ownership_sync::OwnershipSync;
 use crate::upstream::{EngineCalls, ForwardError, Upstream};
 use ownerserve_ownership::node::Lookup;
 
@@ -407,7 +407,8 @@ impl Dispatcher<'_> {
             return Err(false);
         };
         let lease = sync.lease_of(target.id).ok_or(false)?;
-        let command = crate::ownership_sync::owner_claim(session, lease, step.lookup.epoch);
+        let command =
+            crate::ownership::ownership_sync::owner_claim(session, lease, step.lookup.epoch);
         match sync.client().write(command).await {
             Ok(Outcome::Owned { epoch, .. }) => Ok(epoch),
             Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) => Err(true),

@@ -12,11 +12,11 @@ use super::dispatch::Prepared;
 use super::identity::Identity;
 use super::relay::Decoded;
 use super::view::StepView;
-use crate::metrics::proxy::Placement;
-use crate::ownership_sync::{Effects, Routed};
-use crate::registry::Worker;
-use crate::sessions::{self, Activity};
-use crate::state::AppState;
+use crate::fleet::registry::Worker;
+use crate::ops::metrics::proxy::Placement;
+use crate::ownership::ownership_sync::{Effects, Routed};
+use crate::ownership::sessions::{self, Activity};
+use crate::server::state::AppState;
 use ownerserve_ownership::node::Lookup;
 
 /// Counts what the legs before the decode request did: a fallback, a migration's bytes,

@@ -11,10 +11,10 @@ use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
 use super::identity::{self, Identity};
 use super::{admit, ingress};
-use crate::admission::Ticket;
 use crate::error::ApiError;
 use crate::prompt::Hashing;
-use crate::state::AppState;
+use crate::proxy::admission::Ticket;
+use crate::server::state::AppState;
 
 /// What a caller asks of the front half.
 #[derive(Debug, Clone, Copy)]

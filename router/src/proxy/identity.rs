@@ -41,8 +41,8 @@ use axum::http::{HeaderMap, HeaderValue};
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_shim::openai::ParsedRequest;
 
+use crate::api::headers;
 use crate::error::ApiError;
-use crate::headers;
 use crate::prompt::{Hashing, PromptHasher};
 
 /// Who a step belongs to and its prompt.

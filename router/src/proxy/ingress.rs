@@ -19,8 +19,8 @@ use ownerserve_shim::openai::{self, Endpoint, ParsedRequest, RequestError};
 
 use crate::config::{BodySettings, RequestLimits};
 use crate::error::ApiError;
+use crate::fleet::registry::{ModelAvailability, Registry};
 use crate::prompt::Prompted;
-use crate::registry::{ModelAvailability, Registry};
 
 /// A client request read within its limit, with its id.
 pub struct Admitted {

@@ -24,6 +24,9 @@
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
 
+pub mod admission;
+pub(crate) mod busy_poll;
+
 pub mod claim;
 pub mod count_tokens;
 pub mod dispatch;
@@ -48,10 +51,10 @@ use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
 use ownerserve_planner::step::Ledger;
 use ownerserve_shim::openai::Endpoint;
 
-use crate::admission::{Refusal, Ticket};
 use crate::error::ApiError;
-use crate::registry::{InFlight, Worker};
-use crate::state::AppState;
+use crate::fleet::registry::{InFlight, Worker};
+use crate::proxy::admission::{Refusal, Ticket};
+use crate::server::state::AppState;
 use crate::upstream::ForwardError;
 use ownerserve_edge::http_metrics::Executed;
 
@@ -379,7 +382,7 @@ impl Attempt<'_> {
         // The ownership epoch the step ran under, for clients that check fencing.
         if let Some(epoch) = prepared.epoch {
             relayed.headers_mut().insert(
-                crate::headers::EPOCH,
+                crate::api::headers::EPOCH,
                 axum::http::HeaderValue::from(epoch.0),
             );
         }

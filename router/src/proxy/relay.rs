@@ -16,10 +16,10 @@ use axum::http::{header, HeaderName, HeaderValue, Response};
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 
+use crate::api::headers;
 use crate::error::ApiError;
-use crate::headers;
-use crate::registry::{InFlight, Worker};
-use crate::sessions::Activity;
+use crate::fleet::registry::{InFlight, Worker};
+use crate::ownership::sessions::Activity;
 
 const HOP_BY_HOP: &[HeaderName] = &[
     header::CONNECTION,
@@ -281,7 +281,7 @@ mod tests {
 
     use super::*;
     use crate::config::WorkerSpec;
-    use crate::registry::Registry;
+    use crate::fleet::registry::Registry;
 
     /// A worker's body: these frames, then the end or a failure.
     struct Scripted(VecDeque<Result<Bytes, std::io::Error>>);

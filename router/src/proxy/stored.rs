@@ -1,7 +1,7 @@
 //! Stored Responses answers on the request path: a follow-up (`previous_response_id`),
 //! a `GET /v1/responses/{id}` and a `POST /v1/responses/{id}/cancel` go to the worker
 //! that produced the response, as the directory (or, without one or before it has the
-//! record, this router: [`crate::response_owners`]) records it; a stored answer's owner is
+//! record, this router: [`crate::ownership::response_owners`]) records it; a stored answer's owner is
 //! recorded as it is relayed. An owner that is not answering gives `503
 //! response_owner_unavailable` (retryable) naming the response; one that is gone (its
 //! last directory lease ended, or it was removed) gives `410 response_lost`. A drained
@@ -19,9 +19,9 @@ use ownerserve_planner::ids::WorkerId;
 use ownerserve_shim::openai::ParsedRequest;
 
 use crate::error::ApiError;
-use crate::registry::Worker;
-use crate::response_owners;
-use crate::state::AppState;
+use crate::fleet::registry::Worker;
+use crate::ownership::response_owners;
+use crate::server::state::AppState;
 use crate::upstream::ForwardError;
 
 /// The worker a Responses follow-up must run on: the owner of its previous response

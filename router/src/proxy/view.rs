@@ -14,9 +14,9 @@ use ownerserve_planner::policy::{RouteRequest, WorkerView};
 use ownerserve_planner::step::{self, Owned, StepInput, ViewSources};
 
 use super::identity::Identity;
-use crate::kv::KvRouting;
-use crate::registry::{Registry, Worker};
-use crate::sessions::Sessions;
+use crate::fleet::kv::KvRouting;
+use crate::fleet::registry::{Registry, Worker};
+use crate::ownership::sessions::Sessions;
 use ownerserve_ownership::node::{DirectoryClient, Lookup};
 
 /// Which sources a policy reads (the planner's canonical [`step::Needs`]).
@@ -275,11 +275,11 @@ mod tests {
     fn candidates_carry_parked_returns_in_planner_time_only_for_policies_that_read_owners() {
         let registry = two_healthy_hybrids();
         let kv = kv_routing(&registry);
-        let sessions = crate::sessions::Sessions::new(ownerserve_planner::ewma::GapLease::new(
-            2.0, 60_000, 600_000,
-        ));
+        let sessions = crate::ownership::sessions::Sessions::new(
+            ownerserve_planner::ewma::GapLease::new(2.0, 60_000, 600_000),
+        );
         drop(sessions.start("s", WorkerId(1), vec![], 0).1);
-        let idle = crate::sessions::now_ms();
+        let idle = crate::ownership::sessions::now_ms();
         drop(sessions.start("s", WorkerId(1), vec![], idle + 500).1);
         let sources = Sources {
             registry: &registry,

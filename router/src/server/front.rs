@@ -19,7 +19,7 @@ use ownerserve_shim::openai::Endpoint;
 use tower_service::Service;
 
 use crate::api;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// What serves each client connection.
 #[derive(Clone)]

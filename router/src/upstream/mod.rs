@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 
 use crate::error::ApiError;
-use crate::registry::Worker;
+use crate::fleet::registry::Worker;
 use pool::{Pooled, SendError};
 
 /// The pooled client every worker call goes through.

@@ -15,8 +15,9 @@ use ownerserve_router::config::{
     parse_worker_flag, read_toml, worker_specs, KubernetesOverrides, RouterConfig, RouterFile,
     RouterOverrides, RouterSettings,
 };
-use ownerserve_router::logging::{self, LogFormat};
-use ownerserve_router::{server, up};
+use ownerserve_router::ops::logging::{self, LogFormat};
+use ownerserve_router::ops::up;
+use ownerserve_router::server;
 
 /// OwnerServe: an ownership-aware control plane for agentic LLM serving.
 #[derive(Debug, Parser)]

@@ -14,9 +14,9 @@ use ownerserve_shim::openai::ParsedRequest;
 
 use super::*;
 use crate::config::ModelTokenizer;
+use crate::fleet::registry::Registry;
 use crate::prompt::engine_tokenize::TOKENIZE_PATH;
 use crate::prompt::{Engines, Hashing, PromptHasher};
-use crate::registry::Registry;
 use crate::upstream::EngineCalls;
 
 fn chat(text: &str, n: u32) -> Vec<u8> {
@@ -266,7 +266,7 @@ async fn an_engine_model_is_tokenized_by_the_engine_and_without_one_by_the_built
 /// worker serving `tiny` (context 64) and its LoRA adapter `tiny-lora`.
 fn hasher_for_lora_and_limits() -> PromptHasher {
     use crate::config::WorkerSpec;
-    use crate::registry::ServedModel;
+    use crate::fleet::registry::ServedModel;
     use ownerserve_planner::ids::{EngineKind, Role};
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),

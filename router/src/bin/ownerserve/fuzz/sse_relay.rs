@@ -15,8 +15,8 @@ use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
 use ownerserve_planner::policy::PrefillCharge;
 use ownerserve_router::config::WorkerSpec;
 use ownerserve_router::error::ApiError;
+use ownerserve_router::fleet::registry::Registry;
 use ownerserve_router::proxy::relay::{relay, Patience};
-use ownerserve_router::registry::Registry;
 use ownerserve_shim::openai::Endpoint;
 
 use super::tokens;

@@ -17,8 +17,8 @@ use ownerserve_ownership::ids::SessionId;
 use ownerserve_ownership::{Command, Outcome};
 use ownerserve_shim::engines::{self, sim::DropRequest};
 
-use crate::sessions::{now_ms, Lapsed};
-use crate::state::AppState;
+use crate::ownership::sessions::{now_ms, Lapsed};
+use crate::server::state::AppState;
 
 /// How often the sweep runs.
 const SWEEP_EVERY: Duration = Duration::from_millis(200);

@@ -4,7 +4,7 @@
 //!
 //! A worker's configured `max_num_batched_tokens` wins; else an SGLang engine reports its
 //! budget in `/server_info` (its server arguments), read once at startup with the rest of
-//! what the engines report (`crate::engine_report`; a worker
+//! what the engines report (`crate::fleet::engine_report`; a worker
 //! that joins later from discovery, or was down then, keeps the default); else
 //! the planner keeps the router's setting or vLLM's default for the worker's GPU
 //! (`config::validated`). vLLM publishes no scheduler settings (its `cache_config_info`
@@ -18,8 +18,8 @@ use ownerserve_planner::plan::StepBudget;
 use ownerserve_shim::engines::{self, StepBudgetSource};
 
 use crate::config::RouterConfig;
-use crate::engine_report::EngineReport;
-use crate::registry::Registry;
+use crate::fleet::engine_report::EngineReport;
+use crate::fleet::registry::Registry;
 
 /// Puts the step budget every worker whose engine reports one (SGLang,
 /// `StepBudgetSource::SelfReport`) and has none configured reported

@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::DiscoverySetup;
-use crate::health::{self, HealthSettings};
-use crate::kv::{self, KvRouting};
-use crate::registry::{Registry, Worker};
+use crate::fleet::health::{self, HealthSettings};
+use crate::fleet::kv::{self, KvRouting};
+use crate::fleet::registry::{Registry, Worker};
 use crate::upstream::HttpClient;
 
 /// What a joining worker's tasks need.
@@ -55,8 +55,8 @@ pub fn discover(
     tasks: WorkerTasks,
 ) -> anyhow::Result<()> {
     let (tracker, shutdown) = (tasks.tracker.clone(), tasks.shutdown.clone());
-    let on_join: crate::discovery::watch::OnJoin = Arc::new(move |w| tasks.start(w));
-    tracker.spawn(crate::discovery::run(
+    let on_join: crate::fleet::discovery::watch::OnJoin = Arc::new(move |w| tasks.start(w));
+    tracker.spawn(crate::fleet::discovery::run(
         setup,
         registry.clone(),
         on_join,

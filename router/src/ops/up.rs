@@ -13,8 +13,8 @@ use ownerserve_planner::ids::EngineKind;
 use crate::config::{
     read_toml, DirectoryMode, RouterConfig, RouterOverrides, UpFile, WorkerSpec, DEFAULT_UP_TOML,
 };
-use crate::ha_directory::HaDirectory;
-use crate::logging::LogFormat;
+use crate::ops::ha_directory::HaDirectory;
+use crate::ops::logging::LogFormat;
 use crate::server;
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
 
@@ -64,7 +64,7 @@ pub async fn run(args: UpArgs, log: Option<LogFormat>) -> anyhow::Result<()> {
         Some(path) => read_toml(path)?,
         None => toml::from_str(DEFAULT_UP_TOML).context("embedded configs/up.toml")?,
     };
-    crate::logging::init(log.unwrap_or(file.router.log_format));
+    crate::ops::logging::init(log.unwrap_or(file.router.log_format));
     file.router.warn_deprecated();
     args.overrides.apply(&mut file.router);
     if let Some(scale) = args.time_scale {

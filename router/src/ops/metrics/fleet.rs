@@ -9,8 +9,8 @@ use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeV
 
 use ownerserve_shim::kv_events::subscriber::SubscriberStats;
 
-use crate::kv::KvRouting;
-use crate::registry::Registry as Workers;
+use crate::fleet::kv::KvRouting;
+use crate::fleet::registry::Registry as Workers;
 use ownerserve_edge::exposition::{
     counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter,
 };

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use ownerserve_planner::ids::WorkerId;
 
 use super::pod_worker::{PodWorker, WorkerKey};
-use crate::registry::{Registry, Worker};
+use crate::fleet::registry::{Registry, Worker};
 
 /// What one pass changes.
 #[derive(Debug, Clone, PartialEq)]

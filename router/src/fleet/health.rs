@@ -16,7 +16,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::registry::{Registry, ServedModel, Worker};
+use crate::fleet::registry::{Registry, ServedModel, Worker};
 use axum::http::HeaderValue;
 
 use crate::upstream::{get_small, get_small_as, ForwardError, HttpClient};

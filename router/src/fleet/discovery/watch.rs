@@ -20,7 +20,7 @@ use super::inference_pool::InferencePoolSpec;
 use super::pod_worker::{workers_of, PodMapping, PodWorker};
 use super::reconcile::Joined;
 use crate::config::{DiscoverySetup, PodSource};
-use crate::registry::{Registry, Worker};
+use crate::fleet::registry::{Registry, Worker};
 
 /// Why discovery could not start (it retries after its resync period).
 #[derive(Debug, thiserror::Error)]

@@ -13,7 +13,7 @@ use ownerserve_edge::api_keys::{self, ApiKeys};
 use ownerserve_edge::rate_limit::{RateLimit, RateLimiter};
 
 use crate::error::ApiError;
-use crate::metrics::proxy::ProxyMetrics;
+use crate::ops::metrics::proxy::ProxyMetrics;
 
 /// The keys and the rate limiter of the client API.
 pub struct ClientGate {

@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use ownerserve_planner::ids::{EngineKind, WorkerId};
 use ownerserve_shim::engines;
 
-use crate::registry::Registry;
+use crate::fleet::registry::Registry;
 use crate::upstream::{get_small, HttpClient};
 
 /// What one engine reported; `None` where it reported nothing (or could not be asked).

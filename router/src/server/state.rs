@@ -8,16 +8,16 @@ use std::sync::Arc;
 use tokio_util::task::TaskTracker;
 
 use crate::config::RouterConfig;
-use crate::kv::KvRouting;
-use crate::metrics::fleet::FleetMetrics;
-use crate::metrics::proxy::ProxyMetrics;
-use crate::ownership_sync::OwnershipSync;
+use crate::fleet::kv::KvRouting;
+use crate::fleet::registry::Registry;
+use crate::ops::metrics::fleet::FleetMetrics;
+use crate::ops::metrics::proxy::ProxyMetrics;
+use crate::ownership::ownership_sync::OwnershipSync;
+use crate::ownership::sessions::Sessions;
 use crate::prompt::{Hashing, PromptHasher};
 use crate::proxy::dispatch::Dispatcher;
 use crate::proxy::plan::RoutingPolicy;
 use crate::proxy::view::Sources;
-use crate::registry::Registry;
-use crate::sessions::Sessions;
 use crate::upstream::{EngineCalls, Upstream};
 use ownerserve_edge::http_metrics::HttpMetrics;
 use ownerserve_ownership::node::Node;
@@ -54,16 +54,16 @@ pub struct AppState {
     /// Owns every task the router starts, request hand-offs included.
     pub(crate) tasks: TaskTracker,
     /// Per-model slots and queue in front of the request path.
-    pub(crate) admission: crate::admission::Admission,
+    pub(crate) admission: crate::proxy::admission::Admission,
     /// API keys and per-key rate limits of `/v1`.
-    pub(crate) client_gate: Arc<crate::client_gate::ClientGate>,
+    pub(crate) client_gate: Arc<crate::api::client_gate::ClientGate>,
     /// How client bodies may arrive, and the bytes all of them may hold at once.
     pub(crate) body_limits: crate::proxy::ingress::BodyLimits,
     /// Which worker holds each stored Responses answer: this router's records, and the
     /// directory they are recorded in.
-    pub(crate) responses: Arc<crate::response_owners::Recorder>,
+    pub(crate) responses: Arc<crate::ownership::response_owners::Recorder>,
     /// Keeps the runtime polling for a short window after each request's activity.
-    pub(crate) busy_poll: crate::busy_poll::BusyPoll,
+    pub(crate) busy_poll: crate::proxy::busy_poll::BusyPoll,
 }
 
 impl AppState {

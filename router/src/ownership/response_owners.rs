@@ -30,7 +30,7 @@ use http_body::{Frame, SizeHint};
 use ownerserve_ownership::{Command, Outcome};
 use ownerserve_planner::ids::WorkerId;
 
-use crate::ownership_sync::OwnershipSync;
+use crate::ownership::ownership_sync::OwnershipSync;
 
 /// Records kept; past this the oldest is forgotten (the directory's cap is the same).
 const CAPACITY: usize = ownerserve_ownership::response_map::MAX_RESPONSES;

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// `GET /metrics`: the fleet and the embedded directory read now, then the exposition.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {

@@ -245,14 +245,15 @@ mod tests {
         let lines = lines(LogFormat::Text).await;
         assert_eq!(lines.len(), 2, "{lines:?}");
         assert!(
-            lines[0].contains(" WARN ownerserve_router::logging::tests: outside worker=\"a\" n=3"),
+            lines[0]
+                .contains(" WARN ownerserve_router::ops::logging::tests: outside worker=\"a\" n=3"),
             "{}",
             lines[0]
         );
         assert!(!lines[0].contains("request{"), "{}", lines[0]);
         assert!(
             lines[1].contains(
-                " WARN request{request_id=req-7 method=POST route=/v1/chat/completions}: ownerserve_router::logging::tests: inside ok=true"
+                " WARN request{request_id=req-7 method=POST route=/v1/chat/completions}: ownerserve_router::ops::logging::tests: inside ok=true"
             ),
             "{}",
             lines[1]

@@ -24,8 +24,8 @@ use ownerserve_shim::kv_events::subscriber::{
 use ownerserve_shim::load_metrics::{kv_capacity_tokens, parse_load};
 
 use crate::config::{FanoutRole, DEFAULT_KV_BLOCK_SIZE};
-use crate::engine_report::EngineReport;
-use crate::registry::{Registry, Worker};
+use crate::fleet::engine_report::EngineReport;
+use crate::fleet::registry::{Registry, Worker};
 use crate::upstream::{get_small, HttpClient};
 
 /// The router's KV view.

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::registry::Registry;
+use crate::fleet::registry::Registry;
 use flush::run;
 use leases::lease_to_write;
 

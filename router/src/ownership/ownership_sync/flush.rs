@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use super::commands::commands_for;
 use super::leases::{keep_or_grant, lease_to_write};
 use super::{Leases, Routed, SyncSettings};
-use crate::registry::Registry;
+use crate::fleet::registry::Registry;
 
 /// Most records the sync holds besides its channel: waiting for a lease, or for the flush
 /// in flight to finish (beyond, dropped and counted; each record holds a prompt's tokens).

@@ -266,7 +266,7 @@ pub(super) mod tests {
     use super::*;
 
     /// A decode worker `a` and a hybrid `b`, neither checked yet.
-    pub(in crate::registry) fn registry() -> Registry {
+    pub(in crate::fleet::registry) fn registry() -> Registry {
         let spec =
             |name: &str, role| WorkerSpec::new(name, "http://127.0.0.1:1", role, EngineKind::Sim);
         Registry::new(vec![spec("a", Role::Decode), spec("b", Role::Hybrid)])

@@ -31,7 +31,7 @@ impl HaDirectory {
     pub async fn start(admin_token: &str, tracker: &TaskTracker) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the ownerserve binary")?;
         let secret = ownerserve_edge::auth::random_token()?;
-        let data_dir = crate::scratch_dir::scratch_dir("up-ha");
+        let data_dir = crate::ops::scratch_dir::scratch_dir("up-ha");
         let ports = free_ports(NODES)?;
         let peers: Vec<String> = ports
             .iter()

@@ -15,7 +15,7 @@ use crate::prompt::Hashing;
 use crate::proxy::front::{front_half, Ask};
 use crate::proxy::identity::Identity;
 use crate::proxy::view::Needs;
-use crate::state::AppState;
+use crate::server::state::AppState;
 
 /// Explains the plan for a chat request (with its session and fork headers), reading
 /// every source whatever the routing policy reads.
