@@ -90,7 +90,9 @@ impl Sim<'_> {
         self.start_idle_tracking(session, worker, &hashes, now);
 
         let placement = placement_of(&decision, &views[worker]);
-        let held = cached[worker] as u64 * u64::from(self.block);
+        // What the router charges: the prefix its view showed the policy (none for a
+        // policy that does not match prefixes), not the engine's exact cache.
+        let held = u64::from(views[worker].cached_blocks) * u64::from(self.block);
         let charged = self.engines[worker].ledger.start_request(
             &decision,
             route.prompt_blocks(),
