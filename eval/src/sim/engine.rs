@@ -1,8 +1,8 @@
 //! One simulated worker: the live sim engine's [`Scheduler`] stepped in virtual time,
 //! plus what the router counts about it, in the router's own ledger
 //! ([`ownerserve_planner::step`]: requests in flight, blocks and prefill tokens it sent
-//! there, the decodes' ages). The live engine actor steps, sleeps the step's duration, delivers; here a
-//! step's end is an event at `start + duration`.
+//! there, the decodes' ages). The live engine actor steps, sleeps the step's duration,
+//! delivers; here a step's end is an event at `start + duration`.
 
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::policy::{EngineLoad, WorkerView};
