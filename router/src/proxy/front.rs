@@ -1,18 +1,19 @@
 //! The front half of a request, one function for every caller that plans from a client's
 //! body (the proxy, `explain`, the endpoint picker, `count_tokens`): read the body within
 //! its limit, parse and validate it (ingress), take an admission slot when the caller
-//! serves the request, then the step's identity and prompt (refused by ingress when it
-//! does not fit the model's context). What the caller does next borrows all of it, so it
-//! runs as `then`.
+//! serves the request, then the step's identity and prompt ([`step_identity`]: ingress
+//! refuses a prompt over the model's context before the identity is made). What the
+//! caller does next borrows all of it, so it runs as `then`.
 
 use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue};
 
 use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
 use super::identity::{self, Identity};
 use super::{admit, ingress};
 use crate::error::ApiError;
-use crate::prompt::Hashing;
+use crate::prompt::{Hashing, PromptHasher};
 use crate::proxy::admission::Ticket;
 use crate::server::state::AppState;
 
@@ -49,9 +50,14 @@ pub(crate) async fn front_half<T>(
         true => Some(admit(st, &parsed.model).await?),
         false => None,
     };
-    let headers = &req.parts.headers;
-    let id =
-        identity::identify(&st.prompts, headers, &parsed, &req.request_id, ask.hashing).await?;
+    let id = step_identity(
+        &st.prompts,
+        &req.parts.headers,
+        &parsed,
+        &req.request_id,
+        ask.hashing,
+    )
+    .await?;
     then(Front {
         req: &req,
         parsed: &parsed,
@@ -59,4 +65,26 @@ pub(crate) async fn front_half<T>(
         ticket,
     })
     .await
+}
+
+/// Sessions → prompt → context check → identity: the agent ids name the prompt's key, the
+/// prompt service tokenizes and hashes, ingress refuses a prompt over the model's context,
+/// and only then is the step's identity made.
+pub(crate) async fn step_identity<'a>(
+    prompts: &PromptHasher,
+    headers: &'a HeaderMap,
+    parsed: &'a ParsedRequest<'_>,
+    request_id: &HeaderValue,
+    hashing: Hashing,
+) -> Result<Identity<'a>, ApiError> {
+    let ids = identity::agent_ids(headers, parsed);
+    let prompted = prompts.prompt(parsed, ids.kept_as(), hashing).await?;
+    ingress::check_context(parsed, &prompted)?;
+    Ok(identity::identify(
+        ids,
+        headers,
+        parsed,
+        request_id,
+        prompted.hashed,
+    ))
 }

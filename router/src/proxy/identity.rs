@@ -1,7 +1,8 @@
 //! Identity: who a step belongs to. The session, a fork's child session and side requests
 //! come from headers and body (below); the prompt is the prompt service's
-//! ([`crate::prompt`]), keyed by the session's context window, and refused by ingress when
-//! it does not fit the model's context.
+//! ([`crate::prompt`]), keyed by [`AgentIds::kept_as`]; the front half
+//! ([`super::front`]) runs them in order and lets ingress refuse a prompt over the model's
+//! context before the identity is made.
 //!
 //! Sessions come from the coding agents' own headers and bodies, at two levels: the
 //! **agent** (a thread or sub-agent: KV affinity and ownership follow it) and its **root**
@@ -42,8 +43,6 @@ use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_shim::openai::ParsedRequest;
 
 use crate::api::headers;
-use crate::error::ApiError;
-use crate::prompt::{Hashing, PromptHasher};
 
 /// Who a step belongs to and its prompt.
 #[derive(Debug)]
@@ -81,35 +80,29 @@ impl Identity<'_> {
     }
 }
 
-/// The step's identity, its prompt computed by `prompts`; `request_id` names an unnamed
-/// fork's child.
-pub async fn identify<'a>(
-    prompts: &PromptHasher,
+/// The step's identity from its agent ids and its prompt (computed by the prompt service
+/// for [`AgentIds::kept_as`]); `request_id` names an unnamed fork's child.
+pub fn identify<'a>(
+    ids: AgentIds<'a>,
     headers: &'a HeaderMap,
-    parsed: &'a ParsedRequest<'_>,
+    parsed: &ParsedRequest<'_>,
     request_id: &HeaderValue,
-    hashing: Hashing,
-) -> Result<Identity<'a>, ApiError> {
-    let ids = agent_ids(headers, parsed);
-    let session = ids.agent.filter(|_| !ids.side);
-    // The prompt kept for the next step: per context window (a Codex compaction starts a
-    // new one, whose prefix shares nothing with the old).
-    let kept_as = ids.window.or(session).filter(|_| !ids.side);
-    let prompted = prompts.prompt(parsed, kept_as, hashing).await?;
-    super::ingress::check_context(parsed, &prompted)?;
+    prompt: Arc<HashedPrompt>,
+) -> Identity<'a> {
+    let session = ids.session();
     let fork = fork_of(headers);
     let child = (fork.is_some() || parsed.sampling.n > 1)
         .then(|| session.map(|s| child_session(s, fork, request_id)))
         .flatten();
-    Ok(Identity {
+    Identity {
         session,
         root: ids.root,
         parent: ids.parent,
         side: ids.side,
         fork: fork.is_some(),
         child,
-        prompt: prompted.hashed,
-    })
+        prompt,
+    }
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -156,6 +149,20 @@ pub struct AgentIds<'a> {
     pub harness: Harness,
 }
 
+impl<'a> AgentIds<'a> {
+    /// The session the step is served for: the agent, unless this is a side request.
+    pub fn session(&self) -> Option<&'a str> {
+        self.agent.filter(|_| !self.side)
+    }
+
+    /// The key the prompt is kept under for the next step: the context window (a Codex
+    /// compaction starts a new one, whose prefix shares nothing with the old), else the
+    /// session.
+    pub fn kept_as(&self) -> Option<&'a str> {
+        self.window.or(self.session()).filter(|_| !self.side)
+    }
+}
+
 /// The value of header `name` (lowercase, with hyphens), or else of its underscore
 /// spelling, if non-empty. One pass over the request's few headers, without allocating:
 /// this runs on every request for each of the harnesses' headers.
@@ -192,7 +199,7 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
     let no_tools = parsed.template.tools_json.is_none();
     // Claude Code.
     let claude_session =
-        header(headers, "x-claude-code-session-id").or(parsed.user_id_session.as_deref());
+        header(headers, "x-claude-code-session-id").or_else(|| session_in_user_id(parsed));
     if let Some(root) = claude_session {
         let agent = header(headers, "x-claude-code-agent-id");
         let parent = header(headers, "x-claude-code-parent-agent-id").or(agent.map(|_| root));
@@ -247,6 +254,26 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
         side: false,
         harness: Harness::Generic,
     }
+}
+
+/// The session a Claude Code `metadata.user_id` names: a JSON string
+/// `{"device_id", "account_uuid", "session_id"}`, or (older versions) `…_session_<uuid>`.
+/// A `session_id` written with JSON escapes is not read (Claude Code's is a UUID).
+fn session_in_user_id<'a>(parsed: &'a ParsedRequest<'_>) -> Option<&'a str> {
+    #[derive(serde::Deserialize)]
+    struct UserId<'a> {
+        #[serde(borrow)]
+        session_id: Option<&'a str>,
+    }
+    let user_id = parsed.metadata_user_id.as_deref()?;
+    let session = if user_id.trim_start().starts_with('{') {
+        serde_json::from_str::<UserId<'_>>(user_id)
+            .ok()?
+            .session_id?
+    } else {
+        user_id.rsplit_once("_session_")?.1
+    };
+    Some(session).filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]

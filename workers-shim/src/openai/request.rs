@@ -109,24 +109,9 @@ pub struct ParsedRequest<'a> {
     pub background: bool,
     /// Responses: the client's prompt-cache key (Codex sends its thread id).
     pub prompt_cache_key: Option<Cow<'a, str>>,
-    /// Messages: the session named in `metadata.user_id` (Claude Code's is a JSON string
-    /// `{"device_id", "account_uuid", "session_id"}`; older ones end `_session_<uuid>`).
-    pub user_id_session: Option<Cow<'a, str>>,
-}
-
-/// The session id inside a Claude Code `metadata.user_id`.
-fn session_in_user_id(user_id: &str) -> Option<String> {
-    if user_id.trim_start().starts_with('{') {
-        let v: serde_json::Value = serde_json::from_str(user_id).ok()?;
-        return v["session_id"]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned);
-    }
-    user_id
-        .rsplit_once("_session_")
-        .map(|(_, s)| s.to_owned())
-        .filter(|s| !s.is_empty())
+    /// Messages: `metadata.user_id` as sent (Claude Code names its session in it; the
+    /// router's identity reads it).
+    pub metadata_user_id: Option<Cow<'a, str>>,
 }
 
 const ROLES: &[&str] = &[
@@ -454,10 +439,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
         store: store && responses,
         background,
         prompt_cache_key: prompt_cache_key.map(|p| p.0),
-        user_id_session: metadata_user_id
-            .as_deref()
-            .and_then(session_in_user_id)
-            .map(Cow::Owned),
+        metadata_user_id,
     })
 }
 

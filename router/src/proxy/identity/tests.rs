@@ -12,11 +12,11 @@ use ownerserve_planner::hash::{block_seed, XXH3_SEED};
 use ownerserve_shim::hf_tokenizer::HfTokenizer;
 use ownerserve_shim::openai::ParsedRequest;
 
-use super::*;
 use crate::config::ModelTokenizer;
 use crate::fleet::registry::Registry;
 use crate::prompt::engine_tokenize::TOKENIZE_PATH;
 use crate::prompt::{Engines, Hashing, PromptHasher};
+use crate::proxy::front::step_identity as identify;
 use crate::upstream::EngineCalls;
 
 fn chat(text: &str, n: u32) -> Vec<u8> {
@@ -518,6 +518,13 @@ mod agents {
             (Some("cc-1"), Harness::ClaudeCode)
         );
         assert!(ids.side, "no tools: a title or topic request");
+        // Older Claude Code: `user_<hash>_account__session_<uuid>`; an empty one names none.
+        let body = br#"{"model":"m","max_tokens":8,"metadata":{"user_id":"user_ab_account__session_cc-2"},"messages":[{"role":"user","content":"hi"}]}"#;
+        let p = parse(body, Endpoint::Messages).unwrap();
+        assert_eq!(agent_ids(&none, &p).agent, Some("cc-2"));
+        let body = br#"{"model":"m","max_tokens":8,"metadata":{"user_id":"user_ab_session_"},"messages":[{"role":"user","content":"hi"}]}"#;
+        let p = parse(body, Endpoint::Messages).unwrap();
+        assert_eq!(agent_ids(&none, &p).harness, Harness::Generic);
         let body = br#"{"model":"m","input":"hi","prompt_cache_key":"k"}"#;
         let p = parse(body, Endpoint::Responses).unwrap();
         assert_eq!(agent_ids(&none, &p).agent, Some("k"));
