@@ -1,14 +1,18 @@
-//! Feedback: what an executed step teaches the router. The dispatch legs' outcome goes to
-//! metrics and the policy's calibration; the decode worker's answer to the plan metrics,
-//! and its stream's decode time (once it ends) to the policy's decode lifetime;
-//! the prompt's block hashes (from the identity stage, never re-derived from the body) to
-//! the approximate KV index, the session's idle tracking and the ownership records.
+//! Feedback, the last stage of an attempt: it consumes the attempt's [`Outcome`] and records
+//! what the executed step teaches the router. The dispatch legs' outcome goes to metrics
+//! and the policy's calibration; the decode worker's answer to the plan metrics; the
+//! prompt's block hashes (from the identity stage, never re-derived from the body) to the
+//! approximate KV index, the session's idle tracking and the ownership records. What can be
+//! learned only when the stream ends (the session's activity, the decode time for the
+//! policy's decode lifetime) it hands to the relay as [`Learned`].
+
+use std::sync::Arc;
 
 use ownerserve_planner::plan::Action;
 use ownerserve_planner::policy::{Decision, Dispatch};
 use ownerserve_shim::engines::KV_RECEIVED_BYTES_HEADER;
 
-use super::dispatch::Prepared;
+use super::dispatch::{Prepared, Sent};
 use super::identity::Identity;
 use super::relay::Decoded;
 use super::view::StepView;
@@ -19,9 +23,50 @@ use crate::ownership::sessions::{self, Activity};
 use crate::server::state::AppState;
 use ownerserve_ownership::node::Lookup;
 
+/// What one attempt of a step did.
+pub struct Outcome<'a> {
+    pub decision: &'a Decision,
+    pub view: &'a StepView<'a>,
+    pub id: &'a Identity<'a>,
+    /// The decode worker.
+    pub worker: &'a Arc<Worker>,
+    /// The legs run before the decode request.
+    pub prepared: &'a Prepared,
+    /// The decode worker's answer; `None` when it could not be reached.
+    pub sent: Option<&'a Sent>,
+}
+
+/// What feedback leaves to the relay, for when the stream ends.
+pub struct Learned {
+    /// The session's activity, held until the response ends.
+    pub activity: Option<Activity>,
+    /// Where the relay reports the stream's decode time.
+    pub decoded: Option<Decoded>,
+}
+
+/// Records `outcome`: the legs always; the step itself when the decode worker accepted it
+/// (otherwise nothing is left for the relay).
+pub fn learn(st: &AppState, outcome: &Outcome<'_>) -> Learned {
+    let action = outcome.decision.action();
+    legs_ran(st, action, outcome.prepared);
+    let Some(sent) = outcome.sent else {
+        return Learned {
+            activity: None,
+            decoded: None,
+        };
+    };
+    if sent.pair_failed {
+        st.metrics.fallback(action);
+    }
+    Learned {
+        activity: accepted(st, outcome, &sent.response),
+        decoded: decode_observer(st, outcome.worker),
+    }
+}
+
 /// Counts what the legs before the decode request did: a fallback, a migration's bytes,
 /// and a timed prefill leg for the policy's calibration.
-pub fn legs_ran(st: &AppState, action: Action, prepared: &Prepared) {
+fn legs_ran(st: &AppState, action: Action, prepared: &Prepared) {
     if prepared.fell_back {
         st.metrics.fallback(action);
     }
@@ -47,15 +92,19 @@ pub fn decode_observer(st: &AppState, worker: &Worker) -> Option<Decoded> {
 /// Records a step the decode worker accepted: its metrics, where its prompt now is, the
 /// session's activity (returned, to be held until the response ends) and the directory
 /// records of its ownership.
-pub fn accepted(
+fn accepted(
     st: &AppState,
-    decision: &Decision,
-    view: &StepView<'_>,
-    id: &Identity<'_>,
-    worker: &Worker,
+    outcome: &Outcome<'_>,
     response: &hyper::Response<crate::upstream::pool::Pooled>,
-    prepared: &Prepared,
 ) -> Option<Activity> {
+    let Outcome {
+        decision,
+        view,
+        id,
+        worker,
+        prepared,
+        ..
+    } = *outcome;
     observe(st, decision, view, id.session, response, prepared);
     // Only what the policy itself hashed feeds the index and the idle tail (a policy
     // that reads neither hashes the prompt only for the ownership records).

@@ -311,8 +311,9 @@ impl Attempt<'_> {
         (in_flight, prepared)
     }
 
-    /// Runs the legs and sends the decode request; `cached_blocks` of the prompt are
-    /// already on `worker`.
+    /// Runs the legs and sends the decode request, then feedback (the last stage) consumes
+    /// the attempt's outcome and the relay streams the answer; `cached_blocks` of the
+    /// prompt are already on `worker`.
     async fn run(
         &self,
         decision: &Decision,
@@ -325,7 +326,6 @@ impl Attempt<'_> {
         if prepared.stale {
             return Err(ForwardError::StaleView);
         }
-        feedback::legs_ran(st, action, &prepared);
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,
@@ -334,10 +334,19 @@ impl Attempt<'_> {
             self.client_headers,
             &prepared,
         )
-        .await?;
-        if sent.pair_failed {
-            st.metrics.fallback(action);
-        }
+        .await;
+        let learned = feedback::learn(
+            st,
+            &feedback::Outcome {
+                decision,
+                view,
+                id: self.id,
+                worker,
+                prepared: &prepared,
+                sent: sent.as_ref().ok(),
+            },
+        );
+        let sent = sent?;
         if tracing::enabled!(tracing::Level::DEBUG) {
             let reason = decision
                 .plan
@@ -347,19 +356,10 @@ impl Attempt<'_> {
             let reason = st.registry.name_workers(&reason);
             tracing::debug!(action = action.name(), worker = %worker.spec.name, fell_back = prepared.fell_back, reason, "plan executed");
         }
-        let activity = feedback::accepted(
-            st,
-            decision,
-            view,
-            self.id,
-            worker,
-            &sent.response,
-            &prepared,
-        );
         let first_byte = relay::FirstByte {
             histogram: st.metrics.ttft(action),
             started: self.started,
-            decoded: feedback::decode_observer(st, worker),
+            decoded: learned.decoded,
         };
         let patience = relay::Patience {
             first: st.cfg.request_timeout,
@@ -370,7 +370,7 @@ impl Attempt<'_> {
             sent.response,
             worker,
             in_flight,
-            activity,
+            learned.activity,
             Some(first_byte),
             patience,
             self.endpoint,
