@@ -1,11 +1,9 @@
 //! What the router does with the ownership directory: what it records there and the
 //! workers' leases (`ownership_sync`), idle sessions and the returns they will send
-//! (`sessions`), their demotion (`demotion`), the owners of stored Responses answers
-//! ([`response_owners`]) and the operator view of a remote cluster from this router's
-//! replica (`replica_admin`). The directory itself is `ownerserve_ownership`'s.
+//! (`sessions`), their demotion (`demotion`) and the operator view of a remote cluster
+//! from this router's replica (`replica_admin`). The directory itself is `ownerserve_ownership`'s.
 
 pub(crate) mod demotion;
 pub(crate) mod ownership_sync;
 pub(crate) mod replica_admin;
-pub mod response_owners;
 pub(crate) mod sessions;

@@ -133,7 +133,7 @@ impl AppState {
             };
             OwnershipSync::spawn(c, registry.clone(), settings, tracker, shutdown.clone())
         });
-        let responses = crate::ownership::response_owners::Recorder::new(&ownership, &cfg);
+        let responses = crate::api::responses::owners::Recorder::new(&ownership, &cfg);
         let engines: Arc<dyn EngineCalls> = Arc::new(upstream.clone());
         let (admission, client_gate, body_limits) = gates(&cfg, &proxy_metrics);
         let state = Arc::new(AppState {
@@ -397,7 +397,7 @@ async fn workers(State(st): State<Arc<AppState>>) -> Response {
     let mut rows = serde_json::to_value(st.registry.describe()).unwrap_or_default();
     // With a directory: the stored responses each worker holds (what a drain leaves).
     if let (Some(held), Some(rows)) = (
-        crate::proxy::stored::held_per_worker(&st),
+        crate::api::responses::held_per_worker(&st),
         rows.as_array_mut(),
     ) {
         // Rows are named by worker name (describe() leaves retired workers out).

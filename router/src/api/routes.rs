@@ -1,16 +1,14 @@
-//! The client API's axum routes, one per row of [`ENDPOINTS`]: keys and rates in front of
-//! them all when configured, and Anthropic's error shape on the rows that have it.
+//! The client API's axum routes, one per row of [`ENDPOINTS`], each to its surface's
+//! handler: keys and rates in front of them all when configured, and Anthropic's error
+//! shape on the rows that have it.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Request, State};
 use axum::routing::{on, MethodFilter, MethodRouter};
-use axum::{Json, Router};
-use serde_json::json;
+use axum::Router;
 
 use super::endpoints::{ApiEndpoint, ErrorShape, Serves, ENDPOINTS};
-use crate::error::ApiError;
 use crate::server::state::AppState;
 
 /// The client API (`/v1/...`), from the table.
@@ -50,43 +48,11 @@ fn method_router(endpoint: &ApiEndpoint) -> MethodRouter<Arc<AppState>> {
                 crate::proxy::handle(&st, req, api).await
             },
         ),
-        Serves::CountTokens => on(filter, count_tokens),
-        Serves::StoredGet => on(filter, get_response),
-        Serves::StoredCancel => on(filter, cancel_response),
-        Serves::Models => on(filter, models),
+        Serves::CountTokens => on(filter, super::messages::count_tokens),
+        Serves::StoredGet => on(filter, super::responses::get),
+        Serves::StoredCancel => on(filter, super::responses::cancel),
+        Serves::Models => on(filter, super::models::models),
     }
-}
-
-/// `POST /v1/messages/count_tokens`: the prompt's tokens as the router routes them.
-async fn count_tokens(State(st): State<Arc<AppState>>, req: Request) -> Result<Response, ApiError> {
-    crate::proxy::count_tokens::count_tokens(&st, req).await
-}
-
-/// `GET /v1/responses/{id}`: from the worker that stored it.
-async fn get_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    crate::proxy::stored::get(&st, &id).await
-}
-
-/// `POST /v1/responses/{id}/cancel`: at the worker that runs it.
-async fn cancel_response(
-    State(st): State<Arc<AppState>>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    crate::proxy::stored::cancel(&st, &id).await
-}
-
-/// `GET /v1/models`.
-async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<_> = st
-        .registry
-        .healthy_models()
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "ownerserve"}))
-        .collect();
-    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 #[cfg(test)]

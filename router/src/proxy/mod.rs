@@ -3,8 +3,8 @@
 //! ```text
 //! ingress   read the body within its limit, parse and validate it, check the model
 //!    ↓
-//! identity  session, fork child, prompt tokens and block hashes (one HashedPrompt)
-//!    ↓
+//! identity  sessions, then the prompt (tokens and block hashes, one HashedPrompt), which
+//!    ↓      ingress refuses when over the model's context, then the fork child
 //! view      the planner's input: directory lookup, KV-index matches, worker load
 //!    ↓
 //! plan      the routing policy's decision
@@ -13,13 +13,15 @@
 //!    ↓
 //! dispatch  the engines' protocols: prefill legs, fetch, migration, the decode request
 //!    ↓
-//! relay     the worker's response streamed back
-//!    ↓
-//! feedback  metrics, calibration, KV index, session activity, ownership records
+//! feedback  the attempt's outcome: metrics, calibration, KV index, session activity,
+//!    ↓      ownership records
+//! relay     the worker's response streamed back (it reports the decode time and ends
+//!           the session's activity, as feedback asked, when the stream ends)
 //! ```
 //!
 //! Ingress and identity are the front half (`front::front_half`), shared with `explain`,
-//! the endpoint picker and `count_tokens`.
+//! the endpoint picker and `count_tokens`. What an API surface serves beyond generation
+//! lives in [`crate::api`].
 //!
 //! A worker that refuses the connection is marked down and the step is planned again
 //! without it; any other failure is the client's error.
@@ -28,7 +30,6 @@ pub mod admission;
 pub(crate) mod busy_poll;
 
 pub mod claim;
-pub mod count_tokens;
 pub mod dispatch;
 pub mod feedback;
 pub(crate) mod front;
@@ -36,7 +37,6 @@ pub mod identity;
 pub mod ingress;
 pub mod plan;
 pub mod relay;
-pub mod stored;
 pub mod view;
 
 use std::sync::Arc;
@@ -51,6 +51,7 @@ use ownerserve_planner::policy::{Decision, Dispatch, PrefillCharge};
 use ownerserve_planner::step::Ledger;
 use ownerserve_shim::openai::Endpoint;
 
+use crate::api::responses;
 use crate::error::ApiError;
 use crate::fleet::registry::{InFlight, Worker};
 use crate::proxy::admission::{Refusal, Ticket};
@@ -90,7 +91,7 @@ async fn serve(
         .sources()
         .step(&parsed.model, id, parsed.sampling.n, needs);
     // A Responses follow-up goes where its previous response is stored.
-    let pinned = stored::owner_of_previous(st, parsed).await?;
+    let pinned = responses::owner_of_previous(st, parsed).await?;
     let mut replans = 0;
     let mut failed = Vec::new();
     loop {
@@ -135,7 +136,7 @@ async fn serve(
             Err(ForwardError::Connect) => {
                 worker.mark_down("connection refused");
                 if pinned.is_some() {
-                    return Err(stored::owner_down(parsed, &worker.spec.name));
+                    return Err(responses::owner_down(parsed, &worker.spec.name));
                 }
                 failed.push(worker.id);
             }
@@ -377,7 +378,7 @@ impl Attempt<'_> {
         );
         relayed.extensions_mut().insert(Executed(action.name()));
         if self.stores_response {
-            relayed = stored::record_owner(st, worker.id, relayed);
+            relayed = responses::record_owner(st, worker.id, relayed);
         }
         // The ownership epoch the step ran under, for clients that check fencing.
         if let Some(epoch) = prepared.epoch {

@@ -61,7 +61,7 @@ pub struct AppState {
     pub(crate) body_limits: crate::proxy::ingress::BodyLimits,
     /// Which worker holds each stored Responses answer: this router's records, and the
     /// directory they are recorded in.
-    pub(crate) responses: Arc<crate::ownership::response_owners::Recorder>,
+    pub(crate) responses: Arc<crate::api::responses::owners::Recorder>,
     /// Keeps the runtime polling for a short window after each request's activity.
     pub(crate) busy_poll: crate::proxy::busy_poll::BusyPoll,
 }

@@ -1,16 +1,20 @@
-//! Stored Responses answers on the request path: a follow-up (`previous_response_id`),
-//! a `GET /v1/responses/{id}` and a `POST /v1/responses/{id}/cancel` go to the worker
-//! that produced the response, as the directory (or, without one or before it has the
-//! record, this router: [`crate::ownership::response_owners`]) records it; a stored answer's owner is
-//! recorded as it is relayed. An owner that is not answering gives `503
-//! response_owner_unavailable` (retryable) naming the response; one that is gone (its
-//! last directory lease ended, or it was removed) gives `410 response_lost`. A drained
-//! owner keeps serving the responses it holds: they exist nowhere else.
+//! The Responses API's stored answers (the requests themselves are proxied like every
+//! generation): a follow-up (`previous_response_id`), a `GET /v1/responses/{id}` and a
+//! `POST /v1/responses/{id}/cancel` go to the worker that produced the response, as the
+//! directory (or, without one or before it has the record, this router: [`owners`])
+//! records it; a stored answer's owner is recorded as it is relayed. An owner that is not
+//! answering gives `503 response_owner_unavailable` (retryable) naming the response; one
+//! that is gone (its last directory lease ended, or it was removed) gives `410
+//! response_lost`. A drained owner keeps serving the responses it holds: they exist
+//! nowhere else.
+
+pub mod owners;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -20,7 +24,6 @@ use ownerserve_shim::openai::ParsedRequest;
 
 use crate::error::ApiError;
 use crate::fleet::registry::Worker;
-use crate::ownership::response_owners;
 use crate::server::state::AppState;
 use crate::upstream::ForwardError;
 
@@ -118,7 +121,7 @@ pub fn record_owner(st: &AppState, worker: WorkerId, response: Response) -> Resp
         return response;
     }
     let recorder = st.responses.clone();
-    response.map(|b| Body::new(response_owners::Recording::new(b, worker, recorder)))
+    response.map(|b| Body::new(owners::Recording::new(b, worker, recorder)))
 }
 
 /// A worker's small answer as the client's response.
@@ -173,12 +176,18 @@ async fn at_owner(st: &AppState, id: &str, path: &str, post: bool) -> Result<Res
     }
 }
 
-/// `GET /v1/responses/{id}`.
-pub async fn get(st: &AppState, id: &str) -> Result<Response, ApiError> {
-    at_owner(st, id, &format!("/v1/responses/{id}"), false).await
+/// `GET /v1/responses/{id}`: from the worker that stored it.
+pub async fn get(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    at_owner(&st, &id, &format!("/v1/responses/{id}"), false).await
 }
 
-/// `POST /v1/responses/{id}/cancel`.
-pub async fn cancel(st: &AppState, id: &str) -> Result<Response, ApiError> {
-    at_owner(st, id, &format!("/v1/responses/{id}/cancel"), true).await
+/// `POST /v1/responses/{id}/cancel`: at the worker that runs it.
+pub async fn cancel(
+    State(st): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    at_owner(&st, &id, &format!("/v1/responses/{id}/cancel"), true).await
 }
