@@ -79,6 +79,15 @@ impl Engine {
             kv_capacity_tokens: Some(pool.capacity() as u64 * block),
             kv_room_tokens: Some((pool.capacity() - pool.holding()) as u64 * block),
         };
-        step::worker_view(facts, Some(load), &self.ledger)
+        let mut view = step::worker_view(facts, Some(load), &self.ledger);
+        // As the router folds in what it sends between two scrapes (`proxy::view`); the
+        // pool's own holding stands for the router's KV index.
+        step::predict_kv_usage(
+            &mut view,
+            block,
+            pool.capacity() as u64 * block,
+            pool.holding() as u64 * block,
+        );
+        view
     }
 }
