@@ -37,6 +37,7 @@ pub mod ids;
 pub mod kv_index;
 pub mod kv_release;
 pub mod kv_state;
+pub mod lifecycle;
 pub mod plan;
 pub mod policy;
 pub mod roofline;

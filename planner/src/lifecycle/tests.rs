@@ -1,0 +1,122 @@
+//! The lifecycle decision's tests: each course wins where it should.
+
+use super::*;
+
+fn levers(retention: Retention, host_tier: bool) -> Levers {
+    Levers {
+        priority: true,
+        retention,
+        host_tier,
+    }
+}
+
+fn owner(usage: f64, churn: f64, levers: Levers) -> OwnerKv {
+    OwnerKv {
+        levers,
+        capacity_tokens: 1_000_000,
+        usage,
+        churn_tokens_per_s: churn,
+        host_free_tokens: if levers.host_tier { 10_000_000 } else { 0 },
+    }
+}
+
+/// An 80K-token coding session: 4 s to prefill, 0.2 s over PCIe.
+fn prices() -> Prices {
+    Prices {
+        recompute_s: 4.0,
+        restore_s: 0.2,
+        offload_s: 0.2,
+        touch_s: 0.02,
+    }
+}
+
+fn parked(median_s: f64, p90_s: f64) -> Parked {
+    Parked {
+        context_tokens: 80_000,
+        gap: GapEstimate::from_median_p90(median_s, p90_s),
+        idle_s: 0.0,
+        p_return: 0.95,
+    }
+}
+
+fn decide_for(p: Parked, kv: OwnerKv) -> Lifecycle {
+    decide(&p, &kv, &prices(), &LifecycleWeights::default())
+}
+
+#[test]
+fn an_idle_fleet_lets_the_lru_keep_it() {
+    // Nothing written: nothing will evict it.
+    let l = decide_for(
+        parked(40.0, 120.0),
+        owner(0.2, 0.0, levers(Retention::Touch, true)),
+    );
+    assert_eq!(l.hold, Hold::LetGo, "{l:?}");
+    assert_eq!(l.costs[3], 0.0);
+}
+
+#[test]
+fn a_short_tool_call_is_back_before_the_lru_turns_over() {
+    // 20K tokens/s of churn on 800K evictable: a 40 s horizon; a 1 s `ls` returns first.
+    let l = decide_for(
+        parked(1.0, 3.0),
+        owner(0.2, 20_000.0, levers(Retention::Touch, false)),
+    );
+    assert_eq!(l.hold, Hold::LetGo, "{l:?}");
+}
+
+#[test]
+fn a_test_run_under_a_flood_is_offloaded_and_restored_before_it_returns() {
+    // 100K tokens/s of churn on 200K evictable: the LRU turns over in 2 s; the test run
+    // takes 40 s.
+    let kv = owner(0.8, 100_000.0, levers(Retention::Touch, true));
+    let l = decide_for(parked(40.0, 90.0), kv);
+    assert_eq!(l.hold, Hold::Offload, "{l:?}");
+    let at = l.bring_back_in_s.unwrap();
+    let gap = GapEstimate::from_median_p90(40.0, 90.0);
+    assert!(
+        at > 5.0 && at + prices().restore_s < gap.quantile_s(0.2),
+        "{at}"
+    );
+}
+
+#[test]
+fn without_a_host_tier_it_is_kept_or_prefetched_never_let_go_under_a_flood() {
+    for retention in [Retention::Touch, Retention::Hold] {
+        let kv = owner(0.8, 100_000.0, levers(retention, false));
+        let l = decide_for(parked(40.0, 90.0), kv);
+        assert!(
+            matches!(l.hold, Hold::Keep | Hold::Prefetch),
+            "{retention:?}: {l:?}"
+        );
+        assert!(l.costs[1].is_infinite(), "no host tier: no offload");
+        assert!(l.costs[3] > 3.0, "let go pays the prefill: {l:?}");
+        if l.hold == Hold::Keep && retention == Retention::Touch {
+            let every = l.touch_every_s.unwrap();
+            assert!((every - 1.0).abs() < 1e-9, "half the 2 s horizon: {every}");
+        }
+    }
+}
+
+#[test]
+fn a_session_unlikely_to_return_is_let_go() {
+    let mut p = parked(40.0, 90.0);
+    p.p_return = 0.0;
+    let l = decide_for(p, owner(0.95, 100_000.0, levers(Retention::Hold, true)));
+    assert_eq!(l.hold, Hold::LetGo, "{l:?}");
+}
+
+#[test]
+fn the_more_pressure_the_dearer_keeping_is() {
+    let p = parked(40.0, 90.0);
+    let at =
+        |usage| decide_for(p, owner(usage, 100_000.0, levers(Retention::Hold, false))).costs[0];
+    assert_eq!(at(0.4), 0.0, "free blocks: holding displaces nothing");
+    assert!(at(0.7) < at(0.9), "{} {}", at(0.7), at(0.9));
+}
+
+#[test]
+fn the_horizon_is_the_evictable_pool_over_the_churn() {
+    let kv = owner(0.75, 50_000.0, levers(Retention::Touch, false));
+    assert!((eviction_horizon_s(&kv) - 5.0).abs() < 1e-9);
+    assert!(eviction_horizon_s(&owner(0.5, 0.0, kv.levers)).is_infinite());
+}
