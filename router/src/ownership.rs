@@ -4,6 +4,8 @@
 //! from this router's replica (`replica_admin`). The directory itself is `ownerserve_ownership`'s.
 
 pub(crate) mod demotion;
+pub(crate) mod lifecycle;
 pub(crate) mod ownership_sync;
 pub(crate) mod replica_admin;
+pub(crate) mod session_life;
 pub(crate) mod sessions;

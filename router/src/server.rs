@@ -140,7 +140,7 @@ impl AppState {
             policy,
             engines: engines.clone(),
             upstream,
-            sessions: Sessions::new(cfg.session_lease),
+            sessions: Sessions::new(cfg.sessions.lease, cfg.sessions.gap_prior),
             prompts: PromptHasher::new(
                 kv.block_size(),
                 cfg.prompt_cache_bytes,
@@ -171,13 +171,21 @@ impl AppState {
     }
 }
 
-/// The tasks that read the built state: the idle-session demotion (with a directory) and
+/// The tasks that read the built state: the idle-session demotion (with a directory), the
+/// parked sessions' KV lifecycle (`[router.sessions] lifecycle`) and
 /// the busy polling after each request's activity (`crate::proxy::busy_poll`; it yields while a
 /// prompt is tokenized on the blocking pool).
 fn spawn_state_tasks(state: &Arc<AppState>, tracker: &TaskTracker, shutdown: &CancellationToken) {
     if state.ownership.is_some() {
         tracker.spawn(crate::ownership::demotion::run(
             state.clone(),
+            shutdown.clone(),
+        ));
+    }
+    if state.cfg.sessions.lifecycle {
+        tracker.spawn(crate::ownership::lifecycle::run(
+            state.clone(),
+            tracker.clone(),
             shutdown.clone(),
         ));
     }

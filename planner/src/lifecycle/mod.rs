@@ -28,8 +28,11 @@ pub mod parked;
 
 use serde::Serialize;
 
+use crate::roofline::{prefill_pairs, Roofline, StepFigures};
+use crate::spec::ModelSpec;
+
 pub use gap::{GapEstimate, GapStats};
-pub use parked::{Effect, KvPlace, ParkedKv};
+pub use parked::{Effect, KvPlace, ParkedKv, Returned};
 
 /// How an engine can hold one session's KV in HBM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -88,6 +91,40 @@ pub struct Prices {
     pub offload_s: f64,
     /// One touch: a step's overhead with one new token.
     pub touch_s: f64,
+}
+
+impl Prices {
+    /// The prices of a session of `tokens` on a worker: `roofline` and `model` price its
+    /// prefill in chunks of `chunk` tokens (nothing else running) and a touch as a
+    /// one-token step; `pcie_bytes_per_s` its copies to and from the host tier.
+    pub fn of(
+        roofline: &Roofline,
+        model: &ModelSpec,
+        tokens: u64,
+        chunk: u64,
+        pcie_bytes_per_s: f64,
+    ) -> Self {
+        let f = StepFigures::of(model);
+        let copy_s = if pcie_bytes_per_s > 0.0 {
+            tokens as f64 * model.kv_bytes_per_token() / pcie_bytes_per_s
+        } else {
+            f64::INFINITY
+        };
+        Self {
+            recompute_s: roofline.chunked_prefill_s(
+                &f,
+                tokens,
+                prefill_pairs(tokens, 0),
+                0,
+                0,
+                0,
+                chunk,
+            ),
+            restore_s: copy_s,
+            offload_s: copy_s,
+            touch_s: roofline.prefill_step_s(&f, 1, tokens, tokens),
+        }
+    }
 }
 
 /// How much work off the critical path counts against a step on it.

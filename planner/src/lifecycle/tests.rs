@@ -120,3 +120,19 @@ fn the_horizon_is_the_evictable_pool_over_the_churn() {
     assert!((eviction_horizon_s(&kv) - 5.0).abs() < 1e-9);
     assert!(eviction_horizon_s(&owner(0.5, 0.0, kv.levers)).is_infinite());
 }
+
+#[test]
+fn prices_come_from_the_roofline_and_the_host_link() {
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let gpu = crate::spec::GpuSpec::preset("h100").unwrap();
+    let r = Roofline::new(&gpu, 1, crate::roofline::Efficiency::default());
+    let p = Prices::of(&r, &model, 80_000, 8_192, gpu.pcie_gbs * 1e9);
+    // An 80K prefill takes seconds; its 10 GB of KV crosses PCIe in a fraction of that;
+    // a touch is one step.
+    assert!(p.recompute_s > 1.0 && p.recompute_s < 30.0, "{p:?}");
+    assert!(p.restore_s < p.recompute_s / 3.0, "{p:?}");
+    assert!(p.touch_s < 0.1, "{p:?}");
+    assert!(Prices::of(&r, &model, 80_000, 8_192, 0.0)
+        .restore_s
+        .is_infinite());
+}

@@ -18,6 +18,9 @@ pub struct Ledger {
     active_compute_tokens: AtomicU64,
     /// Steps decoding there whose prefill leg or KV copy still runs.
     legs_heading: AtomicU32,
+    /// Prompt tokens ever charged as computed there: new KV written, which turns its LRU
+    /// over (`lifecycle::OwnerKv::churn_tokens_per_s`, as a rate of this).
+    computed_total: AtomicU64,
 }
 
 /// What one request is counted for in its worker's [`Ledger`]; given back to the ledger
@@ -114,7 +117,13 @@ impl Ledger {
         )
     }
 
+    /// Prompt tokens charged as computed there so far (monotonic).
+    pub fn computed_total(&self) -> u64 {
+        self.computed_total.load(Ordering::Relaxed)
+    }
+
     fn charge(&self, c: PrefillCharge) {
+        self.computed_total.fetch_add(c.computed, Ordering::Relaxed);
         self.active_prefill_tokens
             .fetch_add(c.tokens, Ordering::Relaxed);
         self.active_compute_tokens
@@ -138,7 +147,11 @@ impl Ledger {
     pub fn recharge(&self, c: &mut Charged, prefill: PrefillCharge) {
         // Added before the old is taken away, so the counts never dip below zero.
         self.charge(prefill);
-        self.discharge(std::mem::replace(&mut c.prefill, prefill));
+        let old = std::mem::replace(&mut c.prefill, prefill);
+        // Written once: what it was first charged to compute is not written as well.
+        self.computed_total
+            .fetch_sub(old.computed, Ordering::Relaxed);
+        self.discharge(old);
     }
 
     /// Its prefill leg or KV copy runs elsewhere: it reaches this worker's queue once

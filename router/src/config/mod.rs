@@ -240,6 +240,15 @@ pub struct RouterSettings {
     pub session_lease_min_ms: u64,
     /// ... and at most this long (also the lease before any gap was seen).
     pub session_lease_max_ms: u64,
+    /// Whether parked sessions' KV is kept, offloaded, prefetched or let go by the
+    /// lifecycle decision (`ownerserve_planner::lifecycle`).
+    pub session_lifecycle: bool,
+    /// The tool gap assumed before any was seen: its median and 90th percentile, seconds.
+    pub session_gap_prior_median_s: f64,
+    pub session_gap_prior_p90_s: f64,
+    /// Whether a returning session's step goes to its engine marked ahead of new prompts
+    /// (the engine protocol's priority header).
+    pub session_return_priority: bool,
     /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
     pub log_format: LogFormat,
     /// `router.X is deprecated: use router.Y`, one per deprecated key the file used
@@ -384,6 +393,10 @@ impl Default for RouterSettings {
             planner_calibrate: true,
             planner_links: Vec::new(),
             session_lease_factor: 2.0,
+            session_lifecycle: false,
+            session_gap_prior_median_s: 5.0,
+            session_gap_prior_p90_s: 60.0,
+            session_return_priority: true,
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
             log_format: LogFormat::Text,

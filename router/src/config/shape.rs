@@ -105,6 +105,20 @@ pub(super) const MOVED: &[(&str, &str)] = &[
     ("session_lease_max_ms", "sessions.lease_max_ms"),
 ];
 
+/// Keys that were never flat: written only in their sub-table, read into the field named
+/// first.
+pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
+    ("session_lifecycle", "sessions.lifecycle"),
+    ("session_gap_prior_median_s", "sessions.gap_prior_median_s"),
+    ("session_gap_prior_p90_s", "sessions.gap_prior_p90_s"),
+    ("session_return_priority", "sessions.return_priority"),
+];
+
+/// Every key that lives in a sub-table: (field, path).
+fn in_sections() -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    MOVED.iter().chain(NESTED_ONLY)
+}
+
 /// The flat keys whose settings now belong to one policy in `[router.policy]`: flat name,
 /// the policy, and its key there.
 pub(super) const MOVED_TO_POLICY: &[(&str, &str, &str)] = &[
@@ -153,15 +167,12 @@ impl Flat {
 
 /// The sub-tables of `[router]`.
 fn is_section(key: &str) -> bool {
-    MOVED
-        .iter()
-        .any(|(_, path)| path.split('.').next() == Some(key))
+    in_sections().any(|(_, path)| path.split('.').next() == Some(key))
 }
 
 /// The flat key stored at `path` (`limits.max_body_bytes` → `max_body_bytes`).
 fn flat_key_at(path: &str) -> Option<&'static str> {
-    MOVED
-        .iter()
+    in_sections()
         .find(|(_, p)| *p == path)
         .map(|(flat, _)| *flat)
 }
@@ -192,6 +203,9 @@ pub(super) fn flatten(router: Table) -> Result<Flat, String> {
                 put_section(&mut flat, section, t)?;
             }
             (_, value) => {
+                if let Some((_, path)) = NESTED_ONLY.iter().find(|(f, _)| *f == key) {
+                    return Err(format!("unknown key `router.{key}`: it is `router.{path}`"));
+                }
                 if let Some(home) = new_home(&key) {
                     flat.deprecated
                         .push(format!("router.{key} is deprecated: use {home}"));
@@ -215,7 +229,7 @@ fn put_section(flat: &mut Flat, prefix: &str, table: Table) -> Result<(), String
         }
         let inner = format!("{path}.");
         match value {
-            Value::Table(t) if MOVED.iter().any(|(_, p)| p.starts_with(&inner)) => {
+            Value::Table(t) if in_sections().any(|(_, p)| p.starts_with(&inner)) => {
                 put_section(flat, &path, t)?;
             }
             _ => return Err(unknown_key(prefix, &key)),
@@ -227,8 +241,7 @@ fn put_section(flat: &mut Flat, prefix: &str, table: Table) -> Result<(), String
 /// `unknown key router.limits.foo`, with the keys `router.limits` takes.
 fn unknown_key(prefix: &str, key: &str) -> String {
     let inner = format!("{prefix}.");
-    let mut known: Vec<&str> = MOVED
-        .iter()
+    let mut known: Vec<&str> = in_sections()
         .filter_map(|(_, p)| p.strip_prefix(&inner))
         .map(|rest| rest.split('.').next().unwrap_or(rest))
         .collect();

@@ -2,7 +2,7 @@
 //! deprecated flat key loads with one note naming its new key, a setting written both ways
 //! is refused, and every shipped config loads in the new shape.
 
-use super::shape::{MOVED, MOVED_TO_POLICY};
+use super::shape::{MOVED, MOVED_TO_POLICY, NESTED_ONLY};
 use super::*;
 use ownerserve_planner::ids::{EngineKind, Role};
 
@@ -324,6 +324,14 @@ fn every_router_key_is_documented_in_docs_config_md_under_its_table() {
             "{row} not under [router.{section}]"
         );
     }
+    for (_, path) in NESTED_ONLY {
+        let (section, leaf) = path.split_once('.').unwrap();
+        let row = format!("| `{leaf}` | — |");
+        assert!(
+            table_of(&format!("router.{section}")).contains(&row),
+            "{row} not under [router.{section}]"
+        );
+    }
     let policy = table_of("router.policy");
     assert!(policy.contains("| `name` | `policy` |"));
     for (flat, name, key) in MOVED_TO_POLICY {
@@ -416,4 +424,20 @@ fn the_flags_override_the_sub_tables_as_they_did_the_flat_keys() {
         assert_eq!(s.kv_overlap_weight, 2.0);
     }
     assert_eq!(from_nested, from_flat);
+}
+
+#[test]
+fn the_new_session_keys_load_only_from_their_sub_table() {
+    let s = load(router_table(
+        "[router.sessions]\nlifecycle = true\ngap_prior_median_s = 2.0\ngap_prior_p90_s = 90.0\nreturn_priority = false\n",
+    ))
+    .unwrap();
+    assert!(s.session_lifecycle && !s.session_return_priority);
+    assert_eq!(
+        (s.session_gap_prior_median_s, s.session_gap_prior_p90_s),
+        (2.0, 90.0)
+    );
+    assert!(s.deprecated.is_empty());
+    let flat = load(router_table("[router]\nsession_lifecycle = true\n")).unwrap_err();
+    assert!(flat.contains("router.sessions.lifecycle"), "{flat}");
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::kv_index::KvIndexConfig;
+use ownerserve_planner::lifecycle::GapEstimate;
 use ownerserve_planner::policy::{self, OwnerServeConfig, PolicySettings};
 use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 
@@ -79,8 +80,8 @@ pub struct RouterConfig {
     /// Converts observed wall-clock prefill times into the workers' (simulated) time.
     pub planner_time_scale: f64,
     pub planner_calibrate: bool,
-    /// Idle-session leases from predicted tool-call gaps.
-    pub session_lease: GapLease,
+    /// `[router.sessions]`.
+    pub sessions: SessionSettings,
     /// Workers discovered from the Kubernetes API (`None`: static workers only).
     pub discovery: Option<super::DiscoverySetup>,
 }
@@ -248,13 +249,40 @@ impl RouterConfig {
             planner,
             planner_time_scale: s.planner_time_scale,
             planner_calibrate: s.planner_calibrate,
-            session_lease: GapLease::new(
+            sessions: SessionSettings::of(s),
+            discovery,
+        })
+    }
+}
+
+/// `[router.sessions]`, validated.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionSettings {
+    /// Idle-session leases from predicted tool-call gaps.
+    pub lease: GapLease,
+    /// Parked sessions' KV lifecycle on or off.
+    pub lifecycle: bool,
+    /// The gap assumed before any was seen.
+    pub gap_prior: GapEstimate,
+    /// A returning step is marked ahead of new prompts.
+    pub return_priority: bool,
+}
+
+impl SessionSettings {
+    fn of(s: &RouterSettings) -> Self {
+        Self {
+            lease: GapLease::new(
                 s.session_lease_factor,
                 s.session_lease_min_ms,
                 s.session_lease_max_ms,
             ),
-            discovery,
-        })
+            lifecycle: s.session_lifecycle,
+            gap_prior: GapEstimate::from_median_p90(
+                s.session_gap_prior_median_s,
+                s.session_gap_prior_p90_s,
+            ),
+            return_priority: s.session_return_priority,
+        }
     }
 }
 
@@ -304,6 +332,13 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
         return Err(ConfigError::router(
             "session_lease_factor",
             "must be positive",
+        ));
+    }
+    let (median, p90) = (s.session_gap_prior_median_s, s.session_gap_prior_p90_s);
+    if !(median > 0.0 && median.is_finite() && p90 >= median && p90.is_finite()) {
+        return Err(ConfigError::router(
+            "session_gap_prior_median_s",
+            "must be positive, and session_gap_prior_p90_s at least as long",
         ));
     }
     if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {

@@ -3,14 +3,22 @@
 //! its lease is handed to the demotion sweep, which demotes it in the directory and has
 //! its owner drop the unsealed tail (the sealed prefix stays for a cheap resume). The
 //! rates at which each worker's parked sessions are expected to come back are kept
-//! alongside, for the cost planner.
+//! alongside, for the cost planner, and each session's KV lifecycle
+//! ([`super::session_life`]: its gaps as a lognormal, where its KV is, what was decided
+//! when it parked), which the lifecycle sweep ([`super::lifecycle`]) reads and drives.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use ownerserve_planner::ewma::GapLease;
+use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
+use ownerserve_planner::lifecycle::{
+    Effect, GapEstimate, GapStats, Hold, Lifecycle, Retention, Returned,
+};
 use ownerserve_planner::policy::WorkerView;
+
+use super::session_life::{Due, SessionLife, StepKv};
 
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
 const MAX_SESSIONS: usize = 200_000;
@@ -27,6 +35,7 @@ struct Tracked {
     /// What it adds to its owner's parked returns while idle (`GapLease::return_rate_per_s`);
     /// 0 while in flight or before a gap was seen.
     returns_per_s: f64,
+    life: SessionLife,
 }
 
 /// A session whose idle lease lapsed.
@@ -43,7 +52,31 @@ pub struct Lapsed {
 #[derive(Debug)]
 pub struct Sessions {
     template: GapLease,
+    /// The gap assumed before any was seen (`[router.sessions]` `gap_prior_*`).
+    prior: GapEstimate,
     inner: Mutex<Inner>,
+}
+
+/// A session's step, started.
+#[derive(Debug)]
+pub struct Started {
+    /// The predicted tool gap, once one was seen.
+    pub predicted_gap_ms: Option<u64>,
+    pub activity: Activity,
+    /// What it found, if it returned to a lifecycle decision.
+    pub returned: Option<(Hold, Returned)>,
+}
+
+/// A parked session awaiting its lifecycle decision.
+#[derive(Debug, Clone)]
+pub struct Undecided {
+    pub session: String,
+    pub owner: WorkerId,
+    pub model: Arc<str>,
+    pub tokens: u64,
+    pub gap: GapEstimate,
+    pub idle_s: f64,
+    pub p_return: f64,
 }
 
 #[derive(Debug, Default)]
@@ -52,6 +85,13 @@ struct Inner {
     /// Per worker, the steps per second its parked sessions are expected to send: the
     /// sum of their `returns_per_s`.
     parked: HashMap<WorkerId, f64>,
+    /// Every session's gaps, the prior of a session with few of its own.
+    fleet_gaps: GapStats,
+    /// Parked sessions that came back, and that lapsed or were closed instead.
+    came_back: u64,
+    ended: u64,
+    /// Engine effects of the lifecycle to carry out: (owner, session, effect).
+    outbox: Vec<(WorkerId, String, Effect)>,
 }
 
 impl Inner {
@@ -68,30 +108,49 @@ impl Inner {
         }
     }
 
+    /// Forgets a session: its lifecycle ends (its pin undone).
     fn remove(&mut self, session: &str) -> Option<Tracked> {
         self.unpark(session);
-        self.tracked.remove(session)
+        let mut t = self.tracked.remove(session)?;
+        self.ended += 1;
+        for e in t.life.end() {
+            self.outbox.push((t.owner, session.to_owned(), e));
+        }
+        Some(t)
     }
 }
 
 impl Sessions {
-    /// Tracks sessions with leases shaped like `template`.
-    pub fn new(template: GapLease) -> Arc<Self> {
+    /// Tracks sessions with leases shaped like `template`, gaps expected like `prior`
+    /// before any is seen.
+    pub fn new(template: GapLease, prior: GapEstimate) -> Arc<Self> {
         Arc::new(Self {
             template,
+            prior,
             inner: Mutex::new(Inner::default()),
         })
     }
 
+    /// Whether `session`'s next step would be a return from a tool: it is tracked and
+    /// idle (its last step ended).
+    pub fn is_returning(&self, session: &str) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .tracked
+            .get(session)
+            .is_some_and(|t| t.in_flight == 0 && t.idle_since_ms.is_some())
+    }
+
     /// A request of `session` starts on `owner` at `now_ms`; `tail` are the prompt's block
-    /// hashes past its sealed prefix. Returns the predicted tool gap, once one was seen.
+    /// hashes past its sealed prefix, `step` what its lifecycle keeps of it.
     pub fn start(
         self: &Arc<Self>,
         session: &str,
         owner: WorkerId,
         tail: Vec<u64>,
         now_ms: u64,
-    ) -> (Option<u64>, Activity) {
+        step: StepKv,
+    ) -> Started {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner.tracked.len() >= MAX_SESSIONS && !inner.tracked.contains_key(session) {
             let oldest = inner
@@ -114,27 +173,164 @@ impl Sessions {
                 owner,
                 tail: Vec::new(),
                 returns_per_s: 0.0,
+                life: SessionLife::default(),
             });
+        let mut gap = None;
         if let Some(idle) = t.idle_since_ms.take() {
-            t.lease.observe_gap(now_ms.saturating_sub(idle));
+            let g = now_ms.saturating_sub(idle);
+            t.lease.observe_gap(g);
+            t.life.gaps.observe(g);
+            gap = Some(g);
         }
+        let moved = t.owner != owner;
+        let (returned, effects) = t.life.returned(step);
+        let old_owner = std::mem::replace(&mut t.owner, owner);
         t.in_flight += 1;
-        t.owner = owner;
         t.tail = tail;
         let predicted = t.lease.predicted_gap_ms().map(|g| g as u64);
+        let Inner {
+            fleet_gaps,
+            came_back,
+            outbox,
+            ..
+        } = &mut *inner;
+        if let Some(g) = gap {
+            fleet_gaps.observe(g);
+            *came_back += 1;
+        }
+        // A pin is undone where it was taken (the old owner, if the step moved).
+        let at = if moved { old_owner } else { owner };
+        outbox.extend(effects.into_iter().map(|e| (at, session.to_owned(), e)));
         drop(inner);
-        (
-            predicted,
-            Activity {
+        Started {
+            predicted_gap_ms: predicted,
+            activity: Activity {
                 sessions: self.clone(),
                 session: session.to_owned(),
             },
-        )
+            returned,
+        }
+    }
+
+    /// The gap prior now: the fleet's gaps, shrunk toward the configured one.
+    fn prior(&self, inner: &Inner) -> GapEstimate {
+        inner.fleet_gaps.estimate(self.prior)
+    }
+
+    /// The parked sessions awaiting a lifecycle decision at `now_ms`.
+    pub fn undecided(&self, now_ms: u64) -> Vec<Undecided> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let prior = self.prior(&inner);
+        // Laplace's rule: an even chance before anything was seen.
+        let p_return =
+            (inner.came_back as f64 + 1.0) / ((inner.came_back + inner.ended) as f64 + 2.0);
+        inner
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.in_flight == 0 && t.life.undecided())
+            .filter_map(|(k, t)| {
+                let idle = t.idle_since_ms?;
+                Some(Undecided {
+                    session: k.clone(),
+                    owner: t.owner,
+                    model: t.life.model(),
+                    tokens: t.life.tokens(),
+                    gap: t.life.gap(prior),
+                    idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
+                    p_return,
+                })
+            })
+            .collect()
+    }
+
+    /// Takes `decision` for parked `session` at `now_ms` on an engine with `retention`;
+    /// its effects go to the outbox. `false` if it is no longer parked.
+    pub fn decide(
+        &self,
+        session: &str,
+        decision: Lifecycle,
+        retention: Retention,
+        now_ms: u64,
+    ) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let Inner {
+            tracked, outbox, ..
+        } = &mut *inner;
+        let Some(t) = tracked.get_mut(session).filter(|t| t.in_flight == 0) else {
+            return false;
+        };
+        let effects = t.life.decide(decision, retention, now_ms);
+        outbox.extend(
+            effects
+                .into_iter()
+                .map(|e| (t.owner, session.to_owned(), e)),
+        );
+        true
+    }
+
+    /// The touches and bring-backs due at `now_ms`: (owner, session, what).
+    pub fn due(&self, now_ms: u64) -> Vec<(WorkerId, String, Due)> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .tracked
+            .iter_mut()
+            .filter(|(_, t)| t.in_flight == 0)
+            .filter_map(|(k, t)| Some((t.owner, k.clone(), t.life.due(now_ms)?)))
+            .collect()
+    }
+
+    /// Parked, decided sessions whose KV the lifecycle counts in HBM, with their prompt:
+    /// (owner, session, prompt), for the sweep to check against the KV index.
+    pub fn resident(&self) -> Vec<(WorkerId, String, Arc<HashedPrompt>)> {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.in_flight == 0 && t.life.resident() && !t.life.undecided())
+            .filter_map(|(k, t)| Some((t.owner, k.clone(), t.life.prompt()?)))
+            .collect()
+    }
+
+    /// The session's prefix is no longer in its owner's HBM.
+    pub fn evicted(&self, session: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = inner.tracked.get_mut(session) {
+            t.life.evicted();
+        }
+    }
+
+    /// A restore or recompute of the session landed.
+    pub fn brought_back(&self, session: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = inner.tracked.get_mut(session) {
+            t.life.brought_back();
+        }
+    }
+
+    /// The lifecycle's engine effects waiting to be carried out.
+    pub fn take_effects(&self) -> Vec<(WorkerId, String, Effect)> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut inner.outbox)
+    }
+
+    /// The client ended `session` (an explicit close): it is forgotten at once, its pin
+    /// undone, and returned for release like a lapsed session. `None` if unknown.
+    pub fn close(&self, session: &str) -> Option<Lapsed> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let t = inner.remove(session)?;
+        Some(Lapsed {
+            session: session.to_owned(),
+            owner: t.owner,
+            tail: t.tail,
+            lease_ms: 0,
+        })
     }
 
     fn end(&self, session: &str, now_ms: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let Inner { tracked, parked } = &mut *inner;
+        let Inner {
+            tracked, parked, ..
+        } = &mut *inner;
         if let Some(t) = tracked.get_mut(session) {
             t.in_flight = t.in_flight.saturating_sub(1);
             if t.in_flight == 0 {
@@ -210,13 +406,28 @@ mod tests {
     use super::*;
 
     fn sessions() -> Arc<Sessions> {
-        Sessions::new(GapLease::new(2.0, 100, 1_000))
+        Sessions::new(
+            GapLease::new(2.0, 100, 1_000),
+            GapEstimate::from_median_p90(5.0, 60.0),
+        )
+    }
+
+    /// Starts a step of `session` on `owner`: (predicted gap, activity).
+    fn start(
+        s: &Arc<Sessions>,
+        session: &str,
+        owner: u32,
+        tail: Vec<u64>,
+        at: u64,
+    ) -> (Option<u64>, Activity) {
+        let st = s.start(session, WorkerId(owner), tail, at, StepKv::default());
+        (st.predicted_gap_ms, st.activity)
     }
 
     #[test]
     fn a_session_lapses_after_its_lease_and_only_when_idle() {
         let s = sessions();
-        let (_, a) = s.start("s", WorkerId(1), vec![7], 0);
+        let (_, a) = start(&s, "s", 1, vec![7], 0);
         assert!(s.lapsed(10_000).is_empty(), "in flight: never lapses");
         drop(a);
         let idle = now_ms();
@@ -250,17 +461,17 @@ mod tests {
     #[test]
     fn parked_sessions_count_toward_their_owner_until_they_return_or_lapse() {
         let s = sessions();
-        let (_, a) = s.start("s", WorkerId(0), vec![], 0);
+        let (_, a) = start(&s, "s", 0, vec![], 0);
         drop(a);
         assert_eq!(parked(&s), [0.0, 0.0], "no gap seen yet: no rate");
         let idle = now_ms();
-        let (_, b) = s.start("s", WorkerId(0), vec![], idle + 250);
+        let (_, b) = start(&s, "s", 0, vec![], idle + 250);
         assert_eq!(parked(&s), [0.0, 0.0], "in flight");
         drop(b);
         assert_eq!(parked(&s), [4.0, 0.0], "one step per 250 ms gap");
         let idle = now_ms();
         // It comes back and moves to worker 1: worker 0 no longer expects it.
-        let (_, c) = s.start("s", WorkerId(1), vec![], idle + 250);
+        let (_, c) = start(&s, "s", 1, vec![], idle + 250);
         assert_eq!(parked(&s), [0.0, 0.0]);
         drop(c);
         assert_eq!(parked(&s), [0.0, 4.0]);
@@ -272,15 +483,122 @@ mod tests {
     #[test]
     fn observed_gaps_shorten_the_lease() {
         let s = sessions();
-        let (_, a) = s.start("s", WorkerId(0), vec![], 0);
+        let (_, a) = start(&s, "s", 0, vec![], 0);
         drop(a);
         let idle = now_ms();
-        let (predicted, b) = s.start("s", WorkerId(0), vec![], idle + 60);
+        let (predicted, b) = start(&s, "s", 0, vec![], idle + 60);
         assert_eq!(predicted, Some(60));
         drop(b);
         let idle = now_ms();
         // Lease is now max(2 × 60, 100) = 120 ms.
         assert!(s.lapsed(idle + 110).is_empty());
         assert_eq!(s.lapsed(idle + 130).len(), 1);
+    }
+
+    fn kept_step(tokens: usize) -> StepKv {
+        StepKv {
+            tokens: tokens as u64,
+            prompt: Some(Arc::new(HashedPrompt {
+                tokenized: ownerserve_planner::tokenized::Tokenized::default(),
+                hashes: vec![1, 2, 3],
+            })),
+            model: "m".into(),
+        }
+    }
+
+    fn decision(hold: Hold, touch_every_s: Option<f64>, bring_back_in_s: Option<f64>) -> Lifecycle {
+        Lifecycle {
+            hold,
+            bring_back_in_s,
+            touch_every_s,
+            costs: [0.0; 4],
+        }
+    }
+
+    #[test]
+    fn a_parked_session_is_decided_once_touched_on_time_and_counted_at_its_return() {
+        let s = sessions();
+        let st = s.start("s", WorkerId(0), vec![], 0, kept_step(80_000));
+        assert!(st.returned.is_none(), "a first step returns from nothing");
+        assert!(s.undecided(0).is_empty(), "in flight: not parked");
+        drop(st.activity);
+        let idle = now_ms();
+        let u = s.undecided(idle + 1_000);
+        assert_eq!(u.len(), 1);
+        assert_eq!((u[0].tokens, &*u[0].model, u[0].idle_s), (80_000, "m", 1.0));
+        assert!(
+            (u[0].p_return - 0.5).abs() < 1e-9,
+            "nothing seen: even odds"
+        );
+        assert!((u[0].gap.median_s() - 5.0).abs() < 1e-6, "the prior");
+        assert!(s.decide(
+            "s",
+            decision(Hold::Keep, Some(2.0), None),
+            Retention::Touch,
+            idle
+        ));
+        assert!(s.undecided(idle).is_empty(), "decided once");
+        assert!(s.take_effects().is_empty(), "a touch engine takes no pin");
+        assert!(s.due(idle + 1_000).is_empty());
+        let due = s.due(idle + 2_000);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].2.effect, Effect::Touch);
+        assert!(s.due(idle + 2_500).is_empty(), "rescheduled 2 s on");
+        assert!(s.is_returning("s"));
+        let back = s.start("s", WorkerId(0), vec![], idle + 3_000, kept_step(81_000));
+        assert_eq!(back.returned.map(|r| r.0), Some(Hold::Keep));
+        assert_eq!(
+            back.returned.map(|r| r.1.found),
+            Some(ownerserve_planner::lifecycle::KvPlace::Hbm)
+        );
+        assert!(!s.is_returning("s"), "in flight");
+        drop(back.activity);
+        let idle = now_ms();
+        let u = s.undecided(idle);
+        assert!(u[0].p_return > 0.5, "one came back");
+        assert!(
+            u[0].gap.median_s() > 2.0,
+            "its own 3 s gap, shrunk toward the prior"
+        );
+    }
+
+    #[test]
+    fn a_pinned_session_that_ends_unpins_and_a_let_go_one_is_evicted_and_prefetched() {
+        let s = sessions();
+        drop(
+            s.start("pinned", WorkerId(0), vec![], 0, kept_step(10))
+                .activity,
+        );
+        assert!(s.decide(
+            "pinned",
+            decision(Hold::Keep, None, None),
+            Retention::Hold,
+            0
+        ));
+        let pins: Vec<_> = s.take_effects().into_iter().map(|e| e.2).collect();
+        assert_eq!(pins, [Effect::Pin]);
+        assert!(s.close("pinned").is_some());
+        let unpins: Vec<_> = s.take_effects().into_iter().map(|e| e.2).collect();
+        assert_eq!(unpins, [Effect::Unpin], "a closed session holds no pin");
+        assert!(s.close("pinned").is_none(), "forgotten");
+
+        drop(
+            s.start("far", WorkerId(1), vec![], 0, kept_step(10))
+                .activity,
+        );
+        let t0 = now_ms();
+        assert!(s.decide(
+            "far",
+            decision(Hold::Prefetch, None, Some(1.0)),
+            Retention::Touch,
+            t0
+        ));
+        assert_eq!(s.resident().len(), 1);
+        s.evicted("far");
+        assert!(s.resident().is_empty());
+        let due = s.due(t0 + 1_000);
+        assert_eq!(due[0].2.effect, Effect::Recompute);
+        s.brought_back("far");
+        assert_eq!(s.resident().len(), 1, "back in HBM before its return");
     }
 }

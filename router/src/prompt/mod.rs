@@ -71,6 +71,9 @@ pub struct Prompted {
     /// is exact (the model's own tokenizer or its engine's, or token ids): ingress refuses
     /// a request that does not fit.
     pub context_limit: Option<u32>,
+    /// The tokens are the engine's own (the model's tokenizer or its engine's, or token
+    /// ids): a request re-sending them hits the same cached blocks.
+    pub exact: bool,
 }
 
 impl PromptHasher {
@@ -158,6 +161,7 @@ impl PromptHasher {
         Ok(Prompted {
             hashed,
             context_limit: served.and_then(|m| m.max_model_len).filter(|_| exact),
+            exact,
         })
     }
 

@@ -60,6 +60,9 @@ pub struct Step<'a> {
     /// `Authorization: Bearer <engine_api_key>` for engines run with `--api-key`, which
     /// every leg carries; a client's own `Authorization` never reaches an engine.
     pub authorization: Option<HeaderValue>,
+    /// A session's step back from a tool call: its decode request is marked ahead of new
+    /// prompts where the engine orders its queue by priority.
+    pub returning: bool,
 }
 
 /// A prefill leg's predicted and observed compute time, for the policy's calibration.
@@ -114,8 +117,20 @@ fn fence_headers(
     pair.into_iter().flatten()
 }
 
-fn headers_for(step: &Step<'_>, epoch: Option<Epoch>) -> Vec<(HeaderName, HeaderValue)> {
+fn headers_for(
+    step: &Step<'_>,
+    epoch: Option<Epoch>,
+    decode: &Worker,
+) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = vec![(ownerserve_edge::request_id::HEADER, step.request_id.clone())];
+    if step.returning {
+        if let Some((name, value)) = protocol(decode.spec.engine).priority_header() {
+            out.push((
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            ));
+        }
+    }
     if let Some(a) = &step.authorization {
         out.push((header::AUTHORIZATION, a.clone()));
     }
@@ -144,7 +159,7 @@ impl Dispatcher<'_> {
         let epoch = step.fork_fence.map(|(_, e)| e).or(owned);
         let mut out = Prepared {
             body: step.body.clone(),
-            headers: headers_for(step, epoch),
+            headers: headers_for(step, epoch, decode),
             epoch,
             concurrent_prefill: None,
             fell_back: false,
@@ -195,7 +210,7 @@ impl Dispatcher<'_> {
                 };
                 if let Some(new_epoch) = moved {
                     out.epoch = Some(new_epoch);
-                    out.headers = headers_for(step, Some(new_epoch));
+                    out.headers = headers_for(step, Some(new_epoch), decode);
                 }
             }
         }
@@ -277,7 +292,7 @@ impl Dispatcher<'_> {
         );
         let _in_flight = p.hold(leg, tokens);
         let started = Instant::now();
-        let headers = headers_for(step, step.lookup.epoch);
+        let headers = headers_for(step, step.lookup.epoch, p);
         let sent = self
             .engines
             .post(&p.spec.base_url, step.path, &headers, body)

@@ -19,6 +19,7 @@ use super::view::StepView;
 use crate::fleet::registry::Worker;
 use crate::ops::metrics::proxy::Placement;
 use crate::ownership::ownership_sync::{Effects, Routed};
+use crate::ownership::session_life::StepKv;
 use crate::ownership::sessions::{self, Activity};
 use crate::server::state::AppState;
 use ownerserve_ownership::node::Lookup;
@@ -115,11 +116,24 @@ fn accepted(
         &[]
     };
     st.kv.record_routed(worker, hashes);
-    let activity = id.tracked().map(|s| {
-        st.sessions
-            .start(s, worker.id, tail_hashes(st, hashes), sessions::now_ms())
+    let started = id.tracked().map(|s| {
+        let step = StepKv {
+            tokens: u64::from(id.prompt_tokens()),
+            prompt: (st.cfg.sessions.lifecycle && id.exact_tokens).then(|| id.prompt.clone()),
+            model: view.route.model.into(),
+        };
+        st.sessions.start(
+            s,
+            worker.id,
+            tail_hashes(st, hashes),
+            sessions::now_ms(),
+            step,
+        )
     });
-    let predicted_gap_ms = activity.as_ref().and_then(|a| a.0);
+    if let Some((hold, found)) = started.as_ref().and_then(|s| s.returned) {
+        st.metrics.lifecycle.returned(hold, found);
+    }
+    let predicted_gap_ms = started.as_ref().and_then(|s| s.predicted_gap_ms);
     if let Some(sync) = &st.ownership {
         sync.record(Routed {
             worker: worker.id,
@@ -136,7 +150,7 @@ fn accepted(
             ),
         });
     }
-    activity.map(|a| a.1)
+    started.map(|s| s.activity)
 }
 
 /// Counts an executed step: its plan and the planner's decision, where a session's step

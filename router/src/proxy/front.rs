@@ -86,5 +86,6 @@ pub(crate) async fn step_identity<'a>(
         parsed,
         request_id,
         prompted.hashed,
+        prompted.exact,
     ))
 }

@@ -62,6 +62,8 @@ pub struct Identity<'a> {
     pub child: Option<String>,
     /// Tokens and block hashes (empty when nothing downstream reads them).
     pub prompt: Arc<HashedPrompt>,
+    /// The prompt's tokens are the engine's own (`Prompted::exact`).
+    pub exact_tokens: bool,
 }
 
 impl Identity<'_> {
@@ -88,6 +90,7 @@ pub fn identify<'a>(
     parsed: &ParsedRequest<'_>,
     request_id: &HeaderValue,
     prompt: Arc<HashedPrompt>,
+    exact_tokens: bool,
 ) -> Identity<'a> {
     let session = ids.session();
     let fork = fork_of(headers);
@@ -102,6 +105,7 @@ pub fn identify<'a>(
         fork: fork.is_some(),
         child,
         prompt,
+        exact_tokens,
     }
 }
 

@@ -116,6 +116,8 @@ async fn serve(
             prompt_tokens: u64::from(view.route.prompt_tokens),
             request_id: req.request_id.clone(),
             authorization: st.cfg.engine_authorization.clone(),
+            returning: st.cfg.sessions.return_priority
+                && id.session.is_some_and(|s| st.sessions.is_returning(s)),
         };
         let (worker, cached) = serving(st, &decision, &candidates, &parsed.model)?;
         let attempt = Attempt {

@@ -191,6 +191,7 @@ mod tests {
                 tokenized: Tokenized::from_tokens(tokens),
                 hashes,
             }),
+            exact_tokens: true,
         }
     }
 
@@ -277,10 +278,12 @@ mod tests {
         let kv = kv_routing(&registry);
         let sessions = crate::ownership::sessions::Sessions::new(
             ownerserve_planner::ewma::GapLease::new(2.0, 60_000, 600_000),
+            ownerserve_planner::lifecycle::GapEstimate::from_median_p90(5.0, 60.0),
         );
-        drop(sessions.start("s", WorkerId(1), vec![], 0).1);
+        let start = |at| sessions.start("s", WorkerId(1), vec![], at, Default::default());
+        drop(start(0).activity);
         let idle = crate::ownership::sessions::now_ms();
-        drop(sessions.start("s", WorkerId(1), vec![], idle + 500).1);
+        drop(start(idle + 500).activity);
         let sources = Sources {
             registry: &registry,
             kv: &kv,

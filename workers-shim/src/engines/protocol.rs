@@ -4,6 +4,7 @@
 //! parsers; the router does the IO they describe.
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::lifecycle::Levers;
 
 /// Everything that differs by engine. Implementations are unit structs, one per engine
 /// file; the contract test (`engines/contract.rs`) checks every one of them.
@@ -45,6 +46,15 @@ pub trait EngineProtocol: Sync {
     /// Whether an instance started in the prefill role still serves whole requests
     /// (`WorkerView::prefill_decodes`).
     fn prefill_role_decodes(&self) -> bool;
+
+    /// What it lets the router do with a parked session's KV: the levers the lifecycle
+    /// decision (`ownerserve_planner::lifecycle`) prices. A host tier is the worker's
+    /// (`host_tier` here says whether the kind can have one the router drives).
+    fn levers(&self) -> Levers;
+
+    /// The request header that orders its waiting queue, and the value that puts a
+    /// returning agent step ahead of new prompts; `None`: no priority.
+    fn priority_header(&self) -> Option<(&'static str, &'static str)>;
 
     /// What the contract test checks it against: its `/metrics` and its self-report as
     /// the engine serves them.

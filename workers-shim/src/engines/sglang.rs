@@ -10,6 +10,7 @@
 //! KV pull between peers, no named drops.
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::lifecycle::{Levers, Retention};
 use serde_json::{json, Value};
 
 use super::protocol::{
@@ -69,6 +70,26 @@ impl EngineProtocol for Sglang {
     }
     fn prefill_role_decodes(&self) -> bool {
         false
+    }
+
+    /// SGLang 0.5.23: its session radix cache (`--enable-session-radix-cache`, a
+    /// `session_id` on each request, `/close_session`) holds a session's KV ahead of
+    /// unreferenced cache, but only with that flag; without it a kept session is kept warm
+    /// by touches. Its hierarchical cache needs CUDA/ROCm/XPU copy kernels: no host tier
+    /// here.
+    fn levers(&self) -> Levers {
+        Levers {
+            priority: true,
+            retention: Retention::Touch,
+            host_tier: false,
+        }
+    }
+
+    /// `x-override-priority` (higher runs sooner). Needs `--enable-priority-scheduling`
+    /// and `--default-priority-value 0` (else an unmarked request has the lowest
+    /// priority, and a returning step preempts running ones).
+    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
+        Some(("x-override-priority", "1"))
     }
 }
 

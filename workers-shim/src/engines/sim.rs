@@ -7,6 +7,7 @@
 //! plus these primitives, which make it pull KV and drop a demoted session's tail.
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::lifecycle::{Levers, Retention};
 
 use super::protocol::{EngineProtocol, EngineReport, MetricNames, Pairing, StepBudgetSource};
 use super::vllm;
@@ -63,5 +64,21 @@ impl EngineProtocol for Sim {
     }
     fn prefill_role_decodes(&self) -> bool {
         true
+    }
+
+    /// The sim engine schedules and evicts as vLLM does (priority with `--scheduling-policy
+    /// priority`, LRU, no pins): a kept session is kept warm by touches. Its host tier
+    /// holds what HBM evicts and a touch restores it.
+    fn levers(&self) -> Levers {
+        Levers {
+            priority: true,
+            retention: Retention::Touch,
+            host_tier: true,
+        }
+    }
+
+    /// vLLM's header.
+    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
+        Some(("x-vllm-priority", "-1"))
     }
 }

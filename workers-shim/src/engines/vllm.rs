@@ -10,6 +10,7 @@
 //! `kv_transfer_params`); no KV pull between peers, no named drops.
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::lifecycle::{Levers, Retention};
 use serde_json::{json, Map, Value};
 
 use super::protocol::{
@@ -72,6 +73,25 @@ impl EngineProtocol for Vllm {
     }
     fn prefill_role_decodes(&self) -> bool {
         true
+    }
+
+    /// vLLM 0.32: no pin, retain or per-session cache API (the prefix cache is a free-block
+    /// LRU; `session_id` only labels KV events), so a kept session is kept warm by touches.
+    /// Its CPU offloading connectors (`OffloadingConnector`, `SimpleCPUOffloadConnector`)
+    /// refuse to start or need CUDA on the CPU build, and offload on their own, not on the
+    /// router's word: no host tier the router drives.
+    fn levers(&self) -> Levers {
+        Levers {
+            priority: true,
+            retention: Retention::Touch,
+            host_tier: false,
+        }
+    }
+
+    /// `X-Vllm-Priority` (lower runs sooner, default 0; wins over the body's `priority`).
+    /// Needs `--scheduling-policy priority`; under `fcfs` vLLM 0.32 ignores it silently.
+    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
+        Some(("x-vllm-priority", "-1"))
     }
 }
 

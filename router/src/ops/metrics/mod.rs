@@ -14,5 +14,6 @@
 //! (the fleet is fixed by config); never sessions, prefixes or request ids.
 
 pub mod fleet;
+pub mod lifecycle;
 pub mod proxy;
 pub mod scrape;

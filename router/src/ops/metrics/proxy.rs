@@ -68,6 +68,8 @@ pub struct ProxyMetrics {
     shed: IntCounterVec,
     /// New sessions' owner claims, by result.
     claims: IntCounterVec,
+    /// Parked sessions' KV lifecycle.
+    pub lifecycle: super::lifecycle::LifecycleMetrics,
     /// Each action's series (in `Action::ALL` order), looked up once: a labelled lookup
     /// hashes its values under a lock, and a proxied step made ~10 of them (~1 µs).
     by_action: Vec<ActionSeries>,
@@ -210,6 +212,7 @@ impl ProxyMetrics {
             shed,
             claims,
             ownership_records_dropped,
+            lifecycle: super::lifecycle::LifecycleMetrics::register(registry)?,
             by_action,
         })
     }

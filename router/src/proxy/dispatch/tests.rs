@@ -90,6 +90,7 @@ struct Case {
     body: Bytes,
     lookup: Lookup,
     hashes: Vec<u64>,
+    returning: bool,
 }
 
 impl Case {
@@ -101,6 +102,7 @@ impl Case {
             body: Bytes::from_static(CLIENT_BODY.as_bytes()),
             lookup: Lookup::default(),
             hashes: vec![11, 12, 13, 14],
+            returning: false,
         }
     }
 
@@ -123,6 +125,7 @@ impl Case {
             prompt_tokens: self.hashes.len() as u64 * 16 + 5,
             request_id: HeaderValue::from_static("req-1"),
             authorization: Some(HeaderValue::from_static("Bearer client")),
+            returning: self.returning,
         };
         let decision = Decision {
             worker: WorkerId(1),
@@ -171,6 +174,47 @@ async fn nixl_prefills_one_token_then_hands_the_returned_params_to_the_decode_le
     assert_eq!(decode["kv_transfer_params"], params);
     assert_eq!(decode["stream"], true);
     assert_eq!(decode["max_tokens"], 50);
+}
+
+#[tokio::test]
+async fn a_returning_step_is_marked_ahead_in_each_engines_own_priority_header() {
+    let params = json!({"do_remote_prefill": true, "remote_engine_id": "p"});
+    for (kind, name, value) in [
+        (EngineKind::Vllm, "x-vllm-priority", "-1"),
+        (EngineKind::Sim, "x-vllm-priority", "-1"),
+        (EngineKind::Sglang, "x-override-priority", "1"),
+    ] {
+        let answer = json!({"choices": [], "kv_transfer_params": params});
+        let mut case = Case::new(
+            fleet(kind, kind),
+            FakeEngine::answering(200, answer.clone()),
+        );
+        let new = case.prepare(Dispatch::Single).await;
+        assert_eq!(
+            header(&new.headers, name),
+            None,
+            "a new prompt is not marked"
+        );
+        case.returning = true;
+        let back = case.prepare(Dispatch::Single).await;
+        assert_eq!(header(&back.headers, name), Some(value), "{kind:?}");
+        if kind != EngineKind::Sglang {
+            let case = Case {
+                returning: true,
+                ..Case::new(fleet(kind, kind), FakeEngine::answering(200, answer))
+            };
+            case.prepare(Dispatch::Disaggregated {
+                prefill: WorkerId(0),
+            })
+            .await;
+            let leg = &case.engine.calls()[0];
+            assert_eq!(
+                header(&leg.headers, name),
+                Some(value),
+                "its prefill leg too"
+            );
+        }
+    }
 }
 
 #[tokio::test]

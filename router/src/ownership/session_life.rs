@@ -1,0 +1,144 @@
+//! One session's KV lifecycle on its owner, beside its idle clock ([`super::sessions`]): the
+//! gaps it showed (a lognormal, `ownerserve_planner::lifecycle::gap`), where its KV is
+//! ([`ParkedKv`]), the decision taken when it parked, and when its next touch or
+//! bring-back is due. The sweep that decides and acts is [`super::lifecycle`].
+
+use std::sync::Arc;
+
+use ownerserve_planner::hash::HashedPrompt;
+use ownerserve_planner::lifecycle::{
+    Effect, GapEstimate, GapStats, Hold, Lifecycle, ParkedKv, Retention, Returned,
+};
+
+/// What a step leaves for its session's lifecycle: its context, and the prompt a touch or
+/// prefetch re-sends (only when its tokens are the engine's own).
+#[derive(Debug, Clone, Default)]
+pub struct StepKv {
+    pub tokens: u64,
+    pub prompt: Option<Arc<HashedPrompt>>,
+    pub model: Arc<str>,
+}
+
+/// A session's lifecycle record.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SessionLife {
+    pub gaps: GapStats,
+    kv: ParkedKv,
+    decided: Option<Lifecycle>,
+    step: StepKv,
+    next_touch_ms: Option<u64>,
+    bring_back_ms: Option<u64>,
+}
+
+/// A touch or bring-back due now.
+#[derive(Debug, Clone)]
+pub struct Due {
+    pub effect: Effect,
+    pub prompt: Arc<HashedPrompt>,
+    pub model: Arc<str>,
+}
+
+impl SessionLife {
+    /// A step of the session arrives: what its return found, if it was parked with a
+    /// decision. The KV is the running step's from here.
+    pub fn returned(&mut self, step: StepKv) -> (Option<(Hold, Returned)>, Vec<Effect>) {
+        let hold = self.decided.take().map(|d| d.hold);
+        let (found, effects) = self.kv.returned();
+        self.step = step;
+        self.next_touch_ms = None;
+        self.bring_back_ms = None;
+        (hold.map(|h| (h, found)), effects)
+    }
+
+    /// Whether it is parked and waiting for a decision.
+    pub fn undecided(&self) -> bool {
+        self.decided.is_none() && !self.kv.released()
+    }
+
+    pub fn tokens(&self) -> u64 {
+        self.step.tokens
+    }
+
+    pub fn model(&self) -> Arc<str> {
+        self.step.model.clone()
+    }
+
+    /// The prompt a resend would carry, if kept.
+    pub fn prompt(&self) -> Option<Arc<HashedPrompt>> {
+        self.step.prompt.clone()
+    }
+
+    /// Takes `decision` at `now_ms`: the engine effects to carry out now, and the
+    /// touches and bring-back scheduled. Without the prompt's tokens nothing can be
+    /// re-sent, so a decision that needs them is let go.
+    pub fn decide(
+        &mut self,
+        mut decision: Lifecycle,
+        retention: Retention,
+        now_ms: u64,
+    ) -> Vec<Effect> {
+        let resends = matches!(decision.hold, Hold::Prefetch | Hold::Offload)
+            || (decision.hold == Hold::Keep && retention == Retention::Touch);
+        if resends && self.step.prompt.is_none() {
+            decision.hold = Hold::LetGo;
+            decision.bring_back_in_s = None;
+            decision.touch_every_s = None;
+        }
+        let ms = |s: f64| now_ms.saturating_add((s.max(0.0) * 1e3).min(1e12) as u64);
+        self.next_touch_ms = decision.touch_every_s.map(ms);
+        self.bring_back_ms = decision.bring_back_in_s.map(ms);
+        self.decided = Some(decision);
+        self.kv.park(&decision, retention)
+    }
+
+    /// The engine no longer holds the session's prefix in HBM (the KV index says so).
+    pub fn evicted(&mut self) {
+        self.kv.evicted();
+    }
+
+    /// Whether the lifecycle counts its KV in HBM.
+    pub fn resident(&self) -> bool {
+        self.kv.resident()
+    }
+
+    /// The touch or bring-back due at `now_ms`, rescheduling touches.
+    pub fn due(&mut self, now_ms: u64) -> Option<Due> {
+        let prompt = self.step.prompt.clone()?;
+        let due = |at: Option<u64>| at.is_some_and(|t| t <= now_ms);
+        let effect = if due(self.bring_back_ms) {
+            self.bring_back_ms = None;
+            // Still in HBM at the bring-back: a touch refreshes it all the same (the
+            // index may have missed an eviction).
+            self.kv.bring_back().or(Some(Effect::Touch))
+        } else if due(self.next_touch_ms) {
+            let every = self.decided.and_then(|d| d.touch_every_s).unwrap_or(0.0);
+            self.next_touch_ms = Some(now_ms + (every * 1e3).max(100.0) as u64);
+            self.kv.touch()
+        } else {
+            None
+        }?;
+        Some(Due {
+            effect,
+            prompt,
+            model: self.step.model.clone(),
+        })
+    }
+
+    /// A restore or recompute answered: the KV is back in HBM.
+    pub fn brought_back(&mut self) {
+        self.kv.brought_back();
+    }
+
+    /// The session ended: its pin to undo, nothing more to do for it.
+    pub fn end(&mut self) -> Vec<Effect> {
+        self.next_touch_ms = None;
+        self.bring_back_ms = None;
+        self.step.prompt = None;
+        self.kv.end()
+    }
+
+    /// Its estimate of the next gap, from its own gaps and `prior`.
+    pub fn gap(&self, prior: GapEstimate) -> GapEstimate {
+        self.gaps.estimate(prior)
+    }
+}
