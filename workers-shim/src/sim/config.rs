@@ -128,6 +128,11 @@ pub struct SimSettings {
     /// Host-to-GPU bandwidth of restores, GB/s; unset = the GPU preset's `pcie_gbs`.
     #[arg(long, env = "OWNERSERVE_SIM_PCIE_GBS")]
     pub pcie_gbs: Option<f64>,
+    /// vLLM's `--scheduling-policy`: `fcfs`, or `priority` (requests' `X-Vllm-Priority`,
+    /// lower sooner, order the waiting queue and choose preemption victims).
+    #[arg(long, env = "OWNERSERVE_SIM_SCHEDULING_POLICY", default_value = "fcfs",
+          value_parser = ["fcfs", "priority"])]
+    pub scheduling_policy: String,
 }
 
 impl Default for SimSettings {
@@ -159,6 +164,7 @@ impl Default for SimSettings {
             host_kv_blocks: 0,
             host_dram_gb: 0.0,
             pcie_gbs: None,
+            scheduling_policy: "fcfs".to_owned(),
         }
     }
 }
@@ -361,6 +367,7 @@ impl SimSettings {
                 emit_cache_events: self.kv_events_endpoint.is_some(),
                 host_blocks,
                 pcie_bytes_per_s: pcie_gbs * 1e9,
+                priority_scheduling: self.scheduling_policy == "priority",
             },
             kv_events: self
                 .kv_events_endpoint

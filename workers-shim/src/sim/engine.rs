@@ -41,6 +41,8 @@ pub struct SeqRequest {
     /// Prefill leg: when this sequence finishes, pin its prompt's full blocks under this
     /// request id for the decode leg to pull.
     pub pin_for: Option<String>,
+    /// vLLM's request priority (`X-Vllm-Priority`): lower runs sooner.
+    pub priority: i32,
 }
 
 /// KV received for a request, to cache before its sequences are queued.
@@ -491,6 +493,7 @@ impl Actor {
                 stop: req.stop,
                 stream_seed: req.stream_seed,
                 arrival_s: self.now_s,
+                priority: req.priority,
             };
             let added = if req.hold_prefix {
                 self.scheduler.add_holding_prefix(spec)

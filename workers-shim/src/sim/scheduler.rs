@@ -53,6 +53,10 @@ pub struct SchedulerConfig {
     pub host_blocks: u32,
     /// Host-to-GPU bandwidth restores run at, bytes per second.
     pub pcie_bytes_per_s: f64,
+    /// vLLM's `--scheduling-policy priority`: the waiting queue is ordered by (priority,
+    /// arrival) and a preemption takes the running sequence of the largest (priority,
+    /// arrival); `false` is `fcfs` (priorities ignored).
+    pub priority_scheduling: bool,
 }
 
 impl SchedulerConfig {
@@ -103,6 +107,8 @@ pub struct NewSeq {
     pub stream_seed: u64,
     /// Virtual time the request arrived, seconds.
     pub arrival_s: f64,
+    /// vLLM's request priority: lower runs sooner (0 by default).
+    pub priority: i32,
 }
 
 /// A sequence the engine cannot run at all.
@@ -284,7 +290,7 @@ impl Scheduler {
         } else {
             Vec::new()
         };
-        self.waiting.push_back(Seq {
+        self.enqueue(Seq {
             chain,
             held,
             spec,
@@ -298,6 +304,56 @@ impl Scheduler {
             sent: 0,
         });
         Ok(())
+    }
+
+    /// Puts a new sequence in the waiting queue: at the back (fcfs), or after every
+    /// sequence that sorts before or with it by (priority, arrival) (vLLM's priority heap).
+    fn enqueue(&mut self, seq: Seq) {
+        if !self.cfg.priority_scheduling {
+            self.waiting.push_back(seq);
+            return;
+        }
+        let key = |s: &Seq| (s.spec.priority, s.spec.arrival_s);
+        let at = self
+            .waiting
+            .iter()
+            .rposition(|w| key(w) <= key(&seq))
+            .map_or(0, |i| i + 1);
+        self.waiting.insert(at, seq);
+    }
+
+    /// Puts a preempted sequence back: at the front (fcfs), else in its place by
+    /// (priority, arrival) as vLLM re-adds it to the heap.
+    fn requeue(&mut self, seq: Seq) {
+        if self.cfg.priority_scheduling {
+            self.enqueue(seq);
+        } else {
+            self.waiting.push_front(seq);
+        }
+    }
+
+    /// The running sequence a preemption takes among those at `from..` (not yet
+    /// scheduled this step): the last (fcfs), or the one of the largest (priority,
+    /// arrival) (vLLM; it also considers sequences already scheduled in the step, which
+    /// this engine leaves alone).
+    fn victim(&self, from: usize) -> Option<usize> {
+        if self.running.len() <= from {
+            return None;
+        }
+        if !self.cfg.priority_scheduling {
+            return Some(self.running.len() - 1);
+        }
+        (from..self.running.len()).max_by(|&a, &b| {
+            let key = |i: usize| {
+                (
+                    self.running[i].spec.priority,
+                    self.running[i].spec.arrival_s,
+                )
+            };
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })
     }
 
     /// Drops every cached block (vLLM's `POST /reset_prefix_cache`). Refused (false) while
@@ -359,16 +415,22 @@ impl Scheduler {
                 // optimisation, and holding it could starve the engine.
                 self.release_holds();
             }
-            while self.pool.num_free() < need && self.running.len() > i {
-                let Some(mut victim) = self.running.pop() else {
+            let mut preempted_self = false;
+            while self.pool.num_free() < need {
+                let Some(v) = self.victim(i) else {
                     break;
                 };
+                let mut victim = self.running.remove(v);
+                preempted_self |= v == i;
                 self.free_blocks(&mut victim);
                 victim.computed = 0;
-                self.waiting.push_front(victim);
+                self.requeue(victim);
                 out.preempted += 1;
+                if preempted_self {
+                    break;
+                }
             }
-            if self.running.len() <= i {
+            if preempted_self || self.running.len() <= i {
                 break;
             }
             // The loop above made `need` blocks free, so every allocation succeeds.

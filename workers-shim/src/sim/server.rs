@@ -428,7 +428,7 @@ async fn generate(
     if let Err(refused) = continue_chain(&st, &mut req) {
         return refused;
     }
-    let (seqs, prompt_lens) = match plan_sequences(&req, &st.scheduler) {
+    let (seqs, prompt_lens) = match plan_sequences(&req, &st.scheduler, priority_of(headers)) {
         Ok(v) => v,
         Err(msg) => {
             return error_response(StatusCode::BAD_REQUEST, &msg, "BadRequestError", None, None)
@@ -596,9 +596,19 @@ async fn run_legs(
 }
 
 /// Turns a request into one engine sequence per (prompt, choice).
+/// vLLM's `X-Vllm-Priority` (an integer; anything else, or none, is 0).
+fn priority_of(headers: &HeaderMap) -> i32 {
+    headers
+        .get("x-vllm-priority")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn plan_sequences(
     req: &ParsedRequest<'_>,
     limits: &SchedulerConfig,
+    priority: i32,
 ) -> Result<(Vec<SeqRequest>, Vec<usize>), String> {
     let s = &req.sampling;
     let stop: Arc<[String]> = s.stop.clone().into();
@@ -628,6 +638,7 @@ fn plan_sequences(
                 stream_seed: seed,
                 hold_prefix: false,
                 pin_for: None,
+                priority,
             });
         }
     }

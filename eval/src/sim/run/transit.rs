@@ -34,6 +34,9 @@ impl Sim<'_> {
             stop: Arc::from(Vec::<String>::new()),
             stream_seed: (r.session as u64) << 32 ^ (r.step as u64) << 8 ^ u64::from(choice),
             arrival_s: self.now_s,
+            // The simulator's engines run fcfs: no step is marked (the lifecycle and its
+            // priority on return are the router's; issue 61 brings them here).
+            priority: 0,
         })
     }
 

@@ -18,6 +18,7 @@ fn config(num_blocks: u32, budget: u32) -> SchedulerConfig {
         emit_cache_events: true,
         host_blocks: 0,
         pcie_bytes_per_s: 50e9,
+        priority_scheduling: false,
     }
 }
 
@@ -40,6 +41,7 @@ fn seq(id: u64, prompt: Vec<u32>, max_tokens: u32, arrival_s: f64) -> NewSeq {
         stop: Arc::new([]),
         stream_seed: id,
         arrival_s,
+        priority: 0,
     }
 }
 
@@ -278,6 +280,74 @@ fn preemption_under_memory_pressure_still_finishes_everything() {
     assert_eq!(run.outputs[&SeqId(1)].len(), 100);
     assert_eq!(run.outputs[&SeqId(2)].len(), 100);
     assert_eq!(s.pool().num_free(), 20, "all blocks returned");
+}
+
+fn with_priority(mut n: NewSeq, priority: i32) -> NewSeq {
+    n.priority = priority;
+    n
+}
+
+#[test]
+fn priority_scheduling_admits_lower_values_first_and_fcfs_ignores_them() {
+    // One sequence runs at a time; all four wait at the first step. With priority, the one
+    // marked -1 (a returning agent step) is admitted before the three that came earlier.
+    let first_tokens = |priority_scheduling: bool| {
+        let mut s = engine_with(SchedulerConfig {
+            max_num_seqs: 1,
+            priority_scheduling,
+            ..config(400, 8192)
+        });
+        s.add(seq(1, tokens(1, 100), 4, 0.0)).unwrap();
+        s.add(seq(2, tokens(1_000, 100), 4, 0.1)).unwrap();
+        s.add(seq(3, tokens(2_000, 100), 4, 0.2)).unwrap();
+        s.add(with_priority(seq(4, tokens(3_000, 100), 4, 0.3), -1))
+            .unwrap();
+        let mut run = Run::default();
+        run_to_idle(&mut s, &mut run);
+        let mut order: Vec<(u64, f64)> =
+            run.first_token_s.iter().map(|(id, t)| (id.0, *t)).collect();
+        order.sort_by(|a, b| a.1.total_cmp(&b.1));
+        order.into_iter().map(|(id, _)| id).collect::<Vec<_>>()
+    };
+    assert_eq!(first_tokens(true), [4, 1, 2, 3]);
+    assert_eq!(first_tokens(false), [1, 2, 3, 4]);
+}
+
+#[test]
+fn under_priority_a_preemption_takes_the_largest_priority_not_the_newest() {
+    // 20 blocks: two sequences growing to 250 tokens cannot both fit. Under fcfs the
+    // newest (2) is preempted; under priority the one marked 5 (1), although older.
+    let preempted_first = |priority_scheduling: bool| {
+        let mut s = engine_with(SchedulerConfig {
+            priority_scheduling,
+            ..config(20, 8192)
+        });
+        s.add(with_priority(seq(1, tokens(1, 150), 100, 0.0), 5))
+            .unwrap();
+        s.add(seq(2, tokens(10_000, 150), 100, 0.1)).unwrap();
+        let mut run = Run::default();
+        run_to_idle(&mut s, &mut run);
+        assert_eq!(run.outputs[&SeqId(1)].len(), 100);
+        assert_eq!(run.outputs[&SeqId(2)].len(), 100);
+        // Whoever was preempted finishes last.
+        let done = |id: u64| {
+            run.steps
+                .iter()
+                .position(|o| {
+                    o.tokens
+                        .iter()
+                        .any(|t| t.seq == SeqId(id) && t.finish.is_some())
+                })
+                .unwrap()
+        };
+        if done(1) > done(2) {
+            1
+        } else {
+            2
+        }
+    };
+    assert_eq!(preempted_first(false), 2);
+    assert_eq!(preempted_first(true), 1);
 }
 
 #[test]
