@@ -22,6 +22,7 @@ a prefill engine or as a decode engine. Routers come and go in front of them:
    engine, requests degrade to recompute on the decode engine.
 4. `kill -9` of an engine mid-stream: the client gets an SSE error event and `[DONE]`, later
    requests go to the other engine, and the dead engine's blocks leave the index.
+5. The parked sessions' KV lifecycle: see `LIFECYCLE_DOC` below.
 
 Before 3, the coding agents' APIs, through an `ownerserve` router with an embedded directory in
 front of all three engines (started with vLLM's response store, `--enable-auto-tool-choice
@@ -35,7 +36,7 @@ with an owner on it (`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_vllm/suite.py --ownerserve target/debug/ownerserve --venv VENV
-       [--only agents|pd]
+       [--only agents|pd|lifecycle]
 """
 import argparse
 import json
@@ -58,6 +59,7 @@ import openai
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOKENIZER_FIXTURE = os.path.join(ROOT, "workers-shim/tests/fixtures/tokenizers/local")
 MODEL_SPEC = os.path.join(ROOT, "configs/models/tiny-llama-cpu.toml")
+CPU_SPEC = os.path.join(ROOT, "configs/gpus/cpu-2core.toml")
 TOKEN = "real-vllm-suite"
 MODEL = "tiny"
 BLOCK = 32
@@ -158,7 +160,8 @@ def ok_status(url):
 class Engine:
     """One real vLLM engine process and its ports."""
 
-    def __init__(self, name, venv, model_dir, log_dir, long_prefill_cap=0):
+    def __init__(self, name, venv, model_dir, log_dir, long_prefill_cap=0,
+                 kv_bytes=256 << 20, extra=()):
         self.name = name
         # vLLM's `--long-prefill-token-threshold` (0: not set, vLLM's default).
         self.long_prefill_cap = long_prefill_cap
@@ -178,7 +181,7 @@ class Engine:
                "vllm.entrypoints.openai.api_server",
                "--model", model_dir, "--served-model-name", MODEL, "--load-format", "dummy",
                "--host", "127.0.0.1", "--port", str(self.port), "--max-model-len", str(MAX_MODEL_LEN),
-               "--kv-cache-memory-bytes", str(256 << 20), "--enforce-eager",
+               "--kv-cache-memory-bytes", str(kv_bytes), "--enforce-eager",
                "--enable-prefix-caching", "--block-size", str(BLOCK),
                "--enable-prompt-tokens-details", "--dtype", "float32",
                # The agents send tools with `tool_choice: auto`.
@@ -192,6 +195,7 @@ class Engine:
                    "kv_buffer_device": "cpu"})]
         if long_prefill_cap:
             cmd += ["--long-prefill-token-threshold", str(long_prefill_cap)]
+        cmd += list(extra)
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -758,14 +762,16 @@ class Suite:
         write_model_config(model_dir)
         started = time.time()
         # e2 runs vLLM's per-request prefill cap; `pricing` checks the planner prices it.
+        n = 0 if self.args.only == "lifecycle" else 3
         engines = [Engine(f"e{i}", self.args.venv, model_dir, self.log_dir,
-                          LONG_PREFILL_CAP if i == 2 else 0) for i in range(3)]
+                          LONG_PREFILL_CAP if i == 2 else 0) for i in range(n)]
         try:
             for e in engines:
                 wait_for(f"engine {e.name}", e.up_or_exited, 900, 2)
-            print(f"3 real vLLM engines up in {time.time() - started:.0f} s "
+            print(f"{n} real vLLM engines up in {time.time() - started:.0f} s "
                   f"(logs in {self.log_dir})", flush=True)
-            self.steps(engines)
+            if n:
+                self.steps(engines)
         except Exception:
             traceback.print_exc()
             self.check("suite ran to the end", False, "an exception stopped it (above)")
@@ -776,6 +782,8 @@ class Suite:
                 r.stop()
             for e in engines:
                 e.stop()
+        if self.args.only in (None, "lifecycle"):
+            self.lifecycle_suite(model_dir)
         failed = [n for n, ok, _ in self.results if not ok]
         print(f"\nreal-engine suite: {len(self.results) - len(failed)}/{len(self.results)} "
               f"checks passed in {time.time() - started:.0f} s")
@@ -785,12 +793,102 @@ class Suite:
                 print(f"--- {r.log_path}\n" + open(r.log_path, errors="replace").read()[-3000:])
         return 1 if failed else 0
 
+    def lifecycle_suite(self, model_dir):
+        """Step 5 (LIFECYCLE_DOC): its own engine, started after the others stopped."""
+        e = Engine("lc", self.args.venv, model_dir, self.log_dir, kv_bytes=LIFECYCLE_KV_BYTES,
+                   extra=("--scheduling-policy", "priority", "--max-num-seqs", "2"))
+        try:
+            wait_for(f"engine {e.name}", e.up_or_exited, 900, 2)
+            self.lifecycle(e)
+        except Exception:
+            traceback.print_exc()
+            self.check("lifecycle step ran to the end", False, "an exception stopped it (above)")
+            print(f"--- {e.name} log tail\n{e.tail()}")
+        finally:
+            for r in self.routers:
+                r.stop()
+            self.routers = []
+            e.stop()
+
+    def lifecycle_router(self, e, label, lifecycle, priority):
+        extra = (f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n'
+                 f'[router.planner]\ngpu = "{CPU_SPEC}"\n'
+                 f'[router.sessions]\nlifecycle = {str(lifecycle).lower()}\n'
+                 f'return_priority = {str(priority).lower()}\n')
+        return self.router(label, "kv_aware", e.worker_toml(), TOKENIZER_FIXTURE, extra)
+
+    def park_and_return(self, r, seed, queue=None):
+        """Two sessions' first steps, a gap under a flood, their returns: per session,
+        (first step's prompt tokens, returning step's cached tokens, its TTFT)."""
+        rng = random.Random(seed)
+        sessions = [(f"lc-{seed}-{k}", lifecycle_conversation(rng, LIFECYCLE_CONTEXT))
+                    for k in range(2)]
+        first = {}
+        for sid, conv in sessions:
+            status, _, resp = r.post("/v1/chat/completions",
+                                     {"model": MODEL, "messages": conv, "max_tokens": 8},
+                                     {"x-session-id": sid})
+            assert status == 200, f"first step: {status} {resp}"
+            first[sid] = (resp["usage"]["prompt_tokens"],
+                          resp["choices"][0]["message"]["content"] or "")
+        with Flood(r, per_s=4, seed=seed + 1) as flood:
+            time.sleep(LIFECYCLE_GAP_S)
+        out = []
+        for sid, conv in sessions:
+            prompt, said = first[sid]
+            back = conv + [{"role": "assistant", "content": said},
+                           {"role": "user", "content": "tool result: 3 tests passed"}]
+            body = {"model": MODEL, "messages": back, "max_tokens": 8}
+            ttft = None
+            if queue is not None:
+                with queue:
+                    time.sleep(3)
+                    ttft = streamed_ttft(r.url, body, {"x-session-id": sid})
+            status, _, resp = r.post("/v1/chat/completions", body, {"x-session-id": sid})
+            assert status == 200, f"return: {status} {resp}"
+            out.append((prompt, cached_of(resp), ttft))
+        print(f"INFO  lifecycle flood: {flood.sent} prompts of ~1,000 tokens in "
+              f"{LIFECYCLE_GAP_S} s", flush=True)
+        return out
+
+    def lifecycle(self, e):
+        cover = {}
+        for on in (False, True):
+            r = self.lifecycle_router(e, f"lifecycle-{'on' if on else 'off'}", on, True)
+            got = self.park_and_return(r, seed=100 + on)
+            cover[on] = min(c / p for p, c, _ in got)
+            if on:
+                print("INFO  lifecycle metrics: " + " ".join(
+                    l for l in http("GET", r.url + "/metrics")[2].splitlines()
+                    if l.startswith("ownerserve_kv_lifecycle")), flush=True)
+            r.stop()
+            print(f"INFO  lifecycle {'on' if on else 'off'}: returning steps' cached_tokens "
+                  f"over the first step's prompt: {[f'{c}/{p}' for p, c, _ in got]}", flush=True)
+        self.check("lifecycle on: a returning step's cached_tokens cover >= 90% of its prefix",
+                   cover[True] >= 0.9, f"worst {cover[True]:.2f}")
+        self.check("lifecycle off: the LRU evicted it (< 20% covered)", cover[False] < 0.2,
+                   f"worst {cover[False]:.2f}")
+        ttft = {}
+        for priority in (False, True):
+            r = self.lifecycle_router(e, f"priority-{'on' if priority else 'off'}", True,
+                                      priority)
+            got = self.park_and_return(r, seed=200 + priority, queue=Queue(r, 8, 200))
+            ttft[priority] = max(t for _, _, t in got)
+            r.stop()
+            print(f"INFO  return_priority {'on' if priority else 'off'}: returning steps' "
+                  f"TTFT behind a queue {[f'{t:.2f} s' for _, _, t in got]}", flush=True)
+        self.check("priority on: a returning step's TTFT behind a queue >= 2x lower",
+                   ttft[False] >= 2 * ttft[True],
+                   f"{ttft[True]:.2f} s with, {ttft[False]:.2f} s without")
+
     def steps(self, engines):
         e0, e1, e2 = engines
         if self.args.only == "agents":
             return self.agents(engines)
         if self.args.only == "pd":
             return self.pd(e0, e1)
+        if self.args.only == "lifecycle":
+            return
         every = "".join(e.worker_toml() for e in engines)
         own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
                           f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
@@ -812,6 +910,109 @@ class Suite:
         wait_for("e0 marked down", lambda: http("GET", own.url + "/health")[2].get(
             "healthy_workers") == 2, 15, 0.2)
         self.kill_mid_stream(own, [e1, e2])
+
+
+LIFECYCLE_DOC = """
+5. The parked sessions' KV lifecycle (issue 61), on a fourth engine of its own, started once
+   the others stopped: a KV pool of LIFECYCLE_KV_BYTES (a 2-layer float32 model's KV is 2 KiB
+   a token: 32,768 tokens), `--scheduling-policy priority`, `--max-num-seqs 2`. Two sessions
+   of ~LIFECYCLE_CONTEXT tokens each take a first step, then wait on a "tool" for
+   LIFECYCLE_GAP_S seconds while a paced flood of distinct 1,000-token prompts goes through
+   the same router (many times the pool), then return with their conversation and a tool
+   result. With `[router.sessions] lifecycle = true` the returning steps' `cached_tokens`
+   must cover >= 90% of the first step's prompt; with it off, < 20%. Then, the lifecycle on,
+   the return meets a queue (eight long decodes on two slots): its streamed TTFT with
+   `return_priority` on must be >= 2x lower than with it off.
+"""
+LIFECYCLE_KV_BYTES = 64 << 20
+LIFECYCLE_CONTEXT = 10_000
+LIFECYCLE_GAP_S = 25
+
+
+def lifecycle_conversation(rng, tokens):
+    """A coding session's first step of about `tokens` tokens (the fixture's BPE takes about
+    1.3 tokens a word)."""
+    text = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))
+    return [{"role": "system", "content": "You are a coding agent. " + text(60)},
+            {"role": "user", "content": "The repository:\n" + text(int(tokens / 1.3))}]
+
+
+class Flood:
+    """Distinct 1,000-token prompts through router `r`, `per_s` a second, until stopped."""
+
+    def __init__(self, r, per_s, seed):
+        self.r, self.per_s, self.rng = r, per_s, random.Random(seed)
+        self.stop, self.sent, self.threads = threading.Event(), 0, []
+
+    def one(self, k):
+        text = " ".join(self.rng.choice(WORDS) for _ in range(770))
+        self.r.post("/v1/chat/completions", {
+            "model": MODEL, "messages": [{"role": "user", "content": f"{k} {text}"}],
+            "max_tokens": 4})
+
+    def run(self):
+        k = 0
+        while not self.stop.is_set():
+            t = threading.Thread(target=self.one, args=(k,))
+            t.start()
+            self.threads.append(t)
+            k += 1
+            self.stop.wait(1.0 / self.per_s)
+        self.sent = k
+
+    def __enter__(self):
+        self.main = threading.Thread(target=self.run)
+        self.main.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.main.join()
+        for t in self.threads:
+            t.join()
+
+
+class Queue:
+    """`n` requests of `tokens` generated tokens each through router `r` while the block
+    runs: on an engine with `--max-num-seqs 2`, a queue."""
+
+    def __init__(self, r, n, tokens):
+        self.r, self.n, self.tokens, self.threads = r, n, tokens, []
+
+    def one(self, k):
+        self.r.post("/v1/chat/completions", {
+            "model": MODEL, "messages": [{"role": "user", "content": f"queue {k}"}],
+            "max_tokens": self.tokens, "ignore_eos": True})
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self.one, args=(k,)) for k in range(self.n)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        for t in self.threads:
+            t.join()
+
+
+def cached_of(resp):
+    return ((resp.get("usage") or {}).get("prompt_tokens_details") or {}).get(
+        "cached_tokens") or 0
+
+
+def streamed_ttft(url, body, headers):
+    """Seconds to the first content chunk of a streamed chat completion."""
+    data = json.dumps(dict(body, stream=True)).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=data, method="POST",
+                                 headers={"content-type": "application/json", **headers})
+    started = time.time()
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            if line.startswith(b"data: ") and b'"content"' in line:
+                first = time.time() - started
+                r.read()
+                return first
+    raise AssertionError("no content chunk")
 
 
 def write_model_config(model_dir):
@@ -844,7 +1045,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", required=True)
-    ap.add_argument("--only", choices=["agents", "pd"],
+    ap.add_argument("--only", choices=["agents", "pd", "lifecycle"],
                     help="run only this step against fresh engines (to reproduce one failure)")
     return Suite(ap.parse_args()).run()
 

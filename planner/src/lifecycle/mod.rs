@@ -180,7 +180,8 @@ pub struct Lifecycle {
     pub hold: Hold,
     /// Seconds from now to start the restore (offload) or the recompute (prefetch).
     pub bring_back_in_s: Option<f64>,
-    /// Seconds between touches that keep it warm (keep on an engine without pins).
+    /// Seconds between touches that keep it warm on an engine without pins: from the
+    /// start (keep) or once it is brought back (offload, prefetch).
     pub touch_every_s: Option<f64>,
     /// Expected cost of each course, seconds, in [`Hold::ALL`]'s order (infinite where
     /// the engine or the host tier cannot).
@@ -247,11 +248,17 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
         let p_late = 1.0 - p.gap.remaining_survival(p.idle_s, start + took);
         (start, p_late * took)
     };
+    // Once back in HBM it is kept until the return, at keep's rate for the time left
+    // (brought back early, that is most of keep's cost again).
+    let keep_per_s = if away_s > 0.0 { keep / away_s } else { 0.0 };
+    let kept_after = |landed: f64| keep_per_s * (away_s - landed).max(0.0);
     let fits_host = kv.levers.host_tier && kv.host_free_tokens >= p.context_tokens;
     let (offload, restore_at) = if fits_host {
         let (start, wait) = late_wait(prices.restore_s);
         (
-            w.copy * (prices.offload_s + p_return * prices.restore_s) + p_return * wait,
+            w.copy * (prices.offload_s + p_return * prices.restore_s)
+                + p_return * wait
+                + kept_after(start + prices.restore_s),
             start,
         )
     } else {
@@ -260,7 +267,9 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
     let (prefetch_at, prefetch_wait) = late_wait(prices.recompute_s);
     // Recomputing what was evicted (all of it at worst) runs whether or not it returns;
     // a return before it ends waits for the rest.
-    let prefetch = w.background * p_evicted * prices.recompute_s + p_return * prefetch_wait;
+    let prefetch = w.background * p_evicted * prices.recompute_s
+        + p_return * prefetch_wait
+        + kept_after(prefetch_at + prices.recompute_s);
 
     let costs = [keep, offload, prefetch, let_go];
     // Acting must save something material over letting the LRU decide: 1% of the
@@ -280,10 +289,11 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
             Hold::Prefetch => Some(prefetch_at),
             Hold::Keep | Hold::LetGo => None,
         },
-        touch_every_s: if hold == Hold::Keep {
-            touch_every
-        } else {
+        // Kept, or once brought back, it is kept warm until the return.
+        touch_every_s: if hold == Hold::LetGo {
             None
+        } else {
+            touch_every
         },
         costs,
     }

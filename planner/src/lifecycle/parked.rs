@@ -52,6 +52,8 @@ pub struct ParkedKv {
     hold: Option<Hold>,
     /// A restore or recompute was asked for and has not landed.
     bringing_back: bool,
+    /// One landed: kept warm from then on.
+    back: bool,
 }
 
 /// What a returning step found.
@@ -79,6 +81,7 @@ impl ParkedKv {
             released: false,
             hold: None,
             bringing_back: false,
+            back: false,
         }
     }
 
@@ -148,10 +151,18 @@ impl ParkedKv {
         }
     }
 
-    /// A touch is due: asked for only while kept warm in HBM.
-    pub fn touch(&self) -> Option<Effect> {
-        (self.parked && !self.released && self.hold == Some(Hold::Keep) && self.resident())
-            .then_some(Effect::Touch)
+    /// A touch is due: asked for only while kept warm (kept from the start, or brought
+    /// back).
+    /// A kept session found evicted anyway (its touches came too late) is brought back.
+    pub fn touch(&mut self) -> Option<Effect> {
+        let kept = self.hold == Some(Hold::Keep) || self.back;
+        if !(self.parked && !self.released && kept) {
+            return None;
+        }
+        if self.resident() {
+            return Some(Effect::Touch);
+        }
+        self.bring_back()
     }
 
     /// Time to bring it back before the predicted return.
@@ -172,6 +183,7 @@ impl ParkedKv {
     pub fn brought_back(&mut self) {
         if self.bringing_back && !self.released {
             self.place = KvPlace::Hbm;
+            self.back = true;
         }
         self.bringing_back = false;
     }
@@ -194,6 +206,7 @@ impl ParkedKv {
         self.parked = false;
         self.hold = None;
         self.bringing_back = false;
+        self.back = false;
         self.place = KvPlace::Hbm;
         (found, out)
     }

@@ -67,16 +67,28 @@ fn a_short_tool_call_is_back_before_the_lru_turns_over() {
 #[test]
 fn a_test_run_under_a_flood_is_offloaded_and_restored_before_it_returns() {
     // 100K tokens/s of churn on 200K evictable: the LRU turns over in 2 s; the test run
-    // takes 40 s.
+    // takes 40 s, give or take a few.
     let kv = owner(0.8, 100_000.0, levers(Retention::Touch, true));
-    let l = decide_for(parked(40.0, 90.0), kv);
+    let l = decide_for(parked(40.0, 45.0), kv);
     assert_eq!(l.hold, Hold::Offload, "{l:?}");
     let at = l.bring_back_in_s.unwrap();
-    let gap = GapEstimate::from_median_p90(40.0, 90.0);
+    let gap = GapEstimate::from_median_p90(40.0, 45.0);
     assert!(
-        at > 5.0 && at + prices().restore_s < gap.quantile_s(0.2),
+        at > 30.0 && at + prices().restore_s < gap.quantile_s(0.2),
         "{at}"
     );
+}
+
+#[test]
+fn an_unpredictable_gap_is_brought_back_early_and_kept_warm_from_there() {
+    // The same flood, a gap anywhere from seconds to minutes: to beat the soonest returns
+    // a restore must land within seconds, so nearly all of keep's cost remains.
+    let kv = owner(0.8, 100_000.0, levers(Retention::Touch, true));
+    let l = decide_for(parked(40.0, 300.0), kv);
+    assert!(matches!(l.hold, Hold::Keep | Hold::Offload), "{l:?}");
+    assert!(l.costs[1] > 0.9 * l.costs[0], "{l:?}");
+    assert!(l.bring_back_in_s.is_none_or(|s| s < 10.0), "{l:?}");
+    assert!(l.touch_every_s.is_some(), "kept warm once back");
 }
 
 #[test]

@@ -8,6 +8,12 @@ use axum::http::HeaderName;
 pub const SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 /// Request: the step forks its session (`1`/`true`, or the child session's name).
 pub const FORK: HeaderName = HeaderName::from_static("x-ownerserve-fork");
+/// Request: what the client asks of its session's life: `close` (end it once this
+/// response ends: its ownership and its KV's pins are released) or `keep-alive` (`bind`,
+/// `open`; optionally `; timeout=<s>`, default 300: it does not lapse before, and its KV is
+/// kept as for a session sure to return). Dynamo's `nvext.session_control` in the body
+/// says the same.
+pub const SESSION_CONTROL: HeaderName = HeaderName::from_static("x-ownerserve-session-control");
 /// Response: the worker that served the request.
 pub const WORKER: HeaderName = HeaderName::from_static("x-ownerserve-worker");
 /// Response: the session's ownership epoch the step ran under (sessions with an owner).

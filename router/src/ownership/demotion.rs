@@ -43,6 +43,10 @@ pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
         let mut every = tokio::time::interval(SWEEP_EVERY);
         loop {
             every.tick().await;
+            // Closed by their clients first: they asked for it.
+            for closed in st.sessions.take_closed() {
+                demote(&st, closed).await;
+            }
             for lapsed in st.sessions.lapsed(now_ms()) {
                 demote(&st, lapsed).await;
             }

@@ -9,14 +9,17 @@ use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::lifecycle::{
     Effect, GapEstimate, GapStats, Hold, Lifecycle, ParkedKv, Retention, Returned,
 };
+use ownerserve_shim::openai::SessionAction;
 
-/// What a step leaves for its session's lifecycle: its context, and the prompt a touch or
-/// prefetch re-sends (only when its tokens are the engine's own).
+/// What a step leaves for its session's lifecycle: its context, the prompt a touch or
+/// prefetch re-sends (only when its tokens are the engine's own), and what its client
+/// asked of the session's life (and for how many seconds).
 #[derive(Debug, Clone, Default)]
 pub struct StepKv {
     pub tokens: u64,
     pub prompt: Option<Arc<HashedPrompt>>,
     pub model: Arc<str>,
+    pub control: Option<(SessionAction, u64)>,
 }
 
 /// A session's lifecycle record.

@@ -18,6 +18,8 @@ use ownerserve_planner::lifecycle::{
 };
 use ownerserve_planner::policy::WorkerView;
 
+use ownerserve_shim::openai::SessionAction;
+
 use super::session_life::{Due, SessionLife, StepKv};
 
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
@@ -36,6 +38,11 @@ struct Tracked {
     /// 0 while in flight or before a gap was seen.
     returns_per_s: f64,
     life: SessionLife,
+    /// The client asked to keep it alive until then (ms): it does not lapse before, and
+    /// its KV is kept as for a session sure to return.
+    keep_alive_until_ms: u64,
+    /// The client asked to close it once its step ends.
+    close_after: bool,
 }
 
 /// A session whose idle lease lapsed.
@@ -92,6 +99,8 @@ struct Inner {
     ended: u64,
     /// Engine effects of the lifecycle to carry out: (owner, session, effect).
     outbox: Vec<(WorkerId, String, Effect)>,
+    /// Sessions their clients closed, for the demotion sweep to release.
+    closed: Vec<Lapsed>,
 }
 
 impl Inner {
@@ -174,7 +183,16 @@ impl Sessions {
                 tail: Vec::new(),
                 returns_per_s: 0.0,
                 life: SessionLife::default(),
+                keep_alive_until_ms: 0,
+                close_after: false,
             });
+        match step.control {
+            Some((SessionAction::KeepAlive, timeout_s)) => {
+                t.keep_alive_until_ms = now_ms.saturating_add(timeout_s.saturating_mul(1000));
+            }
+            Some((SessionAction::Close, _)) => t.close_after = true,
+            Some((SessionAction::Continue, _)) | None => {}
+        }
         let mut gap = None;
         if let Some(idle) = t.idle_since_ms.take() {
             let g = now_ms.saturating_sub(idle);
@@ -230,6 +248,7 @@ impl Sessions {
             .filter(|(_, t)| t.in_flight == 0 && t.life.undecided())
             .filter_map(|(k, t)| {
                 let idle = t.idle_since_ms?;
+                let kept_alive = t.keep_alive_until_ms > now_ms;
                 Some(Undecided {
                     session: k.clone(),
                     owner: t.owner,
@@ -237,7 +256,7 @@ impl Sessions {
                     tokens: t.life.tokens(),
                     gap: t.life.gap(prior),
                     idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
-                    p_return,
+                    p_return: if kept_alive { 1.0 } else { p_return },
                 })
             })
             .collect()
@@ -307,6 +326,12 @@ impl Sessions {
         }
     }
 
+    /// The sessions their clients closed since the last call, for release.
+    pub fn take_closed(&self) -> Vec<Lapsed> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut inner.closed)
+    }
+
     /// The lifecycle's engine effects waiting to be carried out.
     pub fn take_effects(&self) -> Vec<(WorkerId, String, Effect)> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -328,19 +353,34 @@ impl Sessions {
 
     fn end(&self, session: &str, now_ms: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let closing = match inner.tracked.get_mut(session) {
+            Some(t) => {
+                t.in_flight = t.in_flight.saturating_sub(1);
+                t.in_flight == 0 && t.close_after
+            }
+            None => return,
+        };
+        if closing {
+            if let Some(t) = inner.remove(session) {
+                inner.closed.push(Lapsed {
+                    session: session.to_owned(),
+                    owner: t.owner,
+                    tail: t.tail,
+                    lease_ms: 0,
+                });
+            }
+            return;
+        }
         let Inner {
             tracked, parked, ..
         } = &mut *inner;
-        if let Some(t) = tracked.get_mut(session) {
-            t.in_flight = t.in_flight.saturating_sub(1);
-            if t.in_flight == 0 {
-                t.idle_since_ms = Some(now_ms);
-                // Replaces what it added if it was already idle (an end without a start).
-                let before = t.returns_per_s;
-                t.returns_per_s = t.lease.return_rate_per_s().unwrap_or(0.0);
-                let sum = parked.entry(t.owner).or_default();
-                *sum = (*sum + t.returns_per_s - before).max(0.0);
-            }
+        if let Some(t) = tracked.get_mut(session).filter(|t| t.in_flight == 0) {
+            t.idle_since_ms = Some(now_ms);
+            // Replaces what it added if it was already idle (an end without a start).
+            let before = t.returns_per_s;
+            t.returns_per_s = t.lease.return_rate_per_s().unwrap_or(0.0);
+            let sum = parked.entry(t.owner).or_default();
+            *sum = (*sum + t.returns_per_s - before).max(0.0);
         }
     }
 
@@ -363,8 +403,9 @@ impl Sessions {
             .tracked
             .iter()
             .filter(|(_, t)| {
-                t.idle_since_ms
-                    .is_some_and(|i| now_ms.saturating_sub(i) > t.lease.ttl_ms())
+                t.keep_alive_until_ms <= now_ms
+                    && t.idle_since_ms
+                        .is_some_and(|i| now_ms.saturating_sub(i) > t.lease.ttl_ms())
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -503,6 +544,7 @@ mod tests {
                 hashes: vec![1, 2, 3],
             })),
             model: "m".into(),
+            control: None,
         }
     }
 
@@ -600,5 +642,39 @@ mod tests {
         assert_eq!(due[0].2.effect, Effect::Recompute);
         s.brought_back("far");
         assert_eq!(s.resident().len(), 1, "back in HBM before its return");
+    }
+
+    #[test]
+    fn a_closed_session_is_released_when_its_step_ends_and_a_kept_alive_one_does_not_lapse() {
+        let s = sessions();
+        let close = StepKv {
+            control: Some((SessionAction::Close, 0)),
+            ..kept_step(10)
+        };
+        let st = s.start("c", WorkerId(3), vec![9], 0, close);
+        assert!(s.take_closed().is_empty(), "closed once its step ends");
+        drop(st.activity);
+        let closed = s.take_closed();
+        assert_eq!(
+            closed
+                .iter()
+                .map(|l| (l.session.as_str(), l.owner))
+                .collect::<Vec<_>>(),
+            [("c", WorkerId(3))]
+        );
+        assert!(!s.is_returning("c"), "forgotten");
+
+        let keep = StepKv {
+            control: Some((SessionAction::KeepAlive, 60)),
+            ..kept_step(10)
+        };
+        let now = now_ms();
+        drop(s.start("k", WorkerId(0), vec![], now, keep).activity);
+        assert!(
+            s.lapsed(now + 30_000).is_empty(),
+            "kept alive past its 1 s lease"
+        );
+        assert_eq!(s.undecided(now + 30_000)[0].p_return, 1.0, "sure to return");
+        assert_eq!(s.lapsed(now + 61_000).len(), 1, "its keep-alive ran out");
     }
 }

@@ -121,6 +121,7 @@ fn accepted(
             tokens: u64::from(id.prompt_tokens()),
             prompt: (st.cfg.sessions.lifecycle && id.exact_tokens).then(|| id.prompt.clone()),
             model: view.route.model.into(),
+            control: id.control,
         };
         st.sessions.start(
             s,

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, HeaderValue};
 
 use ownerserve_planner::hash::HashedPrompt;
-use ownerserve_shim::openai::ParsedRequest;
+use ownerserve_shim::openai::{ParsedRequest, SessionAction, SESSION_TIMEOUT_S};
 
 use crate::api::headers;
 
@@ -64,6 +64,9 @@ pub struct Identity<'a> {
     pub prompt: Arc<HashedPrompt>,
     /// The prompt's tokens are the engine's own (`Prompted::exact`).
     pub exact_tokens: bool,
+    /// What the client asked of the session's life, and for how many seconds
+    /// ([`session_control`]).
+    pub control: Option<(SessionAction, u64)>,
 }
 
 impl Identity<'_> {
@@ -106,7 +109,33 @@ pub fn identify<'a>(
         child,
         prompt,
         exact_tokens,
+        control: session_control(headers, parsed),
     }
+}
+
+/// What the client asks of its session's life: the `x-ownerserve-session-control` header
+/// (`close`, `keep-alive`/`bind`/`open`, optionally `; timeout=<s>`), else Dynamo's
+/// `nvext.session_control` in the body. An unknown header value asks nothing.
+fn session_control(
+    headers: &HeaderMap,
+    parsed: &ParsedRequest<'_>,
+) -> Option<(SessionAction, u64)> {
+    if let Some(v) = headers
+        .get(headers::SESSION_CONTROL)
+        .and_then(|v| v.to_str().ok())
+    {
+        let mut parts = v.split(';').map(str::trim);
+        let action = SessionAction::parse(&parts.next()?.to_ascii_lowercase())?;
+        let timeout = parts
+            .find_map(|p| p.strip_prefix("timeout="))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(SESSION_TIMEOUT_S);
+        return Some((action, timeout));
+    }
+    parsed
+        .session_control
+        .as_ref()
+        .map(|c| (c.action, c.timeout_s))
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -246,7 +275,12 @@ pub fn agent_ids<'a>(headers: &'a HeaderMap, parsed: &'a ParsedRequest<'_>) -> A
             harness: Harness::OpenCode,
         };
     }
+    let dynamo = parsed
+        .session_control
+        .as_ref()
+        .and_then(|c| c.session_id.as_deref());
     let agent = ours
+        .or(dynamo)
         .or(parsed.user.as_deref())
         .or(parsed.session_id.as_deref())
         .or(parsed.prompt_cache_key.as_deref());

@@ -192,6 +192,7 @@ mod tests {
                 hashes,
             }),
             exact_tokens: true,
+            control: None,
         }
     }
 

@@ -15,5 +15,5 @@ pub mod responses;
 
 pub use request::{
     parse, Endpoint, Message, ParsedRequest, Prompt, PromptInput, RenderedPrompt, RequestError,
-    Sampling,
+    Sampling, SessionAction, SessionControl, SESSION_TIMEOUT_S,
 };

@@ -112,6 +112,67 @@ pub struct ParsedRequest<'a> {
     /// Messages: `metadata.user_id` as sent (Claude Code names its session in it; the
     /// router's identity reads it).
     pub metadata_user_id: Option<Cow<'a, str>>,
+    /// Dynamo's `nvext.session_control`, for clients written for Dynamo.
+    pub session_control: Option<SessionControl<'a>>,
+}
+
+/// What a client asks of its session's life (Dynamo's `nvext.session_control`, or the
+/// router's `x-ownerserve-session-control` header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionControl<'a> {
+    pub session_id: Option<Cow<'a, str>>,
+    pub action: SessionAction,
+    /// Seconds the session is kept alive for (`bind`/`open`; Dynamo's default 300).
+    pub timeout_s: u64,
+}
+
+/// Dynamo's session actions: `open` and `bind` keep the session alive (the router keeps
+/// its KV as for a session sure to return), `close` ends it once the response ends, none
+/// continues it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionAction {
+    Continue,
+    KeepAlive,
+    Close,
+}
+
+impl SessionAction {
+    /// `open`, `bind` and `keep-alive` keep alive, `close` closes; anything else is `None`.
+    pub fn parse(action: &str) -> Option<Self> {
+        match action {
+            "open" | "bind" | "keep-alive" | "keep_alive" => Some(Self::KeepAlive),
+            "close" => Some(Self::Close),
+            _ => None,
+        }
+    }
+}
+
+/// Dynamo's default keep-alive, seconds.
+pub const SESSION_TIMEOUT_S: u64 = 300;
+
+fn session_control<'a>(
+    raw: Option<&'a RawValue>,
+) -> Result<Option<SessionControl<'a>>, RequestError> {
+    let Some(nvext) = field::<RawNvext<'a>>(raw, "nvext")? else {
+        return Ok(None);
+    };
+    let Some(c) = nvext.session_control else {
+        return Ok(None);
+    };
+    let action = match c.action.as_ref().map(|a| a.0.as_ref()) {
+        None => SessionAction::Continue,
+        Some(a) => SessionAction::parse(a).ok_or_else(|| {
+            RequestError::invalid(
+                "nvext.session_control.action",
+                "'nvext.session_control.action' must be 'open', 'bind' or 'close'",
+            )
+        })?,
+    };
+    Ok(Some(SessionControl {
+        session_id: c.session_id.map(|s| s.0).filter(|s| !s.is_empty()),
+        action,
+        timeout_s: c.timeout.unwrap_or(SESSION_TIMEOUT_S),
+    }))
 }
 
 const ROLES: &[&str] = &[
@@ -189,6 +250,25 @@ struct RawBody<'a> {
     previous_response_id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     prompt_cache_key: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    nvext: Option<&'a RawValue>,
+}
+
+/// Dynamo's request extension, of which the router reads `session_control`.
+#[derive(Deserialize)]
+struct RawNvext<'a> {
+    #[serde(borrow, default)]
+    session_control: Option<RawSessionControl<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawSessionControl<'a> {
+    #[serde(borrow, default)]
+    session_id: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    action: Option<Text<'a>>,
+    #[serde(default)]
+    timeout: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -440,6 +520,7 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
         background,
         prompt_cache_key: prompt_cache_key.map(|p| p.0),
         metadata_user_id,
+        session_control: session_control(raw.nvext)?,
     })
 }
 
@@ -768,6 +849,29 @@ mod tests {
         assert!(
             matches!(m[0].parts[0], Cow::Borrowed(_)),
             "text is not copied"
+        );
+    }
+
+    #[test]
+    fn dynamos_session_control_is_read_and_a_bad_action_refused() {
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"session_control":{"session_id":"sub-1","action":"close"}}}"#).unwrap();
+        let c = req.session_control.unwrap();
+        assert_eq!(
+            (c.session_id.as_deref(), c.action, c.timeout_s),
+            (Some("sub-1"), SessionAction::Close, 300)
+        );
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"session_control":{"session_id":"s","action":"bind","timeout":60}}}"#).unwrap();
+        let c = req.session_control.unwrap();
+        assert_eq!((c.action, c.timeout_s), (SessionAction::KeepAlive, 60));
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"session_control":{"session_id":"s"}}}"#).unwrap();
+        assert_eq!(req.session_control.unwrap().action, SessionAction::Continue);
+        let req = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"agent_hints":{}}}"#).unwrap();
+        assert!(req.session_control.is_none());
+        let bad = chat(r#"{"model":"m","messages":[{"role":"user","content":"x"}],"nvext":{"session_control":{"action":"explode"}}}"#).unwrap_err();
+        assert!(
+            bad.to_string()
+                .contains("must be 'open', 'bind' or 'close'"),
+            "{bad}"
         );
     }
 

@@ -607,3 +607,40 @@ mod agents {
         }
     }
 }
+
+#[test]
+fn a_client_closes_or_keeps_alive_its_session_by_header_or_dynamos_nvext() {
+    use super::{agent_ids, session_control};
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"nvext":{"session_control":{"session_id":"dyn-1","action":"bind","timeout":90}}}"#;
+    let p = parse(body, Endpoint::ChatCompletions).unwrap();
+    let none = HeaderMap::new();
+    assert_eq!(
+        agent_ids(&none, &p).agent,
+        Some("dyn-1"),
+        "Dynamo's session id names it"
+    );
+    assert_eq!(
+        session_control(&none, &p),
+        Some((ownerserve_shim::openai::SessionAction::KeepAlive, 90))
+    );
+    let close = headers(&[("x-ownerserve-session-control", "close")]);
+    assert_eq!(
+        session_control(&close, &p),
+        Some((ownerserve_shim::openai::SessionAction::Close, 300)),
+        "the header wins over the body"
+    );
+    let keep = headers(&[("x-ownerserve-session-control", "Keep-Alive; timeout=20")]);
+    assert_eq!(
+        session_control(&keep, &p),
+        Some((ownerserve_shim::openai::SessionAction::KeepAlive, 20))
+    );
+    let odd = headers(&[("x-ownerserve-session-control", "explode")]);
+    assert_eq!(
+        session_control(&odd, &p),
+        None,
+        "an unknown value asks nothing"
+    );
+    let plain_body = chat("hi", 1);
+    let plain = parse(&plain_body, Endpoint::ChatCompletions).unwrap();
+    assert_eq!(session_control(&none, &plain), None);
+}
