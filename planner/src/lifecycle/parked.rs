@@ -111,20 +111,28 @@ impl ParkedKv {
     }
 
     /// Its step ended and it waits on a tool: carry out `decision` on an engine with
-    /// `retention`.
+    /// `retention`. Parked already, the decision is revised (the load changed): a pin no
+    /// longer wanted is undone, one now wanted taken.
     pub fn park(&mut self, decision: &Lifecycle, retention: Retention) -> Vec<Effect> {
-        if self.released || self.parked {
+        if self.released {
             return Vec::new();
         }
+        let before = std::mem::replace(&mut self.hold, Some(decision.hold));
         self.parked = true;
-        self.hold = Some(decision.hold);
         let mut out = Vec::new();
+        let pins = decision.hold == Hold::Keep && retention == Retention::Hold;
+        if self.pinned && !pins {
+            self.pinned = false;
+            out.push(Effect::Unpin);
+        }
         match decision.hold {
-            Hold::Keep if retention == Retention::Hold && self.resident() => {
+            Hold::Keep if pins && !self.pinned && self.resident() => {
                 self.pinned = true;
                 out.push(Effect::Pin);
             }
-            Hold::Offload if self.resident() => out.push(Effect::Offload),
+            Hold::Offload if self.resident() && before != Some(Hold::Offload) => {
+                out.push(Effect::Offload)
+            }
             _ => {}
         }
         out

@@ -1,5 +1,5 @@
 //! The KV lifecycle sweep (`[router.sessions] lifecycle`): for each session parked on a
-//! tool call it takes the planner's decision ([`ownerserve_planner::lifecycle::decide`])
+//! tool call it takes, and every second revises, the planner's decision ([`ownerserve_planner::lifecycle::decide`])
 //! from the owner's KV (capacity, usage, how fast new KV turns its LRU over) and the
 //! session's gaps, then carries it out: touches that keep a session warm, a prefetch or
 //! restore just before its predicted return, pins and unpins where the engine has them.
@@ -144,7 +144,8 @@ fn decide_parked(st: &AppState, churn: &Churn, now: u64) {
             p_return: u.p_return,
         };
         let l = decide(&parked, &kv, &prices, &LifecycleWeights::default());
-        if st.sessions.decide(&u.session, l, levers.retention, now) {
+        // Counted when its course changes (a revision that keeps it is no new decision).
+        if st.sessions.decide(&u.session, l, levers.retention, now) == Some(true) {
             st.metrics.lifecycle.decided(l.hold);
             tracing::debug!(session = %u.session, hold = l.hold.name(), costs = ?l.costs, "parked session decided");
         }

@@ -28,6 +28,8 @@ pub(crate) struct SessionLife {
     pub gaps: GapStats,
     kv: ParkedKv,
     decided: Option<Lifecycle>,
+    /// When it was decided or last revised (ms).
+    decided_at_ms: u64,
     step: StepKv,
     next_touch_ms: Option<u64>,
     bring_back_ms: Option<u64>,
@@ -53,9 +55,18 @@ impl SessionLife {
         (hold.map(|h| (h, found)), effects)
     }
 
-    /// Whether it is parked and waiting for a decision.
-    pub fn undecided(&self) -> bool {
-        self.decided.is_none() && !self.kv.released()
+    /// Whether a decision is due at `now_ms`: none taken yet, or the last older than
+    /// `revise_ms` (the owner's load changes while it waits).
+    pub fn due_for_decision(&self, now_ms: u64, revise_ms: u64) -> bool {
+        !self.kv.released()
+            && self
+                .decided
+                .is_none_or(|_| now_ms >= self.decided_at_ms.saturating_add(revise_ms))
+    }
+
+    /// Whether a decision was taken since it parked.
+    pub fn decided(&self) -> bool {
+        self.decided.is_some()
     }
 
     pub fn tokens(&self) -> u64 {
@@ -71,15 +82,16 @@ impl SessionLife {
         self.step.prompt.clone()
     }
 
-    /// Takes `decision` at `now_ms`: the engine effects to carry out now, and the
-    /// touches and bring-back scheduled. Without the prompt's tokens nothing can be
-    /// re-sent, so a decision that needs them is let go.
+    /// Takes `decision` at `now_ms` (or revises the last): whether the course changed, and
+    /// the engine effects to carry out now; touches and bring-back are scheduled when the
+    /// course changes. Without the prompt's tokens nothing can be re-sent, so a decision
+    /// that needs them is let go.
     pub fn decide(
         &mut self,
         mut decision: Lifecycle,
         retention: Retention,
         now_ms: u64,
-    ) -> Vec<Effect> {
+    ) -> (bool, Vec<Effect>) {
         let resends = matches!(decision.hold, Hold::Prefetch | Hold::Offload)
             || (decision.hold == Hold::Keep && retention == Retention::Touch);
         if resends && self.step.prompt.is_none() {
@@ -88,10 +100,22 @@ impl SessionLife {
             decision.touch_every_s = None;
         }
         let ms = |s: f64| now_ms.saturating_add((s.max(0.0) * 1e3).min(1e12) as u64);
-        self.next_touch_ms = decision.touch_every_s.map(ms);
-        self.bring_back_ms = decision.bring_back_in_s.map(ms);
+        let revised = self.decided.is_some();
+        let changed = self.decided.is_none_or(|d| d.hold != decision.hold);
+        if changed {
+            // Revised to keep it, its KV may be near the LRU's old end already: touched
+            // at once.
+            self.next_touch_ms =
+                decision
+                    .touch_every_s
+                    .map(|every| if revised { now_ms } else { ms(every) });
+            self.bring_back_ms = decision.bring_back_in_s.map(ms);
+        } else if self.next_touch_ms.is_none() {
+            self.next_touch_ms = decision.touch_every_s.map(ms);
+        }
         self.decided = Some(decision);
-        self.kv.park(&decision, retention)
+        self.decided_at_ms = now_ms;
+        (changed, self.kv.park(&decision, retention))
     }
 
     /// The engine no longer holds the session's prefix in HBM (the KV index says so).

@@ -22,6 +22,10 @@ use ownerserve_shim::openai::SessionAction;
 
 use super::session_life::{Due, SessionLife, StepKv};
 
+/// How often a parked session's lifecycle decision is revised while it waits (the owner's
+/// load, and so its LRU's horizon, changes under it).
+const REVISE_MS: u64 = 1_000;
+
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
 const MAX_SESSIONS: usize = 200_000;
 
@@ -235,7 +239,7 @@ impl Sessions {
         inner.fleet_gaps.estimate(self.prior)
     }
 
-    /// The parked sessions awaiting a lifecycle decision at `now_ms`.
+    /// The parked sessions awaiting a lifecycle decision at `now_ms`, or its revision.
     pub fn undecided(&self, now_ms: u64) -> Vec<Undecided> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let prior = self.prior(&inner);
@@ -245,7 +249,7 @@ impl Sessions {
         inner
             .tracked
             .iter()
-            .filter(|(_, t)| t.in_flight == 0 && t.life.undecided())
+            .filter(|(_, t)| t.in_flight == 0 && t.life.due_for_decision(now_ms, REVISE_MS))
             .filter_map(|(k, t)| {
                 let idle = t.idle_since_ms?;
                 let kept_alive = t.keep_alive_until_ms > now_ms;
@@ -262,29 +266,28 @@ impl Sessions {
             .collect()
     }
 
-    /// Takes `decision` for parked `session` at `now_ms` on an engine with `retention`;
-    /// its effects go to the outbox. `false` if it is no longer parked.
+    /// Takes (or revises) `decision` for parked `session` at `now_ms` on an engine with
+    /// `retention`; its effects go to the outbox. Whether its course changed; `None` if it
+    /// is no longer parked.
     pub fn decide(
         &self,
         session: &str,
         decision: Lifecycle,
         retention: Retention,
         now_ms: u64,
-    ) -> bool {
+    ) -> Option<bool> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let Inner {
             tracked, outbox, ..
         } = &mut *inner;
-        let Some(t) = tracked.get_mut(session).filter(|t| t.in_flight == 0) else {
-            return false;
-        };
-        let effects = t.life.decide(decision, retention, now_ms);
+        let t = tracked.get_mut(session).filter(|t| t.in_flight == 0)?;
+        let (changed, effects) = t.life.decide(decision, retention, now_ms);
         outbox.extend(
             effects
                 .into_iter()
                 .map(|e| (t.owner, session.to_owned(), e)),
         );
-        true
+        Some(changed)
     }
 
     /// The touches and bring-backs due at `now_ms`: (owner, session, what).
@@ -305,7 +308,7 @@ impl Sessions {
         inner
             .tracked
             .iter()
-            .filter(|(_, t)| t.in_flight == 0 && t.life.resident() && !t.life.undecided())
+            .filter(|(_, t)| t.in_flight == 0 && t.life.resident() && t.life.decided())
             .filter_map(|(k, t)| Some((t.owner, k.clone(), t.life.prompt()?)))
             .collect()
     }
@@ -573,13 +576,27 @@ mod tests {
             "nothing seen: even odds"
         );
         assert!((u[0].gap.median_s() - 5.0).abs() < 1e-6, "the prior");
-        assert!(s.decide(
-            "s",
-            decision(Hold::Keep, Some(2.0), None),
-            Retention::Touch,
-            idle
-        ));
-        assert!(s.undecided(idle).is_empty(), "decided once");
+        assert_eq!(
+            s.decide(
+                "s",
+                decision(Hold::Keep, Some(2.0), None),
+                Retention::Touch,
+                idle
+            ),
+            Some(true)
+        );
+        assert!(s.undecided(idle + 500).is_empty(), "decided");
+        assert_eq!(
+            s.undecided(idle + 1_000).len(),
+            1,
+            "revised as the load changes"
+        );
+        let same = decision(Hold::Keep, Some(2.0), None);
+        assert_eq!(
+            s.decide("s", same, Retention::Touch, idle + 1_000),
+            Some(false),
+            "the same course: its touches stay scheduled"
+        );
         assert!(s.take_effects().is_empty(), "a touch engine takes no pin");
         assert!(s.due(idle + 1_000).is_empty());
         let due = s.due(idle + 2_000);
@@ -611,12 +628,15 @@ mod tests {
             s.start("pinned", WorkerId(0), vec![], 0, kept_step(10))
                 .activity,
         );
-        assert!(s.decide(
-            "pinned",
-            decision(Hold::Keep, None, None),
-            Retention::Hold,
-            0
-        ));
+        assert_eq!(
+            s.decide(
+                "pinned",
+                decision(Hold::Keep, None, None),
+                Retention::Hold,
+                0
+            ),
+            Some(true)
+        );
         let pins: Vec<_> = s.take_effects().into_iter().map(|e| e.2).collect();
         assert_eq!(pins, [Effect::Pin]);
         assert!(s.close("pinned").is_some());
@@ -629,12 +649,15 @@ mod tests {
                 .activity,
         );
         let t0 = now_ms();
-        assert!(s.decide(
-            "far",
-            decision(Hold::Prefetch, None, Some(1.0)),
-            Retention::Touch,
-            t0
-        ));
+        assert_eq!(
+            s.decide(
+                "far",
+                decision(Hold::Prefetch, None, Some(1.0)),
+                Retention::Touch,
+                t0
+            ),
+            Some(true)
+        );
         assert_eq!(s.resident().len(), 1);
         s.evicted("far");
         assert!(s.resident().is_empty());

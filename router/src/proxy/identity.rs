@@ -40,7 +40,7 @@ use std::sync::Arc;
 use axum::http::{HeaderMap, HeaderValue};
 
 use ownerserve_planner::hash::HashedPrompt;
-use ownerserve_shim::openai::{ParsedRequest, SessionAction, SESSION_TIMEOUT_S};
+use ownerserve_shim::openai::{ParsedRequest, SessionAction};
 
 use crate::api::headers;
 
@@ -109,33 +109,8 @@ pub fn identify<'a>(
         child,
         prompt,
         exact_tokens,
-        control: session_control(headers, parsed),
+        control: control::session_control(headers, parsed),
     }
-}
-
-/// What the client asks of its session's life: the `x-ownerserve-session-control` header
-/// (`close`, `keep-alive`/`bind`/`open`, optionally `; timeout=<s>`), else Dynamo's
-/// `nvext.session_control` in the body. An unknown header value asks nothing.
-fn session_control(
-    headers: &HeaderMap,
-    parsed: &ParsedRequest<'_>,
-) -> Option<(SessionAction, u64)> {
-    if let Some(v) = headers
-        .get(headers::SESSION_CONTROL)
-        .and_then(|v| v.to_str().ok())
-    {
-        let mut parts = v.split(';').map(str::trim);
-        let action = SessionAction::parse(&parts.next()?.to_ascii_lowercase())?;
-        let timeout = parts
-            .find_map(|p| p.strip_prefix("timeout="))
-            .and_then(|t| t.parse().ok())
-            .unwrap_or(SESSION_TIMEOUT_S);
-        return Some((action, timeout));
-    }
-    parsed
-        .session_control
-        .as_ref()
-        .map(|c| (c.action, c.timeout_s))
 }
 
 /// The fork a request asks for: `x-ownerserve-fork: <child session>` (or `1`/`true`);
@@ -314,5 +289,6 @@ fn session_in_user_id<'a>(parsed: &'a ParsedRequest<'_>) -> Option<&'a str> {
     Some(session).filter(|s| !s.is_empty())
 }
 
+mod control;
 #[cfg(test)]
 mod tests;

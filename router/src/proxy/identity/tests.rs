@@ -610,7 +610,8 @@ mod agents {
 
 #[test]
 fn a_client_closes_or_keeps_alive_its_session_by_header_or_dynamos_nvext() {
-    use super::{agent_ids, session_control};
+    use super::agent_ids;
+    use super::control::session_control;
     let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"nvext":{"session_control":{"session_id":"dyn-1","action":"bind","timeout":90}}}"#;
     let p = parse(body, Endpoint::ChatCompletions).unwrap();
     let none = HeaderMap::new();
