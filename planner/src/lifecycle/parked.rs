@@ -117,7 +117,7 @@ impl ParkedKv {
         if self.released {
             return Vec::new();
         }
-        let before = std::mem::replace(&mut self.hold, Some(decision.hold));
+        let before = self.hold.replace(decision.hold);
         self.parked = true;
         let mut out = Vec::new();
         let pins = decision.hold == Hold::Keep && retention == Retention::Hold;
