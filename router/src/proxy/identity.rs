@@ -1,7 +1,7 @@
 //! Identity: who a step belongs to. The session, a fork's child session and side requests
 //! come from headers and body (below); the prompt is the prompt service's
 //! ([`crate::prompt`]), keyed by [`AgentIds::kept_as`]; the front half
-//! ([`super::front`]) runs them in order and lets ingress refuse a prompt over the model's
+//! (`proxy::front`) runs them in order and lets ingress refuse a prompt over the model's
 //! context before the identity is made.
 //!
 //! Sessions come from the coding agents' own headers and bodies, at two levels: the
@@ -65,7 +65,7 @@ pub struct Identity<'a> {
     /// The prompt's tokens are the engine's own (`Prompted::exact`).
     pub exact_tokens: bool,
     /// What the client asked of the session's life, and for how many seconds
-    /// ([`session_control`]).
+    /// (`control::session_control`).
     pub control: Option<(SessionAction, u64)>,
 }
 
