@@ -113,6 +113,7 @@ pub fn lower_bound(workload: &Workload, cluster: &Cluster) -> Result<RunResult, 
         makespan_s: if begin.is_finite() { end - begin } else { 0.0 },
         wall_s: started.elapsed().as_secs_f64(),
         host_restored_bytes: 0,
+        lifecycle: Default::default(),
     })
 }
 

@@ -65,6 +65,16 @@ pub struct SimulateArgs {
     /// that fleet is unlikely to.
     #[arg(long)]
     pooled: bool,
+    /// Run `ownerserve` with the parked sessions' KV lifecycle (`[router.sessions]
+    /// lifecycle`: keep, offload, prefetch or let go each session parked on a tool call,
+    /// its returning steps marked ahead of new prompts on engines running vLLM's priority
+    /// policy); the other policies run as they are.
+    #[arg(long)]
+    lifecycle: bool,
+    /// Also print, per policy, what its sessions' returning steps (every step after a
+    /// session's first) paid: prefill tokens recomputed after their tool gap and TTFT.
+    #[arg(long)]
+    returning: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -251,15 +261,19 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
         cluster = cluster.pooled()?;
     }
     say(&format!("workload: {}", wl.stats()));
-    let runs = report::run_all(
-        &wl,
-        &cluster,
-        &policies(&args.policy),
-        &SimOptions::default(),
-        args.quiet,
-    )?;
+    let opts = SimOptions {
+        lifecycle: args.lifecycle,
+        ..SimOptions::default()
+    };
+    let runs = report::run_all(&wl, &cluster, &policies(&args.policy), &opts, args.quiet)?;
     for r in &runs {
         say(&summary_line(r));
+    }
+    if args.returning {
+        say("");
+        for r in &runs {
+            say(&returning_line(r));
+        }
     }
     say("");
     say(&markdown_table(&runs));
@@ -271,6 +285,44 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
         }
     }
     Ok(())
+}
+
+/// What a run's returning steps (a session's steps after its first) paid, and what its
+/// lifecycle did.
+fn returning_line(r: &crate::sim::RunResult) -> String {
+    let back: Vec<_> = r
+        .steps
+        .iter()
+        .filter(|s| s.step > 0 && !s.rejected)
+        .collect();
+    let recomputed: u64 = back
+        .iter()
+        .map(|s| u64::from(s.prompt_tokens.saturating_sub(s.cached_tokens)))
+        .sum();
+    let mut ttft: Vec<f64> = back.iter().map(|s| s.ttft_s).collect();
+    ttft.sort_by(f64::total_cmp);
+    let q = |p: f64| {
+        ttft.get(((ttft.len().saturating_sub(1)) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let mut line = format!(
+        "{:<16} returning steps {:>5}: prefill recomputed {:>11} tokens, TTFT p50 {:>7.3}s p99 {:>7.3}s",
+        r.policy,
+        back.len(),
+        recomputed,
+        q(0.5),
+        q(0.99)
+    );
+    if !r.lifecycle.is_empty() {
+        let counts: Vec<String> = r
+            .lifecycle
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        line.push_str(&format!("  [lifecycle: {}]", counts.join(", ")));
+    }
+    line
 }
 
 /// Runs every policy on every cluster and writes the Markdown report and plots.

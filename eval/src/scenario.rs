@@ -19,7 +19,8 @@ pub fn default_traces_dir() -> PathBuf {
 pub struct WorkloadSpec {
     /// `swe-smith` (the SWE-smith agent sessions, scaled to --sessions), `mooncake` (the
     /// Mooncake synthetic trace, open loop), `mooncake-hour` (it tiled to one hour with
-    /// fresh content per copy), `coding-agent`, `forked`, `forked-samples`,
+    /// fresh content per copy), `coding-agent`, `long-gap` (coding sessions of 30-120K
+    /// tokens with tool gaps of seconds to minutes), `forked`, `forked-samples`,
     /// `long-doc` (generators), or a path to a Mooncake or agentic JSONL file.
     #[arg(long, default_value = "swe-smith")]
     pub workload: String,
@@ -100,6 +101,24 @@ impl WorkloadSpec {
                     p.sessions = n;
                 }
                 coding_agent::generate(&p, self.seed)
+            }
+            "long-gap" => {
+                // Coding sessions of 30-120K-token contexts whose tool calls last seconds
+                // to minutes (`workload::gaps::long_gaps`): parked KV competes with the
+                // sessions still working.
+                let mut p = coding_agent::CodingAgentParams {
+                    arrivals,
+                    repo_context_tokens: (30 * 1024, 120 * 1024),
+                    turns: (8, 16),
+                    tool_gaps_ms: crate::workload::gaps::long_gaps(4_096, self.seed),
+                    ..Default::default()
+                };
+                if let Some(n) = self.sessions {
+                    p.sessions = n;
+                }
+                let mut wl = coding_agent::generate(&p, self.seed);
+                wl.name = "long_gap".into();
+                wl
             }
             "forked" | "forked-samples" => {
                 let mut p = forked::ForkedParams {
@@ -229,6 +248,7 @@ mod tests {
             "swe-smith",
             "mooncake",
             "coding-agent",
+            "long-gap",
             "forked",
             "forked-samples",
             "long-doc",

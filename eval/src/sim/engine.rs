@@ -6,6 +6,7 @@
 
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::policy::{EngineLoad, WorkerView};
+use ownerserve_planner::roofline::Roofline;
 use ownerserve_planner::step::{self, Decodes, Ledger, WorkerFacts};
 use ownerserve_shim::sim::config::SimConfig;
 use ownerserve_shim::sim::kv_transfer::{block_bytes, LinkModel};
@@ -33,13 +34,17 @@ pub(crate) struct Engine {
     /// knows them: their ages go in the view (`WorkerView::decode_ages`), counted exact
     /// at every step (no window: virtual time costs nothing to read).
     pub decodes: Decodes,
+    /// The engine's roofline (the lifecycle prices a recompute and a touch with it).
+    pub roofline: Roofline,
 }
 
 impl Engine {
-    pub fn new(cfg: &SimConfig, role: Role) -> Self {
+    /// `priority`: vLLM's priority scheduling policy (for the lifecycle's marks).
+    pub fn new(cfg: &SimConfig, role: Role, priority: bool) -> Self {
         let mut sched_cfg = cfg.scheduler.clone();
         // The simulator tracks residency (duplicate factor) from cache changes.
         sched_cfg.emit_cache_events = true;
+        sched_cfg.priority_scheduling |= priority;
         Self {
             sched: Scheduler::new(sched_cfg, cfg.model.clone(), cfg.roofline.clone()),
             role,
@@ -51,6 +56,7 @@ impl Engine {
             busy_s: 0.0,
             preempted: 0,
             decodes: Decodes::new(0.0),
+            roofline: cfg.roofline.clone(),
         }
     }
 

@@ -15,6 +15,8 @@ pub(crate) enum Event {
     Arrived { req: usize },
     /// Session `session` may have been idle past its lease since `generation`.
     IdleCheck { session: usize, generation: u64 },
+    /// A lifecycle sweep of session `session`, parked since `generation`.
+    Lifecycle { session: usize, generation: u64 },
 }
 
 #[derive(Debug)]

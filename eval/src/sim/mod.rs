@@ -35,6 +35,9 @@ pub struct SimOptions {
     pub calibrate: bool,
     /// Spacing of the duplicate-factor series, virtual seconds.
     pub sample_every_s: f64,
+    /// The parked sessions' KV lifecycle for `ownerserve` (`[router.sessions] lifecycle`),
+    /// its engines run with vLLM's priority policy.
+    pub lifecycle: bool,
 }
 
 impl Default for SimOptions {
@@ -45,6 +48,7 @@ impl Default for SimOptions {
             lease_max_ms: 600_000,
             calibrate: true,
             sample_every_s: 1.0,
+            lifecycle: false,
         }
     }
 }

@@ -130,6 +130,9 @@ pub struct RunResult {
     pub wall_s: f64,
     /// KV bytes restored from host-DRAM tiers into HBM (0 without host tiers).
     pub host_restored_bytes: u64,
+    /// The parked sessions' KV lifecycle: decisions, resends and returns by kind (empty
+    /// when it was off).
+    pub lifecycle: BTreeMap<String, u64>,
 }
 
 impl RunResult {

@@ -243,3 +243,44 @@ fn a_move_whose_copy_is_under_way_is_counted_as_heading_to_its_worker() {
         );
     }
 }
+
+#[test]
+fn the_lifecycle_runs_for_ownerserve_only_and_keeps_parked_sessions_under_a_flood() {
+    // Long tool gaps, contexts of 30-120K tokens, more sessions than two workers hold.
+    let wl = crate::scenario::WorkloadSpec {
+        workload: "long-gap".into(),
+        sessions: Some(12),
+        ..Default::default()
+    }
+    .build()
+    .expect("long-gap");
+    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    let on = SimOptions {
+        lifecycle: true,
+        ..SimOptions::default()
+    };
+    let run = |name: &str, opts: &SimOptions| run_one(name, &wl, &c, opts, &|_| {}).expect("runs");
+    let (with, without) = (
+        run("ownerserve", &on),
+        run("ownerserve", &SimOptions::default()),
+    );
+    assert!(without.lifecycle.is_empty());
+    assert!(
+        run("session_affinity", &on).lifecycle.is_empty(),
+        "the router's, not a peer's"
+    );
+    let count = |k: &str| with.lifecycle.get(k).copied().unwrap_or(0);
+    assert!(
+        count("decided keep") > 0 && count("sent touch") > 0,
+        "{:?}",
+        with.lifecycle
+    );
+    let returns = count("returned to hbm") + count("returned to host") + count("returned to gone");
+    assert!(returns > 0, "{:?}", with.lifecycle);
+    assert_eq!(with.steps.len(), wl.num_requests(), "touches are not steps");
+    assert_eq!(
+        with.lifecycle,
+        run("ownerserve", &on).lifecycle,
+        "deterministic"
+    );
+}

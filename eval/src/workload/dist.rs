@@ -31,3 +31,11 @@ pub(crate) fn pick(rng: &mut SplitMix64, values: &[f64]) -> f64 {
     let i = (rng.next_u64() % values.len() as u64) as usize;
     values.get(i).copied().unwrap_or(0.0)
 }
+
+/// Lognormal with the given median and log-space spread `sigma` (Box-Muller on two
+/// uniforms).
+pub(crate) fn lognormal(rng: &mut SplitMix64, median: f64, sigma: f64) -> f64 {
+    let (u1, u2) = (1.0 - rng.next_f64(), rng.next_f64());
+    let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+    median * (sigma * z).exp()
+}

@@ -21,10 +21,13 @@
 //!
 //! A session that ends (closed by its client, its lease lapsed) is released: its pins and
 //! its records go ([`parked`]). The state machine of a session's KV, which the router and
-//! the simulator drive from these decisions and the engines' events, is [`parked`].
+//! the simulator drive from these decisions and the engines' events, is [`parked`]; the
+//! record each keeps per parked session (decisions revised as the load changes, touches
+//! and bring-backs scheduled) is [`session`].
 
 pub mod gap;
 pub mod parked;
+pub mod session;
 
 use serde::Serialize;
 
@@ -33,6 +36,7 @@ use crate::spec::ModelSpec;
 
 pub use gap::{GapEstimate, GapStats};
 pub use parked::{Effect, KvPlace, ParkedKv, Returned};
+pub use session::SessionLife;
 
 /// How an engine can hold one session's KV in HBM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

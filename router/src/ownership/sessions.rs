@@ -20,7 +20,7 @@ use ownerserve_planner::policy::WorkerView;
 
 use ownerserve_shim::openai::SessionAction;
 
-use super::session_life::{Due, SessionLife, StepKv};
+use super::session_life::{Due, Life, StepKv};
 
 /// How often a parked session's lifecycle decision is revised while it waits (the owner's
 /// load, and so its LRU's horizon, changes under it).
@@ -41,7 +41,7 @@ struct Tracked {
     /// What it adds to its owner's parked returns while idle (`GapLease::return_rate_per_s`);
     /// 0 while in flight or before a gap was seen.
     returns_per_s: f64,
-    life: SessionLife,
+    life: Life,
     /// The client asked to keep it alive until then (ms): it does not lapse before, and
     /// its KV is kept as for a session sure to return.
     keep_alive_until_ms: u64,
@@ -186,7 +186,7 @@ impl Sessions {
                 owner,
                 tail: Vec::new(),
                 returns_per_s: 0.0,
-                life: SessionLife::default(),
+                life: Life::default(),
                 keep_alive_until_ms: 0,
                 close_after: false,
             });
@@ -201,7 +201,7 @@ impl Sessions {
         if let Some(idle) = t.idle_since_ms.take() {
             let g = now_ms.saturating_sub(idle);
             t.lease.observe_gap(g);
-            t.life.gaps.observe(g);
+            t.life.life.gaps.observe(g);
             gap = Some(g);
         }
         let moved = t.owner != owner;
@@ -249,7 +249,7 @@ impl Sessions {
         inner
             .tracked
             .iter()
-            .filter(|(_, t)| t.in_flight == 0 && t.life.due_for_decision(now_ms, REVISE_MS))
+            .filter(|(_, t)| t.in_flight == 0 && t.life.life.due_for_decision(now_ms, REVISE_MS))
             .filter_map(|(k, t)| {
                 let idle = t.idle_since_ms?;
                 let kept_alive = t.keep_alive_until_ms > now_ms;
@@ -258,7 +258,7 @@ impl Sessions {
                     owner: t.owner,
                     model: t.life.model(),
                     tokens: t.life.tokens(),
-                    gap: t.life.gap(prior),
+                    gap: t.life.life.gap(prior),
                     idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
                     p_return: if kept_alive { 1.0 } else { p_return },
                 })
@@ -281,7 +281,7 @@ impl Sessions {
             tracked, outbox, ..
         } = &mut *inner;
         let t = tracked.get_mut(session).filter(|t| t.in_flight == 0)?;
-        let (changed, effects) = t.life.decide(decision, retention, now_ms);
+        let (changed, effects) = t.life.life.decide(decision, retention, now_ms);
         outbox.extend(
             effects
                 .into_iter()
@@ -308,7 +308,7 @@ impl Sessions {
         inner
             .tracked
             .iter()
-            .filter(|(_, t)| t.in_flight == 0 && t.life.resident() && t.life.decided())
+            .filter(|(_, t)| t.in_flight == 0 && t.life.life.resident() && t.life.life.decided())
             .filter_map(|(k, t)| Some((t.owner, k.clone(), t.life.prompt()?)))
             .collect()
     }
@@ -317,7 +317,7 @@ impl Sessions {
     pub fn evicted(&self, session: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = inner.tracked.get_mut(session) {
-            t.life.evicted();
+            t.life.life.evicted();
         }
     }
 
@@ -325,7 +325,7 @@ impl Sessions {
     pub fn brought_back(&self, session: &str) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = inner.tracked.get_mut(session) {
-            t.life.brought_back();
+            t.life.life.brought_back();
         }
     }
 

@@ -19,7 +19,11 @@ impl Sim<'_> {
         let sealed_tokens = self.model.prefix_state(tokens, self.block).sealed_tokens;
         let i = &mut self.idle[session];
         if let Some(since) = i.idle_since_s.take() {
-            i.lease.observe_gap(((now - since) * 1e3).max(0.0) as u64);
+            let gap = ((now - since) * 1e3).max(0.0) as u64;
+            i.lease.observe_gap(gap);
+            i.life.gaps.observe(gap);
+            self.lifecycle.fleet_gaps.observe(gap);
+            self.lifecycle.came_back += 1;
         }
         i.in_flight += 1;
         i.owner = worker;
@@ -42,6 +46,7 @@ impl Sim<'_> {
                     generation,
                 },
             );
+            self.lifecycle_park(session, now);
         }
     }
 
@@ -67,5 +72,7 @@ impl Sim<'_> {
         i.lease = template;
         i.idle_since_s = None;
         i.tail.clear();
+        i.life.end();
+        self.lifecycle.ended += 1;
     }
 }

@@ -88,6 +88,7 @@ impl Sim<'_> {
         self.count_hit(&decision, &cached);
         self.record_directory(session, decision.worker, &hashes);
         self.start_idle_tracking(session, worker, &hashes, now);
+        self.lifecycle_return(session, &prompt, &hashes);
 
         let placement = placement_of(&decision, &views[worker]);
         // What the router charges: the prefix its view showed the policy (none for a

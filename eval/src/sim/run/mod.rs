@@ -4,6 +4,7 @@
 
 mod idle;
 mod issue;
+mod lifecycle;
 mod transit;
 
 use std::collections::{BTreeMap, HashMap};
@@ -100,6 +101,10 @@ struct Idle {
     generation: u64,
     owner: usize,
     tail: Vec<u64>,
+    /// Its KV lifecycle (`simulate --lifecycle`), and what a resend re-sends.
+    life: ownerserve_planner::lifecycle::SessionLife,
+    prompt: Option<Arc<[u32]>>,
+    hashes: Vec<u64>,
 }
 
 /// The whole simulation state.
@@ -129,6 +134,8 @@ pub(crate) struct Sim<'w> {
     preemptions: u64,
     host_restored_bytes: u64,
     kv_bytes_per_token: u64,
+    /// The parked sessions' KV lifecycle (`ownerserve` with `SimOptions::lifecycle`).
+    lifecycle: lifecycle::Lifecycle,
     now_s: f64,
 }
 
@@ -141,10 +148,13 @@ impl<'w> Sim<'w> {
         policy: Box<dyn Policy>,
         opts: &'w SimOptions,
     ) -> Self {
+        // The lifecycle is the router's (`ownerserve`): its engines run vLLM's priority
+        // policy so a returning step goes ahead of new prompts.
+        let lifecycle_on = opts.lifecycle && policy.name() == "ownerserve";
         let engines: Vec<Engine> = configs
             .iter()
             .zip(roles)
-            .map(|(c, &r)| Engine::new(c, r))
+            .map(|(c, &r)| Engine::new(c, r, lifecycle_on))
             .collect();
         let block = configs.first().map_or(16, |c| c.scheduler.block_size);
         let template = GapLease::new(opts.lease_factor, opts.lease_min_ms, opts.lease_max_ms);
@@ -167,6 +177,9 @@ impl<'w> Sim<'w> {
                     generation: 0,
                     owner: 0,
                     tail: Vec::new(),
+                    life: Default::default(),
+                    prompt: None,
+                    hashes: Vec::new(),
                 };
                 n
             ],
@@ -184,6 +197,7 @@ impl<'w> Sim<'w> {
             preemptions: 0,
             host_restored_bytes: 0,
             kv_bytes_per_token,
+            lifecycle: lifecycle::Lifecycle::new(lifecycle_on),
             now_s: 0.0,
         }
     }
@@ -235,6 +249,10 @@ impl<'w> Sim<'w> {
                     session,
                     generation,
                 } => self.idle_check(session, generation),
+                Event::Lifecycle {
+                    session,
+                    generation,
+                } => self.lifecycle_sweep(session, generation),
             }
         }
         self.finish(started)
@@ -296,6 +314,7 @@ impl<'w> Sim<'w> {
             makespan_s: makespan,
             wall_s: started.elapsed().as_secs_f64(),
             host_restored_bytes: self.host_restored_bytes,
+            lifecycle: self.lifecycle.counts(),
         }
     }
 

@@ -34,9 +34,13 @@ impl Sim<'_> {
             stop: Arc::from(Vec::<String>::new()),
             stream_seed: (r.session as u64) << 32 ^ (r.step as u64) << 8 ^ u64::from(choice),
             arrival_s: self.now_s,
-            // The simulator's engines run fcfs: no step is marked (the lifecycle and its
-            // priority on return are the router's; issue 61 brings them here).
-            priority: 0,
+            // A returning step goes ahead of new prompts when the lifecycle runs (the
+            // router's `return_priority`).
+            priority: if self.lifecycle.on && r.step > 0 {
+                lifecycle::RETURN_PRIORITY
+            } else {
+                0
+            },
         })
     }
 
@@ -200,6 +204,9 @@ impl Sim<'_> {
             }
         }
         for t in &out.tokens {
+            if t.finish.is_some() && self.resend_done(worker, t.seq.0) {
+                continue;
+            }
             let Some(&id) = self.seqs.get(&(worker, t.seq.0)) else {
                 continue;
             };
