@@ -312,6 +312,12 @@ impl Actor {
             }
             let out = self.scheduler.step(self.now_s);
             self.now_s += out.duration_s();
+            if out.time.is_none() {
+                // Nothing to compute until a restore lands: wait for it (not a busy loop).
+                if let Some(until) = out.idle_until_s {
+                    self.now_s = self.now_s.max(until);
+                }
+            }
             tokio::select! {
                 () = self.clock.wait_until(self.now_s) => {}
                 () = cancel.cancelled() => return,

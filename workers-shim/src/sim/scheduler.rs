@@ -9,8 +9,9 @@
 //!
 //! With a host tier (`host_blocks > 0`), blocks evicted from HBM are offloaded to host
 //! DRAM, and an admitted prompt whose cached prefix continues there restores those blocks
-//! instead of recomputing them: the step that admits it takes one step overhead plus
-//! `restored bytes / PCIe bandwidth` longer (the request waits for its copy).
+//! instead of recomputing them. The copy is asynchronous, as vLLM's offloading connector
+//! and LMCache load: the request holds its blocks and waits one step overhead plus
+//! `restored bytes / PCIe bandwidth` before it computes, while the batch proceeds.
 //!
 //! Outside steps, the shell moves KV between engines through the methods in `transfer.rs`:
 //! [`Scheduler::read_cached`] (the source's side of a transfer),
@@ -181,8 +182,11 @@ pub struct StepOutput {
     pub cache_events: Vec<CacheEvent>,
     /// Tokens restored from the host tier in this step.
     pub restored_tokens: u64,
-    /// Seconds of the step spent copying them over PCIe (in [`Self::duration_s`]).
+    /// Seconds their copy over PCIe takes (the requests wait; the step does not).
     pub restore_s: f64,
+    /// The earliest a restore under way lands, when one is: an engine with nothing else
+    /// to do steps again then.
+    pub idle_until_s: Option<f64>,
 }
 
 impl StepOutput {
@@ -207,6 +211,8 @@ struct Seq {
     admitted_once: bool,
     text: String,
     sent: usize,
+    /// Its restore from the host tier lands then (virtual s); it computes nothing before.
+    ready_at_s: f64,
 }
 
 /// The engine's scheduling state.
@@ -302,6 +308,7 @@ impl Scheduler {
             admitted_once: false,
             text: String::new(),
             sent: 0,
+            ready_at_s: 0.0,
         });
         Ok(())
     }
@@ -408,8 +415,16 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
+            if seq.ready_at_s > now_s {
+                // Its restore is still copying: the batch goes on without it.
+                i += 1;
+                continue;
+            }
             let n = (seq.tokens.len() - seq.computed).min(budget).min(cap);
-            let need = (seq.computed + n).div_ceil(self.block_size()) - seq.blocks.len();
+            // Blocks taken at admission may already cover these tokens.
+            let need = (seq.computed + n)
+                .div_ceil(self.block_size())
+                .saturating_sub(seq.blocks.len());
             if self.pool.num_free() < need {
                 // Running work comes first: a waiting sequence's held prefix is only an
                 // optimisation, and holding it could starve the engine.
@@ -463,12 +478,16 @@ impl Scheduler {
                 out.work.prefill_context_tokens += seq.computed as u64;
             }
         }
+        out.restore_s = self.restore_s(out.restored_tokens);
         if !out.work.is_empty() {
-            let mut time = self.roofline.step_time(&self.model, &out.work);
-            out.restore_s = self.restore_s(out.restored_tokens);
-            time.total_s += out.restore_s;
-            out.time = Some(time);
+            out.time = Some(self.roofline.step_time(&self.model, &out.work));
         }
+        out.idle_until_s = self
+            .running
+            .iter()
+            .map(|s| s.ready_at_s)
+            .filter(|&t| t > now_s)
+            .min_by(f64::total_cmp);
 
         for &(i, n) in &scheduled {
             self.advance(i, n, &mut out);
@@ -529,6 +548,11 @@ impl Scheduler {
             seq.blocks = blocks;
             seq.computed = hit_tokens;
             seq.registered = hit_blocks + restored;
+            // Its restored blocks copy in the background: it computes once they land.
+            let restoring = restored > 0;
+            if restoring {
+                seq.ready_at_s = now_s + self.restore_s((restored * bs) as u64);
+            }
             let held = std::mem::take(&mut seq.held);
             self.unpin(&held);
             if !seq.admitted_once {
@@ -541,8 +565,10 @@ impl Scheduler {
                 });
             }
             self.running.push(seq);
-            scheduled.push((self.running.len() - 1, n));
-            *budget -= n;
+            if !restoring {
+                scheduled.push((self.running.len() - 1, n));
+                *budget -= n;
+            }
         }
     }
 

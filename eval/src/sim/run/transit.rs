@@ -150,7 +150,13 @@ impl Sim<'_> {
         }
         let out = e.sched.step(self.now_s);
         let Some(time) = out.time else {
-            // Nothing runnable (waiting for blocks): the next change kicks it again.
+            // Nothing to compute until a restore lands: an empty step ends then (what it
+            // admitted is delivered at its end).
+            if let Some(until) = out.idle_until_s {
+                e.stepping = Some(out);
+                self.queue.push(until, Event::StepEnd { worker });
+            }
+            // Else nothing runnable (waiting for blocks): the next change kicks it again.
             return;
         };
         let d = time.total_s;

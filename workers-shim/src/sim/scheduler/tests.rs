@@ -63,7 +63,11 @@ fn run_to_idle(s: &mut Scheduler, run: &mut Run) {
     let mut guard = 0;
     while !s.is_idle() {
         let out = s.step(run.now);
-        run.now += out.duration_s();
+        // Nothing to compute until a restore lands: the engine waits for it.
+        run.now = match (out.time, out.idle_until_s) {
+            (None, Some(until)) => until,
+            _ => run.now + out.duration_s(),
+        };
         for a in &out.admitted {
             run.cached.insert(a.seq, a.cached_tokens);
         }
@@ -668,11 +672,18 @@ fn an_evicted_prefix_restores_from_the_host_tier_faster_than_it_recomputes() {
         restored_ttft < recompute_ttft * 0.5,
         "restore {restored_ttft} s vs recompute {recompute_ttft} s"
     );
-    // The restore is charged to the step that admits it: bytes over PCIe.
+    // The restore takes one step overhead plus its bytes over PCIe, and the request waits
+    // for it; the step that admits it does not.
     let restoring = steps.iter().find(|o| o.restored_tokens > 0).unwrap();
     let bytes = restoring.restored_tokens as f64 * 131_072.0;
     let overhead = Efficiency::default().step_overhead_s;
     assert!((restoring.restore_s - (overhead + bytes / 50e9)).abs() < 1e-12);
+    assert!(restoring.idle_until_s.is_some());
+    assert!(
+        restored_ttft >= restoring.restore_s,
+        "{restored_ttft} {}",
+        restoring.restore_s
+    );
     // Offloads are announced before the HBM removals of the same blocks.
     let events: Vec<&CacheEvent> = steps.iter().flat_map(|o| &o.cache_events).collect();
     let host_at = events
@@ -684,6 +695,57 @@ fn an_evicted_prefix_restores_from_the_host_tier_faster_than_it_recomputes() {
         .position(|e| matches!(e, CacheEvent::Removed { .. }))
         .unwrap();
     assert!(host_at < removed_at);
+}
+
+#[test]
+fn a_restore_makes_its_request_wait_while_the_batch_decodes_on() {
+    // A decode runs; a returning prompt restores 3,000+ tokens from the host tier. The
+    // decode's steps keep their pace (no step carries the copy); the prompt computes only
+    // once its copy has landed.
+    let cfg = SchedulerConfig {
+        host_blocks: 1000,
+        ..config(300, 8192)
+    };
+    let mut s = engine_with(cfg);
+    let mut run = Run::default();
+    let a = tokens(1, 4000);
+    s.add(seq(1, a.clone(), 1, 0.0)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    s.add(seq(2, tokens(100_000, 4000), 1, run.now)).unwrap();
+    run_to_idle(&mut s, &mut run);
+    s.add(seq(9, tokens(500_000, 50), 400, run.now)).unwrap();
+    let out = s.step(run.now);
+    run.now += out.duration_s();
+    let mut back = a.clone();
+    back.extend(tokens(200_000, 100));
+    s.add(seq(3, back, 1, run.now)).unwrap();
+    let mut restore_s = 0.0;
+    let mut longest_decode_step: f64 = 0.0;
+    let mut first_compute = None;
+    let t0 = run.now;
+    while !s.is_idle() {
+        let out = s.step(run.now);
+        restore_s = f64::max(restore_s, out.restore_s);
+        if out.work.decode_seqs > 0 && out.work.prefill_tokens == 0 {
+            longest_decode_step = longest_decode_step.max(out.duration_s());
+        }
+        if first_compute.is_none() && out.tokens.iter().any(|t| t.seq == SeqId(3)) {
+            first_compute = Some(run.now - t0);
+        }
+        run.now = match (out.time, out.idle_until_s) {
+            (None, Some(until)) => until,
+            _ => run.now + out.duration_s(),
+        };
+    }
+    assert!(restore_s > 0.0, "it restored");
+    assert!(
+        longest_decode_step < restore_s,
+        "no decode step carries the copy: {longest_decode_step} vs {restore_s}"
+    );
+    assert!(
+        first_compute.unwrap() >= restore_s,
+        "{first_compute:?} vs {restore_s}"
+    );
 }
 
 #[test]
@@ -716,7 +778,11 @@ fn a_dropped_tail_goes_to_the_host_tier_and_comes_back() {
     let out = s.step(0.0);
     assert_eq!(out.admitted[0].cached_tokens, 64);
     assert_eq!(out.admitted[0].restored_tokens, 32);
-    assert_eq!(out.work.prefill_tokens, 1);
+    // Its copy runs first; it computes its one new token once the copy has landed.
+    assert_eq!(out.work.prefill_tokens, 0);
+    let landed = out.idle_until_s.expect("a restore under way");
+    assert_eq!(s.step(landed / 2.0).work.prefill_tokens, 0, "still copying");
+    assert_eq!(s.step(landed).work.prefill_tokens, 1);
 }
 
 #[test]
