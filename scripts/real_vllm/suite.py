@@ -289,15 +289,16 @@ class Router:
 
 
 class Decoding:
-    """`n` long streams through router `r` while the block runs; their statuses after."""
+    """`n` long generations (`tokens` each) through router `r` while the block runs; their
+    statuses after."""
 
-    def __init__(self, r, n):
-        self.r, self.n, self.statuses, self.threads = r, n, [], []
+    def __init__(self, r, n, tokens=1500):
+        self.r, self.n, self.tokens, self.statuses, self.threads = r, n, tokens, [], []
 
     def stream(self, k):
         status, _, _ = self.r.post("/v1/chat/completions", {
             "model": MODEL, "messages": [{"role": "user", "content": f"decode {k}"}],
-            "max_tokens": 1500, "ignore_eos": True})
+            "max_tokens": self.tokens, "ignore_eos": True})
         self.statuses.append(status)
 
     def __enter__(self):
@@ -880,7 +881,7 @@ class Suite:
         for priority in (False, True):
             r = self.lifecycle_router(e, f"priority-{'on' if priority else 'off'}", True,
                                       priority)
-            got = self.park_and_return(r, seed=200 + priority, queue=Queue(r, 8, 1000))
+            got = self.park_and_return(r, seed=200 + priority, queue=Decoding(r, 8, tokens=1000))
             ttft[priority] = max(t for _, _, t in got)
             r.stop()
             print(f"INFO  return_priority {'on' if priority else 'off'}: returning steps' "
@@ -976,29 +977,6 @@ class Flood:
     def __exit__(self, *exc):
         self.stop.set()
         self.main.join()
-        for t in self.threads:
-            t.join()
-
-
-class Queue:
-    """`n` requests of `tokens` generated tokens each through router `r` while the block
-    runs: on an engine with `--max-num-seqs 2`, a queue."""
-
-    def __init__(self, r, n, tokens):
-        self.r, self.n, self.tokens, self.threads = r, n, tokens, []
-
-    def one(self, k):
-        self.r.post("/v1/chat/completions", {
-            "model": MODEL, "messages": [{"role": "user", "content": f"queue {k}"}],
-            "max_tokens": self.tokens, "ignore_eos": True})
-
-    def __enter__(self):
-        self.threads = [threading.Thread(target=self.one, args=(k,)) for k in range(self.n)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
         for t in self.threads:
             t.join()
 

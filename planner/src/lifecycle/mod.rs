@@ -192,6 +192,12 @@ pub struct Lifecycle {
     pub costs: [f64; 4],
 }
 
+/// Touches per eviction horizon for a session kept warm: the horizon is a mean (new KV comes
+/// in bursts, and a touch takes a while to run under load); with a touch every half of it
+/// the real vLLM engine evicted half of a kept session in one of four runs
+/// (`scripts/real_vllm/suite.py`, step 5).
+const TOUCHES_PER_HORIZON: f64 = 4.0;
+
 /// Seconds until the owner's LRU evicts a block nobody touches: the evictable pool (what
 /// running requests do not hold) turned over by the churn.
 pub fn eviction_horizon_s(kv: &OwnerKv) -> f64 {
@@ -229,9 +235,9 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
     let (keep, touch_every) = match kv.levers.retention {
         Retention::Hold => (w.background * displaced_s, None),
         Retention::Touch => {
-            // A touch every half horizon keeps it young; a horizon longer than the gap
+            // A touch every quarter horizon keeps it young; a horizon longer than the gap
             // needs none.
-            let every = horizon / 2.0;
+            let every = horizon / TOUCHES_PER_HORIZON;
             let touches = if every.is_finite() && every > 0.0 {
                 (away_s / every).floor()
             } else {

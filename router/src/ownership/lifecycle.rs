@@ -82,12 +82,12 @@ pub async fn run(st: Arc<AppState>, tasks: TaskTracker, cancel: CancellationToke
             churn.sample(&fleet, now);
             decide_parked(&st, &churn, now);
             note_evictions(&st);
-            for (owner, session, due) in st.sessions.due(now) {
-                let Some(worker) = st.registry.get(owner) else {
+            // Only as many as can be sent now are taken: the rest stay due.
+            for (owner, session, due) in st.sessions.due(now, sends.available_permits()) {
+                let (Some(worker), Ok(permit)) =
+                    (st.registry.get(owner), sends.clone().try_acquire_owned())
+                else {
                     continue;
-                };
-                let Ok(permit) = sends.clone().try_acquire_owned() else {
-                    break;
                 };
                 let st = st.clone();
                 tasks.spawn(async move {
@@ -95,10 +95,9 @@ pub async fn run(st: Arc<AppState>, tasks: TaskTracker, cancel: CancellationToke
                     resend(&st, &worker, &session, due).await;
                 });
             }
-            for (owner, _session, effect) in st.sessions.take_effects() {
+            for (_owner, _session, effect) in st.sessions.take_effects() {
                 // Pins, unpins and explicit offloads: no engine here takes them (their
                 // levers say so, and the decision never asks); counted if one is asked.
-                let _ = owner;
                 st.metrics.lifecycle.acted(effect, "unsupported");
             }
         }

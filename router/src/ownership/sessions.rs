@@ -290,14 +290,16 @@ impl Sessions {
         Some(changed)
     }
 
-    /// The touches and bring-backs due at `now_ms`: (owner, session, what).
-    pub fn due(&self, now_ms: u64) -> Vec<(WorkerId, String, Due)> {
+    /// At most `most` of the touches and bring-backs due at `now_ms`: (owner, session,
+    /// what). Those not taken stay due.
+    pub fn due(&self, now_ms: u64, most: usize) -> Vec<(WorkerId, String, Due)> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner
             .tracked
             .iter_mut()
             .filter(|(_, t)| t.in_flight == 0)
             .filter_map(|(k, t)| Some((t.owner, k.clone(), t.life.due(now_ms)?)))
+            .take(most)
             .collect()
     }
 
@@ -598,11 +600,14 @@ mod tests {
             "the same course: its touches stay scheduled"
         );
         assert!(s.take_effects().is_empty(), "a touch engine takes no pin");
-        assert!(s.due(idle + 1_000).is_empty());
-        let due = s.due(idle + 2_000);
+        assert!(s.due(idle + 1_000, usize::MAX).is_empty());
+        let due = s.due(idle + 2_000, usize::MAX);
         assert_eq!(due.len(), 1);
         assert_eq!(due[0].2.effect, Effect::Touch);
-        assert!(s.due(idle + 2_500).is_empty(), "rescheduled 2 s on");
+        assert!(
+            s.due(idle + 2_500, usize::MAX).is_empty(),
+            "rescheduled 2 s on"
+        );
         assert!(s.is_returning("s"));
         let back = s.start("s", WorkerId(0), vec![], idle + 3_000, kept_step(81_000));
         assert_eq!(back.returned.map(|r| r.0), Some(Hold::Keep));
@@ -661,7 +666,7 @@ mod tests {
         assert_eq!(s.resident().len(), 1);
         s.evicted("far");
         assert!(s.resident().is_empty());
-        let due = s.due(t0 + 1_000);
+        let due = s.due(t0 + 1_000, usize::MAX);
         assert_eq!(due[0].2.effect, Effect::Recompute);
         s.brought_back("far");
         assert_eq!(s.resident().len(), 1, "back in HBM before its return");
