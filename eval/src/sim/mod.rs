@@ -4,7 +4,9 @@
 //! prefill, paged prefix cache with LRU eviction, roofline timing), KV moves over the same
 //! link model, and steps are placed by the same [`Policy`] implementations the router runs.
 //! Each step's request and views are assembled, and what is in flight counted, by the
-//! router's own step helpers (`ownerserve_planner::step`), never a copy.
+//! router's own step helpers (`ownerserve_planner::step`), never a copy; with
+//! [`SimOptions::lifecycle`], parked sessions' KV follows the router's own lifecycle record
+//! and decision (`ownerserve_planner::lifecycle`).
 //! Deterministic: no clock, no thread, ties broken by event order.
 
 mod cluster;
