@@ -843,12 +843,25 @@ class Suite:
             backs.append((sid, prompt, {"model": MODEL, "messages": back, "max_tokens": 8}))
         out = []
         if queue is not None:
-            # The returns meet a queue: it forms for 2 s, then each return's first token
-            # is timed (the queue's requests decode 1,000 tokens each, two at a time).
+            # The returns meet a queue: it forms for 2 s, then both returns' first tokens
+            # are timed (sixteen requests decode 1,000 tokens each, two at a time: with priority
+            # a return waits for one slot; without, for the queue; shorter requests drained
+            # before the returns came).
+            # Both return at once, into the same queue.
+            ttfts = {}
+
+            def back(sid, body):
+                ttfts[sid] = streamed_ttft(r.url, body, {"x-session-id": sid})
+
             with queue:
                 time.sleep(2)
-                for sid, prompt, body in backs:
-                    out.append((prompt, None, streamed_ttft(r.url, body, {"x-session-id": sid})))
+                threads = [threading.Thread(target=back, args=(sid, body))
+                           for sid, _, body in backs]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            out = [(prompt, None, ttfts[sid]) for sid, prompt, _ in backs]
         else:
             for sid, prompt, body in backs:
                 status, _, resp = r.post("/v1/chat/completions", body, {"x-session-id": sid})
@@ -881,7 +894,7 @@ class Suite:
         for priority in (False, True):
             r = self.lifecycle_router(e, f"priority-{'on' if priority else 'off'}", True,
                                       priority)
-            got = self.park_and_return(r, seed=200 + priority, queue=Decoding(r, 8, tokens=1000))
+            got = self.park_and_return(r, seed=200 + priority, queue=Decoding(r, 16, tokens=1000))
             ttft[priority] = max(t for _, _, t in got)
             r.stop()
             print(f"INFO  return_priority {'on' if priority else 'off'}: returning steps' "
@@ -930,7 +943,7 @@ LIFECYCLE_DOC = """
    the same router (many times the pool), then return with their conversation and a tool
    result. With `[router.sessions] lifecycle = true` the returning steps' `cached_tokens`
    must cover >= 90% of the first step's prompt; with it off, < 20%. Then, the lifecycle on,
-   the returns meet a queue (eight 1,000-token decodes on two slots): their streamed TTFT
+   the returns meet a queue (sixteen 1,000-token decodes on two slots): their streamed TTFT
    with `return_priority` on must be >= 2x lower than with it off (the worst of two).
 """
 LIFECYCLE_KV_BYTES = 64 << 20

@@ -68,6 +68,9 @@ pub struct Parked {
     pub idle_s: f64,
     /// The chance it comes back at all (the fraction of parked sessions that did).
     pub p_return: f64,
+    /// Its KV is still in the owner's HBM (else evicted already: it cannot be kept, only
+    /// brought back or let go).
+    pub resident: bool,
 }
 
 /// The owner's KV, now.
@@ -213,8 +216,10 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
     let horizon = eviction_horizon_s(kv);
     let p_return = p.p_return.clamp(0.0, 1.0);
     let away_s = p.gap.remaining_mean_s(p.idle_s);
-    // Evicted before it returns: still away after the LRU has turned over.
-    let p_evicted = if horizon.is_finite() {
+    // Evicted before it returns: still away after the LRU has turned over (or gone already).
+    let p_evicted = if !p.resident {
+        1.0
+    } else if horizon.is_finite() {
         p.gap.remaining_survival(p.idle_s, horizon)
     } else {
         0.0
@@ -281,6 +286,8 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
         + p_return * prefetch_wait
         + kept_after(prefetch_at + prices.recompute_s);
 
+    // What is gone cannot be kept.
+    let keep = if p.resident { keep } else { f64::INFINITY };
     let costs = [keep, offload, prefetch, let_go];
     // Acting must save something material over letting the LRU decide: 1% of the
     // prefill, at least a millisecond. Among the rest, the cheapest (ties: the first).

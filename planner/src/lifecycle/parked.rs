@@ -161,16 +161,11 @@ impl ParkedKv {
 
     /// A touch is due: asked for only while kept warm (kept from the start, or brought
     /// back).
-    /// A kept session found evicted anyway (its touches came too late) is brought back.
-    pub fn touch(&mut self) -> Option<Effect> {
+    /// A kept session found evicted anyway (its touches came too late) is not touched: its
+    /// next decision, knowing it is gone, prices bringing it back against letting it go.
+    pub fn touch(&self) -> Option<Effect> {
         let kept = self.hold == Some(Hold::Keep) || self.back;
-        if !(self.parked && !self.released && kept) {
-            return None;
-        }
-        if self.resident() {
-            return Some(Effect::Touch);
-        }
-        self.bring_back()
+        (self.parked && !self.released && kept && self.resident()).then_some(Effect::Touch)
     }
 
     /// Time to bring it back before the predicted return.

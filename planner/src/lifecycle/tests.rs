@@ -36,6 +36,7 @@ fn parked(median_s: f64, p90_s: f64) -> Parked {
         gap: GapEstimate::from_median_p90(median_s, p90_s),
         idle_s: 0.0,
         p_return: 0.95,
+        resident: true,
     }
 }
 
@@ -129,6 +130,19 @@ fn the_more_pressure_the_dearer_keeping_is() {
         |usage| decide_for(p, owner(usage, 100_000.0, levers(Retention::Hold, false))).costs[0];
     assert_eq!(at(0.4), 0.0, "free blocks: holding displaces nothing");
     assert!(at(0.7) < at(0.9), "{} {}", at(0.7), at(0.9));
+}
+
+#[test]
+fn a_session_already_evicted_is_brought_back_or_let_go_never_kept() {
+    let mut p = parked(40.0, 45.0);
+    p.resident = false;
+    let l = decide_for(p, owner(0.8, 100_000.0, levers(Retention::Touch, false)));
+    assert!(l.costs[0].is_infinite(), "{l:?}");
+    assert_ne!(l.hold, Hold::Keep);
+    assert!(
+        (l.costs[3] - 0.95 * 4.0).abs() < 1e-9,
+        "let go pays the prefill: {l:?}"
+    );
 }
 
 #[test]

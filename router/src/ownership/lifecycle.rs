@@ -141,6 +141,7 @@ fn decide_parked(st: &AppState, churn: &Churn, now: u64) {
             gap: u.gap,
             idle_s: u.idle_s,
             p_return: u.p_return,
+            resident: u.resident,
         };
         let l = decide(&parked, &kv, &prices, &LifecycleWeights::default());
         // Counted when its course changes (a revision that keeps it is no new decision).

@@ -88,6 +88,8 @@ pub struct Undecided {
     pub gap: GapEstimate,
     pub idle_s: f64,
     pub p_return: f64,
+    /// Its KV is still in its owner's HBM, as far as the lifecycle knows.
+    pub resident: bool,
 }
 
 #[derive(Debug, Default)]
@@ -261,6 +263,7 @@ impl Sessions {
                     gap: t.life.life.gap(prior),
                     idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
                     p_return: if kept_alive { 1.0 } else { p_return },
+                    resident: t.life.life.resident(),
                 })
             })
             .collect()

@@ -226,6 +226,7 @@ impl Sim<'_> {
             gap: self.idle[session].life.gap(prior),
             idle_s: (self.now_s - since).max(0.0),
             p_return: self.lifecycle.p_return(),
+            resident: self.idle[session].life.resident(),
         };
         let l = decide(&parked, &kv, &prices, &LifecycleWeights::default());
         let (changed, _effects) = self.idle[session].life.decide(l, levers.retention, now_ms);
