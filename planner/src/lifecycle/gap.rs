@@ -17,6 +17,11 @@ const PRIOR_WEIGHT: f64 = 2.0;
 /// A gap below this (ms) is clamped: the log of 0 is not a gap.
 const MIN_GAP_MS: f64 = 1.0;
 
+/// The tool gap assumed before any was seen, seconds: its median and 90th percentile (the
+/// router's `[router.sessions] gap_prior_*` defaults, and the simulator's).
+pub const PRIOR_MEDIAN_S: f64 = 5.0;
+pub const PRIOR_P90_S: f64 = 60.0;
+
 /// Running mean and variance of `ln(gap_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
 pub struct GapStats {

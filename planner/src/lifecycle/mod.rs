@@ -36,7 +36,7 @@ use crate::spec::ModelSpec;
 
 pub use gap::{GapEstimate, GapStats};
 pub use parked::{Effect, KvPlace, ParkedKv, Returned};
-pub use session::SessionLife;
+pub use session::{SessionLife, EVICTED_BELOW, REVISE_MS};
 
 /// How an engine can hold one session's KV in HBM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -200,6 +200,48 @@ pub struct Lifecycle {
 /// the real vLLM engine evicted half of a kept session in one of four runs
 /// (`scripts/real_vllm/suite.py`, step 5).
 const TOUCHES_PER_HORIZON: f64 = 4.0;
+
+/// New KV written on a worker per second (what turns its LRU over), as a smoothed rate of a
+/// monotonic count of computed tokens (`step::Ledger::computed_total`) sampled over time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Churn {
+    last: Option<(u64, f64)>,
+    rate: Option<f64>,
+}
+
+impl Churn {
+    /// Weight of a new interval's rate.
+    const ALPHA: f64 = 0.2;
+    /// Shorter intervals are not sampled (a rate over nothing).
+    const MIN_INTERVAL_S: f64 = 0.05;
+
+    /// Samples `total` computed tokens at `now_s`; the smoothed rate, tokens per second
+    /// (its first interval's rate seeds it; 0 before any interval).
+    pub fn sample(&mut self, total: u64, now_s: f64) -> f64 {
+        match self.last {
+            Some((then_total, then_s)) if now_s - then_s >= Self::MIN_INTERVAL_S => {
+                let r = total.saturating_sub(then_total) as f64 / (now_s - then_s);
+                let rate = self.rate.get_or_insert(r);
+                *rate += Self::ALPHA * (r - *rate);
+                self.last = Some((total, now_s));
+            }
+            Some(_) => {}
+            None => self.last = Some((total, now_s)),
+        }
+        self.rate()
+    }
+
+    /// The smoothed rate, tokens per second (0 before any interval).
+    pub fn rate(&self) -> f64 {
+        self.rate.unwrap_or(0.0)
+    }
+}
+
+/// The chance a parked session comes back at all, from how many did and how many lapsed
+/// or were closed instead (Laplace's rule: even odds before anything was seen).
+pub fn p_return(came_back: u64, ended: u64) -> f64 {
+    (came_back as f64 + 1.0) / ((came_back + ended) as f64 + 2.0)
+}
 
 /// Seconds until the owner's LRU evicts a block nobody touches: the evictable pool (what
 /// running requests do not hold) turned over by the churn.

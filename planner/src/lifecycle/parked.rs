@@ -40,6 +40,29 @@ pub enum Effect {
     Touch,
 }
 
+impl KvPlace {
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPlace::Hbm => "hbm",
+            KvPlace::Host => "host",
+            KvPlace::Gone => "gone",
+        }
+    }
+}
+
+impl Effect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Effect::Pin => "pin",
+            Effect::Unpin => "unpin",
+            Effect::Offload => "offload",
+            Effect::Restore => "restore",
+            Effect::Recompute => "recompute",
+            Effect::Touch => "touch",
+        }
+    }
+}
+
 /// One session's KV on its owner.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ParkedKv {

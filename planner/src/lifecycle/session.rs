@@ -8,6 +8,13 @@ use serde::Serialize;
 
 use super::{Effect, GapEstimate, GapStats, Hold, Lifecycle, ParkedKv, Retention, Returned};
 
+/// A parked session's decision is revised this often while it waits (ms): its owner's load,
+/// and so its LRU's horizon, changes under it.
+pub const REVISE_MS: u64 = 1_000;
+/// Below this share of its prompt's blocks still cached on its owner, a kept session counts
+/// as evicted.
+pub const EVICTED_BELOW: f64 = 0.5;
+
 /// A session's lifecycle record.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SessionLife {

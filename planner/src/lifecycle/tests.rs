@@ -167,3 +167,15 @@ fn prices_come_from_the_roofline_and_the_host_link() {
         .restore_s
         .is_infinite());
 }
+
+#[test]
+fn churn_is_a_smoothed_rate_seeded_by_its_first_interval() {
+    let mut c = Churn::default();
+    assert_eq!(c.sample(1_000, 0.0), 0.0, "no interval yet");
+    assert_eq!(c.sample(1_010, 0.01), 0.0, "too short to sample");
+    assert!((c.sample(5_000, 1.0) - 4_000.0).abs() < 1e-9);
+    // A second interval at 14,000/s moves the rate a fifth of the way.
+    assert!((c.sample(19_000, 2.0) - 6_000.0).abs() < 1e-9);
+    assert_eq!(p_return(0, 0), 0.5);
+    assert!((p_return(3, 1) - 4.0 / 6.0).abs() < 1e-12);
+}

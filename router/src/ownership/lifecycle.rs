@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::lifecycle::{decide, Effect, LifecycleWeights, OwnerKv, Parked, Prices};
+use ownerserve_planner::lifecycle::{
+    decide, Churn, Effect, LifecycleWeights, OwnerKv, Parked, Prices, EVICTED_BELOW,
+};
 use ownerserve_shim::engines::protocol;
 
 use super::session_life::Due;
@@ -36,36 +38,24 @@ use crate::server::state::AppState;
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 /// Touches, prefetches and restores in flight at once, fleet-wide.
 const MAX_IN_FLIGHT: usize = 16;
-/// Below this share of its prompt's blocks still indexed on its owner, a kept session
-/// counts as evicted.
-const EVICTED_BELOW: f64 = 0.5;
-
-/// New KV written per worker, as a rate of its ledger's computed tokens.
+/// Each worker's churn.
 #[derive(Default)]
-struct Churn {
-    last: HashMap<WorkerId, (u64, u64)>,
-    rate: HashMap<WorkerId, f64>,
-}
+struct Churns(HashMap<WorkerId, Churn>);
 
-impl Churn {
-    /// Samples every worker's computed tokens at `now_ms`; the rate is an EWMA over sweeps.
+impl Churns {
+    /// Samples every worker's computed tokens at `now_ms`.
     fn sample(&mut self, workers: &[Arc<Worker>], now_ms: u64) {
         for w in workers {
             let total = w.ledger().computed_total();
-            if let Some((then_total, then_ms)) = self.last.get(&w.id).copied() {
-                let dt = now_ms.saturating_sub(then_ms) as f64 / 1e3;
-                if dt > 0.0 {
-                    let r = total.saturating_sub(then_total) as f64 / dt;
-                    let e = self.rate.entry(w.id).or_insert(r);
-                    *e += 0.2 * (r - *e);
-                }
-            }
-            self.last.insert(w.id, (total, now_ms));
+            self.0
+                .entry(w.id)
+                .or_default()
+                .sample(total, now_ms as f64 / 1e3);
         }
     }
 
     fn of(&self, w: WorkerId) -> f64 {
-        self.rate.get(&w).copied().unwrap_or(0.0)
+        self.0.get(&w).map_or(0.0, |c| c.rate())
     }
 }
 
@@ -73,7 +63,7 @@ impl Churn {
 pub async fn run(st: Arc<AppState>, tasks: TaskTracker, cancel: CancellationToken) {
     let sends = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let sweep = async {
-        let mut churn = Churn::default();
+        let mut churn = Churns::default();
         let mut every = tokio::time::interval(SWEEP_EVERY);
         loop {
             every.tick().await;
@@ -109,7 +99,7 @@ pub async fn run(st: Arc<AppState>, tasks: TaskTracker, cancel: CancellationToke
 }
 
 /// Decides each newly parked session on its owner's KV now.
-fn decide_parked(st: &AppState, churn: &Churn, now: u64) {
+fn decide_parked(st: &AppState, churn: &Churns, now: u64) {
     for u in st.sessions.undecided(now) {
         let Some(worker) = st.registry.get(u.owner) else {
             continue;

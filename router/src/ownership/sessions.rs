@@ -14,17 +14,13 @@ use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::lifecycle::{
-    Effect, GapEstimate, GapStats, Hold, Lifecycle, Retention, Returned,
+    self, Effect, GapEstimate, GapStats, Hold, Lifecycle, Retention, Returned, REVISE_MS,
 };
 use ownerserve_planner::policy::WorkerView;
 
 use ownerserve_shim::openai::SessionAction;
 
 use super::session_life::{Due, Life, StepKv};
-
-/// How often a parked session's lifecycle decision is revised while it waits (the owner's
-/// load, and so its LRU's horizon, changes under it).
-const REVISE_MS: u64 = 1_000;
 
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
 const MAX_SESSIONS: usize = 200_000;
@@ -245,9 +241,7 @@ impl Sessions {
     pub fn undecided(&self, now_ms: u64) -> Vec<Undecided> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let prior = self.prior(&inner);
-        // Laplace's rule: an even chance before anything was seen.
-        let p_return =
-            (inner.came_back as f64 + 1.0) / ((inner.came_back + inner.ended) as f64 + 2.0);
+        let p_return = lifecycle::p_return(inner.came_back, inner.ended);
         inner
             .tracked
             .iter()

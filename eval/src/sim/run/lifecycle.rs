@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use ownerserve_planner::ids::EngineKind;
+use ownerserve_planner::lifecycle::gap::{PRIOR_MEDIAN_S, PRIOR_P90_S};
 use ownerserve_planner::lifecycle::{
-    decide, Effect, GapEstimate, GapStats, KvPlace, LifecycleWeights, OwnerKv, Parked, Prices,
-    Returned,
+    decide, p_return, Churn, Effect, GapEstimate, GapStats, KvPlace, LifecycleWeights, OwnerKv,
+    Parked, Prices, Returned, EVICTED_BELOW, REVISE_MS,
 };
 use ownerserve_shim::engines::protocol;
 use ownerserve_shim::sim::scheduler::{NewSeq, SeqId};
@@ -24,14 +25,6 @@ use super::*;
 
 /// The sweep's period, virtual seconds (the router's `SWEEP_EVERY`).
 const SWEEP_S: f64 = 0.25;
-/// A decision is revised this often while the session waits (the router's `REVISE_MS`).
-const REVISE_MS: u64 = 1_000;
-/// Below this share of its prompt's blocks cached on its owner, a kept session counts as
-/// evicted.
-const EVICTED_BELOW: f64 = 0.5;
-/// The router's default gap prior (`[router.sessions] gap_prior_*`).
-const PRIOR_MEDIAN_S: f64 = 5.0;
-const PRIOR_P90_S: f64 = 60.0;
 /// The priority a returning step and a resend carry (`X-Vllm-Priority`).
 pub(super) const RETURN_PRIORITY: i32 = -1;
 
@@ -44,12 +37,11 @@ pub(super) struct Lifecycle {
     pub came_back: u64,
     pub ended: u64,
     resends: HashMap<(usize, u64), Resend>,
-    /// Per engine: (computed tokens, at s, EWMA rate per s).
-    churn: HashMap<usize, (u64, f64, f64)>,
+    churn: HashMap<usize, Churn>,
     decisions: BTreeMap<&'static str, u64>,
     actions: BTreeMap<&'static str, u64>,
-    /// Returning steps by where their KV was: HBM, host, gone.
-    found: [u64; 3],
+    /// Returning steps by where their KV was (`KvPlace::name`).
+    found: BTreeMap<&'static str, u64>,
 }
 
 impl Lifecycle {
@@ -63,28 +55,11 @@ impl Lifecycle {
     /// New KV computed per second on `engine`, sampled at `now_s`.
     fn churn_of(&mut self, id: usize, engine: &Engine, now_s: f64) -> f64 {
         let total = engine.ledger.computed_total();
-        let e = self.churn.entry(id).or_insert((total, now_s, 0.0));
-        let dt = now_s - e.1;
-        if dt >= 0.05 {
-            let r = total.saturating_sub(e.0) as f64 / dt;
-            e.2 += 0.2 * (r - e.2);
-            (e.0, e.1) = (total, now_s);
-        }
-        e.2
-    }
-
-    /// The chance a parked session comes back (Laplace's rule, as the router's).
-    fn p_return(&self) -> f64 {
-        (self.came_back as f64 + 1.0) / ((self.came_back + self.ended) as f64 + 2.0)
+        self.churn.entry(id).or_default().sample(total, now_s)
     }
 
     fn returned(&mut self, found: Returned) {
-        let i = match found.found {
-            KvPlace::Hbm => 0,
-            KvPlace::Host => 1,
-            KvPlace::Gone => 2,
-        };
-        self.found[i] += 1;
+        *self.found.entry(found.found.name()).or_insert(0) += 1;
     }
 
     /// What it did, for the run's result: decisions, resends and returns by kind.
@@ -99,8 +74,9 @@ impl Lifecycle {
         for (k, v) in &self.actions {
             out.insert(format!("sent {k}"), *v);
         }
-        for (k, v) in ["hbm", "host", "gone"].iter().zip(self.found) {
-            out.insert(format!("returned to {k}"), v);
+        for place in [KvPlace::Hbm, KvPlace::Host, KvPlace::Gone] {
+            let n = self.found.get(place.name()).copied().unwrap_or(0);
+            out.insert(format!("returned to {}", place.name()), n);
         }
         out
     }
@@ -225,7 +201,7 @@ impl Sim<'_> {
             context_tokens: tokens,
             gap: self.idle[session].life.gap(prior),
             idle_s: (self.now_s - since).max(0.0),
-            p_return: self.lifecycle.p_return(),
+            p_return: p_return(self.lifecycle.came_back, self.lifecycle.ended),
             resident: self.idle[session].life.resident(),
         };
         let l = decide(&parked, &kv, &prices, &LifecycleWeights::default());
@@ -258,11 +234,7 @@ impl Sim<'_> {
             self.lifecycle
                 .resends
                 .insert((owner, seq), Resend { session, effect });
-            *self
-                .lifecycle
-                .actions
-                .entry(effect_name(effect))
-                .or_insert(0) += 1;
+            *self.lifecycle.actions.entry(effect.name()).or_insert(0) += 1;
             self.kick(owner);
         }
     }
@@ -276,16 +248,5 @@ impl Sim<'_> {
             self.idle[r.session].life.brought_back();
         }
         true
-    }
-}
-
-fn effect_name(e: Effect) -> &'static str {
-    match e {
-        Effect::Touch => "touch",
-        Effect::Recompute => "recompute",
-        Effect::Restore => "restore",
-        Effect::Offload => "offload",
-        Effect::Pin => "pin",
-        Effect::Unpin => "unpin",
     }
 }

@@ -6,7 +6,7 @@
 use prometheus::{IntCounterVec, Registry};
 
 use ownerserve_edge::exposition::counter_vec;
-use ownerserve_planner::lifecycle::{Effect, Hold, KvPlace, Returned};
+use ownerserve_planner::lifecycle::{Effect, Hold, Returned};
 
 /// The lifecycle's counters.
 #[derive(Debug, Clone)]
@@ -14,18 +14,6 @@ pub struct LifecycleMetrics {
     decisions: IntCounterVec,
     actions: IntCounterVec,
     returns: IntCounterVec,
-}
-
-/// An effect's label.
-pub fn effect_name(e: Effect) -> &'static str {
-    match e {
-        Effect::Pin => "pin",
-        Effect::Unpin => "unpin",
-        Effect::Offload => "offload",
-        Effect::Restore => "restore",
-        Effect::Recompute => "recompute",
-        Effect::Touch => "touch",
-    }
 }
 
 impl LifecycleMetrics {
@@ -58,16 +46,12 @@ impl LifecycleMetrics {
 
     pub fn acted(&self, effect: Effect, result: &str) {
         self.actions
-            .with_label_values(&[effect_name(effect), result])
+            .with_label_values(&[effect.name(), result])
             .inc();
     }
 
     pub fn returned(&self, hold: Hold, r: Returned) {
-        let found = match r.found {
-            KvPlace::Hbm => "hbm",
-            KvPlace::Host => "host",
-            KvPlace::Gone => "gone",
-        };
+        let found = r.found.name();
         let late = if r.late { "true" } else { "false" };
         self.returns
             .with_label_values(&[hold.name(), found, late])
