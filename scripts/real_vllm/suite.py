@@ -636,8 +636,10 @@ class Suite:
 
     def pd_calibrated(self, r, conv):
         """After the timed prefill leg, `r` prices every engine's prefill at the observed
-        rate: CPU engines are far slower than the H100 preset, and the decode engine, whose
-        prefills are never timed, is the same kind of worker as the prefill engine."""
+        rate, not the preset's (the tiny model priced as router.planner_model on an H100:
+        the ratio is whatever this machine makes it, 1.8x to 28x so far, never exactly 1),
+        and the decode engine, whose prefills are never timed, is the same kind of worker
+        as the prefill engine."""
         body = {"model": MODEL, "messages": conv, "max_tokens": 4}
         _, _, plan = r.post("/admin/v1/plan/explain", body, {"authorization": f"Bearer {TOKEN}"})
         ratios = sorted({(c["compute_on"], round(c["cost"]["compute_s"] / c["preset_compute_s"], 3))
@@ -645,7 +647,7 @@ class Suite:
         workers = {w for w, _ in ratios}
         scales = [x for _, x in ratios]
         self.check("p/d ownerserve: the timed prefill leg calibrates both engines' prefill rate",
-                   len(workers) == 2 and min(scales, default=0) > 2
+                   len(workers) == 2 and abs(min(scales) - 1) > 0.05
                    and max(scales) <= 1.01 * min(scales),
                    f"calibrated / preset compute per engine: {ratios}")
 
