@@ -24,10 +24,23 @@ settings: no `health_*` key is set. Checks, in order:
    requests go to the survivor, and the dead engine's blocks leave the index.
 7. `POST /flush_cache` on the survivor (SGLang's `AllBlocksCleared`): its blocks leave the
    index.
+8. The parked sessions' KV lifecycle: the real-vLLM suite's step 5 (its `LIFECYCLE_DOC`,
+   the same checks and thresholds) on a third engine of its own, started once the others
+   stopped: a 32,768-token pool, `--enable-priority-scheduling --default-priority-value 0`
+   and `SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1` (the router marks a returning step
+   `x-override-priority: 1`, which SGLang reads only with it), `--max-running-requests 2`.
+   The lever is the one vLLM gets: touches keep a kept session ahead of the radix cache's
+   LRU. SGLang 0.5.23's `--radix-eviction-policy priority` is not used: a node's priority
+   is the max of every request's that ever touched it and is never lowered
+   (`mem_cache/radix_cache.py`, `_insert_helper`), so a session let go or closed would stay
+   pinned ahead of every unmarked prompt. Its session radix cache
+   (`--enable-session-radix-cache`, `session_params` on a request, `/close_session`), which
+   would hold a session until closed, is not driven yet.
 
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_sglang/suite.py --ownerserve target/debug/ownerserve --venv VENV
+       [--only lifecycle]
 """
 import argparse
 import importlib.util
@@ -74,6 +87,9 @@ MAX_TOTAL_TOKENS = 16384
 # engines' /server_info for the planner to price prefills in it.
 CHUNKED_PREFILL = 4096
 ROUTING_BAR = 0.95
+# Step 8's engine: a pool of 32,768 tokens, as the vLLM suite's lifecycle engine has.
+LIFECYCLE_TOKENS = 32768
+LIFECYCLE_FLOOD_PER_S = 4
 # The issue's acceptance: >= 2 minutes of idle and traffic, >= 60 s of it mixed.
 IDLE_S, MIXED_S = 60, 70
 
@@ -81,13 +97,17 @@ IDLE_S, MIXED_S = 60, 70
 class Engine:
     """One real SGLang engine (server, scheduler and detokenizer processes) and its ports."""
 
-    def __init__(self, name, venv, model_dir, log_dir):
+    def __init__(self, name, venv, model_dir, log_dir, max_total_tokens=MAX_TOTAL_TOKENS,
+                 extra=()):
         self.name = name
         self.port, self.zmq, self.replay = (free_port() for _ in range(3))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(log_dir, f"{name}.log")
         stub = os.path.join(venv, "stub")
+        # SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES: without it SGLang ignores the
+        # `x-override-priority` the router marks a returning step with (step 8).
         env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1",
+                   SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES="1",
                    LD_LIBRARY_PATH=stub + (":" + os.environ["LD_LIBRARY_PATH"]
                                            if os.environ.get("LD_LIBRARY_PATH") else ""))
         cmd = [f"{venv}/bin/python", "-m", "sglang.launch_server",
@@ -96,12 +116,12 @@ class Engine:
                # Without it each idle engine busy-polls a core at 100 %.
                "--sleep-on-idle",
                "--host", "127.0.0.1", "--port", str(self.port),
-               "--max-total-tokens", str(MAX_TOTAL_TOKENS), "--page-size", str(PAGE),
+               "--max-total-tokens", str(max_total_tokens), "--page-size", str(PAGE),
                "--chunked-prefill-size", str(CHUNKED_PREFILL),
                "--enable-metrics", "--enable-cache-report",
                "--kv-events-config", json.dumps({
                    "publisher": "zmq", "endpoint": f"tcp://*:{self.zmq}", "topic": "kv-events",
-                   "replay_endpoint": f"tcp://*:{self.replay}"})]
+                   "replay_endpoint": f"tcp://*:{self.replay}"}), *extra]
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
@@ -153,7 +173,7 @@ class Engine:
 class Router:
     """One `ownerserve router` in front of the engines, with default health settings."""
 
-    def __init__(self, ownerserve, log_dir, label, workers):
+    def __init__(self, ownerserve, log_dir, label, workers, extra=""):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = os.path.join(log_dir, f"router-{label}.toml")
@@ -162,7 +182,8 @@ class Router:
             # router learns the engines' page size from /server_info).
             f.write(f'[router]\nport = {self.port}\npolicy = "kv_aware"\n'
                     f'admin_token = "{TOKEN}"\n\n'
-                    f'[router.tokenizers]\n"{MODEL}" = "{TOKENIZER_FIXTURE}"\n\n{workers}')
+                    f'[router.tokenizers]\n"{MODEL}" = "{TOKENIZER_FIXTURE}"\n\n{extra}\n'
+                    f'{workers}')
         self.log_path = os.path.join(log_dir, f"router-{label}.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen([ownerserve, "router", "--config", self.config],
@@ -213,9 +234,9 @@ class Suite:
         self.results.append((name, bool(cond), detail))
         print(f"{'PASS' if cond else 'FAIL'}  {name}: {detail}", flush=True)
 
-    def router(self, label, engines):
+    def router(self, label, engines, extra=""):
         r = Router(self.args.ownerserve, self.log_dir, label,
-                   "".join(e.worker_toml() for e in engines))
+                   "".join(e.worker_toml() for e in engines), extra)
         self.routers.append(r)
         return r
 
@@ -505,14 +526,16 @@ class Suite:
             shutil.copy(os.path.join(TOKENIZER_FIXTURE, f), model_dir)
         write_model_config(model_dir)
         started = time.time()
+        n = 0 if self.args.only == "lifecycle" else 2
         engines = [Engine(f"sglang-{i}", self.args.venv, model_dir, self.log_dir)
-                   for i in range(2)]
+                   for i in range(n)]
         try:
             for e in engines:
                 wait_for(f"engine {e.name}", e.ready, 900, 2)
-            print(f"2 real SGLang engines up in {time.time() - started:.0f} s "
-                  f"(logs in {self.log_dir})", flush=True)
-            self.steps(engines)
+            if n:
+                print(f"{n} real SGLang engines up in {time.time() - started:.0f} s "
+                      f"(logs in {self.log_dir})", flush=True)
+                self.steps(engines)
         except Exception:
             traceback.print_exc()
             self.check("suite ran to the end", False, "an exception stopped it (above)")
@@ -523,6 +546,8 @@ class Suite:
                 r.stop()
             for e in engines:
                 e.stop()
+            self.routers = []
+        self.lifecycle_suite(model_dir)
         failed = [n for n, ok, _ in self.results if not ok]
         print(f"\nreal-SGLang suite: {len(self.results) - len(failed)}/{len(self.results)} "
               f"checks passed in {time.time() - started:.0f} s")
@@ -531,6 +556,34 @@ class Suite:
             for r in self.routers:
                 print(f"--- {r.log_path}\n" + open(r.log_path, errors="replace").read()[-3000:])
         return 1 if failed else 0
+
+    def lifecycle_suite(self, model_dir):
+        """Step 8: the real-vLLM suite's lifecycle checks (its `LifecycleChecks`) on an
+        engine of its own, started after the others stopped."""
+        e = Engine("sglang-lc", self.args.venv, model_dir, self.log_dir,
+                   max_total_tokens=LIFECYCLE_TOKENS,
+                   extra=("--enable-priority-scheduling", "--default-priority-value", "0",
+                          "--max-running-requests", "2", "--context-length", "16384"))
+        try:
+            wait_for(f"engine {e.name}", e.ready, 900, 2)
+
+            def make_router(label, lifecycle, priority):
+                return self.router(label, [e], (
+                    f'[router.models]\n"{MODEL}" = "{_shared.MODEL_SPEC}"\n'
+                    f'[router.planner]\ngpu = "{_shared.CPU_SPEC}"\n'
+                    f'[router.sessions]\nlifecycle = {str(lifecycle).lower()}\n'
+                    f'return_priority = {str(priority).lower()}\n'))
+            _shared.LifecycleChecks(self.check, TOKEN, make_router,
+                                    flood_per_s=LIFECYCLE_FLOOD_PER_S).run()
+        except Exception:
+            traceback.print_exc()
+            self.check("lifecycle step ran to the end", False, "an exception stopped it (above)")
+            print(f"--- {e.name} log tail\n{e.tail()}")
+        finally:
+            for r in self.routers:
+                r.stop()
+            self.routers = []
+            e.stop()
 
     def steps(self, engines):
         r = self.router("main", engines)
@@ -555,6 +608,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", required=True)
+    ap.add_argument("--only", choices=["lifecycle"],
+                    help="run only this step (to reproduce one failure)")
     return Suite(ap.parse_args()).run()
 
 

@@ -821,6 +821,51 @@ class Suite:
                  f'return_priority = {str(priority).lower()}\n')
         return self.router(label, "kv_aware", e.worker_toml(), TOKENIZER_FIXTURE, extra)
 
+    def lifecycle(self, e):
+        LifecycleChecks(self.check, TOKEN,
+                        lambda label, on, priority: self.lifecycle_router(e, label, on, priority)
+                        ).run()
+
+    def steps(self, engines):
+        e0, e1, e2 = engines
+        if self.args.only == "agents":
+            return self.agents(engines)
+        if self.args.only == "pd":
+            return self.pd(e0, e1)
+        if self.args.only == "lifecycle":
+            return
+        every = "".join(e.worker_toml() for e in engines)
+        own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
+                          f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
+        self.pricing(own)
+        self.openai_sdk(own)
+        self.chat_routing(own, "model tokenizer", seed=3)
+        self.kv_events(own, engines)
+        eng = self.router("engine-tokenize", "kv_aware", every, "engine")
+        self.chat_routing(eng, "engine /tokenize", seed=5)
+        eng.stop()
+        # What the router did before it had the model's tokenizer, for comparison.
+        builtin = self.router("builtin-tokenizer", "kv_aware", every)
+        self.chat_routing(builtin, "built-in approximate tokenizer, baseline", seed=4,
+                          baseline=True)
+        builtin.stop()
+        self.agents(engines)
+        self.pd(e0, e1)
+        # e0 is dead: `own` now fronts e1 and e2.
+        wait_for("e0 marked down", lambda: http("GET", own.url + "/health")[2].get(
+            "healthy_workers") == 2, 15, 0.2)
+        self.kill_mid_stream(own, [e1, e2])
+
+
+class LifecycleChecks:
+    """Step 5's checks (LIFECYCLE_DOC) on one engine, behind the routers
+    `make_router(label, lifecycle, return_priority)` starts; the real-SGLang suite runs them
+    too. `flood_per_s`: the flood's pace, a few times what the engine prefills."""
+
+    def __init__(self, check, token, make_router, flood_per_s=4):
+        self.check, self.token, self.make_router = check, token, make_router
+        self.flood_per_s = flood_per_s
+
     def park_and_return(self, r, seed, queue=None):
         """Two sessions' first steps, a gap under a flood, their returns: per session,
         (first step's prompt tokens, returning step's cached tokens, its TTFT)."""
@@ -836,7 +881,7 @@ class Suite:
             first[sid] = (resp["usage"]["prompt_tokens"],
                           resp["choices"][0]["message"]["content"] or "")
         if queue is None:
-            with Flood(r, per_s=4, seed=seed + 1) as flood:
+            with Flood(r, per_s=self.flood_per_s, seed=seed + 1) as flood:
                 time.sleep(LIFECYCLE_GAP_S)
             print(f"INFO  lifecycle flood: {flood.sent} prompts of ~1,000 tokens in "
                   f"{LIFECYCLE_GAP_S} s", flush=True)
@@ -879,17 +924,17 @@ class Suite:
                 out.append((prompt, cached_of(resp), None))
         return out
 
-    def lifecycle(self, e):
+    def run(self):
         cover = {}
         for on in (False, True):
-            r = self.lifecycle_router(e, f"lifecycle-{'on' if on else 'off'}", on, True)
+            r = self.make_router(f"lifecycle-{'on' if on else 'off'}", on, True)
             got = self.park_and_return(r, seed=100 + on)
             cover[on] = min(c / p for p, c, _ in got)
             print(f"INFO  lifecycle {'on' if on else 'off'}: returning steps' cached_tokens "
                   f"over the first step's prompt: {[f'{c}/{p}' for p, c, _ in got]}", flush=True)
             if on:
                 metrics = http("GET", r.url + "/metrics",
-                               headers={"authorization": f"Bearer {TOKEN}"})[2]
+                               headers={"authorization": f"Bearer {self.token}"})[2]
                 print("INFO  lifecycle metrics: " + " ".join(
                     l for l in str(metrics).splitlines()
                     if l.startswith("ownerserve_kv_lifecycle")), flush=True)
@@ -900,7 +945,7 @@ class Suite:
                    f"worst {cover[False]:.2f}")
         ttft = {}
         for priority in (False, True):
-            r = self.lifecycle_router(e, f"priority-{'on' if priority else 'off'}", True,
+            r = self.make_router(f"priority-{'on' if priority else 'off'}", True,
                                       priority)
             got = self.park_and_return(r, seed=200 + priority, queue=Decoding(r, 16, tokens=1000))
             ttft[priority] = max(t for _, _, t in got)
@@ -910,36 +955,6 @@ class Suite:
         self.check("priority on: a returning step's TTFT behind a queue >= 2x lower",
                    ttft[False] >= 2 * ttft[True],
                    f"{ttft[True]:.2f} s with, {ttft[False]:.2f} s without")
-
-    def steps(self, engines):
-        e0, e1, e2 = engines
-        if self.args.only == "agents":
-            return self.agents(engines)
-        if self.args.only == "pd":
-            return self.pd(e0, e1)
-        if self.args.only == "lifecycle":
-            return
-        every = "".join(e.worker_toml() for e in engines)
-        own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
-                          f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
-        self.pricing(own)
-        self.openai_sdk(own)
-        self.chat_routing(own, "model tokenizer", seed=3)
-        self.kv_events(own, engines)
-        eng = self.router("engine-tokenize", "kv_aware", every, "engine")
-        self.chat_routing(eng, "engine /tokenize", seed=5)
-        eng.stop()
-        # What the router did before it had the model's tokenizer, for comparison.
-        builtin = self.router("builtin-tokenizer", "kv_aware", every)
-        self.chat_routing(builtin, "built-in approximate tokenizer, baseline", seed=4,
-                          baseline=True)
-        builtin.stop()
-        self.agents(engines)
-        self.pd(e0, e1)
-        # e0 is dead: `own` now fronts e1 and e2.
-        wait_for("e0 marked down", lambda: http("GET", own.url + "/health")[2].get(
-            "healthy_workers") == 2, 15, 0.2)
-        self.kill_mid_stream(own, [e1, e2])
 
 
 LIFECYCLE_DOC = """

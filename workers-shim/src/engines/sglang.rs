@@ -85,9 +85,10 @@ impl EngineProtocol for Sglang {
         }
     }
 
-    /// `x-override-priority` (higher runs sooner). Needs `--enable-priority-scheduling`
-    /// and `--default-priority-value 0` (else an unmarked request has the lowest
-    /// priority, and a returning step preempts running ones).
+    /// `x-override-priority` (higher runs sooner). Needs `--enable-priority-scheduling`,
+    /// `--default-priority-value 0` (else an unmarked request has the lowest priority,
+    /// and a returning step preempts running ones) and the engine's environment
+    /// `SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1` (without it SGLang ignores the header).
     fn priority_header(&self) -> Option<(&'static str, &'static str)> {
         Some(("x-override-priority", "1"))
     }
