@@ -12,7 +12,7 @@ use crate::console::say;
 use crate::report::{self, all_policies, markdown_table, summary_line, ReportError};
 use crate::scenario::WorkloadSpec;
 use crate::sim::{Cluster, ClusterError, SimOptions};
-use crate::workload::WorkloadError;
+use crate::workload::{Workload, WorkloadError};
 
 /// Why an evaluation command stopped.
 #[derive(Debug, thiserror::Error)]
@@ -272,7 +272,7 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     if args.returning {
         say("");
         for r in &runs {
-            say(&returning_line(r));
+            say(&returning_line(r, &wl));
         }
     }
     say("");
@@ -288,8 +288,10 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
 }
 
 /// What a run's returning steps (a session's steps after its first) paid, and what its
-/// lifecycle did.
-fn returning_line(r: &crate::sim::RunResult) -> String {
+/// lifecycle did. Recomputed: the tokens of the prompt's prefix the session itself had
+/// sent before (with the step it continues) that the engine did not find cached; the tool
+/// result and new turn after it are new, never recomputed.
+fn returning_line(r: &crate::sim::RunResult, wl: &Workload) -> String {
     let back: Vec<_> = r
         .steps
         .iter()
@@ -297,7 +299,10 @@ fn returning_line(r: &crate::sim::RunResult) -> String {
         .collect();
     let recomputed: u64 = back
         .iter()
-        .map(|s| u64::from(s.prompt_tokens.saturating_sub(s.cached_tokens)))
+        .map(|s| {
+            let sent = own_prefix_tokens(wl, s.session, s.step).min(s.prompt_tokens);
+            u64::from(sent.saturating_sub(s.cached_tokens))
+        })
         .sum();
     let mut ttft: Vec<f64> = back.iter().map(|s| s.ttft_s).collect();
     ttft.sort_by(f64::total_cmp);
@@ -307,7 +312,7 @@ fn returning_line(r: &crate::sim::RunResult) -> String {
             .unwrap_or(f64::NAN)
     };
     let mut line = format!(
-        "{:<16} returning steps {:>5}: prefill recomputed {:>11} tokens, TTFT p50 {:>7.3}s p99 {:>7.3}s",
+        "{:<16} returning steps {:>5}: sent before, recomputed {:>11} tokens, TTFT p50 {:>7.3}s p99 {:>7.3}s",
         r.policy,
         back.len(),
         recomputed,
@@ -323,6 +328,32 @@ fn returning_line(r: &crate::sim::RunResult) -> String {
         line.push_str(&format!("  [lifecycle: {}]", counts.join(", ")));
     }
     line
+}
+
+/// Tokens of step `step`'s prompt its session had sent before: the whole blocks it shares
+/// with the step it continues (its `parent`, else the one before it), at most that step's
+/// prompt.
+fn own_prefix_tokens(wl: &Workload, session: usize, step: usize) -> u32 {
+    let Some(steps) = wl.sessions.get(session).map(|s| &s.steps) else {
+        return 0;
+    };
+    let Some(st) = steps.get(step) else {
+        return 0;
+    };
+    let before = st
+        .parent
+        .and_then(|t| steps[..step].iter().rev().find(|p| p.turn == t))
+        .or_else(|| step.checked_sub(1).map(|k| &steps[k]));
+    let Some(before) = before else {
+        return 0;
+    };
+    let shared = st
+        .hash_ids
+        .iter()
+        .zip(&before.hash_ids)
+        .take_while(|(a, b)| a == b)
+        .count() as u32;
+    (shared * wl.hash_block).min(before.input_tokens)
 }
 
 /// Runs every policy on every cluster and writes the Markdown report and plots.
@@ -692,5 +723,54 @@ mod tests {
         .unwrap();
         assert_eq!(flags.args.model, "tiny");
         assert_eq!(flags.args.engine.model, "llama-3.1-8b");
+    }
+}
+
+#[cfg(test)]
+mod returning_tests {
+    use super::*;
+    use crate::workload::{Loop, Session, Step};
+
+    fn step(turn: u32, parent: Option<u32>, input_tokens: u32, hash_ids: &[u64]) -> Step {
+        Step {
+            turn,
+            parent,
+            input_tokens,
+            output_tokens: 1,
+            hash_ids: hash_ids.to_vec(),
+            arrival_ms: None,
+            gap_after_ms: 0.0,
+            samples: 1,
+            fork: false,
+        }
+    }
+
+    #[test]
+    fn a_step_sent_before_is_the_prefix_it_shares_with_the_step_it_continues() {
+        let wl = Workload {
+            name: "t".into(),
+            hash_block: 16,
+            looping: Loop::Closed,
+            sessions: vec![Session {
+                id: "s".into(),
+                start_ms: 0.0,
+                fork_of: None,
+                steps: vec![
+                    step(0, None, 40, &[1, 2, 3]),
+                    // Continues turn 0: blocks 1 and 2 are whole and shared; 3 was partial.
+                    step(1, Some(0), 64, &[1, 2, 4, 5]),
+                    // A subagent's turn continues turn 0, not the one before it.
+                    step(2, Some(0), 48, &[1, 2, 3]),
+                    // No parent: the step before it; nothing shared.
+                    step(3, None, 32, &[9, 10]),
+                ],
+            }],
+        };
+        assert_eq!(own_prefix_tokens(&wl, 0, 0), 0);
+        assert_eq!(own_prefix_tokens(&wl, 0, 1), 32);
+        // All of turn 0's 40 tokens, its partial last block included, never more.
+        assert_eq!(own_prefix_tokens(&wl, 0, 2), 40);
+        assert_eq!(own_prefix_tokens(&wl, 0, 3), 0);
+        assert_eq!(own_prefix_tokens(&wl, 1, 1), 0);
     }
 }

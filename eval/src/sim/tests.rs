@@ -123,6 +123,55 @@ fn a_host_tier_restores_evicted_prefixes_and_raises_reuse() {
     }
 }
 
+/// Sends every step to worker 0, noting the most host-cached blocks a view showed.
+struct HostSeen {
+    most: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Policy for HostSeen {
+    fn name(&self) -> &'static str {
+        "host_seen"
+    }
+
+    fn needs_prefix_match(&self) -> bool {
+        true
+    }
+
+    fn choose(
+        &mut self,
+        _: &ownerserve_planner::policy::RouteRequest<'_>,
+        workers: &[ownerserve_planner::policy::WorkerView],
+    ) -> Result<ownerserve_planner::policy::Decision, ownerserve_planner::policy::PolicyError> {
+        for w in workers {
+            self.most
+                .fetch_max(w.host_cached_blocks, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(ownerserve_planner::policy::Decision::single(workers[0].id))
+    }
+}
+
+#[test]
+fn the_views_show_the_prompt_blocks_a_worker_holds_in_host_memory() {
+    // As the live router's index reads the engines' `medium`: the planner prices a restore
+    // only for what the view shows (without it, ownerserve moved sessions off their host
+    // copies and recomputed them).
+    let wl = swe_smith();
+    let most_seen = |host_dram_gb: f64| {
+        let most = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let settings = SimSettings {
+            max_kv_blocks: 1200,
+            host_dram_gb,
+            ..SimSettings::default()
+        };
+        let c = Cluster::parse("1h", &settings).expect("cluster");
+        let policy = HostSeen { most: most.clone() };
+        simulate(&wl, &c, Box::new(policy), &SimOptions::default(), &|_| {}).expect("runs");
+        most.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(most_seen(0.0), 0);
+    assert!(most_seen(64.0) > 0);
+}
+
 /// Round robin, noting at each decision the KV its views count among decodes on each
 /// worker, and the most the requests in flight there could hold.
 struct AgesSeen {

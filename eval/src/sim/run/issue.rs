@@ -37,6 +37,11 @@ impl Sim<'_> {
             .iter()
             .map(|e| e.sched.cached_prefix(&hashes))
             .collect();
+        let host: Vec<usize> = self
+            .engines
+            .iter()
+            .map(|e| e.sched.host_cached_prefix(&hashes))
+            .collect();
         let needs = Needs::of(self.policy.as_ref());
         let mut views: Vec<WorkerView> = (0..self.engines.len())
             .map(|i| self.engines[i].view(i))
@@ -44,6 +49,7 @@ impl Sim<'_> {
         let mut sources = SimSources {
             engines: &mut self.engines,
             cached: &cached,
+            host: &host,
             idle: &self.idle,
             now_s: now,
         };
@@ -248,6 +254,9 @@ struct SimSources<'s> {
     engines: &'s mut [Engine],
     /// The prompt's cached blocks on each engine.
     cached: &'s [usize],
+    /// Its blocks past those the engine's host tier holds in a row (what the live
+    /// router's index reads from the engines' `medium`).
+    host: &'s [usize],
     idle: &'s [Idle],
     now_s: f64,
 }
@@ -258,8 +267,9 @@ impl ViewSources for SimSources<'_> {
     }
 
     fn fill_cached(&mut self, views: &mut [WorkerView]) {
-        for (v, &cached) in views.iter_mut().zip(self.cached) {
+        for ((v, &cached), &host) in views.iter_mut().zip(self.cached).zip(self.host) {
             v.cached_blocks = cached as u32;
+            v.host_cached_blocks = host as u32;
         }
     }
 
