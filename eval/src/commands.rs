@@ -71,6 +71,15 @@ pub struct SimulateArgs {
     /// policy); the other policies run as they are.
     #[arg(long)]
     lifecycle: bool,
+    /// With `--lifecycle`: decide knowing each parked session's true return (its trace
+    /// gap) or end, a bound on what better gap predictions could save.
+    #[arg(long, requires = "lifecycle")]
+    lifecycle_oracle: bool,
+    /// Run `ownerserve` with session admission (`[router.sessions] admission`): a new
+    /// session's first step waits while the fleet's KV memory cannot hold its context
+    /// beside the live sessions'; the wait counts in its TTFT.
+    #[arg(long)]
+    admission: bool,
     /// Also print, per policy, what its sessions' returning steps (every step after a
     /// session's first) paid: prefill tokens recomputed after their tool gap and TTFT.
     #[arg(long)]
@@ -263,6 +272,8 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     say(&format!("workload: {}", wl.stats()));
     let opts = SimOptions {
         lifecycle: args.lifecycle,
+        lifecycle_oracle: args.lifecycle_oracle,
+        admission: args.admission,
         ..SimOptions::default()
     };
     let runs = report::run_all(&wl, &cluster, &policies(&args.policy), &opts, args.quiet)?;

@@ -14,8 +14,9 @@
 //! - [`ewma`]: smoothed observations (prefill calibration, tool-call gaps and the idle
 //!   lease they imply).
 //! - [`lifecycle`]: what a session parked on a tool call does with its KV (keep, offload,
-//!   prefetch, let go), priced from its lognormal gaps and its owner's KV; the KV's state
-//!   machine and the per-session record the router and the simulator both keep.
+//!   prefetch, let go), priced from its lognormal gaps and its owner's KV within the share
+//!   of it kept sessions may hold; the KV's state machine and the per-session record the
+//!   router and the simulator both keep; session admission (`lifecycle::admission`).
 //! - [`kv_index`]: which worker holds which KV block chain, per tier, and prefix matching.
 //! - [`kv_release`]: how fast a worker's running decodes release their KV (the observed
 //!   decode lifetimes and the ages of the decodes running there).

@@ -29,6 +29,7 @@ mod e2e_request_ids;
 mod e2e_response_owners;
 mod e2e_router;
 mod e2e_routing;
+mod e2e_session_admission;
 mod e2e_sim_engine;
 
 // Kubernetes discovery and the endpoint picker (feature `kubernetes`, on by default).

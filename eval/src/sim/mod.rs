@@ -6,7 +6,8 @@
 //! Each step's request and views are assembled, and what is in flight counted, by the
 //! router's own step helpers (`ownerserve_planner::step`), never a copy; with
 //! [`SimOptions::lifecycle`], parked sessions' KV follows the router's own lifecycle record
-//! and decision (`ownerserve_planner::lifecycle`).
+//! and decision (`ownerserve_planner::lifecycle`); with [`SimOptions::admission`], new
+//! sessions wait for room by the router's own rule (`lifecycle::admits`).
 //! Deterministic: no clock, no thread, ties broken by event order.
 
 mod cluster;
@@ -40,6 +41,12 @@ pub struct SimOptions {
     /// The parked sessions' KV lifecycle for `ownerserve` (`[router.sessions] lifecycle`),
     /// its engines run with vLLM's priority policy.
     pub lifecycle: bool,
+    /// The lifecycle decides knowing each parked session's true return (its trace gap)
+    /// or end: what a perfect gap prediction could save, a bound on deciding better.
+    pub lifecycle_oracle: bool,
+    /// `ownerserve` holds a new session's first step while the fleet's KV memory cannot
+    /// hold its context beside the live sessions' (`[router.sessions] admission`).
+    pub admission: bool,
 }
 
 impl Default for SimOptions {
@@ -51,6 +58,8 @@ impl Default for SimOptions {
             calibrate: true,
             sample_every_s: 1.0,
             lifecycle: false,
+            lifecycle_oracle: false,
+            admission: false,
         }
     }
 }

@@ -25,6 +25,7 @@
 //! record each keeps per parked session (decisions revised as the load changes, touches
 //! and bring-backs scheduled) is [`session`].
 
+pub mod admission;
 pub mod gap;
 pub mod parked;
 pub mod session;
@@ -34,6 +35,7 @@ use serde::Serialize;
 use crate::roofline::{prefill_pairs, Roofline, StepFigures};
 use crate::spec::ModelSpec;
 
+pub use admission::admits;
 pub use gap::{GapEstimate, GapStats};
 pub use parked::{Effect, KvPlace, ParkedKv, Returned};
 pub use session::{SessionLife, EVICTED_BELOW, REVISE_MS};
@@ -85,6 +87,8 @@ pub struct OwnerKv {
     pub churn_tokens_per_s: f64,
     /// Host-tier room, tokens (0 without a host tier).
     pub host_free_tokens: u64,
+    /// Tokens of the owner's other parked sessions kept (or brought back) in HBM now.
+    pub kept_tokens: u64,
 }
 
 /// Seconds each course's work takes for this session on its owner.
@@ -194,6 +198,13 @@ pub struct Lifecycle {
     /// the engine or the host tier cannot).
     pub costs: [f64; 4],
 }
+
+/// At most this share of an owner's evictable pool (what running requests do not hold)
+/// holds its kept parked sessions; the rest is the LRU's. Each session's decision sees only
+/// itself: without a bound, as many were kept as each found worth it, touches kept the pool
+/// full of them, and every other session's return recomputed (on the real Claude Code
+/// sessions the lifecycle recomputed twice what the LRU alone did).
+pub const KEPT_SHARE: f64 = 0.5;
 
 /// Touches per eviction horizon for a session kept warm: the horizon is a mean (new KV comes
 /// in bursts, and a touch takes a while to run under load); with a touch every half of it
@@ -328,8 +339,16 @@ pub fn decide(p: &Parked, kv: &OwnerKv, prices: &Prices, w: &LifecycleWeights) -
         + p_return * prefetch_wait
         + kept_after(prefetch_at + prices.recompute_s);
 
-    // What is gone cannot be kept.
-    let keep = if p.resident { keep } else { f64::INFINITY };
+    // What is gone cannot be kept; what the kept share has no room for is neither kept
+    // nor recomputed into HBM (an offload's restore lands just before the return).
+    let room = KEPT_SHARE * kv.capacity_tokens as f64 * (1.0 - kv.usage.clamp(0.0, 1.0));
+    let fits = (kv.kept_tokens + p.context_tokens) as f64 <= room;
+    let keep = if p.resident && fits {
+        keep
+    } else {
+        f64::INFINITY
+    };
+    let prefetch = if fits { prefetch } else { f64::INFINITY };
     let costs = [keep, offload, prefetch, let_go];
     // Acting must save something material over letting the LRU decide: 1% of the
     // prefill, at least a millisecond. Among the rest, the cheapest (ties: the first).

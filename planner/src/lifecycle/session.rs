@@ -51,6 +51,11 @@ impl SessionLife {
                 .is_none_or(|_| now_ms >= self.decided_at_ms.saturating_add(revise_ms))
     }
 
+    /// The course decided since it parked, if any.
+    pub fn hold(&self) -> Option<Hold> {
+        self.decided.map(|d| d.hold)
+    }
+
     /// Whether a decision was taken since it parked.
     pub fn decided(&self) -> bool {
         self.decided.is_some()

@@ -17,6 +17,7 @@ fn owner(usage: f64, churn: f64, levers: Levers) -> OwnerKv {
         usage,
         churn_tokens_per_s: churn,
         host_free_tokens: if levers.host_tier { 10_000_000 } else { 0 },
+        kept_tokens: 0,
     }
 }
 
@@ -112,6 +113,33 @@ fn without_a_host_tier_it_is_kept_or_prefetched_never_let_go_under_a_flood() {
                 "a quarter of the 2 s horizon: {every}"
             );
         }
+    }
+}
+
+#[test]
+fn what_the_kept_share_has_no_room_for_is_offloaded_or_let_go() {
+    // The same flood: 0.5 × 20% of 1M tokens = 100K of room for kept sessions. With 30K
+    // kept already this 80K-token one is neither kept nor brought back into HBM.
+    for host_tier in [false, true] {
+        let mut kv = owner(0.8, 100_000.0, levers(Retention::Touch, host_tier));
+        kv.kept_tokens = 10_000;
+        let fits = decide_for(parked(40.0, 90.0), kv);
+        assert!(
+            fits.costs[0].is_finite() && fits.costs[2].is_finite(),
+            "{fits:?}"
+        );
+        kv.kept_tokens = 30_000;
+        let full = decide_for(parked(40.0, 90.0), kv);
+        assert!(
+            full.costs[0].is_infinite() && full.costs[2].is_infinite(),
+            "{full:?}"
+        );
+        let want = if host_tier {
+            Hold::Offload
+        } else {
+            Hold::LetGo
+        };
+        assert_eq!(full.hold, want, "{full:?}");
     }
 }
 

@@ -249,6 +249,11 @@ pub struct RouterSettings {
     /// Whether a returning session's step goes to its engine marked ahead of new prompts
     /// (the engine protocol's priority header).
     pub session_return_priority: bool,
+    /// Whether a new session's first step waits while the fleet's KV cannot hold its
+    /// prompt beside the live sessions' contexts (`ownerserve_planner::lifecycle::admits`).
+    pub session_admission: bool,
+    /// The longest a first step waits for admission, ms; then it goes anyway.
+    pub session_admission_max_wait_ms: u64,
     /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
     pub log_format: LogFormat,
     /// `router.X is deprecated: use router.Y`, one per deprecated key the file used
@@ -397,6 +402,8 @@ impl Default for RouterSettings {
             session_gap_prior_median_s: ownerserve_planner::lifecycle::gap::PRIOR_MEDIAN_S,
             session_gap_prior_p90_s: ownerserve_planner::lifecycle::gap::PRIOR_P90_S,
             session_return_priority: true,
+            session_admission: false,
+            session_admission_max_wait_ms: 120_000,
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
             log_format: LogFormat::Text,

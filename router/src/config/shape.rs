@@ -112,6 +112,11 @@ pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
     ("session_gap_prior_median_s", "sessions.gap_prior_median_s"),
     ("session_gap_prior_p90_s", "sessions.gap_prior_p90_s"),
     ("session_return_priority", "sessions.return_priority"),
+    ("session_admission", "sessions.admission"),
+    (
+        "session_admission_max_wait_ms",
+        "sessions.admission_max_wait_ms",
+    ),
 ];
 
 /// Every key that lives in a sub-table: (field, path).

@@ -429,10 +429,11 @@ fn the_flags_override_the_sub_tables_as_they_did_the_flat_keys() {
 #[test]
 fn the_new_session_keys_load_only_from_their_sub_table() {
     let s = load(router_table(
-        "[router.sessions]\nlifecycle = true\ngap_prior_median_s = 2.0\ngap_prior_p90_s = 90.0\nreturn_priority = false\n",
+        "[router.sessions]\nlifecycle = true\ngap_prior_median_s = 2.0\ngap_prior_p90_s = 90.0\nreturn_priority = false\nadmission = true\nadmission_max_wait_ms = 500\n",
     ))
     .unwrap();
     assert!(s.session_lifecycle && !s.session_return_priority);
+    assert!(s.session_admission && s.session_admission_max_wait_ms == 500);
     assert_eq!(
         (s.session_gap_prior_median_s, s.session_gap_prior_p90_s),
         (2.0, 90.0)

@@ -266,6 +266,8 @@ pub struct SessionSettings {
     pub gap_prior: GapEstimate,
     /// A returning step is marked ahead of new prompts.
     pub return_priority: bool,
+    /// A new session's first step waits for room in the fleet's KV, at most this long.
+    pub admission: Option<std::time::Duration>,
 }
 
 impl SessionSettings {
@@ -282,6 +284,9 @@ impl SessionSettings {
                 s.session_gap_prior_p90_s,
             ),
             return_priority: s.session_return_priority,
+            admission: s
+                .session_admission
+                .then(|| std::time::Duration::from_millis(s.session_admission_max_wait_ms)),
         }
     }
 }

@@ -125,6 +125,7 @@ fn decide_parked(st: &AppState, churn: &Churns, now: u64) {
             usage: load.kv_usage,
             churn_tokens_per_s: churn.of(worker.id),
             host_free_tokens: 0,
+            kept_tokens: u.kept_tokens,
         };
         let parked = Parked {
             context_tokens: u.tokens,

@@ -24,6 +24,9 @@ use super::session_life::{Due, Life, StepKv};
 
 /// Most sessions tracked; the longest idle ones are forgotten beyond it.
 const MAX_SESSIONS: usize = 200_000;
+/// A session admitted counts as live this long before its first step is tracked (a step
+/// that never starts, refused or failed, stops counting then).
+const ADMITTED_FOR_MS: u64 = 60_000;
 
 #[derive(Debug, Clone)]
 struct Tracked {
@@ -86,6 +89,8 @@ pub struct Undecided {
     pub p_return: f64,
     /// Its KV is still in its owner's HBM, as far as the lifecycle knows.
     pub resident: bool,
+    /// Tokens of its owner's other parked sessions kept (or to be brought back) there.
+    pub kept_tokens: u64,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +108,10 @@ struct Inner {
     outbox: Vec<(WorkerId, String, Effect)>,
     /// Sessions their clients closed, for the demotion sweep to release.
     closed: Vec<Lapsed>,
+    /// The tracked sessions' contexts, tokens (`Life::tokens` summed).
+    live_tokens: u64,
+    /// Sessions admitted whose first step has not started yet: (tokens, admitted at ms).
+    admitted: HashMap<String, (u64, u64)>,
 }
 
 impl Inner {
@@ -123,6 +132,7 @@ impl Inner {
     fn remove(&mut self, session: &str) -> Option<Tracked> {
         self.unpark(session);
         let mut t = self.tracked.remove(session)?;
+        self.live_tokens = self.live_tokens.saturating_sub(t.life.tokens());
         self.ended += 1;
         for e in t.life.end() {
             self.outbox.push((t.owner, session.to_owned(), e));
@@ -174,6 +184,7 @@ impl Sessions {
             }
         }
         inner.unpark(session);
+        inner.admitted.remove(session);
         let t = inner
             .tracked
             .entry(session.to_owned())
@@ -203,7 +214,9 @@ impl Sessions {
             gap = Some(g);
         }
         let moved = t.owner != owner;
+        let before = t.life.tokens();
         let (returned, effects) = t.life.returned(step);
+        let after = t.life.tokens();
         let old_owner = std::mem::replace(&mut t.owner, owner);
         t.in_flight += 1;
         t.tail = tail;
@@ -212,8 +225,10 @@ impl Sessions {
             fleet_gaps,
             came_back,
             outbox,
+            live_tokens,
             ..
         } = &mut *inner;
+        *live_tokens = (*live_tokens + after).saturating_sub(before);
         if let Some(g) = gap {
             fleet_gaps.observe(g);
             *came_back += 1;
@@ -232,6 +247,37 @@ impl Sessions {
         }
     }
 
+    /// Whether `session` is tracked: it started and has neither lapsed nor been closed.
+    pub fn tracks(&self, session: &str) -> bool {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.tracked.contains_key(session)
+    }
+
+    /// Admits new `session`, its first prompt `tokens`, if `ownerserve_planner::
+    /// lifecycle::admits` finds room for it in `capacity_tokens` of fleet KV beside the
+    /// tracked sessions' contexts and those admitted at most `ADMITTED_FOR_MS` ago whose
+    /// first step has not started (so waiters admitted together do not overshoot).
+    pub fn admit(&self, session: &str, tokens: u64, capacity_tokens: u64, now_ms: u64) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner
+            .admitted
+            .retain(|_, &mut (_, at)| now_ms.saturating_sub(at) < ADMITTED_FOR_MS);
+        let pending: u64 = inner
+            .admitted
+            .iter()
+            .filter(|(k, _)| k.as_str() != session)
+            .map(|(_, &(t, _))| t)
+            .sum();
+        let live = inner.live_tokens.saturating_add(pending);
+        if !lifecycle::admits(live, tokens, capacity_tokens) {
+            return false;
+        }
+        if inner.admitted.len() < MAX_SESSIONS {
+            inner.admitted.insert(session.to_owned(), (tokens, now_ms));
+        }
+        true
+    }
+
     /// The gap prior now: the fleet's gaps, shrunk toward the configured one.
     fn prior(&self, inner: &Inner) -> GapEstimate {
         inner.fleet_gaps.estimate(self.prior)
@@ -242,6 +288,20 @@ impl Sessions {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let prior = self.prior(&inner);
         let p_return = lifecycle::p_return(inner.came_back, inner.ended);
+        // Per owner, the parked sessions kept (or to be brought back) in its HBM.
+        let kept_of = |t: &Tracked| {
+            let kept =
+                t.in_flight == 0 && matches!(t.life.life.hold(), Some(Hold::Keep | Hold::Prefetch));
+            if kept {
+                t.life.tokens()
+            } else {
+                0
+            }
+        };
+        let mut kept: HashMap<WorkerId, u64> = HashMap::new();
+        for t in inner.tracked.values() {
+            *kept.entry(t.owner).or_default() += kept_of(t);
+        }
         inner
             .tracked
             .iter()
@@ -258,6 +318,11 @@ impl Sessions {
                     idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
                     p_return: if kept_alive { 1.0 } else { p_return },
                     resident: t.life.life.resident(),
+                    kept_tokens: kept
+                        .get(&t.owner)
+                        .copied()
+                        .unwrap_or(0)
+                        .saturating_sub(kept_of(t)),
                 })
             })
             .collect()
@@ -486,6 +551,63 @@ mod tests {
             }]
         );
         assert!(s.lapsed(idle + 5_000).is_empty(), "reported once");
+    }
+
+    fn step_of(tokens: u64) -> StepKv {
+        StepKv {
+            tokens,
+            ..StepKv::default()
+        }
+    }
+
+    #[test]
+    fn admission_counts_live_contexts_and_sessions_admitted_but_not_started() {
+        let s = sessions();
+        assert!(s.admit("a", 700, 1_000, 0), "nothing live: admitted");
+        // A admitted, its step not started yet: it counts.
+        assert!(!s.admit("b", 400, 1_000, 10));
+        let a = s.start("a", WorkerId(0), vec![], 20, step_of(700)).activity;
+        assert!(!s.admit("b", 400, 1_000, 30), "A live");
+        assert!(s.admit("c", 300, 1_000, 30), "700 + 300 fit");
+        // C's step never started: it stops counting after a minute.
+        assert!(!s.admit("b", 100, 1_000, 40));
+        assert!(s.admit("b", 100, 1_000, 30 + ADMITTED_FOR_MS));
+        // A's context grows with its next step; closing it frees it all.
+        drop(a);
+        drop(s.start("a", WorkerId(0), vec![], 50, step_of(900)).activity);
+        assert!(!s.admit("d", 200, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(s.close("a").is_some());
+        assert!(s.admit("d", 200, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(!s.tracks("a") && !s.tracks("d"));
+    }
+
+    #[test]
+    fn an_undecided_session_sees_what_its_owner_keeps_for_the_others() {
+        let s = sessions();
+        for (name, owner, tokens) in [("x", 0, 300), ("y", 0, 500), ("z", 1, 700)] {
+            drop(
+                s.start(name, WorkerId(owner), vec![], 0, step_of(tokens))
+                    .activity,
+            );
+        }
+        let keep = Lifecycle {
+            hold: Hold::Keep,
+            bring_back_in_s: None,
+            touch_every_s: None,
+            costs: [0.0; 4],
+        };
+        assert_eq!(s.decide("x", keep, Retention::Hold, now_ms()), Some(true));
+        assert_eq!(s.decide("z", keep, Retention::Hold, now_ms()), Some(true));
+        // Revisions are due a second on; y is undecided now.
+        let later = now_ms() + 2 * REVISE_MS;
+        let kept: HashMap<String, u64> = s
+            .undecided(later)
+            .into_iter()
+            .map(|u| (u.session, u.kept_tokens))
+            .collect();
+        assert_eq!(kept["x"], 0, "its own tokens are not the others'");
+        assert_eq!(kept["y"], 300, "x is kept on its owner");
+        assert_eq!(kept["z"], 0, "nothing else kept on worker 1");
     }
 
     fn parked(s: &Sessions) -> Vec<f64> {

@@ -2,8 +2,10 @@
 //! body (the proxy, `explain`, the endpoint picker, `count_tokens`): read the body within
 //! its limit, parse and validate it (ingress), take an admission slot when the caller
 //! serves the request, then the step's identity and prompt ([`step_identity`]: ingress
-//! refuses a prompt over the model's context before the identity is made). What the
-//! caller does next borrows all of it, so it runs as `then`.
+//! refuses a prompt over the model's context before the identity is made), and, when the
+//! caller serves it, a new session's wait for room in the fleet's KV
+//! ([`super::session_admission`]). What the caller does next borrows all of it, so it runs
+//! as `then`.
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue};
@@ -46,7 +48,7 @@ pub(crate) async fn front_half<T>(
 ) -> Result<T, ApiError> {
     let req = ingress::Admitted::read(req, &st.body_limits).await?;
     let parsed = req.parse(ask.endpoint, &st.registry, st.cfg.request_limits)?;
-    let ticket = match ask.admits {
+    let mut ticket = match ask.admits {
         true => Some(admit(st, &parsed.model).await?),
         false => None,
     };
@@ -58,6 +60,13 @@ pub(crate) async fn front_half<T>(
         ask.hashing,
     )
     .await?;
+    if ask.admits {
+        // A held first step gives its slot back while it waits, then takes one again.
+        super::session_admission::wait_for_room(st, &parsed, &id, &mut ticket).await;
+        if ticket.is_none() {
+            ticket = Some(admit(st, &parsed.model).await?);
+        }
+    }
     then(Front {
         req: &req,
         parsed: &parsed,

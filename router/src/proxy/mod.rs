@@ -20,7 +20,8 @@
 //! ```
 //!
 //! Ingress and identity are the front half (`front::front_half`), shared with `explain`,
-//! the endpoint picker and `count_tokens`. What an API surface serves beyond generation
+//! the endpoint picker and `count_tokens`; for a request it serves, a new session's first
+//! step then waits for room in the fleet's KV (`session_admission`, when on). What an API surface serves beyond generation
 //! lives in [`crate::api`].
 //!
 //! A worker that refuses the connection is marked down and the step is planned again
@@ -37,6 +38,7 @@ pub mod identity;
 pub mod ingress;
 pub mod plan;
 pub mod relay;
+pub mod session_admission;
 pub mod view;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ impl Sim<'_> {
         let tokens = hashes.len() as u64 * u64::from(self.block);
         let sealed_tokens = self.model.prefix_state(tokens, self.block).sealed_tokens;
         let i = &mut self.idle[session];
+        i.tokens = tokens;
         if let Some(since) = i.idle_since_s.take() {
             let gap = ((now - since) * 1e3).max(0.0) as u64;
             i.lease.observe_gap(gap);

@@ -23,8 +23,14 @@ impl Sim<'_> {
             return;
         };
         let now = self.now_s;
+        if !self.admitted(session, step, st.input_tokens) {
+            return;
+        }
+        // A first step held for admission was sent when it first arrived.
+        let arrived = std::mem::replace(&mut self.admission.waiting_since[session], f64::NAN);
+        let arrived = if arrived.is_finite() { arrived } else { now };
         if !self.first_issue[session].is_finite() {
-            self.first_issue[session] = now;
+            self.first_issue[session] = arrived;
         }
         let prompt: Arc<[u32]> = prompt_tokens(st, wl.hash_block).into();
         let hashes = prompt_hashes(&prompt, self.block as usize, XXH3_SEED);
@@ -111,7 +117,7 @@ impl Sim<'_> {
         self.reqs.push(Some(Req {
             session,
             step,
-            issued_s: now,
+            issued_s: arrived,
             prompt,
             hashes,
             worker,

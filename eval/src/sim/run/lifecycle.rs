@@ -13,8 +13,8 @@ use std::sync::Arc;
 use ownerserve_planner::ids::EngineKind;
 use ownerserve_planner::lifecycle::gap::{PRIOR_MEDIAN_S, PRIOR_P90_S};
 use ownerserve_planner::lifecycle::{
-    decide, p_return, Churn, Effect, GapEstimate, GapStats, KvPlace, LifecycleWeights, OwnerKv,
-    Parked, Prices, Returned, EVICTED_BELOW, REVISE_MS,
+    decide, p_return, Churn, Effect, GapEstimate, GapStats, Hold, KvPlace, LifecycleWeights,
+    OwnerKv, Parked, Prices, Returned, EVICTED_BELOW, REVISE_MS,
 };
 use ownerserve_shim::engines::protocol;
 use ownerserve_shim::sim::scheduler::{NewSeq, SeqId};
@@ -192,23 +192,47 @@ impl Sim<'_> {
             usage: pool.usage(),
             churn_tokens_per_s: churn,
             host_free_tokens: (host.capacity().saturating_sub(host.len())) as u64 * block,
+            kept_tokens: self.kept_tokens(owner, session),
         };
         let prior = self
             .lifecycle
             .fleet_gaps
             .estimate(GapEstimate::from_median_p90(PRIOR_MEDIAN_S, PRIOR_P90_S));
-        let parked = Parked {
+        let mut parked = Parked {
             context_tokens: tokens,
             gap: self.idle[session].life.gap(prior),
             idle_s: (self.now_s - since).max(0.0),
             p_return: p_return(self.lifecycle.came_back, self.lifecycle.ended),
             resident: self.idle[session].life.resident(),
         };
+        if self.opts.lifecycle_oracle {
+            // The true gap as a point mass, and a sure return or end.
+            let next = self.idle[session].next_issue_s;
+            let gap_s = next.map_or(f64::INFINITY, |at| (at - since).max(1e-3));
+            parked.gap = GapEstimate::from_median_p90(gap_s, gap_s);
+            parked.p_return = if next.is_some() { 1.0 } else { 0.0 };
+        }
         let l = decide(&parked, &kv, &prices, &LifecycleWeights::default());
         let (changed, _effects) = self.idle[session].life.decide(l, levers.retention, now_ms);
         if changed {
             *self.lifecycle.decisions.entry(l.hold.name()).or_insert(0) += 1;
         }
+    }
+
+    /// Tokens of `owner`'s parked sessions other than `except` kept (or to be brought
+    /// back) in its HBM (the router's `Sessions::undecided`).
+    fn kept_tokens(&self, owner: usize, except: usize) -> u64 {
+        self.idle
+            .iter()
+            .enumerate()
+            .filter(|&(s, i)| {
+                s != except
+                    && i.owner == owner
+                    && i.in_flight == 0
+                    && matches!(i.life.hold(), Some(Hold::Keep | Hold::Prefetch))
+            })
+            .map(|(_, i)| i.prompt.as_ref().map_or(0, |p| p.len() as u64))
+            .sum()
     }
 
     /// A touch, prefetch or restore: the session's last prompt, one token, ahead of new

@@ -2,6 +2,7 @@
 //! after the previous step and its tool gap), the policy places each step exactly as the
 //! live router does, and the engines step in virtual time.
 
+mod admission;
 mod idle;
 mod issue;
 mod lifecycle;
@@ -105,6 +106,10 @@ struct Idle {
     life: ownerserve_planner::lifecycle::SessionLife,
     prompt: Option<Arc<[u32]>>,
     hashes: Vec<u64>,
+    /// When its next step is sent (None: it ended), for `SimOptions::lifecycle_oracle`.
+    next_issue_s: Option<f64>,
+    /// Its context, tokens: its last step's prompt.
+    tokens: u64,
 }
 
 /// The whole simulation state.
@@ -136,6 +141,8 @@ pub(crate) struct Sim<'w> {
     kv_bytes_per_token: u64,
     /// The parked sessions' KV lifecycle (`ownerserve` with `SimOptions::lifecycle`).
     lifecycle: lifecycle::Lifecycle,
+    /// Session admission (`ownerserve` with `SimOptions::admission`).
+    admission: admission::Admission,
     now_s: f64,
 }
 
@@ -150,7 +157,8 @@ impl<'w> Sim<'w> {
     ) -> Self {
         // The lifecycle is the router's (`ownerserve`): its engines run vLLM's priority
         // policy so a returning step goes ahead of new prompts.
-        let lifecycle_on = opts.lifecycle && policy.name() == "ownerserve";
+        let policy_is_ownerserve = policy.name() == "ownerserve";
+        let lifecycle_on = opts.lifecycle && policy_is_ownerserve;
         let engines: Vec<Engine> = configs
             .iter()
             .zip(roles)
@@ -179,6 +187,8 @@ impl<'w> Sim<'w> {
                     tail: Vec::new(),
                     life: Default::default(),
                     prompt: None,
+                    next_issue_s: None,
+                    tokens: 0,
                     hashes: Vec::new(),
                 };
                 n
@@ -198,6 +208,7 @@ impl<'w> Sim<'w> {
             host_restored_bytes: 0,
             kv_bytes_per_token,
             lifecycle: lifecycle::Lifecycle::new(lifecycle_on),
+            admission: admission::Admission::new(opts.admission && policy_is_ownerserve, n),
             now_s: 0.0,
         }
     }
@@ -331,6 +342,7 @@ impl<'w> Sim<'w> {
             .steps
             .get(step)
             .map_or(0.0, |st| st.gap_after_ms.max(0.0) / 1e3);
+        self.idle[session].next_issue_s = (step + 1 < s.steps.len()).then_some(now + gap);
         if step + 1 < s.steps.len() {
             self.queue.push(
                 now + gap,

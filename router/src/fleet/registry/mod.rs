@@ -228,6 +228,16 @@ impl Registry {
             .count()
     }
 
+    /// The KV capacity, tokens, of the healthy workers serving `model` whose capacity is
+    /// known (configured or reported); `None` if none is.
+    pub fn healthy_kv_capacity(&self, model: &str) -> Option<u64> {
+        self.all()
+            .iter()
+            .filter(|w| w.is_healthy() && w.serves(model))
+            .filter_map(|w| w.kv_capacity_tokens())
+            .reduce(u64::saturating_add)
+    }
+
     /// Distinct models served by healthy workers, in first-seen order.
     pub fn healthy_models(&self) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();

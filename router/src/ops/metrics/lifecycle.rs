@@ -14,6 +14,7 @@ pub struct LifecycleMetrics {
     decisions: IntCounterVec,
     actions: IntCounterVec,
     returns: IntCounterVec,
+    admission: IntCounterVec,
 }
 
 impl LifecycleMetrics {
@@ -37,6 +38,12 @@ impl LifecycleMetrics {
                 "Returning steps of parked sessions, by the course decided and where their KV was found (hbm: kept or brought back in time; host; gone: recomputed after the gap), and whether a restore or prefetch was still running (late).",
                 &["hold", "found", "late"],
             )?,
+            admission: counter_vec(
+                registry,
+                "ownerserve_session_admission_total",
+                "New sessions' first steps under session admission, by outcome (admitted at once; held, then admitted; timed_out: sent after the longest wait without room).",
+                &["outcome"],
+            )?,
         })
     }
 
@@ -48,6 +55,10 @@ impl LifecycleMetrics {
         self.actions
             .with_label_values(&[effect.name(), result])
             .inc();
+    }
+
+    pub fn admission(&self, outcome: &str) {
+        self.admission.with_label_values(&[outcome]).inc();
     }
 
     pub fn returned(&self, hold: Hold, r: Returned) {

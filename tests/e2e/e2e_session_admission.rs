@@ -1,0 +1,103 @@
+//! Session admission end to end (`[router.sessions] admission`): a real `ownerserve
+//! sim-worker` whose KV holds 1,600 tokens (100 blocks), behind a real router that reads
+//! that capacity from the worker's metrics. Session A's first step (~1,000 tokens) is
+//! admitted and tracked. Session B's first step (~800 tokens) would not fit beside A's
+//! context: it is held, its request slot given back, while A's own next step goes at once.
+//! When A's client closes A, B goes.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::{chat_body, client, eventually, get_text, metric, planner_router, words, Proc};
+use serde_json::{json, Value};
+
+const ADMISSION: &str = "[router.sessions]\nadmission = true\nadmission_max_wait_ms = 30000\n";
+
+async fn step(router: &Proc, session: &str, body: &Value, control: Option<&str>) -> Value {
+    let mut req = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("x-session-id", session)
+        .json(body);
+    if let Some(c) = control {
+        req = req.header("x-ownerserve-session-control", c);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+async fn admissions(router: &Proc, outcome: &str) -> f64 {
+    let text = get_text(&format!("{}/metrics", router.url)).await;
+    let prefix = format!("ownerserve_session_admission_total{{outcome=\"{outcome}\"}}");
+    if text.contains(&prefix) {
+        metric(&text, &prefix)
+    } else {
+        0.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
+    let workers = vec![Proc::sim_worker(&["--max-kv-blocks", "100"])];
+    let router = planner_router("admission.toml", &workers, &["hybrid"], ADMISSION);
+    let capacity = |w: &Value| w["workers"][0]["kv_capacity_tokens"].as_u64();
+    eventually(
+        Duration::from_secs(10),
+        "the worker's KV capacity",
+        || async {
+            let w = common::get_json(&format!("{}/admin/v1/workers", router.url)).await;
+            capacity(&w) == Some(1600)
+        },
+    )
+    .await;
+
+    let a_first = chat_body(&words("alpha", 330), 4);
+    let a = step(&router, "a", &a_first, None).await;
+    let a_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!((900..1_300).contains(&a_tokens), "{a}");
+    assert_eq!(admissions(&router, "admitted").await, 1.0);
+
+    // B does not fit beside A: held.
+    let b_first = chat_body(&words("bravo", 270), 4);
+    let mut held = tokio::task::JoinSet::new();
+    let router_url = router.url.clone();
+    held.spawn(async move {
+        let resp = client()
+            .post(format!("{router_url}/v1/chat/completions"))
+            .header("x-session-id", "b")
+            .json(&b_first)
+            .send()
+            .await
+            .unwrap();
+        (resp.status().as_u16(), Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        held.try_join_next().is_none(),
+        "B went though A's context fills the KV"
+    );
+
+    // A's own next step (an assistant turn in it) goes at once; then A's client closes A.
+    let said = a["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    let mut a_next = a_first.clone();
+    a_next["messages"] = json!([
+        a_first["messages"][0],
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "tool result: 3 tests passed"},
+    ]);
+    let closing = Instant::now();
+    step(&router, "a", &a_next, Some("close")).await;
+
+    let (status, went) = tokio::time::timeout(Duration::from_secs(10), held.join_next())
+        .await
+        .expect("B goes once A closed")
+        .expect("B's task")
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(went >= closing, "B went before A closed");
+    assert_eq!(admissions(&router, "held").await, 1.0);
+    assert_eq!(admissions(&router, "timed_out").await, 0.0);
+}
