@@ -26,7 +26,7 @@ settings: no `health_*` key is set. Checks, in order:
    index.
 8. The parked sessions' KV lifecycle: the real-vLLM suite's step 5 (its `LIFECYCLE_DOC`,
    the same checks and thresholds) on a third engine of its own, started once the others
-   stopped: a 32,768-token pool, `--enable-priority-scheduling --default-priority-value 0`
+   stopped: a 49,152-token pool, `--enable-priority-scheduling --default-priority-value 0`
    and `SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1` (the router marks a returning step
    `x-override-priority: 1`, which SGLang reads only with it), `--max-running-requests 2`.
    The lever is the one vLLM gets: touches keep a kept session ahead of the radix cache's
@@ -87,8 +87,8 @@ MAX_TOTAL_TOKENS = 16384
 # engines' /server_info for the planner to price prefills in it.
 CHUNKED_PREFILL = 4096
 ROUTING_BAR = 0.95
-# Step 8's engine: a pool of 32,768 tokens, as the vLLM suite's lifecycle engine has.
-LIFECYCLE_TOKENS = 32768
+# Step 8's engine: a pool of 49,152 tokens, as the vLLM suite's lifecycle engine has.
+LIFECYCLE_TOKENS = 49152
 LIFECYCLE_FLOOD_PER_S = 4
 # The issue's acceptance: >= 2 minutes of idle and traffic, >= 60 s of it mixed.
 IDLE_S, MIXED_S = 60, 70

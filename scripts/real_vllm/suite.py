@@ -960,17 +960,18 @@ class LifecycleChecks:
 LIFECYCLE_DOC = """
 5. The parked sessions' KV lifecycle (issue 61), on a fourth engine of its own, started once
    the others stopped: a KV pool of LIFECYCLE_KV_BYTES (a 2-layer float32 model's KV is 2 KiB
-   a token: 32,768 tokens), `--scheduling-policy priority`, `--max-num-seqs 2`. Two sessions
-   of ~LIFECYCLE_CONTEXT tokens each take a first step, then wait on a "tool" for
+   a token: 49,152 tokens, so both parked sessions fit in the half of it kept sessions may
+   hold, `lifecycle::KEPT_SHARE`), `--scheduling-policy priority`, `--max-num-seqs 2`. Two
+   sessions of ~LIFECYCLE_CONTEXT tokens each take a first step, then wait on a "tool" for
    LIFECYCLE_GAP_S seconds while a paced flood of distinct 1,000-token prompts goes through
-   the same router (many times the pool), then return with their conversation and a tool
+   the same router (twice the pool), then return with their conversation and a tool
    result. With `[router.sessions] lifecycle = true` the returning steps' `cached_tokens`
    must cover >= 90% of the first step's prompt; with it off, < 20%. Then two sessions come
    back together after a short gap (no flood: their prefixes cached) into a queue (sixteen
    1,000-token decodes on two slots): their streamed TTFT with `return_priority` on must be
    >= 2x lower than with it off (the worst of two).
 """
-LIFECYCLE_KV_BYTES = 64 << 20
+LIFECYCLE_KV_BYTES = 96 << 20
 LIFECYCLE_CONTEXT = 10_000
 LIFECYCLE_GAP_S = 25
 
