@@ -11,7 +11,7 @@ use ownerserve_shim::sim::config::SimSettings;
 use crate::console::say;
 use crate::report::{self, all_policies, markdown_table, summary_line, ReportError};
 use crate::scenario::WorkloadSpec;
-use crate::sim::{Cluster, ClusterError, SimOptions};
+use crate::sim::{Cluster, ClusterError, Perturbation, SimOptions, SPREAD};
 use crate::workload::{Workload, WorkloadError};
 
 /// Why an evaluation command stopped.
@@ -65,6 +65,14 @@ pub struct SimulateArgs {
     /// that fleet is unlikely to.
     #[arg(long)]
     pooled: bool,
+    /// Draw each engine's compute and memory efficiency within ±30% of its preset with this
+    /// seed; the cost planner keeps the presets (an engine that is not its model).
+    #[arg(long)]
+    perturb_seed: Option<u64>,
+    /// The engines' steps take compute plus memory time, not the longer of the two; the
+    /// cost planner is not told.
+    #[arg(long)]
+    additive_steps: bool,
     /// Run `ownerserve` with the parked sessions' KV lifecycle (`[router.sessions]
     /// lifecycle`: keep, offload, prefetch or let go each session parked on a tool call,
     /// its returning steps marked ahead of new prompts on engines running vLLM's priority
@@ -268,6 +276,13 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     }
     if args.pooled {
         cluster = cluster.pooled()?;
+    }
+    if args.perturb_seed.is_some() || args.additive_steps {
+        cluster = cluster.perturbed(Perturbation {
+            seed: args.perturb_seed,
+            spread: SPREAD,
+            additive_steps: args.additive_steps,
+        });
     }
     say(&format!("workload: {}", wl.stats()));
     let opts = SimOptions {

@@ -97,6 +97,9 @@ pub struct Roofline {
     /// Achieved bytes/s across the worker's GPUs.
     bytes_per_s: f64,
     step_overhead_s: f64,
+    /// A step takes its compute plus its memory time, not the longer of the two: an engine
+    /// that overlaps neither (`Self::with_additive_steps`).
+    additive: bool,
 }
 
 impl Roofline {
@@ -107,7 +110,16 @@ impl Roofline {
             flops_per_s: gpu.bf16_tflops * 1e12 * n * eff.compute,
             bytes_per_s: gpu.bandwidth_tbs * 1e12 * n * eff.memory,
             step_overhead_s: eff.step_overhead_s,
+            additive: false,
         }
+    }
+
+    /// The same hardware with every step taking its compute plus its memory time: the
+    /// simulator's engine that differs from the planner's model (a prefill chunk no longer
+    /// hides the decodes' reads it shares a step with).
+    pub fn with_additive_steps(mut self) -> Self {
+        self.additive = true;
+        self
     }
 
     /// Achieved memory bandwidth in bytes/s.
@@ -203,7 +215,8 @@ impl Roofline {
 
     /// A step of `tokens` tokens (prefill tokens and decoding sequences) with `pairs`
     /// attention pairs (a decode's context counts one pair per token), reading `kv_tokens`
-    /// KV tokens: the longer of its compute and memory time, plus the step's overhead.
+    /// KV tokens: the longer of its compute and memory time (their sum on an additive
+    /// roofline), plus the step's overhead.
     fn figured_step(
         &self,
         f: &StepFigures<'_>,
@@ -228,7 +241,11 @@ impl Roofline {
         StepTime {
             compute_s,
             memory_s,
-            total_s: compute_s.max(memory_s) + self.step_overhead_s,
+            total_s: if self.additive {
+                compute_s + memory_s
+            } else {
+                compute_s.max(memory_s)
+            } + self.step_overhead_s,
         }
     }
 }

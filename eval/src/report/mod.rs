@@ -63,7 +63,8 @@ pub fn make_policy(
     if name == "oracle" {
         return Ok(Box::new(Oracle::new(workload)));
     }
-    let configs = cluster.build()?;
+    // The planner is told the presets, not a perturbed engine's figures.
+    let configs = cluster.build_believed()?;
     let settings = PolicySettings {
         ownerserve: cluster.planner_config(&configs),
         ..PolicySettings::default()

@@ -19,6 +19,12 @@ pub struct ClusterWorker {
     pub settings: SimSettings,
     /// Workers of those settings fused into this one (`pooled.rs`); 1 for a real worker.
     pub pooled: u32,
+    /// What the cost planner is told of it when the engine differs from its model
+    /// (`perturb.rs`); `None`: `settings`, exactly.
+    pub believed: Option<SimSettings>,
+    /// The engine's steps take compute plus memory time (`Roofline::with_additive_steps`);
+    /// the planner is not told.
+    pub additive_steps: bool,
 }
 
 /// A fleet of simulated workers.
@@ -97,6 +103,8 @@ impl Cluster {
                     role,
                     settings: base.clone(),
                     pooled: 1,
+                    believed: None,
+                    additive_steps: false,
                 });
             }
         }
@@ -149,6 +157,8 @@ impl Cluster {
             role: Role::Hybrid,
             settings: first.settings.clone(),
             pooled: self.workers.len() as u32,
+            believed: first.believed.clone(),
+            additive_steps: first.additive_steps,
         };
         Ok(Self {
             name: format!("{}-pooled", self.name),
@@ -162,16 +172,33 @@ impl Cluster {
         self.workers
             .iter()
             .map(|w| {
-                let config = w.settings.build().map_err(|source| ClusterError::Worker {
-                    worker: w.name.clone(),
-                    source: Box::new(source),
-                })?;
-                Ok(match w.pooled {
-                    0 | 1 => config,
-                    n => super::pooled::fuse(config, &w.settings, n),
-                })
+                let mut config = Self::build_one(w, &w.settings)?;
+                if w.additive_steps {
+                    config.roofline = config.roofline.with_additive_steps();
+                }
+                Ok(config)
             })
             .collect()
+    }
+
+    /// Every worker's engine configuration as the cost planner is told it: the same as
+    /// [`Self::build`] unless the engines were perturbed.
+    pub fn build_believed(&self) -> Result<Vec<SimConfig>, ClusterError> {
+        self.workers
+            .iter()
+            .map(|w| Self::build_one(w, w.believed.as_ref().unwrap_or(&w.settings)))
+            .collect()
+    }
+
+    fn build_one(w: &ClusterWorker, settings: &SimSettings) -> Result<SimConfig, ClusterError> {
+        let config = settings.build().map_err(|source| ClusterError::Worker {
+            worker: w.name.clone(),
+            source: Box::new(source),
+        })?;
+        Ok(match w.pooled {
+            0 | 1 => config,
+            n => super::pooled::fuse(config, settings, n),
+        })
     }
 
     /// The cost planner's figures for this fleet (`configs`, its workers' engine

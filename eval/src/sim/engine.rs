@@ -34,13 +34,15 @@ pub(crate) struct Engine {
     /// knows them: their ages go in the view (`WorkerView::decode_ages`), counted exact
     /// at every step (no window: virtual time costs nothing to read).
     pub decodes: Decodes,
-    /// The engine's roofline (the lifecycle prices a recompute and a touch with it).
+    /// The engine's roofline as the router is told it (the lifecycle prices a recompute
+    /// and a touch with it): its preset, whatever a perturbed engine really does.
     pub roofline: Roofline,
 }
 
 impl Engine {
-    /// `priority`: vLLM's priority scheduling policy (for the lifecycle's marks).
-    pub fn new(cfg: &SimConfig, role: Role, priority: bool) -> Self {
+    /// `priority`: vLLM's priority scheduling policy (for the lifecycle's marks);
+    /// `believed`: its roofline as the router is told it.
+    pub fn new(cfg: &SimConfig, role: Role, priority: bool, believed: Roofline) -> Self {
         let mut sched_cfg = cfg.scheduler.clone();
         // The simulator tracks residency (duplicate factor) from cache changes.
         sched_cfg.emit_cache_events = true;
@@ -56,7 +58,7 @@ impl Engine {
             busy_s: 0.0,
             preempted: 0,
             decodes: Decodes::new(0.0),
-            roofline: cfg.roofline.clone(),
+            roofline: believed,
         }
     }
 

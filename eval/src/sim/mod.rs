@@ -14,12 +14,14 @@ mod cluster;
 mod directory;
 mod engine;
 mod events;
+mod perturb;
 mod pooled;
 mod residency;
 mod run;
 mod stats;
 
 pub use cluster::{Cluster, ClusterError, ClusterWorker};
+pub use perturb::{Perturbation, SPREAD};
 pub use stats::{mean, percentile, KvBytes, Placement, RunResult, StepRecord};
 
 use ownerserve_planner::policy::Policy;
@@ -77,11 +79,17 @@ pub fn simulate(
         return Err(ClusterError::Syntax(cluster.name.clone()));
     };
     let roles: Vec<_> = cluster.workers.iter().map(|w| w.role).collect();
+    let believed = cluster
+        .build_believed()?
+        .into_iter()
+        .map(|c| c.roofline)
+        .collect();
     let sim = run::Sim::new(
         workload,
         first.model.clone(),
         &configs,
         &roles,
+        believed,
         policy,
         opts,
     );

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::ids::Role;
 use ownerserve_planner::policy::Policy;
+use ownerserve_planner::roofline::Roofline;
 use ownerserve_planner::spec::ModelSpec;
 use ownerserve_planner::step::Charged;
 use ownerserve_shim::sim::config::SimConfig;
@@ -152,6 +153,7 @@ impl<'w> Sim<'w> {
         model: ModelSpec,
         configs: &[SimConfig],
         roles: &[Role],
+        believed: Vec<Roofline>,
         policy: Box<dyn Policy>,
         opts: &'w SimOptions,
     ) -> Self {
@@ -162,7 +164,8 @@ impl<'w> Sim<'w> {
         let engines: Vec<Engine> = configs
             .iter()
             .zip(roles)
-            .map(|(c, &r)| Engine::new(c, r, lifecycle_on))
+            .zip(believed)
+            .map(|((c, &r), b)| Engine::new(c, r, lifecycle_on, b))
             .collect();
         let block = configs.first().map_or(16, |c| c.scheduler.block_size);
         let template = GapLease::new(opts.lease_factor, opts.lease_min_ms, opts.lease_max_ms);
