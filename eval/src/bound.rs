@@ -236,7 +236,10 @@ fn issue_times(workload: &Workload, times: &[Vec<Option<StepTimes>>]) -> Vec<Vec
                 None => s.start_ms / 1e3,
                 Some(f) if done.get(f.session) == Some(&true) => {
                     let parent = &workload.sessions[f.session];
-                    let gap = parent.steps[f.step].gap_after_ms.max(0.0) / 1e3;
+                    let gap = match f.after_gap {
+                        true => parent.steps[f.step].gap_after_ms.max(0.0) / 1e3,
+                        false => 0.0,
+                    };
                     match times[f.session][f.step] {
                         Some(t) => issued[f.session][f.step] + t.latency_s + gap,
                         None => f64::NAN,

@@ -201,6 +201,7 @@ mod tests {
         child.fork_of = Some(ForkOf {
             session: 0,
             step: 0,
+            after_gap: true,
         });
         Workload {
             name: "t".into(),

@@ -167,6 +167,7 @@ fn a_prefix_counts_as_cached_only_if_its_step_may_have_run_first() {
     c.fork_of = Some(ForkOf {
         session: 0,
         step: 0,
+        after_gap: true,
     });
     let wl = closed(vec![a, b, c]);
     let shared = SharedPrefixes::new(&wl);

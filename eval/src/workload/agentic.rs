@@ -1,5 +1,7 @@
-//! Reader for the derived SWE-smith agent trace: closed loop, one line per LLM call, with
-//! explicit sessions, turns and tool gaps.
+//! Reader for the agentic JSONL traces (the derived SWE-smith trace, the real Claude Code
+//! sessions): closed loop, one line per LLM call, with explicit sessions, turns and tool
+//! gaps. A subagent (`spawned_by`, `spawn_after_turn`) starts when the parent's call of
+//! that turn completes, as the tool call that spawned it runs, not at t = 0.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,7 +11,7 @@ use serde::Deserialize;
 use super::error::{LineProblem, WorkloadError};
 use super::jsonl::{line_error, parse_lines, read_text};
 use super::mooncake::stem;
-use super::{blocks_for, Loop, Session, Step, Workload};
+use super::{blocks_for, ForkOf, Loop, Session, Step, Workload};
 
 #[derive(Deserialize)]
 struct Record {
@@ -22,6 +24,11 @@ struct Record {
     tool_gap_ms: f64,
     block_size: u32,
     hash_ids: Vec<u64>,
+    /// A subagent's parent session and the parent's turn whose tool call spawned it.
+    #[serde(default)]
+    spawned_by: Option<String>,
+    #[serde(default)]
+    spawn_after_turn: Option<u32>,
 }
 
 /// Reads the derived agentic JSONL into a closed-loop workload; sessions keep the order in
@@ -37,6 +44,8 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
     let block = records.first().map(|(_, r)| r.block_size).unwrap_or(0);
     let mut sessions: Vec<Session> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
+    // Per subagent session: its parent's id and spawning turn, as first read.
+    let mut spawns: Vec<(usize, String, u32)> = Vec::new();
     for (line, r) in records {
         if r.block_size != block || block == 0 {
             let problem = LineProblem::BlockSize {
@@ -56,6 +65,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
         let next = sessions.len();
         let si = *index.entry(r.session_id.clone()).or_insert(next);
         if si == next {
+            if let (Some(parent), Some(turn)) = (r.spawned_by, r.spawn_after_turn) {
+                spawns.push((si, parent, turn));
+            }
             sessions.push(Session {
                 id: r.session_id,
                 start_ms: 0.0,
@@ -87,6 +99,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
     }
     for s in &mut sessions {
         s.steps.sort_by_key(|st| st.turn);
+    }
+    for (si, parent, turn) in spawns {
+        // The parent's last call at or before the spawning turn (a parent cut short of it
+        // spawns at its last call); a parent not in the file leaves it at t = 0.
+        let Some(&p) = index.get(&parent).filter(|&&p| p != si) else {
+            continue;
+        };
+        let step = sessions[p].steps.iter().rposition(|st| st.turn <= turn);
+        sessions[si].fork_of = step.map(|step| ForkOf {
+            session: p,
+            step,
+            after_gap: false,
+        });
     }
     Ok(Workload {
         name: stem(path),
@@ -148,5 +173,65 @@ mod tests {
         let zero = line(0, 0, "");
         let err = parse(&zero, Path::new("s.jsonl")).expect_err("zero block");
         assert_eq!(err.line(), Some(1));
+    }
+
+    /// A call of `session`, turn `turn`; `spawn` names the parent and its turn.
+    fn call(session: &str, turn: u32, gap_ms: f64, spawn: Option<(&str, u32)>) -> String {
+        let parent = if turn == 0 {
+            "null".to_owned()
+        } else {
+            (turn - 1).to_string()
+        };
+        let spawn = spawn.map_or(String::new(), |(p, t)| {
+            format!(", \"spawned_by\": \"{p}\", \"spawn_after_turn\": {t}")
+        });
+        format!(
+            "{{\"session_id\": \"{session}\", \"turn\": {turn}, \"parent_turn\": {parent}, \"input_length\": 20, \"output_length\": 3, \"tool_calls\": [], \"tool_gap_ms\": {gap_ms}, \"block_size\": 16, \"hash_ids\": [{turn}, 9{turn}]{spawn}}}\n"
+        )
+    }
+
+    #[test]
+    fn a_subagent_starts_when_its_parents_spawning_call_completes() {
+        let text = [
+            call("p", 0, 100.0, None),
+            call("p", 1, 30_000.0, None),
+            call("p", 2, 100.0, None),
+            call("p.sa1", 0, 50.0, Some(("p", 1))),
+            call("p.sa1", 1, 50.0, Some(("p", 1))),
+            // Spawned after a turn the parent was cut short of: at its last call.
+            call("p.sa2", 0, 50.0, Some(("p", 7))),
+            // A parent not in the file: at t = 0.
+            call("q.sa1", 0, 50.0, Some(("q", 0))),
+        ]
+        .concat();
+        let w = parse(&text, Path::new("cc.jsonl")).expect("parses");
+        w.check().expect("contract holds");
+        let fork = |i: usize| w.sessions[i].fork_of;
+        let at = |step| {
+            Some(ForkOf {
+                session: 0,
+                step,
+                after_gap: false,
+            })
+        };
+        assert_eq!(
+            (fork(0), fork(1), fork(2), fork(3)),
+            (None, at(1), at(2), None)
+        );
+        // In the simulator the subagent's first call goes when the parent's turn-1 call
+        // ends, not after that call's 30 s gap (which the subagent's own run is part of).
+        let c = crate::sim::Cluster::parse("1h", &Default::default()).expect("cluster");
+        let r = crate::report::run_one("round_robin", &w, &c, &Default::default(), &|_| {})
+            .expect("runs");
+        let rec = |session, step| {
+            r.steps
+                .iter()
+                .find(|s| s.session == session && s.step == step)
+                .expect("ran")
+        };
+        let parent = rec(0, 1);
+        let ended = parent.issued_s + parent.latency_s;
+        assert!((rec(1, 0).issued_s - ended).abs() < 1e-9, "{ended}");
+        assert!(rec(0, 2).issued_s >= ended + 30.0);
     }
 }

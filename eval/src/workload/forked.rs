@@ -105,6 +105,7 @@ pub fn generate(params: &ForkedParams, seed: u64) -> Workload {
                 fork_of: Some(ForkOf {
                     session: root_index,
                     step: 0,
+                    after_gap: true,
                 }),
                 steps: branch_steps(params, ctx, &mut rng, &mut ids),
             });
@@ -183,7 +184,8 @@ mod tests {
                 b0.fork_of,
                 Some(ForkOf {
                     session: 0,
-                    step: 0
+                    step: 0,
+                    after_gap: true,
                 })
             );
             assert!(b0.steps[0].fork && !b0.steps[1].fork);

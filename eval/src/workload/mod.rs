@@ -75,6 +75,9 @@ pub struct ForkOf {
     pub session: usize,
     /// Index of the parent step in that session's `steps`.
     pub step: usize,
+    /// The child starts after the parent step's tool gap (a forked rollout, once the tool
+    /// ran); `false`: as soon as the step completes (a subagent its tool call spawned).
+    pub after_gap: bool,
 }
 
 /// A sequence of dependent LLM calls from one client (a conversation or an agent run).

@@ -48,6 +48,7 @@ pub fn scale_sessions(
             (session < count).then_some(ForkOf {
                 session,
                 step: f.step,
+                after_gap: true,
             })
         });
         let steps = src
@@ -145,6 +146,7 @@ mod tests {
             fork_of: Some(ForkOf {
                 session: 0,
                 step: 0,
+                after_gap: true,
             }),
             steps: vec![step(60, &[1, 2, 7, 8])],
         };
@@ -184,7 +186,13 @@ mod tests {
         assert_eq!(w.sessions[0].steps[1].hash_ids[..2], a0[..2]);
         // Forks point at the parent in their own copy; the last copy's parent is a#2.
         let forks: Vec<Option<ForkOf>> = w.sessions.iter().map(|s| s.fork_of).collect();
-        let f = |session| Some(ForkOf { session, step: 0 });
+        let f = |session| {
+            Some(ForkOf {
+                session,
+                step: 0,
+                after_gap: true,
+            })
+        };
         assert_eq!(forks, vec![None, f(0), None, f(2), None]);
         assert!(w
             .sessions

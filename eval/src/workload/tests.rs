@@ -197,6 +197,7 @@ fn check_rejects_broken_workloads() {
     fork.sessions[0].fork_of = Some(ForkOf {
         session: 3,
         step: 0,
+        after_gap: true,
     });
     assert!(matches!(
         fork.check(),

@@ -357,8 +357,9 @@ impl<'w> Sim<'w> {
         }
         if let Some(children) = self.forks.get(&(session, step)) {
             for &c in children {
+                let after_gap = self.wl.sessions[c].fork_of.is_none_or(|f| f.after_gap);
                 self.queue.push(
-                    now + gap,
+                    now + if after_gap { gap } else { 0.0 },
                     Event::Issue {
                         session: c,
                         step: 0,
