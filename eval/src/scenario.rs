@@ -20,7 +20,8 @@ pub struct WorkloadSpec {
     /// `swe-smith` (the SWE-smith agent sessions, scaled to --sessions), `mooncake` (the
     /// Mooncake synthetic trace, open loop), `mooncake-hour` (it tiled to one hour with
     /// fresh content per copy), `coding-agent`, `long-gap` (coding sessions of 30-120K
-    /// tokens with tool gaps of seconds to minutes), `forked`, `forked-samples`,
+    /// tokens with tool gaps of seconds to minutes), `repo-swarm` (coding sessions in groups
+    /// of 8-32 sharing a 20-60K-token repository), `forked`, `forked-samples`,
     /// `long-doc` (generators), or a path to a Mooncake or agentic JSONL file.
     #[arg(long, default_value = "swe-smith")]
     pub workload: String,
@@ -118,6 +119,31 @@ impl WorkloadSpec {
                 }
                 let mut wl = coding_agent::generate(&p, self.seed);
                 wl.name = "long_gap".into();
+                wl
+            }
+            "repo-swarm" => {
+                // Many agents on one repository: groups of 8-32 sessions share a 20-60K
+                // repository context after the system prompt, then each its task and files
+                // (2-8K) and its own turns.
+                let gaps = crate::workload::gaps::swe_smith_gaps(
+                    self.traces_dir.join("continuum_swesmith_derived.jsonl"),
+                )?;
+                let mut p = coding_agent::CodingAgentParams {
+                    sessions: 64,
+                    arrivals,
+                    repo_context_tokens: (2 * 1024, 8 * 1024),
+                    tool_gaps_ms: gaps,
+                    shared_repo: Some(coding_agent::SharedRepo {
+                        group_sessions: (8, 32),
+                        repo_tokens: (20 * 1024, 60 * 1024),
+                    }),
+                    ..Default::default()
+                };
+                if let Some(n) = self.sessions {
+                    p.sessions = n;
+                }
+                let mut wl = coding_agent::generate(&p, self.seed);
+                wl.name = "repo_swarm".into();
                 wl
             }
             "forked" | "forked-samples" => {
@@ -249,6 +275,7 @@ mod tests {
             "mooncake",
             "coding-agent",
             "long-gap",
+            "repo-swarm",
             "forked",
             "forked-samples",
             "long-doc",

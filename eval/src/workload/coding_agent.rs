@@ -2,6 +2,8 @@
 //!
 //! Each turn's prompt is the previous prompt, plus the previous output, plus a tool result,
 //! so a session is one growing prefix chain. That is the case session ownership is built for.
+//! With [`SharedRepo`] (the `repo-swarm` workload), sessions come in groups that share one
+//! repository's context after the system prompt: many agents on one repository.
 
 use ownerserve_planner::policy::SplitMix64;
 
@@ -51,6 +53,18 @@ pub struct CodingAgentParams {
     /// A session ends early once its prompt would exceed this. Default 131,072 tokens: a
     /// 128K-context model.
     pub max_context_tokens: u32,
+    /// Groups of sessions sharing one repository's context (then each its own
+    /// `repo_context_tokens`); `None`: every session's repository is its own.
+    pub shared_repo: Option<SharedRepo>,
+}
+
+/// Sessions in groups on one repository each; ranges inclusive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedRepo {
+    /// Sessions per group (consecutive sessions; the last group may be smaller).
+    pub group_sessions: (u32, u32),
+    /// The repository context the group's sessions share, after the system prompt.
+    pub repo_tokens: (u32, u32),
 }
 
 impl Default for CodingAgentParams {
@@ -69,6 +83,7 @@ impl Default for CodingAgentParams {
             long_output_prob: 0.05,
             tool_gaps_ms: vec![0.4, 0.5, 0.6, 0.8, 450.0, 470.0, 490.0, 510.0, 550.0, 600.0],
             max_context_tokens: 128 * 1024,
+            shared_repo: None,
         }
     }
 }
@@ -80,14 +95,34 @@ pub fn generate(params: &CodingAgentParams, seed: u64) -> Workload {
     let starts = params.arrivals.times_ms(params.sessions, seed);
     let mut system = Context::new(GENERATED_BLOCK);
     system.append(params.system_prompt_tokens, &mut ids);
+    // The current group's shared context and how many sessions it still takes.
+    let mut group = (system.clone(), 0u32);
     let sessions = starts
         .iter()
         .enumerate()
-        .map(|(i, &start_ms)| Session {
-            id: format!("coding-{i}"),
-            start_ms,
-            fork_of: None,
-            steps: session_steps(params, system.clone(), &mut rng, &mut ids),
+        .map(|(i, &start_ms)| {
+            let base = match params.shared_repo {
+                Some(repo) => {
+                    if group.1 == 0 {
+                        let mut ctx = system.clone();
+                        ctx.append(
+                            uniform(&mut rng, repo.repo_tokens.0, repo.repo_tokens.1),
+                            &mut ids,
+                        );
+                        let size = uniform(&mut rng, repo.group_sessions.0, repo.group_sessions.1);
+                        group = (ctx, size.max(1));
+                    }
+                    group.1 -= 1;
+                    group.0.clone()
+                }
+                None => system.clone(),
+            };
+            Session {
+                id: format!("coding-{i}"),
+                start_ms,
+                fork_of: None,
+                steps: session_steps(params, base, &mut rng, &mut ids),
+            }
         })
         .collect();
     Workload {
@@ -190,5 +225,38 @@ mod tests {
         };
         assert_eq!(generate(&p, 5), generate(&p, 5));
         assert_ne!(generate(&p, 5), generate(&p, 6));
+    }
+
+    #[test]
+    fn a_repo_swarm_shares_each_groups_repository_and_nothing_across_groups() {
+        let p = CodingAgentParams {
+            sessions: 12,
+            repo_context_tokens: (1024, 2048),
+            shared_repo: Some(SharedRepo {
+                group_sessions: (4, 4),
+                repo_tokens: (20 * 1024, 20 * 1024),
+            }),
+            ..CodingAgentParams::default()
+        };
+        let w = generate(&p, 3);
+        w.check().expect("contract holds");
+        assert_chained(&w);
+        assert_fresh_partials(&w);
+        let first = |i: usize| &w.sessions[i].steps[0].hash_ids;
+        let common = |a: usize, b: usize| {
+            first(a)
+                .iter()
+                .zip(first(b))
+                .take_while(|(x, y)| x == y)
+                .count()
+        };
+        let shared = (2048 + 20 * 1024) / 16;
+        // Sessions 0-3, 4-7 and 8-11 each share the system prompt and their repository.
+        assert_eq!(
+            (common(0, 3), common(4, 7), common(8, 11)),
+            (shared, shared, shared)
+        );
+        // Across groups only the system prompt.
+        assert_eq!((common(3, 4), common(0, 8)), (2048 / 16, 2048 / 16));
     }
 }
