@@ -39,7 +39,8 @@ pub enum CommandError {
 pub struct SimulateArgs {
     #[command(flatten)]
     workload: WorkloadSpec,
-    /// Cluster: groups of `<count><p|d|h>` (prefill, decode, hybrid), e.g. 2p6d or 8h.
+    /// Cluster: groups of `<count><p|d|h>` (prefill, decode, hybrid), e.g. 2p6d or 8h; a
+    /// mixed fleet joins parts with `+`, each part's GPU preset after `@`: 4h@h100+4h@l40.
     #[arg(long, default_value = "2p6d")]
     cluster: String,
     /// Policies to run, comma-separated, or `all` (every baseline, ownerserve, oracle, and

@@ -67,12 +67,47 @@ pub enum ClusterError {
 
 impl Cluster {
     /// Parses a spec such as `2p6d` (2 prefill + 6 decode) or `8h` (8 hybrid); every worker
-    /// gets `base` settings.
+    /// gets `base` settings. A mixed fleet joins parts with `+`, each part's GPUs named
+    /// after `@` (a preset or a spec file, as `--gpu-preset` takes): `4h@h100+4h@l40`.
     pub fn parse(spec: &str, base: &SimSettings) -> Result<Self, ClusterError> {
         let syntax = || ClusterError::Syntax(spec.to_owned());
         let mut workers = Vec::new();
+        for part in spec.trim().split('+') {
+            let (groups, gpu) = match part.split_once('@') {
+                Some((groups, gpu)) if !gpu.trim().is_empty() => (groups, Some(gpu.trim())),
+                Some(_) => return Err(syntax()),
+                None => (part, None),
+            };
+            let mut settings = base.clone();
+            if let Some(gpu) = gpu {
+                settings.gpu = gpu.to_owned();
+            }
+            Self::parse_groups(groups, &settings, &mut workers).ok_or_else(syntax)?;
+        }
+        if workers.is_empty() {
+            return Err(syntax());
+        }
+        if !workers.iter().any(|w| w.role.serves_full_requests()) {
+            return Err(ClusterError::NoDecode(spec.to_owned()));
+        }
+        Ok(Self {
+            name: spec.trim().to_ascii_lowercase(),
+            workers,
+            prefill_workers_decode: PrefillWorkersDecode::default(),
+            migration_budget: Weights::default().migration_budget,
+        })
+    }
+
+    /// Appends the workers of `groups` (`2p6d`), each with `settings`, numbered after the
+    /// workers of their role already in `workers`; `None` on a syntax error.
+    fn parse_groups(
+        groups: &str,
+        settings: &SimSettings,
+        workers: &mut Vec<ClusterWorker>,
+    ) -> Option<()> {
         let mut digits = String::new();
-        for c in spec.trim().chars() {
+        let mut any = false;
+        for c in groups.trim().chars() {
             if c.is_ascii_digit() {
                 digits.push(c);
                 continue;
@@ -81,13 +116,14 @@ impl Cluster {
                 'p' => Role::Prefill,
                 'd' => Role::Decode,
                 'h' => Role::Hybrid,
-                _ => return Err(syntax()),
+                _ => return None,
             };
-            let n: usize = digits.parse().map_err(|_| syntax())?;
+            let n: usize = digits.parse().ok()?;
             digits.clear();
-            if n == 0 || n > 1024 {
-                return Err(syntax());
+            if n == 0 || n > 1024 || workers.len() + n > 1024 {
+                return None;
             }
+            any = true;
             let prefix = match role {
                 Role::Prefill => "p",
                 Role::Decode => "d",
@@ -101,25 +137,14 @@ impl Cluster {
                 workers.push(ClusterWorker {
                     name: format!("{prefix}{}", first + i),
                     role,
-                    settings: base.clone(),
+                    settings: settings.clone(),
                     pooled: 1,
                     believed: None,
                     additive_steps: false,
                 });
             }
         }
-        if !digits.is_empty() || workers.is_empty() {
-            return Err(syntax());
-        }
-        if !workers.iter().any(|w| w.role.serves_full_requests()) {
-            return Err(ClusterError::NoDecode(spec.to_owned()));
-        }
-        Ok(Self {
-            name: spec.trim().to_ascii_lowercase(),
-            workers,
-            prefill_workers_decode: PrefillWorkersDecode::default(),
-            migration_budget: Weights::default().migration_budget,
-        })
+        (digits.is_empty() && any).then_some(())
     }
 
     /// The same fleet with the cost planner's migration budget set to `share`.
@@ -273,8 +298,28 @@ mod tests {
     }
 
     #[test]
+    fn a_mixed_fleet_names_each_parts_gpus_and_the_planner_prices_each() {
+        let c = Cluster::parse("2h@h100+1p1d@l40", &SimSettings::default()).expect("parses");
+        let names: Vec<_> = c.workers.iter().map(|w| w.name.as_str()).collect();
+        assert_eq!(names, ["h0", "h1", "p0", "d0"]);
+        let gpus: Vec<_> = c.workers.iter().map(|w| w.settings.gpu.as_str()).collect();
+        assert_eq!(gpus, ["h100", "h100", "l40", "l40"]);
+        let configs = c.build().expect("builds");
+        assert_ne!(configs[0].roofline, configs[2].roofline);
+        assert!(configs[0].scheduler.num_blocks > configs[3].scheduler.num_blocks);
+        let p = c.planner_config(&configs).expect("planner config");
+        assert_eq!(p.roofline_of(WorkerId(3)), &configs[3].roofline);
+        assert_eq!(p.roofline_of(WorkerId(0)), &configs[0].roofline);
+        // A part without `@` keeps the base GPU; an unknown one fails when built.
+        let base = Cluster::parse("1h+1h@l40", &SimSettings::default()).expect("parses");
+        assert_eq!(base.workers[0].settings.gpu, SimSettings::default().gpu);
+        let unknown = Cluster::parse("1h@no-such-gpu", &SimSettings::default()).expect("parses");
+        assert!(unknown.build().is_err());
+    }
+
+    #[test]
     fn bad_specs_are_refused() {
-        for bad in ["", "p", "2x", "0d", "2p", "3", "d2"] {
+        for bad in ["", "p", "2x", "0d", "2p", "3", "d2", "2h@", "+2h", "2h+"] {
             assert!(
                 Cluster::parse(bad, &SimSettings::default()).is_err(),
                 "{bad:?} should be refused"
