@@ -126,6 +126,10 @@ pub struct ReportArgs {
     /// Largest session count the capacity search tries.
     #[arg(long, default_value_t = 512)]
     capacity_max: usize,
+    /// With `--capacity-slo-s` (one workload, not the matrix): goodput sessions, whose p99
+    /// TPOT must also stay within this many milliseconds.
+    #[arg(long)]
+    capacity_tpot_ms: Option<f64>,
     /// Run the evaluation matrix instead of one workload: every workload of
     /// [`matrix_workloads`] (fixed seeds and parameters) × `--clusters` × `--models`, with the
     /// bound and the acceptance checks per row, into `<out>/<name or "matrix">.md`.
@@ -679,7 +683,10 @@ fn matrix_pooled(
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
 fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, CommandError> {
-    let search = report::CapacitySearch::new(slo_s, args.capacity_max);
+    let search = report::CapacitySearch {
+        tpot_slo_s: args.capacity_tpot_ms.map(|ms| ms / 1e3),
+        ..report::CapacitySearch::new(slo_s, args.capacity_max)
+    };
     let build = |n: usize| {
         WorkloadSpec {
             sessions: Some(n),
@@ -693,8 +700,11 @@ fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, 
         names.len() as u64,
         args.quiet,
     );
+    let tpot = args
+        .capacity_tpot_ms
+        .map_or(String::new(), |ms| format!(" and p99 TPOT ≤ {ms} ms"));
     let mut md = format!(
-        "Sessions held with p99 TTFT ≤ {slo_s} s (session count searched up to {}):\n\n\
+        "Sessions held with p99 TTFT ≤ {slo_s} s{tpot} (session count searched up to {}):\n\n\
          | policy | sessions |\n|---|---:|\n",
         search.max_sessions
     );

@@ -1,6 +1,7 @@
 //! Sessions held at an SLO: the most concurrent sessions a policy serves on a cluster while
-//! the p99 TTFT of their steps stays within the SLO, found by doubling then bisecting the
-//! session count of a scaled workload.
+//! the p99 TTFT of their steps stays within the SLO (and, for goodput sessions, their p99
+//! TPOT within its own), found by doubling then bisecting the session count of a scaled
+//! workload.
 
 use crate::sim::{percentile, Cluster, RunResult, SimOptions};
 use crate::workload::{Workload, WorkloadError};
@@ -12,6 +13,8 @@ use super::{run_one, ReportError};
 pub struct CapacitySearch {
     /// p99 TTFT must stay at or below this, seconds.
     pub slo_s: f64,
+    /// And p99 TPOT at or below this, seconds (goodput sessions); `None`: TTFT alone.
+    pub tpot_slo_s: Option<f64>,
     /// Largest session count tried.
     pub max_sessions: usize,
     /// Bisection stops once the failing count is within this share of the held one (at
@@ -26,6 +29,7 @@ impl CapacitySearch {
     pub fn new(slo_s: f64, max_sessions: usize) -> Self {
         Self {
             slo_s,
+            tpot_slo_s: None,
             max_sessions: max_sessions.max(1),
             tolerance: 0.0,
         }
@@ -81,11 +85,11 @@ pub fn max_sessions(
 ) -> Result<usize, ReportError> {
     let ok = |n: usize| -> Result<bool, ReportError> {
         let wl = workload(n)?;
-        Ok(meets_serving(
-            &run_one(policy, &wl, cluster, opts, &|_| {})?,
-            search.slo_s,
-            unservable_steps(&wl, cluster)?,
-        ))
+        let r = run_one(policy, &wl, cluster, opts, &|_| {})?;
+        let tpot_ok = search
+            .tpot_slo_s
+            .is_none_or(|slo| percentile(&r.tpots(), 0.99) <= slo);
+        Ok(tpot_ok && meets_serving(&r, search.slo_s, unservable_steps(&wl, cluster)?))
     };
     bracket(ok, search.max_sessions, search.tolerance, known)
 }
@@ -189,6 +193,40 @@ mod tests {
             let r = run_one("round_robin", &wl, &cluster, &opts, &|_| {}).expect("runs");
             assert!(meets(&r, 0.5));
         }
+    }
+
+    #[test]
+    fn goodput_sessions_also_keep_the_p99_tpot() {
+        let cluster = Cluster::parse("1h", &SimSettings::default()).expect("cluster");
+        let opts = SimOptions::default();
+        let ttft_only = CapacitySearch::new(1e6, 16);
+        let all = max_sessions(
+            &short_swe_smith,
+            &cluster,
+            "round_robin",
+            ttft_only,
+            &opts,
+            None,
+        );
+        assert_eq!(all.expect("runs"), 16);
+        // The p99 TPOT of 16 sessions, and a TPOT SLO just under it: fewer sessions held.
+        let wl = short_swe_smith(16).expect("builds");
+        let r = run_one("round_robin", &wl, &cluster, &opts, &|_| {}).expect("runs");
+        let tpot = percentile(&r.tpots(), 0.99);
+        let goodput = CapacitySearch {
+            tpot_slo_s: Some(tpot * 0.999),
+            ..ttft_only
+        };
+        let n = max_sessions(
+            &short_swe_smith,
+            &cluster,
+            "round_robin",
+            goodput,
+            &opts,
+            None,
+        )
+        .expect("runs");
+        assert!(n < 16, "{n} sessions with p99 TPOT under {tpot}");
     }
 
     #[test]
