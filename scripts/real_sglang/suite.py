@@ -568,11 +568,7 @@ class Suite:
             wait_for(f"engine {e.name}", e.ready, 900, 2)
 
             def make_router(label, lifecycle, priority):
-                return self.router(label, [e], (
-                    f'[router.models]\n"{MODEL}" = "{_shared.MODEL_SPEC}"\n'
-                    f'[router.planner]\ngpu = "{_shared.CPU_SPEC}"\n'
-                    f'[router.sessions]\nlifecycle = {str(lifecycle).lower()}\n'
-                    f'return_priority = {str(priority).lower()}\n'))
+                return self.router(label, [e], _shared.lifecycle_settings(lifecycle, priority))
             _shared.LifecycleChecks(self.check, TOKEN, make_router,
                                     flood_per_s=LIFECYCLE_FLOOD_PER_S).run()
         except Exception:

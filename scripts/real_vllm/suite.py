@@ -815,11 +815,8 @@ class Suite:
             e.stop()
 
     def lifecycle_router(self, e, label, lifecycle, priority):
-        extra = (f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n'
-                 f'[router.planner]\ngpu = "{CPU_SPEC}"\n'
-                 f'[router.sessions]\nlifecycle = {str(lifecycle).lower()}\n'
-                 f'return_priority = {str(priority).lower()}\n')
-        return self.router(label, "kv_aware", e.worker_toml(), TOKENIZER_FIXTURE, extra)
+        return self.router(label, "kv_aware", e.worker_toml(), TOKENIZER_FIXTURE,
+                           lifecycle_settings(lifecycle, priority))
 
     def lifecycle(self, e):
         LifecycleChecks(self.check, TOKEN,
@@ -972,6 +969,15 @@ LIFECYCLE_DOC = """
    >= 2x lower than with it off (the worst of two).
 """
 LIFECYCLE_KV_BYTES = 96 << 20
+
+
+def lifecycle_settings(lifecycle, priority):
+    """A lifecycle step's router settings: the tiny model's spec, the CPU engines' figures,
+    the lifecycle and return priority on or off."""
+    return (f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n'
+            f'[router.planner]\ngpu = "{CPU_SPEC}"\n'
+            f'[router.sessions]\nlifecycle = {str(lifecycle).lower()}\n'
+            f'return_priority = {str(priority).lower()}\n')
 LIFECYCLE_CONTEXT = 10_000
 LIFECYCLE_GAP_S = 25
 

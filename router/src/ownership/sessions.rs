@@ -108,13 +108,25 @@ struct Inner {
     outbox: Vec<(WorkerId, String, Effect)>,
     /// Sessions their clients closed, for the demotion sweep to release.
     closed: Vec<Lapsed>,
-    /// The tracked sessions' contexts, tokens (`Life::tokens` summed).
-    live_tokens: u64,
-    /// Sessions admitted whose first step has not started yet: (tokens, admitted at ms).
-    admitted: HashMap<String, (u64, u64)>,
+    /// The tracked sessions' contexts per served model, tokens (`Life::tokens` summed).
+    live_tokens: HashMap<Arc<str>, u64>,
+    /// Sessions admitted whose first step has not started yet: (model, tokens, admitted
+    /// at ms).
+    admitted: HashMap<String, (Arc<str>, u64, u64)>,
 }
 
 impl Inner {
+    /// Moves `before` (model, tokens) of a session's context out of the live sum and `after`
+    /// into it.
+    fn relive(&mut self, before: (Arc<str>, u64), after: Option<(Arc<str>, u64)>) {
+        if let Some(sum) = self.live_tokens.get_mut(&before.0) {
+            *sum = sum.saturating_sub(before.1);
+        }
+        if let Some((model, tokens)) = after {
+            *self.live_tokens.entry(model).or_default() += tokens;
+        }
+    }
+
     /// Takes the session's contribution off its owner's parked returns.
     fn unpark(&mut self, session: &str) {
         let Some(t) = self.tracked.get_mut(session) else {
@@ -132,7 +144,7 @@ impl Inner {
     fn remove(&mut self, session: &str) -> Option<Tracked> {
         self.unpark(session);
         let mut t = self.tracked.remove(session)?;
-        self.live_tokens = self.live_tokens.saturating_sub(t.life.tokens());
+        self.relive((t.life.model(), t.life.tokens()), None);
         self.ended += 1;
         for e in t.life.end() {
             self.outbox.push((t.owner, session.to_owned(), e));
@@ -214,21 +226,20 @@ impl Sessions {
             gap = Some(g);
         }
         let moved = t.owner != owner;
-        let before = t.life.tokens();
+        let before = (t.life.model(), t.life.tokens());
         let (returned, effects) = t.life.returned(step);
-        let after = t.life.tokens();
+        let after = (t.life.model(), t.life.tokens());
         let old_owner = std::mem::replace(&mut t.owner, owner);
         t.in_flight += 1;
         t.tail = tail;
         let predicted = t.lease.predicted_gap_ms().map(|g| g as u64);
+        inner.relive(before, Some(after));
         let Inner {
             fleet_gaps,
             came_back,
             outbox,
-            live_tokens,
             ..
         } = &mut *inner;
-        *live_tokens = (*live_tokens + after).saturating_sub(before);
         if let Some(g) = gap {
             fleet_gaps.observe(g);
             *came_back += 1;
@@ -253,27 +264,42 @@ impl Sessions {
         inner.tracked.contains_key(session)
     }
 
-    /// Admits new `session`, its first prompt `tokens`, if `ownerserve_planner::
-    /// lifecycle::admits` finds room for it in `capacity_tokens` of fleet KV beside the
-    /// tracked sessions' contexts and those admitted at most `ADMITTED_FOR_MS` ago whose
-    /// first step has not started (so waiters admitted together do not overshoot).
-    pub fn admit(&self, session: &str, tokens: u64, capacity_tokens: u64, now_ms: u64) -> bool {
+    /// Admits new `session` of `model`, its first prompt `tokens`, if `ownerserve_planner::
+    /// lifecycle::admits` finds room for it in `capacity_tokens` (the KV of the workers
+    /// serving `model`) beside the contexts of that model's tracked sessions and of those
+    /// admitted at most `ADMITTED_FOR_MS` ago whose first step has not started (so waiters
+    /// admitted together do not overshoot).
+    pub fn admit(
+        &self,
+        session: &str,
+        model: &str,
+        tokens: u64,
+        capacity_tokens: u64,
+        now_ms: u64,
+    ) -> bool {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner
             .admitted
-            .retain(|_, &mut (_, at)| now_ms.saturating_sub(at) < ADMITTED_FOR_MS);
+            .retain(|_, (_, _, at)| now_ms.saturating_sub(*at) < ADMITTED_FOR_MS);
         let pending: u64 = inner
             .admitted
             .iter()
-            .filter(|(k, _)| k.as_str() != session)
-            .map(|(_, &(t, _))| t)
+            .filter(|(k, (m, _, _))| k.as_str() != session && &**m == model)
+            .map(|(_, (_, t, _))| *t)
             .sum();
-        let live = inner.live_tokens.saturating_add(pending);
+        let live = inner
+            .live_tokens
+            .get(model)
+            .copied()
+            .unwrap_or(0)
+            .saturating_add(pending);
         if !lifecycle::admits(live, tokens, capacity_tokens) {
             return false;
         }
         if inner.admitted.len() < MAX_SESSIONS {
-            inner.admitted.insert(session.to_owned(), (tokens, now_ms));
+            inner
+                .admitted
+                .insert(session.to_owned(), (model.into(), tokens, now_ms));
         }
         true
     }
@@ -556,6 +582,7 @@ mod tests {
     fn step_of(tokens: u64) -> StepKv {
         StepKv {
             tokens,
+            model: "m".into(),
             ..StepKv::default()
         }
     }
@@ -563,22 +590,25 @@ mod tests {
     #[test]
     fn admission_counts_live_contexts_and_sessions_admitted_but_not_started() {
         let s = sessions();
-        assert!(s.admit("a", 700, 1_000, 0), "nothing live: admitted");
+        assert!(s.admit("a", "m", 700, 1_000, 0), "nothing live: admitted");
         // A admitted, its step not started yet: it counts.
-        assert!(!s.admit("b", 400, 1_000, 10));
+        assert!(!s.admit("b", "m", 400, 1_000, 10));
         let a = s.start("a", WorkerId(0), vec![], 20, step_of(700)).activity;
-        assert!(!s.admit("b", 400, 1_000, 30), "A live");
-        assert!(s.admit("c", 300, 1_000, 30), "700 + 300 fit");
+        assert!(!s.admit("b", "m", 400, 1_000, 30), "A live");
+        assert!(s.admit("c", "m", 300, 1_000, 30), "700 + 300 fit");
         // C's step never started: it stops counting after a minute.
-        assert!(!s.admit("b", 100, 1_000, 40));
-        assert!(s.admit("b", 100, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(!s.admit("b", "m", 100, 1_000, 40));
+        assert!(s.admit("b", "m", 100, 1_000, 30 + ADMITTED_FOR_MS));
         // A's context grows with its next step; closing it frees it all.
         drop(a);
         drop(s.start("a", WorkerId(0), vec![], 50, step_of(900)).activity);
-        assert!(!s.admit("d", 200, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(!s.admit("d", "m", 200, 1_000, 30 + ADMITTED_FOR_MS));
         assert!(s.close("a").is_some());
-        assert!(s.admit("d", 200, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(s.admit("d", "m", 200, 1_000, 30 + ADMITTED_FOR_MS));
         assert!(!s.tracks("a") && !s.tracks("d"));
+        // Another model's sessions take none of this model's room.
+        assert!(s.admit("e", "other", 1_000, 1_000, 30 + ADMITTED_FOR_MS));
+        assert!(s.admit("f", "m", 700, 1_000, 30 + ADMITTED_FOR_MS));
     }
 
     #[test]

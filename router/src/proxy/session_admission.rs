@@ -49,7 +49,10 @@ pub(crate) async fn wait_for_room(
         let room = st
             .registry
             .healthy_kv_capacity(&parsed.model)
-            .is_none_or(|capacity| st.sessions.admit(session, tokens, capacity, now_ms()));
+            .is_none_or(|capacity| {
+                st.sessions
+                    .admit(session, &parsed.model, tokens, capacity, now_ms())
+            });
         if room {
             st.metrics
                 .lifecycle
