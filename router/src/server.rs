@@ -294,6 +294,7 @@ pub fn app(state: Arc<AppState>) -> Router {
     let admin = Router::new()
         .route("/admin/v1/workers", get(workers))
         .route("/admin/v1/kv", get(kv_index))
+        .route("/admin/v1/lifecycle", get(lifecycle))
         .route("/admin/v1/plan/explain", post(plan_explain))
         .route(
             "/admin/v1/workers/{name}/drain",
@@ -420,6 +421,39 @@ async fn workers(State(st): State<Arc<AppState>>) -> Response {
         }
     }
     Json(json!({"policy": st.cfg.policy, "workers": rows})).into_response()
+}
+
+/// Rows `GET /admin/v1/lifecycle` lists at most (`count` says how many are tracked).
+const LIFECYCLE_ROWS: usize = 1_000;
+
+/// `GET /admin/v1/lifecycle`: the sessions this router tracks (their owner, context, and
+/// while parked the lifecycle's course and where their KV is), and what session admission
+/// counts per served model.
+async fn lifecycle(State(st): State<Arc<AppState>>) -> Response {
+    let (rows, count, counts) = st
+        .sessions
+        .lifecycle_view(LIFECYCLE_ROWS, crate::ownership::sessions::now_ms());
+    let fleet = st.registry.all();
+    let rows: Vec<serde_json::Value> = rows
+        .into_iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(&r).unwrap_or_default();
+            v["owner"] = json!(fleet
+                .iter()
+                .find(|w| w.id == r.owner)
+                .map(|w| w.spec.name.as_str()));
+            v
+        })
+        .collect();
+    Json(json!({
+        "lifecycle": st.cfg.sessions.lifecycle,
+        "admission": st.cfg.sessions.admission.is_some(),
+        "count": count,
+        "sessions": rows,
+        "live_tokens": counts.live,
+        "admitted_tokens": counts.admitted,
+    }))
+    .into_response()
 }
 
 /// `POST /admin/v1/workers/{name}/drain`: the worker takes no new work; sessions it owns

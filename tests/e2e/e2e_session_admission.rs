@@ -2,8 +2,8 @@
 //! sim-worker` whose KV holds 1,600 tokens (100 blocks), behind a real router that reads
 //! that capacity from the worker's metrics. Session A's first step (~1,000 tokens) is
 //! admitted and tracked. Session B's first step (~800 tokens) would not fit beside A's
-//! context: it is held, its request slot given back, while A's own next step goes at once.
-//! When A's client closes A, B goes.
+//! context: it is held, its request slot given back, while A's own next step goes at once;
+//! `/admin/v1/lifecycle` shows what admission counts. When A's client closes A, B goes.
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
@@ -79,6 +79,25 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
         held.try_join_next().is_none(),
         "B went though A's context fills the KV"
     );
+    // What the operator sees: A tracked and counted live, B admitted by none.
+    let view: Value = client()
+        .get(format!("{}/admin/v1/lifecycle", router.url))
+        .bearer_auth(common::ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (view["admission"].clone(), view["count"].clone()),
+        (json!(true), json!(1))
+    );
+    let live = view["live_tokens"][common::MODEL].as_u64().unwrap();
+    assert_eq!(view["sessions"][0]["session"], "a", "{view}");
+    assert_eq!(view["sessions"][0]["tokens"].as_u64(), Some(live), "{view}");
+    assert!((900..1_300).contains(&live), "{view}");
+    assert_eq!(view["admitted_tokens"], json!({}), "{view}");
 
     // A's own next step (an assistant turn in it) goes at once; then A's client closes A.
     let said = a["choices"][0]["message"]["content"].as_str().unwrap_or("");

@@ -106,6 +106,11 @@ impl SessionLife {
         self.kv.offload_landed();
     }
 
+    /// Where the lifecycle counts its KV now.
+    pub fn place(&self) -> super::KvPlace {
+        self.kv.place()
+    }
+
     /// Whether the lifecycle counts its KV in HBM.
     pub fn resident(&self) -> bool {
         self.kv.resident()

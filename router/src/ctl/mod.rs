@@ -70,6 +70,9 @@ enum CtlCommand {
     Transfer { id: String, lease: u64 },
     /// Workers with health, drain, in-flight requests and scraped load (router only).
     Workers,
+    /// The sessions this router tracks: owner, context, and while parked the lifecycle's
+    /// course and where their KV is; what session admission counts (router only).
+    Lifecycle,
     /// Drain a worker: no new work; its sessions move off on their next step (router only).
     Drain { name: String },
     /// End a worker's drain (router only).
@@ -187,6 +190,7 @@ pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
             views::write,
         ),
         CtlCommand::Workers => (api.get("/admin/v1/workers").await?, views::workers),
+        CtlCommand::Lifecycle => (api.get("/admin/v1/lifecycle").await?, views::lifecycle),
         CtlCommand::Drain { name } => (
             api.call(
                 Method::POST,

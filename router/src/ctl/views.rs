@@ -154,6 +154,56 @@ pub fn session(answer: &Value) -> String {
     t.render()
 }
 
+/// `GET /admin/v1/lifecycle`: what session admission counts, then one row per session.
+pub fn lifecycle(answer: &Value) -> String {
+    let per_model = |key: &str| {
+        answer[key]
+            .as_object()
+            .filter(|m| !m.is_empty())
+            .map_or_else(
+                || "-".to_owned(),
+                |m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k} {}", cell(v)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                },
+            )
+    };
+    let mut out = format!(
+        "lifecycle: {}, admission: {}, sessions: {}\nlive tokens: {}\nadmitted, not started: {}\n",
+        cell(&answer["lifecycle"]),
+        cell(&answer["admission"]),
+        cell(&answer["count"]),
+        per_model("live_tokens"),
+        per_model("admitted_tokens"),
+    );
+    let mut t = Table::new(&[
+        "SESSION",
+        "OWNER",
+        "MODEL",
+        "TOKENS",
+        "IN_FLIGHT",
+        "IDLE_MS",
+        "HOLD",
+        "KV",
+    ]);
+    for s in rows(answer, "sessions") {
+        t.row(vec![
+            cell(&s["session"]),
+            cell(&s["owner"]),
+            cell(&s["model"]),
+            cell(&s["tokens"]),
+            cell(&s["in_flight"]),
+            cell(&s["idle_ms"]),
+            cell(&s["hold"]),
+            cell(&s["kv"]),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
 /// `GET /admin/v1/workers`.
 pub fn workers(answer: &Value) -> String {
     let mut t = Table::new(&[
@@ -369,6 +419,28 @@ mod tests {
             prefill.contains("no") && prefill.contains("yes"),
             "{prefill}"
         );
+    }
+
+    #[test]
+    fn lifecycle_shows_what_admission_counts_and_each_sessions_course() {
+        let answer = json!({"lifecycle": true, "admission": true, "count": 2,
+            "live_tokens": {"tiny": 9144}, "admitted_tokens": {},
+            "sessions": [
+                {"session": "a", "owner": "e0", "model": "tiny", "tokens": 9144,
+                 "in_flight": 0, "idle_ms": 1500, "hold": "keep", "kv": "hbm"},
+                {"session": "b", "owner": "e0", "model": "tiny", "tokens": 800,
+                 "in_flight": 1, "idle_ms": null, "hold": null, "kv": "hbm"}]});
+        let text = lifecycle(&answer);
+        assert!(
+            text.starts_with("lifecycle: yes, admission: yes, sessions: 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("live tokens: tiny 9144\nadmitted, not started: -"),
+            "{text}"
+        );
+        let a = text.lines().find(|l| l.starts_with("a ")).expect("row a");
+        assert!(a.contains("keep") && a.contains("1500"), "{a}");
     }
 
     #[test]

@@ -77,6 +77,32 @@ pub struct Started {
     pub returned: Option<(Hold, Returned)>,
 }
 
+/// A tracked session as `GET /admin/v1/lifecycle` lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionKv {
+    pub session: String,
+    pub owner: WorkerId,
+    pub model: Arc<str>,
+    /// Its context: its last step's prompt, tokens.
+    pub tokens: u64,
+    pub in_flight: u32,
+    /// Idle since its last response ended, ms (None while a step runs).
+    pub idle_ms: Option<u64>,
+    /// The lifecycle's course for it while parked (`keep`, `offload`, `prefetch`,
+    /// `let_go`), once decided.
+    pub hold: Option<&'static str>,
+    /// Where the lifecycle counts its KV: `hbm`, `host` or `gone`.
+    pub kv: &'static str,
+}
+
+/// What session admission counts now: per served model, the tracked sessions' contexts and
+/// the tokens admitted but not started.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct LiveTokens {
+    pub live: std::collections::BTreeMap<String, u64>,
+    pub admitted: std::collections::BTreeMap<String, u64>,
+}
+
 /// A parked session awaiting its lifecycle decision.
 #[derive(Debug, Clone)]
 pub struct Undecided {
@@ -256,6 +282,39 @@ impl Sessions {
             },
             returned,
         }
+    }
+
+    /// At most `most` tracked sessions (by id), with the count of all, and what admission
+    /// counts: the operator's view of the lifecycle.
+    pub fn lifecycle_view(&self, most: usize, now_ms: u64) -> (Vec<SessionKv>, usize, LiveTokens) {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ids: Vec<&String> = inner.tracked.keys().collect();
+        ids.sort();
+        let rows = ids
+            .into_iter()
+            .take(most)
+            .filter_map(|k| {
+                let t = inner.tracked.get(k)?;
+                Some(SessionKv {
+                    session: k.clone(),
+                    owner: t.owner,
+                    model: t.life.model(),
+                    tokens: t.life.tokens(),
+                    in_flight: t.in_flight,
+                    idle_ms: t.idle_since_ms.map(|i| now_ms.saturating_sub(i)),
+                    hold: t.life.life.hold().map(Hold::name),
+                    kv: t.life.life.place().name(),
+                })
+            })
+            .collect();
+        let mut counts = LiveTokens::default();
+        for (m, &t) in inner.live_tokens.iter().filter(|(_, &t)| t > 0) {
+            counts.live.insert(m.to_string(), t);
+        }
+        for (m, t, _) in inner.admitted.values() {
+            *counts.admitted.entry(m.to_string()).or_default() += t;
+        }
+        (rows, inner.tracked.len(), counts)
     }
 
     /// Whether `session` is tracked: it started and has neither lapsed nor been closed.
