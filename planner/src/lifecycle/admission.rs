@@ -11,9 +11,9 @@
 //! counts it), and no step of a started session ever waits for admission.
 
 /// Whether a new session whose first prompt is `tokens` may start while the live sessions'
-/// contexts total `live_tokens` on a fleet holding `capacity_tokens` of KV (HBM, plus the
-/// host tiers the engines restore from). The first session always starts: one that does
-/// not fit alone would wait forever.
+/// contexts total `live_tokens` on a fleet holding `capacity_tokens` of KV (the HBM the
+/// engines report; a host tier is not reported, so admission is conservative beside one).
+/// The first session always starts: one that does not fit alone would wait forever.
 pub fn admits(live_tokens: u64, tokens: u64, capacity_tokens: u64) -> bool {
     live_tokens == 0 || live_tokens.saturating_add(tokens) <= capacity_tokens
 }

@@ -19,7 +19,8 @@ pub(super) struct Admission {
     on: bool,
     /// Per session: when its held step first arrived (NaN if none is held).
     pub waiting_since: Vec<f64>,
-    /// The fleet's KV memory (HBM and host tiers), tokens.
+    /// The fleet's HBM KV, tokens: what the engines report to the router (a host tier is
+    /// not reported, so not counted).
     capacity_tokens: Option<u64>,
 }
 
@@ -43,10 +44,7 @@ impl Sim<'_> {
         let capacity = *self.admission.capacity_tokens.get_or_insert_with(|| {
             self.engines
                 .iter()
-                .map(|e| {
-                    let pool = e.sched.pool();
-                    (pool.capacity() + pool.host().capacity()) as u64 * block
-                })
+                .map(|e| e.sched.pool().capacity() as u64 * block)
                 .sum()
         });
         let live: u64 = self
