@@ -130,6 +130,11 @@ pub struct ReportArgs {
     /// TPOT must also stay within this many milliseconds.
     #[arg(long)]
     capacity_tpot_ms: Option<f64>,
+    /// Score every policy at its best shape: each runs on every `--clusters` spec with each
+    /// of these host-DRAM sizes (GB per GPU, comma-separated), into
+    /// `<out>/<name>-best-shape.md`.
+    #[arg(long, value_delimiter = ',')]
+    best_shape: Option<Vec<f64>>,
     /// Run the evaluation matrix instead of one workload: every workload of
     /// [`matrix_workloads`] (fixed seeds and parameters) × `--clusters` × `--models`, with the
     /// bound and the acceptance checks per row, into `<out>/<name or "matrix">.md`.
@@ -391,6 +396,9 @@ fn own_prefix_tokens(wl: &Workload, session: usize, step: usize) -> u32 {
 pub fn report(args: ReportArgs) -> Result<(), CommandError> {
     if args.matrix {
         return report_matrix(&args);
+    }
+    if let Some(drams) = &args.best_shape {
+        return report_best_shape(&args, drams);
     }
     let wl = args.workload.build()?;
     let stem = args
@@ -679,6 +687,53 @@ fn matrix_pooled(
         _ => None,
     };
     Ok(report::matrix::PooledRow { e2e_s, at_target })
+}
+
+/// `report --best-shape`: every policy on every shape, each scored at its best.
+fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandError> {
+    let wl = args.workload.build()?;
+    let stem = args
+        .name
+        .clone()
+        .unwrap_or_else(|| slug(&args.workload.workload));
+    let mut cells = Vec::new();
+    for spec in args
+        .clusters
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        for &gb in drams {
+            let settings = SimSettings {
+                host_dram_gb: gb,
+                ..args.engine.clone()
+            };
+            let cluster = Cluster::parse(spec, &settings)?
+                .with_prefill_workers_decode(args.prefill_workers_decode);
+            let runs = report::run_all(
+                &wl,
+                &cluster,
+                &policies(&args.policy),
+                &SimOptions::default(),
+                args.quiet,
+            )?;
+            cells.push((format!("{spec}, {gb} GB host"), runs));
+        }
+    }
+    let best = report::best_shape::best_cells(&cells);
+    let md = format!(
+        "## {} at each policy's best shape\n\nWorkload: {}\n\n{}",
+        wl.name,
+        wl.stats(),
+        report::best_shape::markdown(&best)
+    );
+    let path = args.out.join(format!("{stem}-best-shape.md"));
+    std::fs::write(&path, md).map_err(|source| CommandError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    say(&format!("wrote {}", path.display()));
+    Ok(())
 }
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
