@@ -401,26 +401,10 @@ pub fn report(args: ReportArgs) -> Result<(), CommandError> {
         return report_best_shape(&args, drams);
     }
     let wl = args.workload.build()?;
-    let stem = args
-        .name
-        .clone()
-        .unwrap_or_else(|| slug(&args.workload.workload));
+    let stem = args.stem();
     let mut md = format!("## {}\n\nWorkload: {}\n\n", wl.name, wl.stats());
-    for spec in args
-        .clusters
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let cluster = Cluster::parse(spec, &args.engine)?
-            .with_prefill_workers_decode(args.prefill_workers_decode);
-        let runs = report::run_all(
-            &wl,
-            &cluster,
-            &policies(&args.policy),
-            &SimOptions::default(),
-            args.quiet,
-        )?;
+    for spec in args.cluster_specs() {
+        let (cluster, runs) = args.run_on(&wl, spec, &args.engine)?;
         let plots = report::write_plots(&args.out, &format!("{stem}-{}", cluster.name), &runs)?;
         md.push_str(&format!("### Cluster {}\n\n", cluster.name));
         md.push_str(&markdown_table(&runs));
@@ -433,7 +417,52 @@ pub fn report(args: ReportArgs) -> Result<(), CommandError> {
             md.push_str(&capacity(&args, &cluster, slo_s)?);
         }
     }
-    let path = args.out.join(format!("{stem}.md"));
+    write_report(&args.out, &format!("{stem}.md"), md)
+}
+
+impl ReportArgs {
+    /// The report's file stem: `--name`, else from the workload.
+    fn stem(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| slug(&self.workload.workload))
+    }
+
+    /// The `--clusters` specs.
+    fn cluster_specs(&self) -> impl Iterator<Item = &str> {
+        self.clusters
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// Every `--policy` over `wl` on the cluster `spec` with `settings`.
+    fn run_on(
+        &self,
+        wl: &crate::workload::Workload,
+        spec: &str,
+        settings: &SimSettings,
+    ) -> Result<(Cluster, Vec<crate::sim::RunResult>), CommandError> {
+        let cluster = Cluster::parse(spec, settings)?
+            .with_prefill_workers_decode(self.prefill_workers_decode);
+        let runs = report::run_all(
+            wl,
+            &cluster,
+            &policies(&self.policy),
+            &SimOptions::default(),
+            self.quiet,
+        )?;
+        Ok((cluster, runs))
+    }
+}
+
+/// Writes `md` to `out/file` (creating `out`) and says so.
+fn write_report(out: &std::path::Path, file: &str, md: String) -> Result<(), CommandError> {
+    std::fs::create_dir_all(out).map_err(|source| CommandError::Write {
+        path: out.to_owned(),
+        source,
+    })?;
+    let path = out.join(file);
     std::fs::write(&path, md).map_err(|source| CommandError::Write {
         path: path.clone(),
         source,
@@ -566,18 +595,8 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
         "## Acceptance per row\n\n{}\n## Every row\n\n{detail}",
         summary(&rows)
     );
-    std::fs::create_dir_all(&args.out).map_err(|source| CommandError::Write {
-        path: args.out.clone(),
-        source,
-    })?;
     let stem = args.name.clone().unwrap_or_else(|| "matrix".to_owned());
-    let path = args.out.join(format!("{stem}.md"));
-    std::fs::write(&path, md).map_err(|source| CommandError::Write {
-        path: path.clone(),
-        source,
-    })?;
-    say(&format!("wrote {}", path.display()));
-    Ok(())
+    write_report(&args.out, &format!("{stem}.md"), md)
 }
 
 /// Sessions held at the SLO on one matrix row, per searched policy (`--capacity-policies`):
@@ -692,31 +711,14 @@ fn matrix_pooled(
 /// `report --best-shape`: every policy on every shape, each scored at its best.
 fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandError> {
     let wl = args.workload.build()?;
-    let stem = args
-        .name
-        .clone()
-        .unwrap_or_else(|| slug(&args.workload.workload));
     let mut cells = Vec::new();
-    for spec in args
-        .clusters
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
+    for spec in args.cluster_specs() {
         for &gb in drams {
             let settings = SimSettings {
                 host_dram_gb: gb,
                 ..args.engine.clone()
             };
-            let cluster = Cluster::parse(spec, &settings)?
-                .with_prefill_workers_decode(args.prefill_workers_decode);
-            let runs = report::run_all(
-                &wl,
-                &cluster,
-                &policies(&args.policy),
-                &SimOptions::default(),
-                args.quiet,
-            )?;
+            let (_, runs) = args.run_on(&wl, spec, &settings)?;
             cells.push((format!("{spec}, {gb} GB host"), runs));
         }
     }
@@ -727,13 +729,7 @@ fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandErro
         wl.stats(),
         report::best_shape::markdown(&best)
     );
-    let path = args.out.join(format!("{stem}-best-shape.md"));
-    std::fs::write(&path, md).map_err(|source| CommandError::Write {
-        path: path.clone(),
-        source,
-    })?;
-    say(&format!("wrote {}", path.display()));
-    Ok(())
+    write_report(&args.out, &format!("{}-best-shape.md", args.stem()), md)
 }
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
