@@ -46,7 +46,8 @@ impl Sim<'_> {
         let host: Vec<usize> = self
             .engines
             .iter()
-            .map(|e| e.sched.host_cached_prefix(&hashes))
+            .zip(&cached)
+            .map(|(e, &hbm)| e.sched.host_cached_after(&hashes, hbm))
             .collect();
         let needs = Needs::of(self.policy.as_ref());
         let mut views: Vec<WorkerView> = (0..self.engines.len())

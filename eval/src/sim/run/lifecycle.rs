@@ -138,7 +138,7 @@ impl Sim<'_> {
             if (in_hbm as f64) < least {
                 // Evicted from HBM: into the host tier if it holds the rest now (the
                 // engine offloads what HBM evicts), else gone.
-                let on_host = sched.pool().host_prefix(&i.hashes[in_hbm..]);
+                let on_host = sched.host_cached_after(&i.hashes, in_hbm);
                 if ((in_hbm + on_host) as f64) >= least {
                     self.idle[session].life.offloaded();
                 } else {

@@ -771,7 +771,7 @@ fn a_dropped_tail_goes_to_the_host_tier_and_comes_back() {
         ]
     );
     assert_eq!(s.cached_prefix(&hashes), 2);
-    assert_eq!(s.host_cached_prefix(&hashes), 2);
+    assert_eq!(s.host_cached_after(&hashes, 2), 2);
     let mut back = prompt.clone();
     back.push(7);
     s.add(seq(1, back, 1, 0.0)).unwrap();
@@ -799,7 +799,7 @@ fn a_block_held_in_both_tiers_ends_the_restore_instead_of_blocking_admission() {
     s.insert_cached(Some(hashes[1]), &hashes[2..], &prompt[32..]);
     assert_eq!(s.cached_prefix(&hashes), 1);
     assert_eq!(
-        s.host_cached_prefix(&hashes),
+        s.host_cached_after(&hashes, 1),
         1,
         "B only: C is in HBM already"
     );

@@ -32,11 +32,11 @@ impl Scheduler {
         self.pool.longest_cached_prefix(hashes)
     }
 
-    /// How many hashes of a chain, past its leading HBM-cached ones, the host tier holds
-    /// in a row: what an admission would restore instead of recomputing.
-    pub fn host_cached_prefix(&self, hashes: &[u64]) -> usize {
-        let hit = self.pool.longest_cached_prefix(hashes);
-        self.pool.host_prefix(&hashes[hit..])
+    /// How many hashes of a chain, past its first `hbm` (its HBM-cached prefix,
+    /// [`Self::cached_prefix`]), the host tier holds in a row: what an admission would
+    /// restore instead of recomputing.
+    pub fn host_cached_after(&self, hashes: &[u64], hbm: usize) -> usize {
+        self.pool.host_prefix(hashes.get(hbm..).unwrap_or_default())
     }
 
     /// The leading cached blocks of `hashes` with their content: what the source of a KV
