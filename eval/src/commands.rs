@@ -34,6 +34,49 @@ pub enum CommandError {
     Replay(#[from] crate::replay::ReplayError),
 }
 
+/// Engines that are not the planner's model: what `simulate` and `report` perturb.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct EngineDrift {
+    /// Draw each engine's compute and memory efficiency within ±30% of its preset with this
+    /// seed; the cost planner keeps the presets (an engine that is not its model).
+    #[arg(long)]
+    perturb_seed: Option<u64>,
+    /// The engines' steps take compute plus memory time, not the longer of the two; the
+    /// cost planner is not told.
+    #[arg(long)]
+    additive_steps: bool,
+}
+
+impl EngineDrift {
+    /// `cluster` with its engines drifted (unchanged without either flag).
+    fn apply(self, cluster: Cluster) -> Cluster {
+        if self.perturb_seed.is_none() && !self.additive_steps {
+            return cluster;
+        }
+        cluster.perturbed(Perturbation {
+            seed: self.perturb_seed,
+            spread: SPREAD,
+            additive_steps: self.additive_steps,
+        })
+    }
+
+    /// How the engines drift, for a report's heading ("" without either flag).
+    fn describe(self) -> String {
+        let mut parts = Vec::new();
+        if let Some(seed) = self.perturb_seed {
+            parts.push(format!("efficiencies ±30% (seed {seed})"));
+        }
+        if self.additive_steps {
+            parts.push("additive mixed steps".to_owned());
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!("Engines not the planner's model: {}.\n\n", parts.join(", "))
+        }
+    }
+}
+
 /// Which fleet and policies to simulate.
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
@@ -66,14 +109,8 @@ pub struct SimulateArgs {
     /// that fleet is unlikely to.
     #[arg(long)]
     pooled: bool,
-    /// Draw each engine's compute and memory efficiency within ±30% of its preset with this
-    /// seed; the cost planner keeps the presets (an engine that is not its model).
-    #[arg(long)]
-    perturb_seed: Option<u64>,
-    /// The engines' steps take compute plus memory time, not the longer of the two; the
-    /// cost planner is not told.
-    #[arg(long)]
-    additive_steps: bool,
+    #[command(flatten)]
+    drift: EngineDrift,
     /// Run `ownerserve` with the parked sessions' KV lifecycle (`[router.sessions]
     /// lifecycle`: keep, offload, prefetch or let go each session parked on a tool call,
     /// its returning steps marked ahead of new prompts on engines running vLLM's priority
@@ -168,6 +205,8 @@ pub struct ReportArgs {
     /// `planner_prefill_workers_decode`); the peers' routers keep their sources' roles.
     #[arg(long, default_value_t = PrefillWorkersDecode::Auto)]
     prefill_workers_decode: PrefillWorkersDecode,
+    #[command(flatten)]
+    drift: EngineDrift,
     #[arg(long)]
     quiet: bool,
 }
@@ -287,13 +326,7 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     if args.pooled {
         cluster = cluster.pooled()?;
     }
-    if args.perturb_seed.is_some() || args.additive_steps {
-        cluster = cluster.perturbed(Perturbation {
-            seed: args.perturb_seed,
-            spread: SPREAD,
-            additive_steps: args.additive_steps,
-        });
-    }
+    cluster = args.drift.apply(cluster);
     say(&format!("workload: {}", wl.stats()));
     let opts = SimOptions {
         lifecycle: args.lifecycle,
@@ -436,6 +469,14 @@ impl ReportArgs {
             .filter(|s| !s.is_empty())
     }
 
+    /// The cluster `spec` with `settings`, its engines drifted as the flags say.
+    fn cluster(&self, spec: &str, settings: &SimSettings) -> Result<Cluster, CommandError> {
+        Ok(self.drift.apply(
+            Cluster::parse(spec, settings)?
+                .with_prefill_workers_decode(self.prefill_workers_decode),
+        ))
+    }
+
     /// Every `--policy` over `wl` on the cluster `spec` with `settings`.
     fn run_on(
         &self,
@@ -443,8 +484,7 @@ impl ReportArgs {
         spec: &str,
         settings: &SimSettings,
     ) -> Result<(Cluster, Vec<crate::sim::RunResult>), CommandError> {
-        let cluster = Cluster::parse(spec, settings)?
-            .with_prefill_workers_decode(self.prefill_workers_decode);
+        let cluster = self.cluster(spec, settings)?;
         let runs = report::run_all(
             wl,
             &cluster,
@@ -520,8 +560,7 @@ fn report_matrix(args: &ReportArgs) -> Result<(), CommandError> {
         {
             let wl = spec.build()?;
             for c in list(&args.clusters) {
-                let cluster = Cluster::parse(&c, &engine)?
-                    .with_prefill_workers_decode(args.prefill_workers_decode);
+                let cluster = args.cluster(&c, &engine)?;
                 let configs = cluster.build()?;
                 let runs = report::run_all(
                     &wl,
@@ -710,6 +749,9 @@ fn matrix_pooled(
 
 /// `report --best-shape`: every policy on every shape, each scored at its best.
 fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandError> {
+    if let Some(slo_s) = args.capacity_slo_s {
+        return report_best_goodput(args, drams, slo_s);
+    }
     let wl = args.workload.build()?;
     let mut cells = Vec::new();
     for spec in args.cluster_specs() {
@@ -730,6 +772,86 @@ fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandErro
         report::best_shape::markdown(&best)
     );
     write_report(&args.out, &format!("{}-best-shape.md", args.stem()), md)
+}
+
+/// `report --best-shape --capacity-slo-s`: every policy's goodput sessions on every shape,
+/// each scored at its best, with its KV cost on the workload as given.
+fn report_best_goodput(args: &ReportArgs, drams: &[f64], slo_s: f64) -> Result<(), CommandError> {
+    use report::best_goodput::{self as goodput, GoodputCell, KvCost};
+    let search = report::CapacitySearch {
+        tpot_slo_s: args.capacity_tpot_ms.map(|ms| ms / 1e3),
+        tolerance: args.capacity_tolerance.clamp(0.0, 1.0),
+        ..report::CapacitySearch::new(slo_s, args.capacity_max)
+    };
+    let build = |n: usize| {
+        WorkloadSpec {
+            sessions: Some(n),
+            ..args.workload.clone()
+        }
+        .build()
+    };
+    let names = policies(&args.policy);
+    let (mut cells, mut clusters) = (Vec::new(), Vec::new());
+    for spec in args.cluster_specs() {
+        for &gb in drams {
+            let settings = SimSettings {
+                host_dram_gb: gb,
+                ..args.engine.clone()
+            };
+            let shape = format!("{spec}, {gb} GB host");
+            let cluster = args.cluster(spec, &settings)?;
+            for name in &names {
+                let sessions = report::max_sessions(
+                    &build,
+                    &cluster,
+                    name,
+                    search,
+                    &SimOptions::default(),
+                    None,
+                )?;
+                say(&format!("{name} on {shape}: {sessions} goodput sessions"));
+                cells.push(GoodputCell {
+                    policy: name.clone(),
+                    shape: shape.clone(),
+                    sessions,
+                });
+            }
+            clusters.push((shape, cluster));
+        }
+    }
+    let best = goodput::best_goodput(&cells);
+    let wl = args.workload.build()?;
+    let load = wl.sessions.len();
+    let first_seen = goodput::first_seen_tokens(&wl);
+    let mut rows = Vec::new();
+    for c in best {
+        let Some((_, cluster)) = clusters.iter().find(|(s, _)| *s == c.shape) else {
+            continue;
+        };
+        let kv_per_token = cluster
+            .build()?
+            .first()
+            .map_or(0.0, |cfg| cfg.model.kv_bytes_per_token());
+        let r = report::run_one(&c.policy, &wl, cluster, &SimOptions::default(), &|_| {})?;
+        rows.push((c, KvCost::of(&r, &wl, first_seen, kv_per_token)));
+    }
+    let tpot = args
+        .capacity_tpot_ms
+        .map_or(String::new(), |ms| format!(" and p99 TPOT ≤ {ms} ms"));
+    let md = format!(
+        "## {} goodput at each policy's best shape\n\nGoodput sessions: p99 TTFT ≤ {slo_s} s{tpot}, searched up to {} over {}. Workload at {load} sessions: {}\n\n{}{}",
+        wl.name,
+        search.max_sessions,
+        clusters
+            .iter()
+            .map(|(s, _)| s.as_str())
+            .collect::<Vec<_>>()
+            .join("; "),
+        wl.stats(),
+        args.drift.describe(),
+        goodput::markdown(&rows, load, search.max_sessions)
+    );
+    write_report(&args.out, &format!("{}-goodput.md", args.stem()), md)
 }
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.

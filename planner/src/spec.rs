@@ -126,6 +126,10 @@ const MODEL_PRESETS: &[(&str, &str)] = &[
         include_str!("../../configs/models/qwen3-30b-a3b.toml"),
     ),
     (
+        "qwen3-30b-a3b-fp8",
+        include_str!("../../configs/models/qwen3-30b-a3b-fp8.toml"),
+    ),
+    (
         "deepseek-v3",
         include_str!("../../configs/models/deepseek-v3.toml"),
     ),
@@ -167,7 +171,8 @@ fn positive(field: &'static str, value: f64) -> Result<(), SpecError> {
 }
 
 impl ModelSpec {
-    /// A built-in preset by short name (`llama-3.1-8b`, `qwen3-30b-a3b`, `deepseek-v3`).
+    /// A built-in preset by short name (`llama-3.1-8b`, `qwen3-30b-a3b`, `qwen3-30b-a3b-fp8`,
+    /// `deepseek-v3`, `hybrid-v4-like`).
     pub fn preset(name: &str) -> Result<Self, SpecError> {
         Self::from_toml(lookup(MODEL_PRESETS, "model", name)?)
     }

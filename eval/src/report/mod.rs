@@ -1,6 +1,7 @@
 //! The evaluation report: every policy over one workload on each cluster, as a Markdown
 //! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved).
 
+pub mod best_goodput;
 pub mod best_shape;
 mod capacity;
 pub mod matrix;

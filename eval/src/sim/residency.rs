@@ -4,7 +4,7 @@
 //! workers that decode only (a prefill worker's prefix cache holds a copy of what it
 //! prefilled for a decoder until something evicts it; the split says which copies are those).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use ownerserve_planner::ids::Role;
 use ownerserve_shim::sim::scheduler::CacheEvent;

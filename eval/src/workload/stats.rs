@@ -1,6 +1,6 @@
 //! One-line summary of a workload, comparable with `trace_stats.py`'s headline numbers.
 
-use std::collections::HashSet;
+use foldhash::HashSet;
 use std::fmt;
 
 use super::Workload;
@@ -52,7 +52,7 @@ impl fmt::Display for WorkloadStats {
 pub(super) fn compute(w: &Workload) -> WorkloadStats {
     let mut inputs = Vec::new();
     let mut outputs = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let (mut blocks, mut reused) = (0usize, 0usize);
     for (_, step) in w.steps() {
         inputs.push(step.input_tokens);

@@ -10,7 +10,7 @@
 //! make room, or dropped by [`BlockPool::evict`]) is offloaded to it instead of lost, and
 //! [`BlockPool::restore`] brings it back into a fresh block.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use super::host_tier::{HostChanges, HostTier};
 
@@ -133,7 +133,7 @@ impl BlockPool {
             .collect();
         Self {
             blocks,
-            cached: HashMap::new(),
+            cached: HashMap::default(),
             free_head: if num_blocks == 0 { NIL } else { 0 },
             free_tail: num_blocks.checked_sub(1).unwrap_or(NIL),
             num_free: num_blocks as usize,
