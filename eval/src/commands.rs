@@ -34,7 +34,8 @@ pub enum CommandError {
     Replay(#[from] crate::replay::ReplayError),
 }
 
-/// Engines that are not the planner's model: what `simulate` and `report` perturb.
+/// What the engines are beyond their presets, for `simulate` and `report`: drifted from
+/// the planner's model, or unable to pull KV from a peer.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub struct EngineDrift {
     /// Draw each engine's compute and memory efficiency within ±30% of its preset with this
@@ -45,11 +46,16 @@ pub struct EngineDrift {
     /// cost planner is not told.
     #[arg(long)]
     additive_steps: bool,
+    /// The engines cannot pull KV from a peer (vLLM and SGLang here: KV moves only from a
+    /// prefill leg to its decode leg), so the cost planner plans no fetch or migration.
+    #[arg(long)]
+    no_peer_pulls: bool,
 }
 
 impl EngineDrift {
     /// `cluster` with its engines drifted (unchanged without either flag).
     fn apply(self, cluster: Cluster) -> Cluster {
+        let cluster = cluster.with_peer_pulls(!self.no_peer_pulls);
         if self.perturb_seed.is_none() && !self.additive_steps {
             return cluster;
         }
@@ -69,10 +75,13 @@ impl EngineDrift {
         if self.additive_steps {
             parts.push("additive mixed steps".to_owned());
         }
+        if self.no_peer_pulls {
+            parts.push("no peer pulls".to_owned());
+        }
         if parts.is_empty() {
             String::new()
         } else {
-            format!("Engines not the planner's model: {}.\n\n", parts.join(", "))
+            format!("Engines: {}.\n\n", parts.join(", "))
         }
     }
 }

@@ -40,6 +40,10 @@ pub struct Cluster {
     /// The cost planner's migration budget (the router's `planner_migration_budget`; its
     /// default, 0.1, unless set; infinite: none).
     pub migration_budget: f64,
+    /// Its engines can pull a sealed prefix from a peer (the simulated engine's
+    /// `/kv/fetch`); `false` models vLLM and SGLang here, which move KV only from a prefill
+    /// leg to its decode leg: the cost planner then plans no fetch or migration.
+    pub peer_pulls: bool,
 }
 
 /// A cluster spec that cannot be built.
@@ -95,6 +99,7 @@ impl Cluster {
             workers,
             prefill_workers_decode: PrefillWorkersDecode::default(),
             migration_budget: Weights::default().migration_budget,
+            peer_pulls: true,
         })
     }
 
@@ -153,6 +158,11 @@ impl Cluster {
             migration_budget: share,
             ..self
         }
+    }
+
+    /// The same fleet, its engines able to pull KV from a peer or not.
+    pub fn with_peer_pulls(self, peer_pulls: bool) -> Self {
+        Self { peer_pulls, ..self }
     }
 
     /// The same fleet with its prefill workers allowed to decode when `when` says.

@@ -37,6 +37,8 @@ pub(crate) struct Engine {
     /// The engine's roofline as the router is told it (the lifecycle prices a recompute
     /// and a touch with it): its preset, whatever a perturbed engine really does.
     pub roofline: Roofline,
+    /// Its engine can pull KV from a peer (`Cluster::peer_pulls`).
+    pub pulls_kv: bool,
 }
 
 impl Engine {
@@ -59,6 +61,7 @@ impl Engine {
             preempted: 0,
             decodes: Decodes::new(0.0),
             roofline: believed,
+            pulls_kv: true,
         }
     }
 
@@ -73,7 +76,7 @@ impl Engine {
             role: self.role,
             healthy: true,
             draining: false,
-            pulls_kv: true,
+            pulls_kv: self.pulls_kv,
             prefill_decodes: true,
             // The simulator runs a remote prefill as vLLM's two-step: the decode leg is
             // submitted when the KV arrives (`sim::run`).

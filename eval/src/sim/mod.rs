@@ -84,7 +84,7 @@ pub fn simulate(
         .into_iter()
         .map(|c| c.roofline)
         .collect();
-    let sim = run::Sim::new(
+    let mut sim = run::Sim::new(
         workload,
         first.model.clone(),
         &configs,
@@ -93,6 +93,7 @@ pub fn simulate(
         policy,
         opts,
     );
+    sim.set_peer_pulls(cluster.peer_pulls);
     let mut result = sim.run(progress);
     result.cluster = cluster.name.clone();
     Ok(result)

@@ -148,6 +148,13 @@ pub(crate) struct Sim<'w> {
 }
 
 impl<'w> Sim<'w> {
+    /// Whether the engines can pull KV from a peer (`Cluster::peer_pulls`).
+    pub fn set_peer_pulls(&mut self, pulls: bool) {
+        for e in &mut self.engines {
+            e.pulls_kv = pulls;
+        }
+    }
+
     pub fn new(
         wl: &'w Workload,
         model: ModelSpec,
