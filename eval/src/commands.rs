@@ -530,6 +530,7 @@ pub fn matrix_workloads(traces_dir: &std::path::Path) -> Vec<(WorkloadSpec, bool
         workload: name.to_owned(),
         sessions,
         rate,
+        arrival_window_s: None,
         max_requests: 0,
         seed: 1,
         traces_dir: traces_dir.to_owned(),

@@ -32,6 +32,12 @@ pub struct WorkloadSpec {
     /// Session arrival rate, per second (Poisson), for scaled traces and generators.
     #[arg(long, default_value_t = 1.0)]
     pub rate: f64,
+    /// Spread the sessions' arrivals over this many seconds instead (rate = sessions /
+    /// window, with --sessions or a capacity search's count): a search over session counts
+    /// then raises the load, as for short forked sessions that never pile up at a fixed
+    /// rate.
+    #[arg(long)]
+    pub arrival_window_s: Option<f64>,
     /// Only the first N requests of an open-loop trace (0 = all).
     #[arg(long, default_value_t = 0)]
     pub max_requests: usize,
@@ -49,6 +55,7 @@ impl Default for WorkloadSpec {
             workload: "swe-smith".to_owned(),
             sessions: None,
             rate: 1.0,
+            arrival_window_s: None,
             max_requests: 0,
             seed: 1,
             traces_dir: default_traces_dir(),
@@ -63,9 +70,11 @@ const SWE_SMITH_SHARED_TOKENS: u32 = 1024;
 impl WorkloadSpec {
     /// Builds the workload.
     pub fn build(&self) -> Result<Workload, WorkloadError> {
-        let arrivals = Arrivals::Poisson {
-            rate_per_s: self.rate,
+        let rate = match (self.arrival_window_s, self.sessions) {
+            (Some(window), Some(n)) if window > 0.0 => n as f64 / window,
+            _ => self.rate,
         };
+        let arrivals = Arrivals::Poisson { rate_per_s: rate };
         let mut wl = match self.workload.as_str() {
             "swe-smith" => {
                 let base = agentic::read(self.traces_dir.join("continuum_swesmith_derived.jsonl"))?;

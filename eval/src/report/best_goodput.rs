@@ -153,7 +153,16 @@ pub fn markdown(rows: &[(GoodputCell, KvCost)], load: usize, max: usize) -> Stri
     );
     let ours = rows.iter().find(|(c, _)| c.policy == "ownerserve");
     if let (Some((oc, ok)), Some((rc, rk))) = (ours, rival(rows)) {
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::INFINITY };
+        // Against a baseline at 0: any gain is unbounded, none is no win (NaN fails).
+        let ratio = |a: f64, b: f64| {
+            if b > 0.0 {
+                a / b
+            } else if a > 0.0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        };
         let held = ratio(oc.sessions as f64, rc.sessions as f64);
         let recomputed = ratio(ok.recomputed_tokens, rk.recomputed_tokens);
         let work = ratio(ok.kv_work_gb(), rk.kv_work_gb());
@@ -168,7 +177,7 @@ pub fn markdown(rows: &[(GoodputCell, KvCost)], load: usize, max: usize) -> Stri
             rc.shape,
             mark(held >= GOODPUT_RATIO),
             mark(recomputed <= RECOMPUTED_RATIO),
-            mark(work <= 1.0)
+            mark(ok.kv_work_gb() <= rk.kv_work_gb())
         );
     }
     md
@@ -220,6 +229,23 @@ mod tests {
         assert!(
             md.contains("best baseline `dynamo_kv` (8h): goodput sessions 1.67× (≥ 1.3×: pass), tokens recomputed 0.62× (≤ 0.6×: FAIL), KV moved + recomputed 1.88× (≤ 1×: FAIL)"),
             "{md}"
+        );
+    }
+
+    #[test]
+    fn a_baseline_at_zero_is_beaten_only_by_a_gain() {
+        let rows = |ours: usize| {
+            vec![
+                (cell("ownerserve", "8h", ours), cost(0.0, 0.0)),
+                (cell("llm_d", "8h", 0), cost(0.0, 0.0)),
+            ]
+        };
+        let none = markdown(&rows(0), 8, 512);
+        assert!(none.contains("goodput sessions NaN× (≥ 1.3×: FAIL), tokens recomputed NaN× (≤ 0.6×: FAIL), KV moved + recomputed NaN× (≤ 1×: pass)"), "{none}");
+        let some = markdown(&rows(4), 8, 512);
+        assert!(
+            some.contains("goodput sessions inf× (≥ 1.3×: pass)"),
+            "{some}"
         );
     }
 
