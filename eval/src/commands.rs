@@ -785,7 +785,7 @@ fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandErro
 }
 
 /// `report --best-shape --capacity-slo-s`: every policy's goodput sessions on every shape,
-/// each scored at its best, with its KV cost on the workload as given.
+/// each scored at its best, with its KV cost at the best baseline's goodput count.
 fn report_best_goodput(args: &ReportArgs, drams: &[f64], slo_s: f64) -> Result<(), CommandError> {
     use report::best_goodput::{self as goodput, GoodputCell, KvCost};
     let search = report::CapacitySearch {
@@ -830,8 +830,9 @@ fn report_best_goodput(args: &ReportArgs, drams: &[f64], slo_s: f64) -> Result<(
         }
     }
     let best = goodput::best_goodput(&cells);
-    let wl = args.workload.build()?;
-    let load = wl.sessions.len();
+    let given = args.workload.build()?.sessions.len();
+    let load = goodput::cost_load(&best, given);
+    let wl = build(load)?;
     let first_seen = goodput::first_seen_tokens(&wl);
     let mut rows = Vec::new();
     for c in best {
