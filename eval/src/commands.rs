@@ -23,6 +23,8 @@ pub enum CommandError {
     Cluster(#[from] ClusterError),
     #[error(transparent)]
     Report(#[from] ReportError),
+    #[error("an open-loop workload has no agentic JSONL form (its calls have absolute arrivals)")]
+    OpenLoop,
     #[error("cannot write {}", path.display())]
     Write {
         path: PathBuf,
@@ -146,6 +148,10 @@ pub struct SimulateArgs {
     /// `<path>-<policy>.csv`, for diagnosing a policy step by step.
     #[arg(long)]
     steps_csv: Option<PathBuf>,
+    /// Also write the workload as agentic JSONL to this path (closed-loop workloads: the
+    /// generators, the agentic traces), which `--workload PATH` reads back as it was.
+    #[arg(long)]
+    write_jsonl: Option<PathBuf>,
 }
 
 /// Which fleets to compare policies on, and where the report goes.
@@ -337,6 +343,14 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     }
     cluster = args.drift.apply(cluster);
     say(&format!("workload: {}", wl.stats()));
+    if let Some(path) = &args.write_jsonl {
+        let text = crate::workload::agentic::write(&wl).ok_or(CommandError::OpenLoop)?;
+        std::fs::write(path, text).map_err(|source| CommandError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        say(&format!("wrote {}", path.display()));
+    }
     let opts = SimOptions {
         lifecycle: args.lifecycle,
         lifecycle_oracle: args.lifecycle_oracle,

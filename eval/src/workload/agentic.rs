@@ -1,19 +1,23 @@
-//! Reader for the agentic JSONL traces (the derived SWE-smith trace, the real Claude Code
-//! sessions): closed loop, one line per LLM call, with explicit sessions, turns and tool
-//! gaps. A subagent (`spawned_by`, `spawn_after_turn`) starts when the parent's call of
-//! that turn completes, as the tool call that spawned it runs, not at t = 0.
+//! The agentic JSONL format (the derived SWE-smith trace, the real Claude Code sessions,
+//! and any closed-loop generator written out with [`write`]): closed loop, one line per
+//! LLM call, with explicit sessions, turns and tool gaps. A subagent (`spawned_by`,
+//! `spawn_after_turn`) starts when the parent's call of that turn completes, as the tool
+//! call that spawned it runs, not at t = 0. Optional fields a generator's sessions need:
+//! `start_ms` (when a session's first call is sent; 0), `spawn_after_gap` (a forked
+//! rollout starts after the spawning call's tool gap; false), `samples` (choices `n`; 1),
+//! `fork` (the call is an explicit fork, `x-ownerserve-fork`; false).
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::{LineProblem, WorkloadError};
 use super::jsonl::{line_error, parse_lines, read_text};
 use super::mooncake::stem;
 use super::{blocks_for, ForkOf, Loop, Session, Step, Workload};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Serialize)]
 struct Record {
     session_id: String,
     turn: u32,
@@ -25,10 +29,76 @@ struct Record {
     block_size: u32,
     hash_ids: Vec<u64>,
     /// A subagent's parent session and the parent's turn whose tool call spawned it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     spawned_by: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     spawn_after_turn: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    spawn_after_gap: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    start_ms: f64,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    samples: u32,
+    #[serde(default, skip_serializing_if = "is_false")]
+    fork: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Writes a closed-loop workload in this format, one line per call, sessions in order:
+/// what [`parse`] reads back into the same sessions (names aside; times to within an ulp). `None` for an open-loop
+/// workload (its calls have absolute arrivals this format has no field for).
+pub fn write(wl: &Workload) -> Option<String> {
+    if wl.looping != Loop::Closed {
+        return None;
+    }
+    let mut out = String::new();
+    for s in &wl.sessions {
+        let spawn = s.fork_of.and_then(|f| {
+            let parent = wl.sessions.get(f.session)?;
+            Some((
+                parent.id.clone(),
+                parent.steps.get(f.step)?.turn,
+                f.after_gap,
+            ))
+        });
+        for (i, st) in s.steps.iter().enumerate() {
+            let r = Record {
+                session_id: s.id.clone(),
+                turn: st.turn,
+                parent_turn: st.parent,
+                input_length: st.input_tokens,
+                output_length: st.output_tokens,
+                tool_gap_ms: st.gap_after_ms,
+                block_size: wl.hash_block,
+                hash_ids: st.hash_ids.clone(),
+                spawned_by: spawn.as_ref().map(|(p, _, _)| p.clone()),
+                spawn_after_turn: spawn.as_ref().map(|(_, t, _)| *t),
+                spawn_after_gap: spawn.as_ref().is_some_and(|(_, _, g)| *g),
+                start_ms: if i == 0 { s.start_ms } else { 0.0 },
+                samples: st.samples,
+                fork: st.fork,
+            };
+            // A record of numbers and strings always serialises.
+            out.push_str(&serde_json::to_string(&r).unwrap_or_default());
+            out.push('\n');
+        }
+    }
+    Some(out)
 }
 
 /// Reads the derived agentic JSONL into a closed-loop workload; sessions keep the order in
@@ -44,8 +114,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
     let block = records.first().map(|(_, r)| r.block_size).unwrap_or(0);
     let mut sessions: Vec<Session> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
-    // Per subagent session: its parent's id and spawning turn, as first read.
-    let mut spawns: Vec<(usize, String, u32)> = Vec::new();
+    // Per subagent session: its parent's id, spawning turn and whether it waits for that
+    // call's tool gap, as first read.
+    let mut spawns: Vec<(usize, String, u32, bool)> = Vec::new();
     for (line, r) in records {
         if r.block_size != block || block == 0 {
             let problem = LineProblem::BlockSize {
@@ -66,11 +137,11 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
         let si = *index.entry(r.session_id.clone()).or_insert(next);
         if si == next {
             if let (Some(parent), Some(turn)) = (r.spawned_by, r.spawn_after_turn) {
-                spawns.push((si, parent, turn));
+                spawns.push((si, parent, turn, r.spawn_after_gap));
             }
             sessions.push(Session {
                 id: r.session_id,
-                start_ms: 0.0,
+                start_ms: r.start_ms.max(0.0),
                 fork_of: None,
                 steps: Vec::new(),
             });
@@ -93,14 +164,14 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
             hash_ids: r.hash_ids,
             arrival_ms: None,
             gap_after_ms: r.tool_gap_ms.max(0.0),
-            samples: 1,
-            fork: false,
+            samples: r.samples.max(1),
+            fork: r.fork,
         });
     }
     for s in &mut sessions {
         s.steps.sort_by_key(|st| st.turn);
     }
-    for (si, parent, turn) in spawns {
+    for (si, parent, turn, after_gap) in spawns {
         // The parent's last call at or before the spawning turn (a parent cut short of it
         // spawns at its last call); a parent not in the file leaves it at t = 0.
         let Some(&p) = index.get(&parent).filter(|&&p| p != si) else {
@@ -110,7 +181,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
         sessions[si].fork_of = step.map(|step| ForkOf {
             session: p,
             step,
-            after_gap: false,
+            after_gap,
         });
     }
     Ok(Workload {
@@ -173,6 +244,61 @@ mod tests {
         let zero = line(0, 0, "");
         let err = parse(&zero, Path::new("s.jsonl")).expect_err("zero block");
         assert_eq!(err.line(), Some(1));
+    }
+
+    #[test]
+    fn generated_workloads_are_written_and_read_back_the_same() {
+        for name in [
+            "repo-swarm",
+            "forked",
+            "forked-samples",
+            "long-gap",
+            "coding-agent",
+        ] {
+            let spec = crate::scenario::WorkloadSpec {
+                workload: name.to_owned(),
+                sessions: Some(6),
+                ..Default::default()
+            };
+            let wl = spec.build().expect("builds");
+            let text = write(&wl).expect("closed loop");
+            let back = parse(&text, Path::new("w.jsonl")).expect("reads back");
+            back.check().expect("contract holds");
+            assert_eq!(back.sessions.len(), wl.sessions.len(), "{name}");
+            for (a, b) in back.sessions.iter().zip(&wl.sessions) {
+                let what = format!("{name} {}", b.id);
+                assert_eq!(
+                    (&a.id, a.start_ms, a.fork_of),
+                    (&b.id, b.start_ms, b.fork_of),
+                    "{what}"
+                );
+                for (x, y) in a.steps.iter().zip(&b.steps) {
+                    // serde_json reads a float back to within an ulp.
+                    let key = |s: &Step| {
+                        let gap_us = (s.gap_after_ms * 1e3).round();
+                        (
+                            s.turn,
+                            s.parent,
+                            s.input_tokens,
+                            s.output_tokens,
+                            gap_us,
+                            s.samples,
+                            s.fork,
+                        )
+                    };
+                    assert_eq!(key(x), key(y), "{what}");
+                    assert!(x.hash_ids == y.hash_ids, "{what}: hash ids");
+                }
+                assert_eq!(a.steps.len(), b.steps.len(), "{what}");
+            }
+            assert_eq!(back.hash_block, wl.hash_block);
+        }
+        let open = crate::scenario::WorkloadSpec {
+            workload: "mooncake".to_owned(),
+            max_requests: 5,
+            ..Default::default()
+        };
+        assert!(write(&open.build().expect("builds")).is_none());
     }
 
     /// A call of `session`, turn `turn`; `spawn` names the parent and its turn.
