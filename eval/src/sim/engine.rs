@@ -18,6 +18,9 @@ pub(crate) struct Engine {
     pub role: Role,
     /// The link this worker pulls KV over.
     pub link: LinkModel,
+    /// When its NIC has sent every copy queued on it (virtual s): copies it serves to its
+    /// peers share it, one after another.
+    pub nic_free_s: f64,
     /// KV bytes of one block.
     pub block_bytes: u64,
     /// A step is under way; its output lands at its end.
@@ -53,6 +56,7 @@ impl Engine {
             sched: Scheduler::new(sched_cfg, cfg.model.clone(), cfg.roofline.clone()),
             role,
             link: cfg.transfer.link,
+            nic_free_s: 0.0,
             block_bytes: block_bytes(&cfg.model, cfg.scheduler.block_size),
             stepping: None,
             next_seq: 0,

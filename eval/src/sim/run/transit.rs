@@ -88,7 +88,17 @@ impl Sim<'_> {
             _ => CachedRun::default(),
         };
         let bytes = run.blocks as u64 * self.engines[worker].block_bytes;
-        let took = self.engines[worker].link.transfer_s(bytes);
+        let link = self.engines[worker].link;
+        // The copies a worker serves share its NIC: this one starts once those queued
+        // before it are sent (the planner prices each copy as if the link were its own).
+        let mut start = self.now_s;
+        if bytes > 0 {
+            if let Some(src) = self.engines.get_mut(source) {
+                start = start.max(src.nic_free_s);
+                src.nic_free_s = start + bytes as f64 / link.bytes_per_s;
+            }
+        }
+        let took = start - self.now_s + link.transfer_s(bytes);
         match why {
             Move::PrefillToDecode => self.kv.prefill_to_decode += bytes,
             Move::Fetch => self.kv.fetch += bytes,
