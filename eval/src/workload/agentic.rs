@@ -1,5 +1,5 @@
 //! The agentic JSONL format (the derived SWE-smith trace, the real Claude Code sessions,
-//! and any closed-loop generator written out with [`write`]): closed loop, one line per
+//! and any closed-loop generator written out with [`write()`]): closed loop, one line per
 //! LLM call, with explicit sessions, turns and tool gaps. A subagent (`spawned_by`,
 //! `spawn_after_turn`) starts when the parent's call of that turn completes, as the tool
 //! call that spawned it runs, not at t = 0. Optional fields a generator's sessions need:
