@@ -5,7 +5,7 @@ Reads the "Acceptance per row" tables that `eval_cli report --matrix` writes int
 docs/eval/ for the default configuration: the agentic rows without a host tier
 (`matrix-*-{2p6d,4p4d,8h}-agentic-dram0.md`) and the other workloads (`matrix-*-other.md`).
 Prints, per criterion, how many rows pass, then every failing cell with its figures, so
-the findings in docs/EVALUATION.md ("Where it stands") can be checked against the files.
+the findings in docs/EVALUATION.md ("The matrix") can be checked against the files.
 
     python3 scripts/acceptance_tally.py            # from the repository's root
     python3 scripts/acceptance_tally.py --check docs/EVALUATION.md
@@ -42,15 +42,15 @@ def acceptance_rows(path):
 
 
 def stated_counts(path):
-    """The "N / M" cells of the table in the "Where it stands" section, in order."""
-    return [r[1] for r in table_rows(path, "## Where it stands") if len(r) > 1 and " / " in r[1]]
+    """The "N / M" cells of the table in the "The matrix" section, in order."""
+    return [r[1] for r in table_rows(path, "## The matrix: the no-regression rows") if len(r) > 1 and " / " in r[1]]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default="docs/eval", help="where the matrix files are")
     ap.add_argument("--check", metavar="EVALUATION_MD",
-                    help="fail unless this file's \"Where it stands\" table states these counts")
+                    help="fail unless this file's \"The matrix\" table states these counts")
     args = ap.parse_args()
     paths = sorted(glob.glob(os.path.join(args.dir, "matrix-*-agentic-dram0.md")))
     paths += sorted(glob.glob(os.path.join(args.dir, "matrix-*-other.md")))
