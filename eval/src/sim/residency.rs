@@ -1,8 +1,12 @@
 //! HBM residency across the fleet: how many copies of each KV block are resident, from the
-//! engines' cache changes (host-tier copies are not HBM and are not counted). The duplicate factor is copies over distinct blocks, weighted by
-//! time; a series of it is kept for plots. It is kept twice: over every worker, and over the
-//! workers that decode only (a prefill worker's prefix cache holds a copy of what it
-//! prefilled for a decoder until something evicts it; the split says which copies are those).
+//! engines' cache changes (host-tier copies are not HBM and are not counted). The duplicate
+//! factor is copies over distinct blocks, weighted by time; a series of it is kept for
+//! plots. It is kept twice: over every worker, and over the workers that decode only (a
+//! prefill worker's prefix cache holds a copy of what it prefilled for a decoder until
+//! something evicts it; the split says which copies are those). One map holds both counts
+//! of a block: the simulator's hottest path is this lookup.
+
+use std::collections::hash_map::Entry;
 
 use foldhash::HashMap;
 
@@ -12,6 +16,8 @@ use ownerserve_shim::sim::scheduler::CacheEvent;
 /// Residency over every worker and over the workers that decode.
 #[derive(Debug)]
 pub(crate) struct FleetResidency {
+    /// Per resident block: its copies on every worker, and on the workers that decode.
+    copies: HashMap<u64, [u16; 2]>,
     pub all: Residency,
     /// Every worker but prefill workers.
     pub decoders: Residency,
@@ -20,6 +26,7 @@ pub(crate) struct FleetResidency {
 impl FleetResidency {
     pub fn new(sample_s: f64) -> Self {
         Self {
+            copies: HashMap::default(),
             all: Residency::new(sample_s),
             decoders: Residency::new(sample_s),
         }
@@ -27,19 +34,56 @@ impl FleetResidency {
 
     /// Applies the cache changes of one worker in `role` at `now_s`.
     pub fn apply(&mut self, now_s: f64, role: Role, events: &[CacheEvent]) {
-        self.all.apply(now_s, events);
-        if role != Role::Prefill {
-            self.decoders.apply(now_s, events);
+        if events.is_empty() {
+            return;
+        }
+        let decodes = role != Role::Prefill;
+        self.all.advance(now_s);
+        if decodes {
+            self.decoders.advance(now_s);
+        }
+        for e in events {
+            match e {
+                CacheEvent::Stored { hashes, .. } => {
+                    for h in hashes {
+                        let c = self.copies.entry(*h).or_insert([0, 0]);
+                        self.all.add(&mut c[0]);
+                        if decodes {
+                            self.decoders.add(&mut c[1]);
+                        }
+                    }
+                }
+                CacheEvent::Removed { hashes } => {
+                    for h in hashes {
+                        let Entry::Occupied(mut c) = self.copies.entry(*h) else {
+                            continue;
+                        };
+                        let counts = c.get_mut();
+                        self.all.remove(&mut counts[0]);
+                        if decodes {
+                            self.decoders.remove(&mut counts[1]);
+                        }
+                        if counts[0] == 0 {
+                            c.remove();
+                        }
+                    }
+                }
+                // The simulator never resets a cache; a host-tier copy is not in HBM.
+                CacheEvent::Cleared
+                | CacheEvent::HostStored { .. }
+                | CacheEvent::HostRemoved { .. } => {}
+            }
         }
     }
 }
 
-/// Copies of each resident block, and their time integrals.
+/// Copies and distinct blocks of one view of the fleet, and their time integrals.
 #[derive(Debug, Default)]
 pub(crate) struct Residency {
-    copies: HashMap<u64, u16>,
     /// Copies of all blocks, summed over workers.
     total: u64,
+    /// Blocks with at least one copy.
+    distinct: u64,
     last_s: f64,
     copies_area: f64,
     distinct_area: f64,
@@ -60,7 +104,7 @@ impl Residency {
     fn advance(&mut self, now_s: f64) {
         let dt = (now_s - self.last_s).max(0.0);
         self.copies_area += self.total as f64 * dt;
-        self.distinct_area += self.copies.len() as f64 * dt;
+        self.distinct_area += self.distinct as f64 * dt;
         self.last_s = self.last_s.max(now_s);
         if now_s >= self.next_sample_s {
             self.series.push((now_s, self.factor_now()));
@@ -68,45 +112,33 @@ impl Residency {
         }
     }
 
-    /// Copies over distinct blocks right now (1 when nothing is resident).
-    pub fn factor_now(&self) -> f64 {
-        if self.copies.is_empty() {
-            1.0
-        } else {
-            self.total as f64 / self.copies.len() as f64
+    /// One more copy of a block that had `count`.
+    fn add(&mut self, count: &mut u16) {
+        if *count == 0 {
+            self.distinct += 1;
+        }
+        *count += 1;
+        self.total += 1;
+    }
+
+    /// One copy fewer of a block that had `count` (none if it had none here).
+    fn remove(&mut self, count: &mut u16) {
+        if *count == 0 {
+            return;
+        }
+        *count -= 1;
+        self.total -= 1;
+        if *count == 0 {
+            self.distinct -= 1;
         }
     }
 
-    /// Applies one worker's cache changes at `now_s`.
-    pub fn apply(&mut self, now_s: f64, events: &[CacheEvent]) {
-        if events.is_empty() {
-            return;
-        }
-        self.advance(now_s);
-        for e in events {
-            match e {
-                CacheEvent::Stored { hashes, .. } => {
-                    for h in hashes {
-                        *self.copies.entry(*h).or_insert(0) += 1;
-                        self.total += 1;
-                    }
-                }
-                CacheEvent::Removed { hashes } => {
-                    for h in hashes {
-                        if let Some(c) = self.copies.get_mut(h) {
-                            *c -= 1;
-                            self.total -= 1;
-                            if *c == 0 {
-                                self.copies.remove(h);
-                            }
-                        }
-                    }
-                }
-                // The simulator never resets a cache; a host-tier copy is not in HBM.
-                CacheEvent::Cleared
-                | CacheEvent::HostStored { .. }
-                | CacheEvent::HostRemoved { .. } => {}
-            }
+    /// Copies over distinct blocks right now (1 when nothing is resident).
+    pub fn factor_now(&self) -> f64 {
+        if self.distinct == 0 {
+            1.0
+        } else {
+            self.total as f64 / self.distinct as f64
         }
     }
 
@@ -135,21 +167,41 @@ mod tests {
 
     #[test]
     fn copies_are_weighted_by_time() {
-        let mut r = Residency::new(1.0);
-        r.apply(0.0, &[stored(&[1, 2])]);
+        let mut r = FleetResidency::new(1.0);
+        r.apply(0.0, Role::Hybrid, &[stored(&[1, 2])]);
         // Two distinct blocks, one copy each, for 1 s; then block 1 twice for 1 s.
-        r.apply(1.0, &[stored(&[1])]);
-        assert!((r.factor_now() - 1.5).abs() < 1e-9);
-        let f = r.factor(2.0);
+        r.apply(1.0, Role::Hybrid, &[stored(&[1])]);
+        assert!((r.all.factor_now() - 1.5).abs() < 1e-9);
+        let f = r.all.factor(2.0);
         // copies area 2 + 3 = 5, distinct area 2 + 2 = 4.
         assert!((f - 1.25).abs() < 1e-9, "{f}");
         r.apply(
             2.0,
+            Role::Hybrid,
             &[CacheEvent::Removed {
                 hashes: vec![1, 1, 9],
             }],
         );
-        assert!((r.factor_now() - 1.0).abs() < 1e-9);
-        assert!(!r.series.is_empty());
+        assert!((r.all.factor_now() - 1.0).abs() < 1e-9);
+        assert!(!r.all.series.is_empty());
+    }
+
+    #[test]
+    fn a_prefill_workers_copies_count_over_all_workers_only() {
+        let mut r = FleetResidency::new(1.0);
+        r.apply(0.0, Role::Prefill, &[stored(&[1, 2])]);
+        r.apply(0.0, Role::Decode, &[stored(&[1])]);
+        assert!((r.all.factor_now() - 1.5).abs() < 1e-9);
+        assert!((r.decoders.factor_now() - 1.0).abs() < 1e-9);
+        // The decoder's copy goes; the prefill worker's stays, over all workers only.
+        r.apply(
+            1.0,
+            Role::Decode,
+            &[CacheEvent::Removed { hashes: vec![1] }],
+        );
+        assert!((r.all.factor_now() - 1.0).abs() < 1e-9);
+        assert_eq!(r.decoders.factor_now(), 1.0);
+        assert_eq!(r.decoders.distinct, 0);
+        assert_eq!(r.all.distinct, 2);
     }
 }

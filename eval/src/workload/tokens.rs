@@ -16,23 +16,30 @@ const TOKEN_STREAM: u64 = 0x746f_6b65_6e73_2121;
 
 /// Prompt token ids for a step: block j holds tokens derived from `hash_ids[j]` alone
 /// (equal ids give equal tokens, different ids different ones with overwhelming
-/// probability), truncated to `input_tokens`. Token ids lie in 1000..=60000.
+/// probability), truncated to `input_tokens`. Token ids lie in 1000..=60000. Each draw of
+/// the id's generator gives four tokens (16 bits each, scaled into the range by a multiply
+/// and a shift): the simulator builds every prompt this way, and a draw and a division per
+/// token were a tenth of its time.
 pub fn prompt_tokens(step: &Step, hash_block: u32) -> Vec<u32> {
     let total = step.input_tokens as usize;
     let mut out = Vec::with_capacity(total);
     if hash_block == 0 {
         return out;
     }
-    let span = u64::from(TOKEN_MAX - TOKEN_MIN + 1);
+    let span = TOKEN_MAX - TOKEN_MIN + 1;
     for &id in &step.hash_ids {
         let mut rng = SplitMix64::new(id ^ TOKEN_STREAM);
-        for _ in 0..hash_block {
-            if out.len() == total {
-                return out;
+        let n = (hash_block as usize).min(total - out.len());
+        let mut bits = 0u64;
+        for i in 0..n {
+            if i % 4 == 0 {
+                bits = rng.next_u64();
             }
-            // span < 2^16 so the modulo bias is below 2^-47: irrelevant here.
-            let token = (rng.next_u64() % span) as u32;
-            out.push(TOKEN_MIN + token);
+            let draw = (bits >> (16 * (i % 4))) & 0xFFFF;
+            out.push(TOKEN_MIN + ((draw as u32 * span) >> 16));
+        }
+        if out.len() == total {
+            break;
         }
     }
     out
