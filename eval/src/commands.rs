@@ -977,6 +977,7 @@ mod returning_tests {
             gap_after_ms: 0.0,
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         }
     }
 

@@ -181,6 +181,7 @@ mod tests {
             gap_after_ms: 0.0,
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         }
     }
 

@@ -109,6 +109,7 @@ fn step(ids: &[u64], input: u32, output: u32) -> Step {
         gap_after_ms: 0.0,
         samples: 1,
         fork: false,
+        ending: crate::workload::Ending::Unknown,
     }
 }
 

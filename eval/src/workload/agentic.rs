@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{LineProblem, WorkloadError};
 use super::jsonl::{line_error, parse_lines, read_text};
 use super::mooncake::stem;
-use super::{blocks_for, ForkOf, Loop, Session, Step, Workload};
+use super::{blocks_for, Ending, ForkOf, Loop, Session, Step, Workload};
 
 #[derive(Deserialize, Serialize)]
 struct Record {
@@ -41,6 +41,18 @@ struct Record {
     samples: u32,
     #[serde(default, skip_serializing_if = "is_false")]
     fork: bool,
+    /// How the call's response ended (Claude Code's `tool_use`, `end_turn`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stop: Option<String>,
+}
+
+/// A trace's `stop` as an [`Ending`]: a tool call, an answer, or not said.
+fn ending_of(stop: Option<&str>) -> Ending {
+    match stop {
+        Some("tool_use" | "tool_calls") => Ending::ToolCall,
+        Some("end_turn" | "stop" | "max_tokens" | "length" | "stop_sequence") => Ending::Answer,
+        _ => Ending::Unknown,
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -92,6 +104,11 @@ pub fn write(wl: &Workload) -> Option<String> {
                 start_ms: if i == 0 { s.start_ms } else { 0.0 },
                 samples: st.samples,
                 fork: st.fork,
+                stop: match st.ending {
+                    Ending::ToolCall => Some("tool_use".to_owned()),
+                    Ending::Answer => Some("end_turn".to_owned()),
+                    Ending::Unknown => None,
+                },
             };
             // A record of numbers and strings always serialises.
             out.push_str(&serde_json::to_string(&r).unwrap_or_default());
@@ -166,6 +183,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
             gap_after_ms: r.tool_gap_ms.max(0.0),
             samples: r.samples.max(1),
             fork: r.fork,
+            ending: ending_of(r.stop.as_deref()),
         });
     }
     for s in &mut sessions {

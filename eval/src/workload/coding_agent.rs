@@ -172,6 +172,7 @@ fn session_steps(
             gap_after_ms: pick(rng, &p.tool_gaps_ms),
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         });
         ctx.append(output_tokens, ids);
     }

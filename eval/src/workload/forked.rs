@@ -88,6 +88,7 @@ pub fn generate(params: &ForkedParams, seed: u64) -> Workload {
                 gap_after_ms: 0.0,
                 samples,
                 fork: false,
+                ending: crate::workload::Ending::Unknown,
             }],
         });
         // One shared output, or (as samples) one distinct output per branch, appended below.
@@ -149,6 +150,7 @@ fn branch_steps(
             },
             samples: 1,
             fork: turn == 0,
+            ending: crate::workload::Ending::Unknown,
         });
         ctx.append(output_tokens, ids);
     }

@@ -94,6 +94,7 @@ fn session_steps(p: &LongDocParams, rng: &mut SplitMix64, ids: &mut IdAlloc) -> 
             gap_after_ms: if turn + 1 < questions { think } else { 0.0 },
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         });
         ctx.append(output_tokens, ids);
     }

@@ -40,6 +40,8 @@ pub use error::{LineProblem, WorkloadError};
 pub use stats::WorkloadStats;
 pub use tokens::prompt_tokens;
 
+pub use ownerserve_planner::lifecycle::Ending;
+
 /// One LLM call of a session.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
@@ -65,6 +67,9 @@ pub struct Step {
     pub samples: u32,
     /// The step is an explicit fork of its session (`x-ownerserve-fork` header).
     pub fork: bool,
+    /// How its response ends (a tool call or an answer), where the trace says: what the
+    /// gap after it waits on, as the router reads it from the stream.
+    pub ending: Ending,
 }
 
 /// Where a forked session branches off: an index into [`Workload::sessions`] and that

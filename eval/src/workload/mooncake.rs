@@ -95,6 +95,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workload, WorkloadError> {
             gap_after_ms: 0.0,
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         });
         place.push((session, turn));
     }

@@ -128,6 +128,7 @@ mod tests {
             gap_after_ms: 5.0,
             samples: 1,
             fork: false,
+            ending: crate::workload::Ending::Unknown,
         }
     }
 

@@ -47,6 +47,7 @@ fn step(input_tokens: u32, hash_ids: Vec<u64>) -> Step {
         gap_after_ms: 0.0,
         samples: 1,
         fork: false,
+        ending: crate::workload::Ending::Unknown,
     }
 }
 

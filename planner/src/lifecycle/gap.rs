@@ -6,6 +6,12 @@
 //!
 //! A session with few gaps of its own borrows from a wider one (the fleet's, or a tool's):
 //! [`GapStats::estimate`] shrinks toward the prior by the number of gaps seen.
+//!
+//! What a gap waits on shows in how the response before it ended ([`Ending`]): after a tool
+//! call, the tool (seconds: a median of 8 s in the real Claude Code sessions); after an
+//! answer, a human or nothing (a median of 156 s, a p90 of 85 minutes). [`EndingGaps`]
+//! keeps gaps apart by it, so a session that just answered is not expected back as soon as
+//! one running `ls`.
 
 use serde::Serialize;
 
@@ -21,6 +27,70 @@ const MIN_GAP_MS: f64 = 1.0;
 /// router's `[router.sessions] gap_prior_*` defaults, and the simulator's).
 pub const PRIOR_MEDIAN_S: f64 = 5.0;
 pub const PRIOR_P90_S: f64 = 60.0;
+
+/// How the response before a gap ended, as the router sees it in the stream (its
+/// `finish_reason` or `stop_reason`) and a trace records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Ending {
+    /// Not seen (a response the router could not read, a trace without it).
+    #[default]
+    Unknown,
+    /// It asked for a tool call (`tool_calls`, `tool_use`): the client runs the tool.
+    ToolCall,
+    /// It answered (`stop`, `end_turn`, a length cut): the client's human reads it, or the
+    /// session is over.
+    Answer,
+}
+
+impl Ending {
+    fn index(self) -> usize {
+        match self {
+            Ending::Unknown => 0,
+            Ending::ToolCall => 1,
+            Ending::Answer => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Ending::Unknown => "unknown",
+            Ending::ToolCall => "tool_call",
+            Ending::Answer => "answer",
+        }
+    }
+}
+
+/// Gaps kept apart by how the response before each ended: all of them, and per
+/// [`Ending`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct EndingGaps {
+    all: GapStats,
+    by_ending: [GapStats; 3],
+}
+
+impl EndingGaps {
+    /// Records a gap after a response that ended so.
+    pub fn observe(&mut self, ending: Ending, gap_ms: u64) {
+        self.all.observe(gap_ms);
+        self.by_ending[ending.index()].observe(gap_ms);
+    }
+
+    /// Gaps seen.
+    pub fn count(&self) -> u32 {
+        self.all.count()
+    }
+
+    /// The estimate of a gap after a response that ended so: the gaps after such endings,
+    /// shrunk toward all the gaps seen, shrunk toward `prior` (an unknown ending: all the
+    /// gaps, toward `prior`).
+    pub fn estimate(&self, ending: Ending, prior: GapEstimate) -> GapEstimate {
+        let all = self.all.estimate(prior);
+        match ending {
+            Ending::Unknown => all,
+            e => self.by_ending[e.index()].estimate(all),
+        }
+    }
+}
 
 /// Running mean and variance of `ln(gap_ms)`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
@@ -249,6 +319,30 @@ mod tests {
         let e1 = one.estimate(prior);
         assert!(e1.median_s() > 2.0 && e1.median_s() < 40.0, "{e1:?}");
         assert!(e1.sigma > 0.0, "one gap keeps the prior's spread");
+    }
+
+    #[test]
+    fn gaps_after_a_tool_call_and_after_an_answer_are_told_apart() {
+        let prior = GapEstimate::from_median_p90(5.0, 60.0);
+        let mut g = EndingGaps::default();
+        for _ in 0..20 {
+            g.observe(Ending::ToolCall, 8_000);
+            g.observe(Ending::Answer, 150_000);
+        }
+        let tool = g.estimate(Ending::ToolCall, prior).median_s();
+        let answer = g.estimate(Ending::Answer, prior).median_s();
+        let any = g.estimate(Ending::Unknown, prior).median_s();
+        assert!((tool - 8.0).abs() < 1.0, "{tool}");
+        assert!((answer - 150.0).abs() < 15.0, "{answer}");
+        assert!(tool < any && any < answer, "{tool} {any} {answer}");
+        assert_eq!(g.count(), 40);
+        // An ending never seen borrows from all the gaps.
+        let mut only_tools = EndingGaps::default();
+        only_tools.observe(Ending::ToolCall, 8_000);
+        assert_eq!(
+            only_tools.estimate(Ending::Answer, prior),
+            only_tools.estimate(Ending::Unknown, prior)
+        );
     }
 
     #[test]

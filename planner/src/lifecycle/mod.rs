@@ -36,7 +36,7 @@ use crate::roofline::{prefill_pairs, Roofline, StepFigures};
 use crate::spec::ModelSpec;
 
 pub use admission::admits;
-pub use gap::{GapEstimate, GapStats};
+pub use gap::{Ending, EndingGaps, GapEstimate, GapStats};
 pub use parked::{Effect, KvPlace, ParkedKv, Returned};
 pub use session::{SessionLife, EVICTED_BELOW, REVISE_MS};
 

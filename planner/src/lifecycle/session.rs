@@ -6,7 +6,9 @@
 
 use serde::Serialize;
 
-use super::{Effect, GapEstimate, GapStats, Hold, Lifecycle, ParkedKv, Retention, Returned};
+use super::{
+    Effect, Ending, EndingGaps, GapEstimate, Hold, Lifecycle, ParkedKv, Retention, Returned,
+};
 
 /// A parked session's decision is revised this often while it waits (ms): its owner's load,
 /// and so its LRU's horizon, changes under it.
@@ -18,7 +20,9 @@ pub const EVICTED_BELOW: f64 = 0.5;
 /// A session's lifecycle record.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SessionLife {
-    pub gaps: GapStats,
+    pub gaps: EndingGaps,
+    /// How its last response ended: what its gap now waits on.
+    pub ending: Ending,
     kv: ParkedKv,
     decided: Option<Lifecycle>,
     /// When it was decided or last revised (ms).
@@ -149,8 +153,15 @@ impl SessionLife {
         self.kv.end()
     }
 
-    /// Its estimate of the next gap, from its own gaps and `prior`.
+    /// Its estimate of the gap it waits in now (after its last response's ending), from its
+    /// own gaps and `prior` (the fleet's gaps after that ending).
     pub fn gap(&self, prior: GapEstimate) -> GapEstimate {
-        self.gaps.estimate(prior)
+        self.gaps.estimate(self.ending, prior)
+    }
+
+    /// A gap of `gap_ms` ended (the session's next step arrived): learned under the ending
+    /// it waited after.
+    pub fn observe_gap(&mut self, gap_ms: u64) {
+        self.gaps.observe(self.ending, gap_ms);
     }
 }

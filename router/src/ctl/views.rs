@@ -187,6 +187,7 @@ pub fn lifecycle(answer: &Value) -> String {
         "IDLE_MS",
         "HOLD",
         "KV",
+        "WAITS_ON",
     ]);
     for s in rows(answer, "sessions") {
         t.row(vec![
@@ -198,6 +199,7 @@ pub fn lifecycle(answer: &Value) -> String {
             cell(&s["idle_ms"]),
             cell(&s["hold"]),
             cell(&s["kv"]),
+            cell(&s["ending"]),
         ]);
     }
     out.push_str(&t.render());
@@ -427,7 +429,8 @@ mod tests {
             "live_tokens": {"tiny": 9144}, "admitted_tokens": {},
             "sessions": [
                 {"session": "a", "owner": "e0", "model": "tiny", "tokens": 9144,
-                 "in_flight": 0, "idle_ms": 1500, "hold": "keep", "kv": "hbm"},
+                 "in_flight": 0, "idle_ms": 1500, "hold": "keep", "kv": "hbm",
+                 "ending": "tool_call"},
                 {"session": "b", "owner": "e0", "model": "tiny", "tokens": 800,
                  "in_flight": 1, "idle_ms": null, "hold": null, "kv": "hbm"}]});
         let text = lifecycle(&answer);
@@ -440,7 +443,10 @@ mod tests {
             "{text}"
         );
         let a = text.lines().find(|l| l.starts_with("a ")).expect("row a");
-        assert!(a.contains("keep") && a.contains("1500"), "{a}");
+        assert!(
+            a.contains("keep") && a.contains("1500") && a.contains("tool_call"),
+            "{a}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use ownerserve_planner::ewma::GapLease;
 use ownerserve_planner::hash::HashedPrompt;
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::lifecycle::{
-    self, Effect, GapEstimate, GapStats, Hold, Lifecycle, Retention, Returned, REVISE_MS,
+    self, Effect, Ending, EndingGaps, GapEstimate, Hold, Lifecycle, Retention, Returned, REVISE_MS,
 };
 use ownerserve_planner::policy::WorkerView;
 
@@ -93,6 +93,9 @@ pub struct SessionKv {
     pub hold: Option<&'static str>,
     /// Where the lifecycle counts its KV: `hbm`, `host` or `gone`.
     pub kv: &'static str,
+    /// How its last response ended (`tool_call`, `answer`, `unknown`): what its gap is
+    /// predicted by.
+    pub ending: &'static str,
 }
 
 /// What session admission counts now: per served model, the tracked sessions' contexts and
@@ -125,8 +128,9 @@ struct Inner {
     /// Per worker, the steps per second its parked sessions are expected to send: the
     /// sum of their `returns_per_s`.
     parked: HashMap<WorkerId, f64>,
-    /// Every session's gaps, the prior of a session with few of its own.
-    fleet_gaps: GapStats,
+    /// Every session's gaps by how the response before each ended: the prior of a session
+    /// with few of its own.
+    fleet_gaps: EndingGaps,
     /// Parked sessions that came back, and that lapsed or were closed instead.
     came_back: u64,
     ended: u64,
@@ -248,8 +252,8 @@ impl Sessions {
         if let Some(idle) = t.idle_since_ms.take() {
             let g = now_ms.saturating_sub(idle);
             t.lease.observe_gap(g);
-            t.life.life.gaps.observe(g);
-            gap = Some(g);
+            t.life.life.observe_gap(g);
+            gap = Some((t.life.life.ending, g));
         }
         let moved = t.owner != owner;
         let before = (t.life.model(), t.life.tokens());
@@ -266,8 +270,8 @@ impl Sessions {
             outbox,
             ..
         } = &mut *inner;
-        if let Some(g) = gap {
-            fleet_gaps.observe(g);
+        if let Some((ending, g)) = gap {
+            fleet_gaps.observe(ending, g);
             *came_back += 1;
         }
         // A pin is undone where it was taken (the old owner, if the step moved).
@@ -279,6 +283,7 @@ impl Sessions {
             activity: Activity {
                 sessions: self.clone(),
                 session: session.to_owned(),
+                ending: Ending::Unknown,
             },
             returned,
         }
@@ -304,6 +309,7 @@ impl Sessions {
                     idle_ms: t.idle_since_ms.map(|i| now_ms.saturating_sub(i)),
                     hold: t.life.life.hold().map(Hold::name),
                     kv: t.life.life.place().name(),
+                    ending: t.life.life.ending.name(),
                 })
             })
             .collect();
@@ -363,15 +369,15 @@ impl Sessions {
         true
     }
 
-    /// The gap prior now: the fleet's gaps, shrunk toward the configured one.
-    fn prior(&self, inner: &Inner) -> GapEstimate {
-        inner.fleet_gaps.estimate(self.prior)
+    /// The gap prior now for a gap after `ending`: the fleet's gaps after such endings,
+    /// shrunk toward all its gaps and the configured prior.
+    fn prior(&self, inner: &Inner, ending: Ending) -> GapEstimate {
+        inner.fleet_gaps.estimate(ending, self.prior)
     }
 
     /// The parked sessions awaiting a lifecycle decision at `now_ms`, or its revision.
     pub fn undecided(&self, now_ms: u64) -> Vec<Undecided> {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let prior = self.prior(&inner);
         let p_return = lifecycle::p_return(inner.came_back, inner.ended);
         // Per owner, the parked sessions kept (or to be brought back) in its HBM.
         let kept_of = |t: &Tracked| {
@@ -399,7 +405,7 @@ impl Sessions {
                     owner: t.owner,
                     model: t.life.model(),
                     tokens: t.life.tokens(),
-                    gap: t.life.life.gap(prior),
+                    gap: t.life.life.gap(self.prior(&inner, t.life.life.ending)),
                     idle_s: now_ms.saturating_sub(idle) as f64 / 1e3,
                     p_return: if kept_alive { 1.0 } else { p_return },
                     resident: t.life.life.resident(),
@@ -503,7 +509,7 @@ impl Sessions {
         })
     }
 
-    fn end(&self, session: &str, now_ms: u64) {
+    fn end(&self, session: &str, ending: Ending, now_ms: u64) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let closing = match inner.tracked.get_mut(session) {
             Some(t) => {
@@ -528,6 +534,7 @@ impl Sessions {
         } = &mut *inner;
         if let Some(t) = tracked.get_mut(session).filter(|t| t.in_flight == 0) {
             t.idle_since_ms = Some(now_ms);
+            t.life.life.ending = ending;
             // Replaces what it added if it was already idle (an end without a start).
             let before = t.returns_per_s;
             t.returns_per_s = t.lease.return_rate_per_s().unwrap_or(0.0);
@@ -581,16 +588,53 @@ pub fn now_ms() -> u64 {
 }
 
 /// A request of a session in flight; dropping it (response done or abandoned) starts the
-/// session's idle clock.
+/// session's idle clock, with how its response ended ([`Activity::saw`]).
 #[derive(Debug)]
 pub struct Activity {
     sessions: Arc<Sessions>,
     session: String,
+    ending: Ending,
+}
+
+impl Activity {
+    /// Reads a piece of the response on its way to the client for how it ended: a tool
+    /// call (OpenAI's `"finish_reason":"tool_calls"`, Anthropic's `"stop_reason":"tool_use"`)
+    /// or an answer (`stop`, `length`, `end_turn`, `max_tokens`). A tool call is kept once
+    /// seen. A marker split across two pieces is missed (engines send one event per piece).
+    pub fn saw(&mut self, piece: &[u8]) {
+        if self.ending != Ending::ToolCall {
+            if let Some(e) = ending_in(piece) {
+                self.ending = e;
+            }
+        }
+    }
+}
+
+/// How a response ended, if `piece` says: the last `finish_reason` or `stop_reason` in it
+/// (JSON with or without a space after the colon).
+pub fn ending_in(piece: &[u8]) -> Option<Ending> {
+    const KEYS: [&[u8]; 2] = [b"\"finish_reason\":", b"\"stop_reason\":"];
+    let mut found = None;
+    for key in KEYS {
+        for at in memchr::memmem::find_iter(piece, key) {
+            let rest = &piece[at + key.len()..];
+            let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+            let Some(value) = rest.strip_prefix(b"\"") else {
+                continue; // null: not ended yet
+            };
+            let end = memchr::memchr(b'"', value).unwrap_or(value.len());
+            found = Some(match &value[..end] {
+                b"tool_calls" | b"tool_use" | b"function_call" => Ending::ToolCall,
+                _ => Ending::Answer,
+            });
+        }
+    }
+    found
 }
 
 impl Drop for Activity {
     fn drop(&mut self) {
-        self.sessions.end(&self.session, now_ms());
+        self.sessions.end(&self.session, self.ending, now_ms());
     }
 }
 
@@ -615,6 +659,64 @@ mod tests {
     ) -> (Option<u64>, Activity) {
         let st = s.start(session, WorkerId(owner), tail, at, StepKv::default());
         (st.predicted_gap_ms, st.activity)
+    }
+
+    #[test]
+    fn a_response_ends_in_a_tool_call_or_an_answer() {
+        let cases: [(&[u8], Option<Ending>); 7] = [
+            (
+                br#"data: {"choices":[{"delta":{},"finish_reason":"tool_calls"}]}"#,
+                Some(Ending::ToolCall),
+            ),
+            (
+                br#"{"choices":[{"finish_reason": "stop"}]}"#,
+                Some(Ending::Answer),
+            ),
+            (
+                br#"event: message_delta
+data: {"delta":{"stop_reason":"tool_use"}}"#,
+                Some(Ending::ToolCall),
+            ),
+            (
+                br#"data: {"delta":{"stop_reason":"end_turn"}}"#,
+                Some(Ending::Answer),
+            ),
+            (
+                br#"data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}"#,
+                None,
+            ),
+            (
+                br#"data: {"choices":[{"finish_reason":"length"}]}"#,
+                Some(Ending::Answer),
+            ),
+            (b"data: [DONE]", None),
+        ];
+        for (piece, want) in cases {
+            assert_eq!(ending_in(piece), want, "{}", String::from_utf8_lossy(piece));
+        }
+    }
+
+    #[test]
+    fn a_parked_session_waits_on_how_its_last_response_ended() {
+        let s = sessions();
+        let ending = |s: &Arc<Sessions>, name: &str| {
+            let (rows, _, _) = s.lifecycle_view(10, now_ms());
+            rows.into_iter()
+                .find(|r| r.session == name)
+                .map(|r| r.ending)
+        };
+        let (_, mut a) = start(&s, "t", 0, vec![], now_ms());
+        a.saw(br#"data: {"choices":[{"finish_reason":"tool_calls"}]}"#);
+        // A tool call is kept once seen; the stream's end says nothing more.
+        a.saw(br#"data: {"choices":[{"finish_reason":"stop"}]}"#);
+        drop(a);
+        assert_eq!(ending(&s, "t"), Some("tool_call"));
+        let (_, mut b) = start(&s, "t", 0, vec![], now_ms());
+        b.saw(br#"data: {"delta":{"stop_reason":"end_turn"}}"#);
+        drop(b);
+        assert_eq!(ending(&s, "t"), Some("answer"));
+        drop(start(&s, "u", 0, vec![], now_ms()).1);
+        assert_eq!(ending(&s, "u"), Some("unknown"));
     }
 
     #[test]

@@ -102,7 +102,7 @@ where
         worker: worker.clone(),
         failed: false,
         in_flight,
-        _activity: activity,
+        activity,
         first_byte,
         decoding: None,
         patience,
@@ -122,7 +122,8 @@ struct RelayBody<B> {
     worker: Arc<Worker>,
     failed: bool,
     in_flight: InFlight,
-    _activity: Option<Activity>,
+    /// The session's activity: read for how the response ended, dropped when it has.
+    activity: Option<Activity>,
     first_byte: Option<FirstByte>,
     /// A stream's first frame and where its decode time goes once it ends.
     decoding: Option<(Instant, Decoded)>,
@@ -248,7 +249,12 @@ where
                 self.fail(err, RelayError::Silent(name, after))
             }
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(a), Some(data)) = (self.activity.as_mut(), frame.data_ref()) {
+                    a.saw(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
             Poll::Ready(None) => {
                 self.decode_ended();
                 Poll::Ready(None)

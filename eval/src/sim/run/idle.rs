@@ -22,8 +22,8 @@ impl Sim<'_> {
         if let Some(since) = i.idle_since_s.take() {
             let gap = ((now - since) * 1e3).max(0.0) as u64;
             i.lease.observe_gap(gap);
-            i.life.gaps.observe(gap);
-            self.lifecycle.fleet_gaps.observe(gap);
+            i.life.observe_gap(gap);
+            self.lifecycle.fleet_gaps.observe(i.life.ending, gap);
             self.lifecycle.came_back += 1;
         }
         i.in_flight += 1;
@@ -32,11 +32,18 @@ impl Sim<'_> {
         i.tail = hashes[first_tail.min(hashes.len())..].to_vec();
     }
 
-    pub(super) fn end_idle_tracking(&mut self, session: usize, now: f64) {
+    /// `session`'s step `step` ended at `now`: with nothing else in flight it parks, its gap
+    /// waiting on how that step's response ended.
+    pub(super) fn end_idle_tracking(&mut self, session: usize, step: usize, now: f64) {
+        let ending = self.wl.sessions[session]
+            .steps
+            .get(step)
+            .map_or(Default::default(), |st| st.ending);
         let i = &mut self.idle[session];
         i.in_flight = i.in_flight.saturating_sub(1);
         if i.in_flight == 0 {
             i.idle_since_s = Some(now);
+            i.life.ending = ending;
             i.generation += 1;
             let ttl = i.lease.ttl_ms() as f64 / 1e3;
             let generation = i.generation;

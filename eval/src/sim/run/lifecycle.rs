@@ -13,7 +13,7 @@ use std::sync::Arc;
 use ownerserve_planner::ids::EngineKind;
 use ownerserve_planner::lifecycle::gap::{PRIOR_MEDIAN_S, PRIOR_P90_S};
 use ownerserve_planner::lifecycle::{
-    decide, p_return, Churn, Effect, GapEstimate, GapStats, Hold, KvPlace, LifecycleWeights,
+    decide, p_return, Churn, Effect, EndingGaps, GapEstimate, Hold, KvPlace, LifecycleWeights,
     OwnerKv, Parked, Prices, Returned, EVICTED_BELOW, REVISE_MS,
 };
 use ownerserve_shim::engines::protocol;
@@ -33,7 +33,7 @@ pub(super) const RETURN_PRIORITY: i32 = -1;
 #[derive(Debug, Default)]
 pub(super) struct Lifecycle {
     pub on: bool,
-    pub fleet_gaps: GapStats,
+    pub fleet_gaps: EndingGaps,
     pub came_back: u64,
     pub ended: u64,
     resends: HashMap<(usize, u64), Resend>,
@@ -194,10 +194,10 @@ impl Sim<'_> {
             host_free_tokens: (host.capacity().saturating_sub(host.len())) as u64 * block,
             kept_tokens: self.kept_tokens(owner, session),
         };
-        let prior = self
-            .lifecycle
-            .fleet_gaps
-            .estimate(GapEstimate::from_median_p90(PRIOR_MEDIAN_S, PRIOR_P90_S));
+        let prior = self.lifecycle.fleet_gaps.estimate(
+            self.idle[session].life.ending,
+            GapEstimate::from_median_p90(PRIOR_MEDIAN_S, PRIOR_P90_S),
+        );
         let mut parked = Parked {
             context_tokens: tokens,
             gap: self.idle[session].life.gap(prior),

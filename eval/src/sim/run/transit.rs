@@ -304,7 +304,7 @@ impl Sim<'_> {
             e.decodes.end(slot);
         }
         e.ledger.end(r.charged);
-        self.end_idle_tracking(r.session, now);
+        self.end_idle_tracking(r.session, r.step, now);
         self.step_completed(r.session, r.step, now);
     }
 }
