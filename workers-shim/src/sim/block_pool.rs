@@ -299,6 +299,19 @@ impl BlockPool {
         true
     }
 
+    /// Gives back a block taken by [`Self::allocate`] that was never filled (a reservation
+    /// no longer needed): empty, it goes to the front of the free list (reused first).
+    pub fn release_empty(&mut self, id: BlockId) {
+        let block = &mut self.blocks[id.0 as usize];
+        if block.ref_cnt != 1 || block.hash.is_some() {
+            return self.release(id);
+        }
+        block.ref_cnt = 0;
+        block.parent = None;
+        block.tokens.clear();
+        self.push_head(id.0);
+    }
+
     /// Drops one reference; at zero the block becomes evictable, most recently freed last.
     pub fn release(&mut self, id: BlockId) {
         let block = &mut self.blocks[id.0 as usize];

@@ -54,6 +54,8 @@ struct InTransit {
     local: usize,
     run: CachedRun,
     why: Move,
+    /// Blocks the receiving worker holds for the copy while it is in flight.
+    reserved: Vec<ownerserve_shim::sim::block_pool::BlockId>,
 }
 
 /// One step in flight.

@@ -104,8 +104,20 @@ impl Sim<'_> {
             Move::Fetch => self.kv.fetch += bytes,
             Move::Migrate { .. } => self.kv.migration += bytes,
         }
+        // The receiver holds blocks for the copy until it lands, evicting cached prefixes now.
+        let (reserved, evictions) = self.engines[worker].sched.reserve(run.blocks);
+        let role = self.engines[worker].role;
+        self.residency.apply(self.now_s, role, &evictions);
+        let Some(r) = self.reqs.get_mut(id).and_then(Option::as_mut) else {
+            return;
+        };
         r.phase = Phase::Transfer;
-        r.transit = Some(InTransit { local, run, why });
+        r.transit = Some(InTransit {
+            local,
+            run,
+            why,
+            reserved,
+        });
         // A fetch or move reaches its worker's queue only once its copy lands, as a remote
         // prefill's decode leg does: until then it is counted as heading there.
         self.engines[worker].ledger.heading(&mut r.charged);
@@ -124,6 +136,7 @@ impl Sim<'_> {
             self.submit(id, worker, false);
             return;
         };
+        self.engines[worker].sched.unreserve(&t.reserved);
         let chain = &r.hashes[..(t.local + t.run.blocks).min(r.hashes.len())];
         let received: Vec<u64> = chain[t.local..].to_vec();
         let local: Vec<u64> = chain[..t.local].to_vec();

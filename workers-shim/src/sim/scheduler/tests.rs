@@ -522,6 +522,39 @@ fn insert_stops_when_every_block_is_held_and_evicts_lru_first() {
 }
 
 #[test]
+fn a_reservation_evicts_when_the_copy_starts_and_the_copy_lands_in_it() {
+    let mut s = engine(4, 8192);
+    let old = tokens(900, 64);
+    let old_hashes = hashes_of(&old);
+    s.insert_cached(None, &old_hashes, &old);
+    let (reserved, events) = s.reserve(2);
+    assert_eq!(reserved.len(), 2);
+    // Two cached blocks go when the copy starts, the chain's tail first.
+    let tail: Vec<u64> = old_hashes[2..].iter().rev().copied().collect();
+    assert_eq!(events, vec![CacheEvent::Removed { hashes: tail }]);
+    assert_eq!(s.pool().num_free(), 2, "held while in flight");
+    assert_eq!(s.reserve(3).0.len(), 2, "no more than is free");
+    let mut s = engine(4, 8192);
+    s.insert_cached(None, &old_hashes, &old);
+    let (reserved, _) = s.reserve(2);
+    s.unreserve(&reserved);
+    let prompt = tokens(1, 32);
+    let hashes = hashes_of(&prompt);
+    let update = s.insert_cached(None, &hashes, &prompt);
+    // The copy fills the reserved blocks: nothing more is evicted.
+    assert_eq!(update.blocks, 2);
+    assert!(
+        update
+            .events
+            .iter()
+            .all(|e| !matches!(e, CacheEvent::Removed { .. })),
+        "{:?}",
+        update.events
+    );
+    assert_eq!(s.cached_prefix(&old_hashes), 2);
+}
+
+#[test]
 fn drop_evicts_only_blocks_nobody_holds() {
     let mut s = engine(64, 8192);
     let prompt = tokens(1, 64);

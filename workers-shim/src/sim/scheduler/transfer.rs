@@ -121,6 +121,25 @@ impl Scheduler {
         CacheUpdate { blocks, events }
     }
 
+    /// Reserves `n` free blocks for KV on its way here (as vLLM's NIXL connector allocates a
+    /// request's blocks before pulling them), evicting the least recently freed cached
+    /// blocks now; fewer if the pool runs out. [`Self::unreserve`] gives them back, to be
+    /// filled first by [`Self::insert_cached`]. Returns the blocks and the evictions' events.
+    pub fn reserve(&mut self, n: usize) -> (Vec<BlockId>, Vec<CacheEvent>) {
+        let mut evicted = Vec::new();
+        let blocks: Vec<BlockId> = (0..n)
+            .map_while(|_| self.pool.allocate(&mut evicted))
+            .collect();
+        (blocks, self.eviction_events(evicted))
+    }
+
+    /// Gives back blocks taken by [`Self::reserve`], empty, to be reused first.
+    pub fn unreserve(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            self.pool.release_empty(b);
+        }
+    }
+
     /// Takes a reference on each leading cached block of `hashes`, so none is evicted
     /// until [`Self::unpin`]; returns the blocks held.
     pub fn pin(&mut self, hashes: &[u64]) -> Vec<BlockId> {
