@@ -178,8 +178,8 @@ pub struct ReportArgs {
     /// Largest session count the capacity search tries.
     #[arg(long, default_value_t = 512)]
     capacity_max: usize,
-    /// With `--capacity-slo-s` (one workload, not the matrix): goodput sessions, whose p99
-    /// TPOT must also stay within this many milliseconds.
+    /// With `--capacity-slo-s`: goodput sessions, whose p99 TPOT must also stay within this
+    /// many milliseconds.
     #[arg(long)]
     capacity_tpot_ms: Option<f64>,
     /// Score every policy at its best shape: each runs on every `--clusters` spec with each
@@ -208,9 +208,9 @@ pub struct ReportArgs {
     /// How many baselines `--capacity-policies auto` searches.
     #[arg(long, default_value_t = 3)]
     capacity_baselines: usize,
-    /// The matrix's capacity search stops once the failing count is within this share of
-    /// the held one; 0 (the default) bisects to the session, which the 1.2× acceptance
-    /// needs (`CapacitySearch::tolerance`).
+    /// The capacity search stops once the failing count is within this share of the held
+    /// one; 0 (the default) bisects to the session, which the 1.2× acceptance needs
+    /// (`CapacitySearch::tolerance`).
     #[arg(long, default_value_t = 0.0)]
     capacity_tolerance: f64,
     #[command(flatten)]
@@ -492,6 +492,15 @@ impl ReportArgs {
             .filter(|s| !s.is_empty())
     }
 
+    /// The capacity search the flags ask for, at p99 TTFT `slo_s`.
+    fn search(&self, slo_s: f64) -> report::CapacitySearch {
+        report::CapacitySearch {
+            tpot_slo_s: self.capacity_tpot_ms.map(|ms| ms / 1e3),
+            tolerance: self.capacity_tolerance.clamp(0.0, 1.0),
+            ..report::CapacitySearch::new(slo_s, self.capacity_max)
+        }
+    }
+
     /// The cluster `spec` with `settings`, its engines drifted as the flags say.
     fn cluster(&self, spec: &str, settings: &SimSettings) -> Result<Cluster, CommandError> {
         Ok(self.drift.apply(
@@ -673,10 +682,7 @@ fn matrix_capacity(
     runs: &[crate::sim::RunResult],
     slo_s: f64,
 ) -> Result<Vec<(String, usize)>, CommandError> {
-    let search = report::CapacitySearch {
-        tolerance: args.capacity_tolerance.clamp(0.0, 1.0),
-        ..report::CapacitySearch::new(slo_s, args.capacity_max)
-    };
+    let search = args.search(slo_s);
     let names = if args.capacity_policies == "auto" {
         report::matrix::capacity_candidates(runs, args.capacity_baselines)
     } else {
@@ -687,13 +693,7 @@ fn matrix_capacity(
             .map(str::to_owned)
             .collect()
     };
-    let build = |n: usize| {
-        WorkloadSpec {
-            sessions: Some(n),
-            ..spec.clone()
-        }
-        .build()
-    };
+    let build = |n: usize| spec.scaled(n);
     let count = wl.sessions.iter().filter(|s| s.fork_of.is_none()).count();
     let unservable = report::unservable_steps(wl, cluster)?;
     let results: Vec<Result<usize, ReportError>> = std::thread::scope(|scope| {
@@ -756,11 +756,7 @@ fn matrix_pooled(
     let at_target = match (args.capacity_slo_s, best) {
         (Some(slo_s), Some(best)) if best > 0 => {
             let n = (1.2 * best as f64).ceil() as usize;
-            let wl = WorkloadSpec {
-                sessions: Some(n),
-                ..spec.clone()
-            }
-            .build()?;
+            let wl = spec.scaled(n)?;
             let r = report::run_one(POLICY, &wl, pooled, &opts, &|_| {})?;
             let unservable = report::unservable_steps(&wl, pooled)?;
             let p99 = crate::sim::percentile(&r.ttfts(), 0.99);
@@ -802,18 +798,8 @@ fn report_best_shape(args: &ReportArgs, drams: &[f64]) -> Result<(), CommandErro
 /// each scored at its best, with its KV cost at the best baseline's goodput count.
 fn report_best_goodput(args: &ReportArgs, drams: &[f64], slo_s: f64) -> Result<(), CommandError> {
     use report::best_goodput::{self as goodput, GoodputCell, KvCost};
-    let search = report::CapacitySearch {
-        tpot_slo_s: args.capacity_tpot_ms.map(|ms| ms / 1e3),
-        tolerance: args.capacity_tolerance.clamp(0.0, 1.0),
-        ..report::CapacitySearch::new(slo_s, args.capacity_max)
-    };
-    let build = |n: usize| {
-        WorkloadSpec {
-            sessions: Some(n),
-            ..args.workload.clone()
-        }
-        .build()
-    };
+    let search = args.search(slo_s);
+    let build = |n: usize| args.workload.scaled(n);
     let names = policies(&args.policy);
     let (mut cells, mut clusters) = (Vec::new(), Vec::new());
     for spec in args.cluster_specs() {
@@ -881,17 +867,8 @@ fn report_best_goodput(args: &ReportArgs, drams: &[f64], slo_s: f64) -> Result<(
 
 /// The capacity table of one cluster: sessions held at the SLO, per policy.
 fn capacity(args: &ReportArgs, cluster: &Cluster, slo_s: f64) -> Result<String, CommandError> {
-    let search = report::CapacitySearch {
-        tpot_slo_s: args.capacity_tpot_ms.map(|ms| ms / 1e3),
-        ..report::CapacitySearch::new(slo_s, args.capacity_max)
-    };
-    let build = |n: usize| {
-        WorkloadSpec {
-            sessions: Some(n),
-            ..args.workload.clone()
-        }
-        .build()
-    };
+    let search = args.search(slo_s);
+    let build = |n: usize| args.workload.scaled(n);
     let names = policies(&args.policy);
     let bar = crate::progress::Progress::new(
         &format!("capacity on {}", cluster.name),

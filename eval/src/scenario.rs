@@ -68,6 +68,15 @@ impl Default for WorkloadSpec {
 const SWE_SMITH_SHARED_TOKENS: u32 = 1024;
 
 impl WorkloadSpec {
+    /// The workload with `n` sessions (a capacity search's count).
+    pub fn scaled(&self, n: usize) -> Result<Workload, WorkloadError> {
+        WorkloadSpec {
+            sessions: Some(n),
+            ..self.clone()
+        }
+        .build()
+    }
+
     /// Builds the workload.
     pub fn build(&self) -> Result<Workload, WorkloadError> {
         let rate = match (self.arrival_window_s, self.sessions) {
