@@ -1,5 +1,7 @@
 //! The evaluation report: every policy over one workload on each cluster, as a Markdown
-//! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved).
+//! table and PNG plots (TTFT CDFs, duplicate factor over time, KV bytes moved); each
+//! policy at its best shape (`best_shape`: soonest sessions; `best_goodput`: most goodput
+//! sessions, with their KV costs).
 
 pub mod best_goodput;
 pub mod best_shape;
