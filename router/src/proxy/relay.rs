@@ -308,6 +308,23 @@ mod tests {
     /// relayed for a request of 500 prompt tokens, its decode time reported to `decoded`:
     /// the client's body and the worker.
     fn relayed(sse: bool, fails: bool, decoded: Option<Decoded>) -> (Body, Arc<Worker>) {
+        relayed_frames(
+            &["data: {\"a\":1}\n\n", "data: [DONE]\n\n"],
+            sse,
+            fails,
+            decoded,
+            None,
+        )
+    }
+
+    /// `relayed` with these frames, for the session whose step `activity` is.
+    fn relayed_frames(
+        script: &[&'static str],
+        sse: bool,
+        fails: bool,
+        decoded: Option<Decoded>,
+        activity: Option<Activity>,
+    ) -> (Body, Arc<Worker>) {
         let registry = Registry::new(vec![WorkerSpec::new(
             "w0",
             "http://127.0.0.1:9",
@@ -315,8 +332,8 @@ mod tests {
             EngineKind::Vllm,
         )]);
         let worker = registry.get(WorkerId(0)).expect("worker");
-        let mut frames: VecDeque<_> = ["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]
-            .into_iter()
+        let mut frames: VecDeque<_> = script
+            .iter()
             .map(|f| Ok(Bytes::from_static(f.as_bytes())))
             .collect();
         if fails {
@@ -344,7 +361,7 @@ mod tests {
             resp,
             &worker,
             worker.start_request(1, PrefillCharge::computed(1), 500),
-            None,
+            activity,
             Some(first_byte),
             patience,
             Endpoint::ChatCompletions,
@@ -391,5 +408,32 @@ mod tests {
         assert_eq!(decodes_reported(true, true).await, 0, "a broken stream");
         // A response that is not streamed arrives whole: its frames time nothing.
         assert_eq!(decodes_reported(false, false).await, 0, "a whole body");
+    }
+
+    #[tokio::test]
+    async fn the_session_learns_how_its_streamed_response_ended() {
+        use crate::ownership::session_life::StepKv;
+        use crate::ownership::sessions::{now_ms, Sessions};
+        use ownerserve_planner::ewma::GapLease;
+        use ownerserve_planner::lifecycle::GapEstimate;
+        let sessions = Sessions::new(
+            GapLease::new(2.0, 100, 60_000),
+            GapEstimate::from_median_p90(5.0, 60.0),
+        );
+        let started = sessions.start("s", WorkerId(0), vec![], now_ms(), StepKv::default());
+        let (body, _worker) = relayed_frames(
+            &[
+                "data: {\"choices\":[{\"delta\":{\"tool_calls\":[]},\"finish_reason\":null}]}\n\n",
+                "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+                "data: [DONE]\n\n",
+            ],
+            true,
+            false,
+            None,
+            Some(started.activity),
+        );
+        let _ = body.collect().await;
+        let (rows, _, _) = sessions.lifecycle_view(10, now_ms());
+        assert_eq!(rows.first().map(|r| r.ending), Some("tool_call"));
     }
 }
