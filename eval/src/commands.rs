@@ -557,6 +557,7 @@ pub fn matrix_workloads(traces_dir: &std::path::Path) -> Vec<(WorkloadSpec, bool
         max_requests: 0,
         seed: 1,
         traces_dir: traces_dir.to_owned(),
+        knobs: Default::default(),
     };
     vec![
         (w("swe-smith", Some(200), 10.0), true),

@@ -47,6 +47,41 @@ pub struct WorkloadSpec {
     /// Folder of the shipped traces.
     #[arg(long, default_value_os_t = default_traces_dir())]
     pub traces_dir: PathBuf,
+    #[command(flatten)]
+    pub knobs: Knobs,
+}
+
+/// The generators' knobs beyond sessions and arrivals; unset, each generator's default.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
+pub struct Knobs {
+    /// `repo-swarm`: sessions per group sharing one repository, `MIN-MAX` (8-32).
+    #[arg(long, value_parser = token_range)]
+    pub group_sessions: Option<(u32, u32)>,
+    /// `repo-swarm`: tokens of the repository a group shares, `MIN-MAX` (20480-61440).
+    #[arg(long, value_parser = token_range)]
+    pub repo_tokens: Option<(u32, u32)>,
+    /// `coding-agent`, `long-gap`, `repo-swarm`: each session's own starting context after
+    /// the system prompt, tokens, `MIN-MAX` (long-gap: 30720-122880).
+    #[arg(long, value_parser = token_range)]
+    pub context_tokens: Option<(u32, u32)>,
+    /// `forked`, `forked-samples`: branches per root (4).
+    #[arg(long)]
+    pub branches: Option<u32>,
+}
+
+/// A `MIN-MAX` range of positive integers (`MIN` alone: exactly that).
+fn token_range(s: &str) -> Result<(u32, u32), String> {
+    let (lo, hi) = s.split_once('-').unwrap_or((s, s));
+    let parse = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("`{s}`: expected MIN-MAX, two positive integers"))
+    };
+    let (lo, hi) = (parse(lo)?, parse(hi)?);
+    if lo == 0 || lo > hi {
+        return Err(format!("`{s}`: expected 0 < MIN <= MAX"));
+    }
+    Ok((lo, hi))
 }
 
 impl Default for WorkloadSpec {
@@ -59,6 +94,7 @@ impl Default for WorkloadSpec {
             max_requests: 0,
             seed: 1,
             traces_dir: default_traces_dir(),
+            knobs: Knobs::default(),
         }
     }
 }
@@ -66,6 +102,15 @@ impl Default for WorkloadSpec {
 /// Tokens of the SWE-smith sessions' common prefix (system prompt and tool schema) kept
 /// shared when sessions are scaled: the trace's sessions share their first ~1K tokens.
 const SWE_SMITH_SHARED_TOKENS: u32 = 1024;
+
+impl Knobs {
+    /// Each session's own starting context, if set.
+    fn apply_context(&self, p: &mut coding_agent::CodingAgentParams) {
+        if let Some(c) = self.context_tokens {
+            p.repo_context_tokens = c;
+        }
+    }
+}
 
 impl WorkloadSpec {
     /// The workload with `n` sessions (a capacity search's count).
@@ -119,6 +164,7 @@ impl WorkloadSpec {
                 if let Some(n) = self.sessions {
                     p.sessions = n;
                 }
+                self.knobs.apply_context(&mut p);
                 coding_agent::generate(&p, self.seed)
             }
             "long-gap" => {
@@ -135,6 +181,7 @@ impl WorkloadSpec {
                 if let Some(n) = self.sessions {
                     p.sessions = n;
                 }
+                self.knobs.apply_context(&mut p);
                 let mut wl = coding_agent::generate(&p, self.seed);
                 wl.name = "long_gap".into();
                 wl
@@ -160,6 +207,15 @@ impl WorkloadSpec {
                 if let Some(n) = self.sessions {
                     p.sessions = n;
                 }
+                self.knobs.apply_context(&mut p);
+                if let Some(repo) = p.shared_repo.as_mut() {
+                    if let Some(g) = self.knobs.group_sessions {
+                        repo.group_sessions = g;
+                    }
+                    if let Some(t) = self.knobs.repo_tokens {
+                        repo.repo_tokens = t;
+                    }
+                }
                 let mut wl = coding_agent::generate(&p, self.seed);
                 wl.name = "repo_swarm".into();
                 wl
@@ -172,6 +228,9 @@ impl WorkloadSpec {
                 };
                 if let Some(n) = self.sessions {
                     p.roots = n;
+                }
+                if let Some(b) = self.knobs.branches {
+                    p.branches = b.max(1);
                 }
                 forked::generate(&p, self.seed)
             }
@@ -313,6 +372,58 @@ mod tests {
         }
         .build()
         .is_err());
+    }
+
+    #[test]
+    fn the_generators_knobs_shape_what_they_generate() {
+        let spec = |knobs: Knobs, workload: &str| WorkloadSpec {
+            workload: workload.to_owned(),
+            sessions: Some(8),
+            knobs,
+            ..WorkloadSpec::default()
+        };
+        let swarm = spec(
+            Knobs {
+                group_sessions: Some((4, 4)),
+                repo_tokens: Some((4_096, 4_096)),
+                context_tokens: Some((1_024, 1_024)),
+                ..Knobs::default()
+            },
+            "repo-swarm",
+        )
+        .build()
+        .expect("builds");
+        // Two groups of four: a group shares its repository's blocks, the groups do not.
+        let first = |s: usize| swarm.sessions[s].steps[0].hash_ids.clone();
+        let shared = |a: usize, b: usize| {
+            first(a)
+                .iter()
+                .zip(first(b))
+                .take_while(|(x, y)| **x == *y)
+                .count()
+        };
+        assert!(
+            shared(0, 3) > shared(0, 4),
+            "{} vs {}",
+            shared(0, 3),
+            shared(0, 4)
+        );
+        let forks = spec(
+            Knobs {
+                branches: Some(2),
+                ..Knobs::default()
+            },
+            "forked",
+        )
+        .build()
+        .expect("builds");
+        // Eight roots, two branches each.
+        assert_eq!(forks.sessions.len(), 8 * 3);
+        assert_eq!(token_range("8-32"), Ok((8, 32)));
+        assert_eq!(token_range("5"), Ok((5, 5)));
+        for bad in ["0-4", "9-3", "a-b", ""] {
+            assert!(token_range(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
