@@ -948,14 +948,7 @@ mod returning_tests {
         Step {
             turn,
             parent,
-            input_tokens,
-            output_tokens: 1,
-            hash_ids: hash_ids.to_vec(),
-            arrival_ms: None,
-            gap_after_ms: 0.0,
-            samples: 1,
-            fork: false,
-            ending: crate::workload::Ending::Unknown,
+            ..Step::of(input_tokens, hash_ids.to_vec())
         }
     }
 

@@ -172,16 +172,8 @@ mod tests {
 
     fn step(input: u32) -> Step {
         Step {
-            turn: 0,
-            parent: None,
-            input_tokens: input,
             output_tokens: 10,
-            hash_ids: vec![0; input.div_ceil(16) as usize],
-            arrival_ms: None,
-            gap_after_ms: 0.0,
-            samples: 1,
-            fork: false,
-            ending: crate::workload::Ending::Unknown,
+            ..Step::of(input, vec![0; input.div_ceil(16) as usize])
         }
     }
 

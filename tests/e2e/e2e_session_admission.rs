@@ -11,7 +11,9 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{chat_body, client, eventually, get_text, metric, planner_router, words, Proc};
+use common::{
+    chat_body, client, eventually, get_json, get_text, metric, planner_router, words, Proc,
+};
 use serde_json::{json, Value};
 
 const ADMISSION: &str = "[router.sessions]\nadmission = true\nadmission_max_wait_ms = 30000\n";
@@ -48,7 +50,7 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
         Duration::from_secs(10),
         "the worker's KV capacity",
         || async {
-            let w = common::get_json(&format!("{}/admin/v1/workers", router.url)).await;
+            let w = get_json(&format!("{}/admin/v1/workers", router.url)).await;
             capacity(&w) == Some(1600)
         },
     )
@@ -80,15 +82,7 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
         "B went though A's context fills the KV"
     );
     // What the operator sees: A tracked and counted live, B admitted by none.
-    let view: Value = client()
-        .get(format!("{}/admin/v1/lifecycle", router.url))
-        .bearer_auth(common::ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let view = get_json(&format!("{}/admin/v1/lifecycle", router.url)).await;
     assert_eq!(
         (view["admission"].clone(), view["count"].clone()),
         (json!(true), json!(1))

@@ -100,16 +100,8 @@ fn no_policy_beats_the_bound_on_forks_and_open_loop_traces() {
 
 fn step(ids: &[u64], input: u32, output: u32) -> Step {
     Step {
-        turn: 0,
-        parent: None,
-        input_tokens: input,
         output_tokens: output,
-        hash_ids: ids.to_vec(),
-        arrival_ms: None,
-        gap_after_ms: 0.0,
-        samples: 1,
-        fork: false,
-        ending: crate::workload::Ending::Unknown,
+        ..Step::of(input, ids.to_vec())
     }
 }
 

@@ -265,18 +265,7 @@ mod tests {
 
     #[test]
     fn first_seen_tokens_count_each_block_once_and_cut_at_the_prompt() {
-        let step = |ids: Vec<u64>, input: u32| Step {
-            turn: 0,
-            parent: None,
-            input_tokens: input,
-            output_tokens: 1,
-            hash_ids: ids,
-            arrival_ms: None,
-            gap_after_ms: 0.0,
-            samples: 1,
-            fork: false,
-            ending: crate::workload::Ending::Unknown,
-        };
+        let step = |ids: Vec<u64>, input: u32| Step::of(input, ids);
         let session = |id: &str, steps: Vec<Step>| Session {
             id: id.into(),
             start_ms: 0.0,

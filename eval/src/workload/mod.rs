@@ -72,6 +72,26 @@ pub struct Step {
     pub ending: Ending,
 }
 
+#[cfg(test)]
+impl Step {
+    /// A first turn of `input_tokens` over `hash_ids`: one output token, no gap, one
+    /// sample, not a fork, its ending unknown (tests set what differs).
+    pub(crate) fn of(input_tokens: u32, hash_ids: Vec<u64>) -> Self {
+        Self {
+            turn: 0,
+            parent: None,
+            input_tokens,
+            output_tokens: 1,
+            hash_ids,
+            arrival_ms: None,
+            gap_after_ms: 0.0,
+            samples: 1,
+            fork: false,
+            ending: Ending::Unknown,
+        }
+    }
+}
+
 /// Where a forked session branches off: an index into [`Workload::sessions`] and that
 /// session's steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

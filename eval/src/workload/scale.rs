@@ -119,16 +119,8 @@ mod tests {
 
     fn step(input: u32, ids: &[u64]) -> Step {
         Step {
-            turn: 0,
-            parent: None,
-            input_tokens: input,
-            output_tokens: 1,
-            hash_ids: ids.to_vec(),
-            arrival_ms: None,
             gap_after_ms: 5.0,
-            samples: 1,
-            fork: false,
-            ending: crate::workload::Ending::Unknown,
+            ..Step::of(input, ids.to_vec())
         }
     }
 

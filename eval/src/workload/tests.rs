@@ -37,18 +37,7 @@ pub(super) fn assert_fresh_partials(w: &Workload) {
 }
 
 fn step(input_tokens: u32, hash_ids: Vec<u64>) -> Step {
-    Step {
-        turn: 0,
-        parent: None,
-        input_tokens,
-        output_tokens: 1,
-        hash_ids,
-        arrival_ms: None,
-        gap_after_ms: 0.0,
-        samples: 1,
-        fork: false,
-        ending: crate::workload::Ending::Unknown,
-    }
+    Step::of(input_tokens, hash_ids)
 }
 
 #[test]
