@@ -10,6 +10,8 @@
 //! make room, or dropped by [`BlockPool::evict`]) is offloaded to it instead of lost, and
 //! [`BlockPool::restore`] brings it back into a fresh block.
 
+use std::collections::hash_map::Entry;
+
 use foldhash::HashMap;
 
 use super::host_tier::{HostChanges, HostTier};
@@ -61,6 +63,8 @@ struct Block {
 pub struct BlockPool {
     blocks: Vec<Block>,
     cached: HashMap<u64, BlockId>,
+    /// Blocks holding a hash `cached` maps to another block (duplicates), oldest first.
+    dups: HashMap<u64, Vec<u32>>,
     free_head: u32,
     free_tail: u32,
     num_free: usize,
@@ -134,6 +138,7 @@ impl BlockPool {
         Self {
             blocks,
             cached: HashMap::default(),
+            dups: HashMap::default(),
             free_head: if num_blocks == 0 { NIL } else { 0 },
             free_tail: num_blocks.checked_sub(1).unwrap_or(NIL),
             num_free: num_blocks as usize,
@@ -179,6 +184,16 @@ impl BlockPool {
             .count()
     }
 
+    /// How many of `hashes` are cached in blocks nobody holds (free, so taking them
+    /// shrinks the free list).
+    pub fn free_cached(&self, hashes: &[u64]) -> usize {
+        hashes
+            .iter()
+            .filter_map(|h| self.cached.get(h))
+            .filter(|id| self.blocks[id.0 as usize].ref_cnt == 0)
+            .count()
+    }
+
     /// Takes a reference on the cached block holding `hash`.
     pub fn acquire_cached(&mut self, hash: u64) -> Option<BlockId> {
         let id = *self.cached.get(&hash)?;
@@ -201,18 +216,40 @@ impl BlockPool {
         let block = &mut self.blocks[i as usize];
         block.ref_cnt = 1;
         if let Some(h) = block.hash.take() {
-            self.cached.remove(&h);
             self.evictions += 1;
             evicted.push(h);
-            self.offload(i, h);
+            if self.forget(i, h) {
+                self.offload(i, h);
+            }
         }
         Some(BlockId(i))
     }
 
+    /// Drops block `i` as a holder of `hash`; true if no other block holds it now (else a
+    /// duplicate becomes the one prompts reuse, as vLLM's next block under the hash).
+    fn forget(&mut self, i: u32, hash: u64) -> bool {
+        let Some(dups) = self.dups.get_mut(&hash) else {
+            self.cached.remove(&hash);
+            return true;
+        };
+        if self.cached.get(&hash) == Some(&BlockId(i)) {
+            let next = dups.remove(0);
+            self.cached.insert(hash, BlockId(next));
+        } else {
+            dups.retain(|&d| d != i);
+        }
+        if dups.is_empty() {
+            self.dups.remove(&hash);
+        }
+        false
+    }
+
     /// Records that a full block holds content `hash` (chained under `parent`, made of
     /// `tokens`), so later prompts can reuse it. Returns false if the block was already
-    /// registered or another block already holds that content (this one then stays
-    /// anonymous, as in vLLM).
+    /// registered. A block computing content another block already holds (a prompt's last
+    /// block, recomputed for its logits; a decode repeating an earlier one) is registered as
+    /// a duplicate, as vLLM 0.32 does: announced in a `BlockStored`, reused after the first
+    /// holder is evicted, and announced in a `BlockRemoved` when it is evicted itself.
     pub fn register(
         &mut self,
         id: BlockId,
@@ -221,14 +258,19 @@ impl BlockPool {
         tokens: &[u32],
     ) -> bool {
         let block = &mut self.blocks[id.0 as usize];
-        if block.hash.is_some() || self.cached.contains_key(&hash) {
+        if block.hash.is_some() {
             return false;
         }
         block.hash = Some(hash);
         block.parent = parent;
         block.tokens.clear();
         block.tokens.extend_from_slice(tokens);
-        self.cached.insert(hash, id);
+        match self.cached.entry(hash) {
+            Entry::Vacant(e) => {
+                e.insert(id);
+            }
+            Entry::Occupied(_) => self.dups.entry(hash).or_default().push(id.0),
+        }
         true
     }
 
@@ -272,9 +314,10 @@ impl BlockPool {
         if self.blocks[id.0 as usize].ref_cnt > 0 {
             return false;
         }
-        self.cached.remove(&hash);
         self.unlink(id.0);
-        self.offload(id.0, hash);
+        if self.forget(id.0, hash) {
+            self.offload(id.0, hash);
+        }
         let block = &mut self.blocks[id.0 as usize];
         block.hash = None;
         block.parent = None;
@@ -294,6 +337,7 @@ impl BlockPool {
             b.hash = None;
         }
         self.cached.clear();
+        self.dups.clear();
         self.host.clear();
         self.host.take_changes();
         true
@@ -303,24 +347,45 @@ impl BlockPool {
     /// no longer needed): empty, it goes to the front of the free list (reused first).
     pub fn release_empty(&mut self, id: BlockId) {
         let block = &mut self.blocks[id.0 as usize];
-        if block.ref_cnt != 1 || block.hash.is_some() {
-            return self.release(id);
+        if block.ref_cnt == 1 && block.hash.is_none() {
+            block.parent = None;
+            block.tokens.clear();
         }
-        block.ref_cnt = 0;
-        block.parent = None;
-        block.tokens.clear();
-        self.push_head(id.0);
+        self.release(id);
     }
 
-    /// Drops one reference; at zero the block becomes evictable, most recently freed last.
+    /// Drops one reference (see [`Self::free`]).
     pub fn release(&mut self, id: BlockId) {
-        let block = &mut self.blocks[id.0 as usize];
-        if block.ref_cnt == 0 {
-            return;
-        }
-        block.ref_cnt -= 1;
-        if block.ref_cnt == 0 {
-            self.push_tail(id.0);
+        self.free([id]);
+    }
+
+    /// Drops one reference on each block of `ordered`, given in the order they should be
+    /// reused (vLLM's `free_blocks`, to which a request's blocks come tail first). A block
+    /// nobody holds any more becomes free: a cached one at the back of the free list (least
+    /// recently freed is evicted first), an anonymous one at the front, these in the given
+    /// order (vLLM 0.32 reuses blocks that cache nothing first, so no cached block is
+    /// evicted while one of them is free).
+    pub fn free(&mut self, ordered: impl IntoIterator<Item = BlockId>) {
+        let mut front = NIL;
+        for id in ordered {
+            let block = &mut self.blocks[id.0 as usize];
+            if block.ref_cnt == 0 {
+                continue;
+            }
+            block.ref_cnt -= 1;
+            if block.ref_cnt > 0 {
+                continue;
+            }
+            if block.hash.is_some() {
+                self.push_tail(id.0);
+            } else {
+                if front == NIL {
+                    self.push_head(id.0);
+                } else {
+                    self.insert_after(front, id.0);
+                }
+                front = id.0;
+            }
         }
     }
 
@@ -358,6 +423,23 @@ impl BlockPool {
             self.blocks[head as usize].prev = i;
         }
         self.free_head = i;
+        self.num_free += 1;
+    }
+
+    /// Links free block `i` right after free block `prev`.
+    fn insert_after(&mut self, prev: u32, i: u32) {
+        let next = self.blocks[prev as usize].next;
+        {
+            let b = &mut self.blocks[i as usize];
+            b.prev = prev;
+            b.next = next;
+        }
+        self.blocks[prev as usize].next = i;
+        if next == NIL {
+            self.free_tail = i;
+        } else {
+            self.blocks[next as usize].prev = i;
+        }
         self.num_free += 1;
     }
 
@@ -401,6 +483,46 @@ mod tests {
         assert_eq!(pool.longest_cached_prefix(&[10, 20]), 0);
         assert_eq!(pool.longest_cached_prefix(&[20]), 1);
         assert_eq!(pool.evictions(), 1);
+    }
+
+    #[test]
+    fn blocks_caching_nothing_are_reused_before_any_cached_block() {
+        // vLLM 0.32's `free_blocks`: a request's blocks come tail first; the anonymous ones
+        // go to the front of the free list in that order, the cached ones to the back.
+        let mut pool = BlockPool::new(4);
+        let mut none = Vec::new();
+        let [a, b, c] = [(); 3].map(|_| pool.allocate(&mut none).unwrap());
+        pool.register(a, 10, None, &[]);
+        pool.free([c, b, a]);
+        let d = pool.allocate(&mut none).unwrap();
+        assert_eq!(d, c, "the tail block, anonymous, is reused first");
+        assert_eq!(pool.allocate(&mut none).unwrap(), b);
+        pool.allocate(&mut none).unwrap(); // the never-used block
+        let mut evicted = Vec::new();
+        assert_eq!(pool.allocate(&mut evicted), Some(a));
+        assert_eq!(evicted, vec![10], "the cached block goes last");
+    }
+
+    #[test]
+    fn a_duplicate_is_announced_reused_after_the_first_and_removed_on_its_own() {
+        let mut pool = BlockPool::new(3);
+        let mut none = Vec::new();
+        let a = pool.allocate(&mut none).unwrap();
+        let b = pool.allocate(&mut none).unwrap();
+        assert!(pool.register(a, 10, None, &[1]));
+        assert!(pool.register(b, 10, None, &[1]), "a second copy is announced");
+        assert!(!pool.register(b, 10, None, &[1]));
+        assert_eq!(pool.holding(), 1);
+        pool.free([a, b]);
+        let mut evicted = Vec::new();
+        pool.allocate(&mut evicted).unwrap(); // the never-used block
+        assert_eq!(pool.allocate(&mut evicted), Some(a));
+        assert_eq!(evicted, vec![10], "evicting the first copy is announced");
+        assert_eq!(pool.acquire_cached(10), Some(b), "the duplicate serves the hash now");
+        pool.release(b);
+        assert_eq!(pool.allocate(&mut evicted), Some(b));
+        assert_eq!(evicted, vec![10, 10]);
+        assert_eq!(pool.longest_cached_prefix(&[10]), 0);
     }
 
     #[test]

@@ -387,9 +387,7 @@ impl Scheduler {
 
     fn release_holds(&mut self) {
         for seq in &mut self.waiting {
-            for b in seq.held.drain(..).rev() {
-                self.pool.release(b);
-            }
+            self.pool.free(seq.held.drain(..).rev());
         }
     }
 
@@ -399,9 +397,7 @@ impl Scheduler {
 
     fn free_blocks(&mut self, seq: &mut Seq) {
         // Tail blocks first, so the least shareable content is evicted first (vLLM).
-        for b in seq.blocks.drain(..).rev() {
-            self.pool.release(b);
-        }
+        self.pool.free(seq.blocks.drain(..).rev());
         seq.registered = 0;
     }
 
@@ -594,6 +590,13 @@ impl Scheduler {
         let reused = (hit + restore) * bs;
         let n = (len - reused).min(budget);
         let total = (reused + n).div_ceil(bs);
+        // vLLM 0.32 admits a waiting request only if its whole sequence fits
+        // (`scheduler_reserve_full_isl`, on by default), counting the cached blocks it would
+        // take off the free list; it touches nothing when it does not.
+        let needed = len.div_ceil(bs) - hit + self.pool.free_cached(&hashes[..hit]);
+        if needed > self.pool.num_free() {
+            return None;
+        }
         let mut blocks = Vec::with_capacity(total);
         blocks.extend(
             hashes[..hit]
@@ -610,9 +613,7 @@ impl Scheduler {
         {
             return Some((blocks, hit, restore, n));
         }
-        for b in blocks.into_iter().rev() {
-            self.pool.release(b);
-        }
+        self.pool.free(blocks.into_iter().rev());
         None
     }
 

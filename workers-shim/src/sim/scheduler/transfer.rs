@@ -151,8 +151,6 @@ impl Scheduler {
 
     /// Releases blocks taken by [`Self::pin`].
     pub fn unpin(&mut self, blocks: &[BlockId]) {
-        for &b in blocks.iter().rev() {
-            self.pool.release(b);
-        }
+        self.pool.free(blocks.iter().rev().copied());
     }
 }
