@@ -232,6 +232,8 @@ struct Route {
     events: mpsc::UnboundedSender<SeqEvent>,
     choice: u32,
     prompt_len: usize,
+    /// Prompt tokens served from the cache at admission.
+    cached_tokens: u32,
     /// Prefill leg: the request id to pin the prompt's blocks under, and the prompt.
     pin: Option<(String, Arc<[u32]>)>,
     arrival_s: f64,
@@ -514,6 +516,7 @@ impl Actor {
                             events: events.clone(),
                             choice: req.choice,
                             prompt_len: req.prompt.len(),
+                            cached_tokens: 0,
                             pin: req.pin_for.map(|r| (r, req.prompt.clone())),
                             arrival_s: self.now_s,
                             last_token_s: None,
@@ -540,10 +543,15 @@ impl Actor {
         m.kv.host_restored_tokens += out.restored_tokens;
         m.kv.host_restore_seconds += out.restore_s;
         let mut gone = Vec::new();
+        // vLLM's `iteration_tokens_total`: per step that produced tokens, the prompt tokens
+        // computed for the requests whose first token it produced, and the tokens produced.
+        let produced = !out.tokens.is_empty();
+        let mut iteration = out.tokens.len() as u64;
         for a in &out.admitted {
-            let Some(route) = self.routes.get(&a.seq) else {
+            let Some(route) = self.routes.get_mut(&a.seq) else {
                 continue;
             };
+            route.cached_tokens = a.cached_tokens;
             m.prefix_cache_queries += route.prompt_len as u64;
             m.prefix_cache_hits += u64::from(a.cached_tokens);
             m.kv.prefill_cached_tokens += u64::from(a.cached_tokens);
@@ -574,7 +582,11 @@ impl Actor {
             };
             m.generation_tokens += 1;
             match route.last_token_s {
-                None => m.time_to_first_token.observe(now - route.arrival_s),
+                None => {
+                    m.time_to_first_token.observe(now - route.arrival_s);
+                    iteration +=
+                        (route.prompt_len as u64).saturating_sub(u64::from(route.cached_tokens));
+                }
                 Some(last) => m.inter_token_latency.observe(now - last),
             }
             route.last_token_s = Some(now);
@@ -592,6 +604,9 @@ impl Actor {
             } else if sent.is_err() {
                 gone.push(t.seq);
             }
+        }
+        if produced {
+            m.iteration_tokens.observe(iteration as f64);
         }
         drop(m);
         for id in gone {

@@ -57,6 +57,9 @@ const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
+const ITERATION_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
 const REQUEST_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -80,6 +83,7 @@ pub struct EngineMetrics {
     pub inter_token_latency: Histogram,
     pub e2e_request_latency: Histogram,
     pub request_queue_time: Histogram,
+    pub iteration_tokens: Histogram,
     pub kv: KvMetrics,
 }
 
@@ -129,6 +133,7 @@ impl EngineMetrics {
             inter_token_latency: Histogram::new(ITL_BUCKETS),
             e2e_request_latency: Histogram::new(REQUEST_BUCKETS),
             request_queue_time: Histogram::new(REQUEST_BUCKETS),
+            iteration_tokens: Histogram::new(ITERATION_BUCKETS),
             kv: KvMetrics::default(),
         }
     }
@@ -234,6 +239,11 @@ impl EngineMetrics {
                 "vllm:request_queue_time_seconds",
                 "Histogram of time spent in WAITING phase for request.",
                 &self.request_queue_time,
+            ),
+            (
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                &self.iteration_tokens,
             ),
         ] {
             render_histogram(&mut out, name, help, &labels, h);
