@@ -119,11 +119,11 @@ class Process:
 
 
 class Vllm(Process):
-    def __init__(self, venv, model, pool, log_dir, extra=()):
+    def __init__(self, venv, model, pool, log_dir, extra=(), log_level="WARNING"):
         self.port, self.zmq = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
-                   VLLM_LOGGING_LEVEL="WARNING")
+                   VLLM_LOGGING_LEVEL=log_level)
         cmd = ["nice", "-n", "10", f"{venv}/bin/python", "-m",
                "vllm.entrypoints.openai.api_server", "--model", model,
                "--served-model-name", MODEL, "--load-format", "dummy", "--dtype", "float32",
