@@ -148,6 +148,10 @@ pub struct SimulateArgs {
     /// `<path>-<policy>.csv`, for diagnosing a policy step by step.
     #[arg(long)]
     steps_csv: Option<PathBuf>,
+    /// Also write each policy's headline figures (prompt, cached and computed tokens,
+    /// preemptions, TTFT percentiles) to this path, a JSON array.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
     /// Also write the workload as agentic JSONL to this path (closed-loop workloads: the
     /// generators, the agentic traces), which `--workload PATH` reads back as it was.
     #[arg(long)]
@@ -252,6 +256,10 @@ pub struct ReplayArgs {
     /// Longest one request may take, seconds (wall).
     #[arg(long, default_value_t = 600)]
     timeout_s: u64,
+    /// The served model's vocabulary size, when below the workload's token ids (up to
+    /// 60,000): ids are folded into it (a tiny test model's 4,096).
+    #[arg(long)]
+    vocab: Option<u32>,
     /// Also simulate the same workload on this cluster (the fleet behind the router) and
     /// print how far apart the two are.
     #[arg(long)]
@@ -264,6 +272,23 @@ pub struct ReplayArgs {
     engine: SimSettings,
     #[arg(long)]
     quiet: bool,
+    /// Also write the live run's headline figures (and the simulated one's, with
+    /// `--compare-cluster`) to this path, a JSON array (TTFT and steps; the engines'
+    /// cache figures are theirs to report).
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
+    /// Also write every live step's record (TTFT, prompt and cached tokens) to
+    /// `<path>-live.csv` (and the simulated run's to `<path>-<policy>.csv`).
+    #[arg(long)]
+    steps_csv: Option<PathBuf>,
+}
+
+/// Writes `value` to `path`.
+fn write_json(path: &std::path::Path, value: &serde_json::Value) -> Result<(), CommandError> {
+    std::fs::write(path, value.to_string()).map_err(|source| CommandError::Write {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Replays the workload against a live router; optionally compares with the simulator.
@@ -279,6 +304,7 @@ pub async fn replay(args: ReplayArgs) -> Result<(), CommandError> {
         time_scale: args.fleet_time_scale,
         token: args.token.clone(),
         timeout: std::time::Duration::from_secs(args.timeout_s.max(1)),
+        vocab: args.vocab,
     };
     let bar = std::sync::Arc::new(crate::progress::Progress::new(
         "replay",
@@ -292,7 +318,19 @@ pub async fn replay(args: ReplayArgs) -> Result<(), CommandError> {
         say(&format!("error: {e}"));
     }
     say(&summary_line(&live.result));
+    let csv = |stem: &PathBuf, label: &str, r: &crate::sim::RunResult| {
+        let path = PathBuf::from(format!("{}-{label}.csv", stem.display()));
+        std::fs::write(&path, report::steps_csv(r))
+            .map_err(|source| CommandError::Write { path, source })
+    };
+    if let Some(stem) = &args.steps_csv {
+        csv(stem, "live", &live.result)?;
+    }
+    let mut summaries = vec![report::summary_json(&live.result)];
     let Some(spec) = args.compare_cluster else {
+        if let Some(path) = &args.summary_json {
+            write_json(path, &serde_json::Value::Array(summaries))?;
+        }
         return Ok(());
     };
     let cluster = Cluster::parse(&spec, &args.engine)?;
@@ -305,6 +343,13 @@ pub async fn replay(args: ReplayArgs) -> Result<(), CommandError> {
     )?;
     say(&summary_line(&sim));
     say(&Agreement::of(&live.result, &sim).to_string());
+    summaries.push(report::summary_json(&sim));
+    if let Some(stem) = &args.steps_csv {
+        csv(stem, &sim.policy, &sim)?;
+    }
+    if let Some(path) = &args.summary_json {
+        write_json(path, &serde_json::Value::Array(summaries))?;
+    }
     Ok(())
 }
 
@@ -369,6 +414,10 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     }
     say("");
     say(&markdown_table(&runs));
+    if let Some(path) = &args.summary_json {
+        let all: Vec<_> = runs.iter().map(report::summary_json).collect();
+        write_json(path, &serde_json::Value::Array(all))?;
+    }
     if let Some(stem) = &args.steps_csv {
         for r in &runs {
             let path = PathBuf::from(format!("{}-{}.csv", stem.display(), r.policy));

@@ -31,6 +31,10 @@ pub struct ReplayOptions {
     pub token: Option<String>,
     /// Longest a single request may take, wall time.
     pub timeout: Duration,
+    /// The model's vocabulary, when smaller than the token ids the workload draws (up to
+    /// 60,000): every id is folded into `4..vocab` (a tiny test model's 4,096 tokens), the
+    /// same id always to the same one, so prompts that share a block still do.
+    pub vocab: Option<u32>,
 }
 
 /// What made a replay fail as a whole (single failed requests are recorded, not fatal).
@@ -74,7 +78,12 @@ impl Shared {
     /// Sends one step and measures it.
     async fn send(&self, session: usize, step: usize) -> StepRecord {
         let st = &self.wl.sessions[session].steps[step];
-        let prompt = prompt_tokens(st, self.wl.hash_block);
+        let mut prompt = prompt_tokens(st, self.wl.hash_block);
+        if let Some(vocab) = self.opts.vocab.filter(|&v| v > 4) {
+            for t in &mut prompt {
+                *t = 4 + *t % (vocab - 4);
+            }
+        }
         let (name, fork) = self.wl.route_names(session, step);
         let body = json!({
             "model": self.opts.model,
@@ -82,6 +91,7 @@ impl Shared {
             "max_tokens": st.output_tokens.max(1),
             "ignore_eos": true,
             "stream": true,
+            "stream_options": {"include_usage": true},
             "n": st.samples.max(1),
         });
         let mut req = self
@@ -113,7 +123,13 @@ impl Shared {
             placement: Default::default(),
         };
         match self.stream(req, sent, st.samples.max(1)).await {
-            Ok((ttft, last, events)) => {
+            Ok(Streamed {
+                ttft,
+                last,
+                events,
+                cached_tokens,
+            }) => {
+                rec.cached_tokens = cached_tokens;
                 let per_choice = (events / st.samples.max(1)).max(1);
                 rec.ttft_s = ttft * self.opts.time_scale;
                 rec.latency_s = last * self.opts.time_scale;
@@ -132,14 +148,14 @@ impl Shared {
         rec
     }
 
-    /// Reads the SSE stream; returns (first event, last event) in wall seconds after
-    /// `sent`, and how many token events arrived.
+    /// Reads the SSE stream: its first and last token events in wall seconds after `sent`,
+    /// how many arrived, and the cached prompt tokens its usage reports.
     async fn stream(
         &self,
         req: reqwest::RequestBuilder,
         sent: Instant,
         samples: u32,
-    ) -> Result<(f64, f64, u32), String> {
+    ) -> Result<Streamed, String> {
         let mut resp = req.send().await.map_err(|e| e.to_string())?;
         let status = resp.status();
         if !status.is_success() {
@@ -149,7 +165,7 @@ impl Shared {
                 text.chars().take(200).collect::<String>()
             ));
         }
-        let (mut first, mut last, mut events) = (None, 0.0, 0u32);
+        let (mut first, mut last, mut events, mut cached_tokens) = (None, 0.0, 0u32, 0u32);
         let mut buf = String::new();
         let mut finished = false;
         while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
@@ -165,10 +181,21 @@ impl Shared {
                     finished = true;
                     continue;
                 }
-                if data.contains("\"error\"") {
+                // An answer may say "error" in its text: only an `error` member is one.
+                let Ok(chunk) = serde_json::from_str::<serde_json::Value>(data) else {
+                    return Err(data.chars().take(200).collect());
+                };
+                if chunk.get("error").is_some() {
                     return Err(data.chars().take(200).collect());
                 }
-                if data.contains("\"text\"") {
+                if let Some(c) = chunk
+                    .pointer("/usage/prompt_tokens_details/cached_tokens")
+                    .and_then(serde_json::Value::as_u64)
+                {
+                    cached_tokens = u32::try_from(c).unwrap_or(u32::MAX);
+                }
+                let texts = chunk.get("choices").and_then(serde_json::Value::as_array);
+                if texts.is_some_and(|c| c.iter().any(|c| c.get("text").is_some())) {
                     first.get_or_insert(now);
                     last = now;
                     events += 1;
@@ -176,10 +203,23 @@ impl Shared {
             }
         }
         match first {
-            Some(f) if finished => Ok((f, last, events.max(samples))),
+            Some(ttft) if finished => Ok(Streamed {
+                ttft,
+                last,
+                events: events.max(samples),
+                cached_tokens,
+            }),
             _ => Err("the stream ended without tokens or [DONE]".to_owned()),
         }
     }
+}
+
+/// What one streamed step showed the client.
+struct Streamed {
+    ttft: f64,
+    last: f64,
+    events: u32,
+    cached_tokens: u32,
 }
 
 /// Replays `wl` against the router in `opts`; `progress` is told how many steps completed.

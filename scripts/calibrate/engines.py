@@ -119,11 +119,12 @@ class Process:
 
 
 class Vllm(Process):
-    def __init__(self, venv, model, pool, log_dir, extra=(), log_level="WARNING"):
+    def __init__(self, venv, model, pool, log_dir, extra=(), log_level="WARNING", name="vllm",
+                 env=None):
         self.port, self.zmq = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1",
-                   VLLM_LOGGING_LEVEL=log_level)
+                   VLLM_LOGGING_LEVEL=log_level, **(env or {}))
         cmd = ["nice", "-n", "10", f"{venv}/bin/python", "-m",
                "vllm.entrypoints.openai.api_server", "--model", model,
                "--served-model-name", MODEL, "--load-format", "dummy", "--dtype", "float32",
@@ -139,7 +140,7 @@ class Vllm(Process):
                "--kv-events-config", json.dumps({
                    "enable_kv_cache_events": True, "publisher": "zmq",
                    "endpoint": f"tcp://*:{self.zmq}", "topic": TOPIC}), *extra]
-        super().__init__("vllm", cmd, env, log_dir)
+        super().__init__(name, cmd, env, log_dir)
 
 
 class Sim(Process):

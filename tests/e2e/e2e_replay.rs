@@ -64,6 +64,7 @@ async fn a_replayed_trace_agrees_with_its_simulation() {
         time_scale: TIME_SCALE,
         token: None,
         timeout: Duration::from_secs(60),
+        vocab: None,
     };
     let live = replay(&wl, &opts, Arc::new(|_| {}))
         .await

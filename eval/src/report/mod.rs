@@ -8,10 +8,12 @@ pub mod best_shape;
 mod capacity;
 pub mod matrix;
 mod steps_csv;
+mod summary_json;
 mod table;
 
 pub use capacity::{max_sessions, meets, meets_serving, unservable_steps, CapacitySearch};
 pub use steps_csv::steps_csv;
+pub use summary_json::summary_json;
 pub use table::{markdown_table, summary_line};
 
 use std::path::{Path, PathBuf};

@@ -119,6 +119,11 @@ struct Holder {
     engine_hash: u64,
     /// Approximate-mode entries expire; event-fed ones do not.
     expires_at_ms: Option<u64>,
+    /// Copies of the block the engine announced in this tier (event-fed GPU holds): vLLM
+    /// 0.32 stores a second copy when it computes a cached block again (a prompt's last
+    /// block, recomputed for its logits; two requests prefilling the same new prefix at
+    /// once) and removes each copy on its own. The hold goes with the last copy.
+    copies: u32,
 }
 
 /// Where a block sits in the chain one insert adds. Every block of it but the last gets
@@ -435,6 +440,10 @@ impl KvIndex {
         {
             Some(h) => {
                 let replaced = *h;
+                if tier == Tier::Gpu && replaced.expires_at_ms.is_none() && expires_at_ms.is_none()
+                {
+                    h.copies = h.copies.saturating_add(1);
+                }
                 h.engine_hash = engine_hash;
                 h.expires_at_ms = expires_at_ms;
                 // A routed GPU hold the engine now reports becomes an event-fed one.
@@ -453,6 +462,7 @@ impl KvIndex {
                     tier,
                     engine_hash,
                     expires_at_ms,
+                    copies: 1,
                 });
                 node.recompute_prints();
                 (None, None)
@@ -526,6 +536,15 @@ impl KvIndex {
             else {
                 continue;
             };
+            let copy = self.nodes.get_mut(&seq).and_then(|n| {
+                n.holders
+                    .iter_mut()
+                    .find(|h| h.worker == worker && h.tier == tier && h.copies > 1)
+            });
+            if let Some(h) = copy {
+                h.copies -= 1;
+                continue;
+            }
             self.stats.blocks_removed += self.remove_cascade(seq, worker, Some(tier));
         }
     }

@@ -149,6 +149,30 @@ fn removal_cascades_to_descendants_and_clear_forgets_a_worker() {
 }
 
 #[test]
+fn a_block_stored_twice_stays_until_both_copies_are_removed() {
+    // vLLM 0.32: a cached block computed again (here block 7, the last of a repeated
+    // prompt) is stored a second time, and each copy's eviction is announced on its own.
+    let mut ix = index();
+    ix.apply(W0, &stored(None, blocks(1, 0..8), Tier::Gpu))
+        .unwrap();
+    ix.apply(W0, &stored(Some(1006), blocks(1, 7..8), Tier::Gpu))
+        .unwrap();
+    let removed = || KvEvent::Removed {
+        block_ids: vec![1007],
+        tier: Tier::Gpu,
+    };
+    ix.apply(W0, &removed()).unwrap();
+    assert_eq!(
+        matches(&ix, &query(1, 8)),
+        vec![m(W0, 8, 8)],
+        "the first copy is still cached"
+    );
+    assert_eq!(ix.worker_blocks(W0), 8);
+    ix.apply(W0, &removed()).unwrap();
+    assert_eq!(matches(&ix, &query(1, 8)), vec![m(W0, 7, 7)]);
+}
+
+#[test]
 fn tiers_are_tracked_separately() {
     let mut ix = index();
     ix.apply(W0, &stored(None, blocks(1, 0..6), Tier::Gpu))
