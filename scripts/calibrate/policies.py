@@ -32,6 +32,7 @@ import suite  # noqa: E402
 POLICIES = ("ownerserve", "dynamo_kv", "llm_d")
 SIZE_TOLERANCE = 0.25
 NO_ADVANTAGE = 0.02
+STEP_BAR = 0.85
 MAX_INPUT = 7000  # tokens: turns past this are cut (a CPU engine's prefill stays ~0.1 s)
 MAX_OUTPUT = 64
 MAX_GAP_MS = 15_000
@@ -202,11 +203,22 @@ def main():
         for e in real:
             e.stop()
     print(f"L4 policy deltas, live (2 real vLLM) vs simulated (logs {log_dir})")
+    # The short run (the full test tier's) holds what a 22-step workload can show: no request
+    # fails, the simulator and the engines agree step by step on what was cached, and on the
+    # sign of ownerserve's advantage in tokens computed. The sizes need the full run.
+    short_ok = True
     for name, r in report.items():
         live, sim = r["live"], r["sim"]
         for policy in POLICIES:
+            agreed = step_agreement(live[policy]["steps"], sim[policy]["steps"])
+            short_ok &= agreed >= STEP_BAR and live[policy]["errors"] == 0
             print(f"{name:10s} {policy:10s} steps whose cached tokens agree (within a block): "
-                  f"{step_agreement(live[policy]['steps'], sim[policy]['steps']):.0%}")
+                  f"{agreed:.0%} (bar {STEP_BAR:.0%}); failed requests "
+                  f"{live[policy]['errors']}")
+        for base in POLICIES[1:]:
+            a = advantage("computed", live["ownerserve"]["computed"], live[base]["computed"])
+            b = advantage("computed", sim["ownerserve"]["computed"], sim[base]["computed"])
+            short_ok &= (abs(a) < NO_ADVANTAGE and abs(b) < NO_ADVANTAGE) or (a > 0) == (b > 0)
         for base in POLICIES[1:]:
             for metric in ("computed", "preemptions", "hit_rate"):
                 a = advantage(metric, live["ownerserve"][metric], live[base][metric])
@@ -228,6 +240,10 @@ def main():
                     row.pop("steps", None)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    if args.short:
+        print("short run: " + ("PASS" if short_ok else "FAIL") + "; the issue's sizes: "
+              + ("agree" if ok else "not within 25%"))
+        return 0 if short_ok else 1
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 
