@@ -120,6 +120,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", default="/tmp/vllm-venv")
+    ap.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                    help="the real engine (SGLang: its venv as --venv)")
     ap.add_argument("--blocks", type=int, default=95, help="usable KV blocks of both engines")
     ap.add_argument("--prompts", type=int, default=240)
     ap.add_argument("--seed", type=int, default=63)
@@ -128,7 +130,8 @@ def main():
     log_dir = tempfile.mkdtemp(prefix="calibrate-cache-")
     pool = engines.Pool(args.blocks)
     prompts = script(args.seed, args.prompts, pool.max_model_len)
-    real = engines.Vllm(args.venv, engines.model_dir(log_dir), pool, log_dir)
+    real = (engines.Vllm if args.engine == "vllm" else engines.Sglang)(
+        args.venv, engines.model_dir(log_dir), pool, log_dir)
     sim = engines.Sim(args.ownerserve, pool, log_dir, ["--instant"])
     try:
         sim.wait_up(60)
@@ -140,7 +143,8 @@ def main():
         real.stop()
         sim.stop()
     got = compare(prompts, real_rows, sim_rows)
-    print(f"L1 cache semantics: {got['requests']} prompts, {args.blocks} blocks of "
+    print(f"L1 cache semantics, {args.engine} against the sim engine: {got['requests']} "
+          f"prompts, {args.blocks} blocks of "
           f"{engines.BLOCK}, seed {args.seed} ({time.time() - started:.0f} s; logs {log_dir})")
     print("\n".join(got["mismatches"][:40]))
     if len(got["mismatches"]) > 40:

@@ -143,6 +143,30 @@ class Vllm(Process):
         super().__init__(name, cmd, env, log_dir)
 
 
+class Sglang(Process):
+    """One real SGLang (CPU, the real-engine suite's recipe) with a pool of `pool.blocks`
+    pages of `BLOCK` tokens: its radix cache, token-granular, matched by page."""
+
+    def __init__(self, venv, model, pool, log_dir, name="sglang"):
+        self.port, self.zmq = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        stub = os.path.join(venv, "stub")
+        env = dict(os.environ, SGLANG_USE_CPU_ENGINE="1", OMP_NUM_THREADS="1",
+                   LD_LIBRARY_PATH=stub + (":" + os.environ["LD_LIBRARY_PATH"]
+                                           if os.environ.get("LD_LIBRARY_PATH") else ""))
+        cmd = ["nice", "-n", "10", f"{venv}/bin/python", "-m", "sglang.launch_server",
+               "--model-path", model, "--served-model-name", MODEL, "--device", "cpu",
+               "--load-format", "dummy", "--attention-backend", "torch_native",
+               "--sleep-on-idle", "--host", "127.0.0.1", "--port", str(self.port),
+               "--max-total-tokens", str(pool.blocks * BLOCK), "--page-size", str(BLOCK),
+               "--chunked-prefill-size", str(pool.batched_tokens),
+               "--max-running-requests", str(pool.max_seqs),
+               "--context-length", str(pool.max_model_len), "--enable-cache-report",
+               "--kv-events-config", json.dumps({
+                   "publisher": "zmq", "endpoint": f"tcp://*:{self.zmq}", "topic": TOPIC})]
+        super().__init__(name, cmd, env, log_dir)
+
+
 class Sim(Process):
     def __init__(self, ownerserve, pool, log_dir, extra=()):
         self.port, self.zmq = free_port(), free_port()
