@@ -404,6 +404,18 @@ async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {
     let mut rows = serde_json::to_value(st.registry.describe()).unwrap_or_default();
+    // How far the router's index of each worker's cache can be trusted now.
+    if let Some(rows) = rows.as_array_mut() {
+        let fleet = st.registry.all();
+        for row in rows.iter_mut() {
+            if let Some(w) = fleet
+                .iter()
+                .find(|w| row["id"].as_str() == Some(w.spec.name.as_str()))
+            {
+                row["index"] = json!(st.kv.mode_of(w.id).name());
+            }
+        }
+    }
     // With a directory: the stored responses each worker holds (what a drain leaves).
     if let (Some(held), Some(rows)) = (
         crate::api::responses::held_per_worker(&st),

@@ -180,12 +180,15 @@ impl Prometheus {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let host = |url: &str| url.trim_start_matches("http://").to_owned();
+        let rules = repo().join("configs/prometheus/alerts.yml");
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - {}\n\
              scrape_configs:\n\
              \x20 - job_name: ownerserve\n    static_configs:\n      - targets: ['{}']\n\
              \x20 - job_name: ownerserve-workers\n    http_sd_configs:\n      - url: {router}/metrics/targets\n        refresh_interval: 1s\n\
              \x20 - job_name: ownerserve-directory\n    static_configs:\n      - targets: ['{}']\n",
+            rules.display(),
             host(router),
             host(directory),
         );
@@ -464,6 +467,34 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         all.len(),
         empty.join("\n"),
         prom.log()
+    );
+    // The shipped alert rules load and evaluate against the router's series.
+    let rules: Value = client()
+        .get(format!("{}/api/v1/rules", prom.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let loaded: Vec<&Value> = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert!(
+        loaded
+            .iter()
+            .any(|r| r["name"] == "OwnerServeSilentCacheMiss" && r["health"] != "err"),
+        "{rules}"
+    );
+    assert!(
+        !prom
+            .query("sum(ownerserve_cache_receipts_total{outcome=~\"kept|missed\"})")
+            .await
+            .is_empty(),
+        "receipts checked against the engines' reports"
     );
     // Not just present: what the traffic did shows.
     for (expr, what) in [

@@ -23,6 +23,7 @@ mod e2e_parked_returns;
 mod e2e_pd_adapters;
 mod e2e_prefill_calibration;
 mod e2e_prefill_decodes;
+mod e2e_receipts;
 mod e2e_redis_fanout;
 mod e2e_replay;
 mod e2e_request_ids;

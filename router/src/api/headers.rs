@@ -16,5 +16,8 @@ pub const FORK: HeaderName = HeaderName::from_static("x-ownerserve-fork");
 pub const SESSION_CONTROL: HeaderName = HeaderName::from_static("x-ownerserve-session-control");
 /// Response: the worker that served the request.
 pub const WORKER: HeaderName = HeaderName::from_static("x-ownerserve-worker");
+/// Response: the route receipt (`proxy::receipt`): worker, action, the cached tokens the
+/// router predicted, the ownership epoch and the index mode the step was planned in.
+pub const RECEIPT: HeaderName = HeaderName::from_static("x-ownerserve-receipt");
 /// Response: the session's ownership epoch the step ran under (sessions with an owner).
 pub const EPOCH: HeaderName = HeaderName::from_static("x-ownerserve-epoch");

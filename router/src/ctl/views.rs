@@ -213,6 +213,7 @@ pub fn workers(answer: &Value) -> String {
         "ROLE",
         "ENGINE",
         "HEALTHY",
+        "INDEX",
         "DRAINING",
         "IN_FLIGHT",
         "RUNNING",
@@ -230,6 +231,8 @@ pub fn workers(answer: &Value) -> String {
             cell(&w["role"]),
             cell(&w["engine"]),
             cell(&w["healthy"]),
+            // How far the router's index of its cache can be trusted.
+            cell(&w["index"]),
             cell(&w["draining"]),
             cell(&w["in_flight"]),
             cell(&w["load"]["running"]),
@@ -405,7 +408,7 @@ mod tests {
     fn workers_show_load_as_percent_and_missing_load_as_dash() {
         let answer = json!({"policy": "ownerserve", "workers": [
             {"id": "decode-0", "role": "decode", "engine": "sim", "healthy": true,
-             "draining": false, "in_flight": 0, "url": "http://127.0.0.1:1",
+             "index": "degraded", "draining": false, "in_flight": 0, "url": "http://127.0.0.1:1",
              "load": {"running": 1.0, "waiting": 0.0, "kv_usage": 0.125}},
             {"id": "prefill-0", "role": "prefill", "engine": "sim", "healthy": false,
              "draining": true, "in_flight": 2, "url": "http://127.0.0.1:2", "load": null},
@@ -413,6 +416,7 @@ mod tests {
         let text = workers(&answer);
         assert!(text.starts_with("policy: ownerserve\nNAME"), "{text}");
         assert!(text.contains("12.5%"), "{text}");
+        assert!(text.contains("degraded"), "{text}");
         let prefill = text
             .lines()
             .find(|l| l.starts_with("prefill-0"))

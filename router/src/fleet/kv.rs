@@ -141,6 +141,27 @@ impl KvRouting {
     }
 
     /// `worker`'s subscriber counters, if its events are subscribed to.
+    /// How far the index of `worker`'s cache can be trusted now: `Approximate` without an
+    /// event stream (routing-derived entries), `Degraded` before its first event or for
+    /// [`DEGRADED_FOR`] after it lost, garbled or could not replay events (or its
+    /// subscriber restarted), `Exact` otherwise.
+    pub fn mode_of(&self, worker: WorkerId) -> IndexMode {
+        use std::sync::atomic::Ordering::Relaxed;
+        let Some(s) = self.stats_of(worker) else {
+            return IndexMode::Approximate;
+        };
+        let trouble = s.last_trouble_ms.load(Relaxed);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let recent = trouble > 0 && now.saturating_sub(trouble) < DEGRADED_FOR.as_millis() as u64;
+        if s.batches.load(Relaxed) == 0 || recent {
+            IndexMode::Degraded
+        } else {
+            IndexMode::Exact
+        }
+    }
+
     fn stats_of(&self, worker: WorkerId) -> Option<Arc<SubscriberStats>> {
         self.subscribers
             .read()
@@ -172,10 +193,37 @@ impl KvRouting {
                         } else {
                             "approximate"
                         },
+                        index: self.mode_of(w.id).name(),
                         events,
                     }
                 })
                 .collect(),
+        }
+    }
+}
+
+/// How long a worker's index stays `degraded` after trouble on its event stream.
+pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
+
+/// How far the router's index of a worker's cache can be trusted (route receipts,
+/// `/admin/v1/kv`, `/admin/v1/workers`, `ctl workers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexMode {
+    /// Engine events flowing in sequence.
+    Exact,
+    /// Events configured but none yet, or lost, garbled or not replayed within
+    /// [`DEGRADED_FOR`]: the index may be behind the engine.
+    Degraded,
+    /// No event stream: entries derived from routing, with a TTL.
+    Approximate,
+}
+
+impl IndexMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            IndexMode::Exact => "exact",
+            IndexMode::Degraded => "degraded",
+            IndexMode::Approximate => "approximate",
         }
     }
 }
@@ -219,6 +267,8 @@ struct WorkerKv {
     /// The fingerprint of this worker's blocks alone.
     digest: String,
     mode: &'static str,
+    /// `exact`, `degraded` or `approximate` ([`IndexMode`]).
+    index: &'static str,
     events: Option<EventCounters>,
 }
 

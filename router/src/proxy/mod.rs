@@ -37,6 +37,7 @@ pub(crate) mod front;
 pub mod identity;
 pub mod ingress;
 pub mod plan;
+pub mod receipt;
 pub mod relay;
 pub mod session_admission;
 pub mod view;
@@ -316,6 +317,28 @@ impl Attempt<'_> {
         (in_flight, prepared)
     }
 
+    /// The step's route receipt, to be checked against the engine's answer.
+    fn receipt(
+        &self,
+        decision: &Decision,
+        worker: &Arc<Worker>,
+        cached_blocks: u64,
+        prepared: &dispatch::Prepared,
+    ) -> receipt::Check {
+        let block = self.step.block;
+        let prompt = u64::from(self.view.route.prompt_tokens);
+        let receipt = receipt::Receipt {
+            worker: worker.spec.name.clone(),
+            action: decision.action().name(),
+            predicted_cached: receipt::Receipt::promise(prompt, cached_blocks, block),
+            epoch: prepared.epoch.map(|e| e.0),
+            index: self.st.kv.mode_of(worker.id),
+            checkable: matches!(decision.dispatch, Dispatch::Single) && !prepared.fell_back,
+            block,
+        };
+        receipt::Check::new(receipt, self.st.metrics.receipts.clone())
+    }
+
     /// Runs the legs and sends the decode request, then feedback (the last stage) consumes
     /// the attempt's outcome and the relay streams the answer; `cached_blocks` of the
     /// prompt are already on `worker`.
@@ -371,12 +394,16 @@ impl Attempt<'_> {
             idle: st.cfg.stream_idle_timeout,
             failure_threshold: st.cfg.health_failure_threshold,
         };
+        let watchers = relay::Watchers {
+            activity: learned.activity,
+            first_byte: Some(first_byte),
+            check: Some(self.receipt(decision, worker, cached_blocks, &prepared)),
+        };
         let mut relayed = relay::relay(
             sent.response,
             worker,
             in_flight,
-            learned.activity,
-            Some(first_byte),
+            watchers,
             patience,
             self.endpoint,
         );

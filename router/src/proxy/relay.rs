@@ -20,6 +20,7 @@ use crate::api::headers;
 use crate::error::ApiError;
 use crate::fleet::registry::{InFlight, Worker};
 use crate::ownership::sessions::Activity;
+use crate::proxy::receipt::Check;
 
 const HOP_BY_HOP: &[HeaderName] = &[
     header::CONNECTION,
@@ -43,6 +44,15 @@ pub struct FirstByte {
     /// response that is not streamed arrives whole after its decode, so its frames time
     /// nothing and it reports nothing; nor does one the client leaves.
     pub decoded: Option<Decoded>,
+}
+
+/// What reads a worker's answer as it passes: the session's activity (kept busy until the
+/// body is done, told how it ended), the time to its first frame, the route receipt.
+#[derive(Default)]
+pub struct Watchers {
+    pub activity: Option<Activity>,
+    pub first_byte: Option<FirstByte>,
+    pub check: Option<Check>,
 }
 
 /// How long a body may stay silent, and what a silent worker costs it.
@@ -70,8 +80,7 @@ pub fn relay<B>(
     resp: Response<B>,
     worker: &Arc<Worker>,
     in_flight: InFlight,
-    activity: Option<Activity>,
-    first_byte: Option<FirstByte>,
+    watchers: Watchers,
     patience: Patience,
     endpoint: Endpoint,
 ) -> Response<Body>
@@ -79,6 +88,11 @@ where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
 {
+    let Watchers {
+        activity,
+        first_byte,
+        check,
+    } = watchers;
     let (mut parts, incoming) = resp.into_parts();
     for h in HOP_BY_HOP {
         parts.headers.remove(h);
@@ -87,6 +101,11 @@ where
     if let Ok(v) = HeaderValue::from_str(&worker.spec.name) {
         parts.headers.insert(headers::WORKER, v);
     }
+    if let Some(v) = check.as_ref().and_then(Check::header) {
+        parts.headers.insert(headers::RECEIPT, v);
+    }
+    // An error answer keeps no promise and breaks none.
+    let check = check.filter(|_| parts.status.is_success());
     // Passive health: an answer that is not a server error shows the worker serving.
     if !parts.status.is_server_error() {
         worker.record_progress();
@@ -109,6 +128,7 @@ where
         silent_after: tokio::time::Instant::now() + patience.first,
         idle: None,
         endpoint,
+        check,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -136,6 +156,8 @@ struct RelayBody<B> {
     idle: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The API whose error event ends a failed stream.
     endpoint: Endpoint,
+    /// The step's route receipt, checked against the engine's report in the answer.
+    check: Option<Check>,
 }
 
 /// Why a relayed body ended early (a non-SSE client sees its connection fail).
@@ -160,10 +182,14 @@ impl<B: http_body::Body> RelayBody<B> {
         }
     }
 
-    /// Reports the decode time of a stream that has ended without failing.
+    /// Reports the decode time of a stream that has ended without failing, and checks
+    /// the receipt of any answer that has.
     fn decode_ended(&mut self) {
         if let Some((first, decoded)) = self.decoding.take().filter(|_| !self.failed) {
             decoded(first.elapsed());
+        }
+        if let Some(check) = self.check.take().filter(|_| !self.failed) {
+            check.ended();
         }
     }
 
@@ -213,7 +239,11 @@ where
             return Poll::Ready(None);
         }
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(_))) = &polled {
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            // Read before the end is handled: a whole answer comes as one last frame.
+            if let (Some(c), Some(data)) = (self.check.as_mut(), frame.data_ref()) {
+                c.saw(data);
+            }
             self.worker.record_progress();
             self.in_flight.prefill_done();
             self.timed_frame();
@@ -361,8 +391,11 @@ mod tests {
             resp,
             &worker,
             worker.start_request(1, PrefillCharge::computed(1), 500),
-            activity,
-            Some(first_byte),
+            Watchers {
+                activity,
+                first_byte: Some(first_byte),
+                check: None,
+            },
             patience,
             Endpoint::ChatCompletions,
         )

@@ -108,6 +108,19 @@ pub struct SubscriberStats {
     /// subscriber then replays its engine's history from the start, so an engine that
     /// comes back without restarting gets its blocks back.
     pub forgotten: AtomicBool,
+    /// When (Unix ms) the stream last lost, garbled or could not replay events, or its
+    /// subscriber restarted (0: never): the index may be behind the engine since.
+    pub last_trouble_ms: AtomicU64,
+}
+
+impl SubscriberStats {
+    /// Marks the stream troubled now.
+    pub fn troubled(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.last_trouble_ms.store(now, Ordering::Relaxed);
+    }
 }
 
 /// A subscriber; its position (`last_seq`) survives reconnections and restarts of
@@ -196,6 +209,7 @@ impl Subscriber {
             Ok(m) => m,
             Err(e) => {
                 bump(&self.stats.malformed);
+                self.stats.troubled();
                 tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: malformed message skipped");
                 return;
             }
@@ -212,6 +226,7 @@ impl Subscriber {
         if !in_order {
             if self.last_seq.is_some_and(|l| msg.seq > l + 1) {
                 bump(&self.stats.gaps);
+                self.stats.troubled();
             }
             if !self.resync(sink).await && self.last_seq.is_some_and(|l| msg.seq <= l) {
                 // No replay to tell us more: a falling sequence can only be a restart.
@@ -232,6 +247,7 @@ impl Subscriber {
 
     fn restart(&mut self, sink: &dyn EventSink) {
         bump(&self.stats.restarts);
+        self.stats.troubled();
         tracing::info!(worker = %self.cfg.name, "kv events: new engine incarnation, forgetting its old blocks");
         sink.reset(self.cfg.worker);
         self.last_seq = None;
@@ -248,6 +264,7 @@ impl Subscriber {
                 Ok(None) => {}
                 Err(e) => {
                     bump(&self.stats.malformed);
+                    self.stats.troubled();
                     tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: event skipped");
                 }
             }
@@ -266,6 +283,7 @@ impl Subscriber {
     async fn resync(&mut self, sink: &dyn EventSink) -> bool {
         let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
             bump(&self.stats.missing_history);
+            self.stats.troubled();
             tracing::warn!(worker = %self.cfg.name, "kv events: out of sequence and no replay endpoint");
             return false;
         };
@@ -275,11 +293,13 @@ impl Subscriber {
             Ok(r) if r.answered() => r,
             Ok(_) => {
                 bump(&self.stats.missing_history);
+                self.stats.troubled();
                 tracing::warn!(worker = %self.cfg.name, "kv events: replay timed out");
                 return false;
             }
             Err(e) => {
                 bump(&self.stats.missing_history);
+                self.stats.troubled();
                 tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: replay failed");
                 return false;
             }
@@ -296,9 +316,13 @@ impl Subscriber {
                 self.restart(sink);
                 if first.is_some_and(|(seq, _)| seq > 0) {
                     bump(&self.stats.missing_history);
+                    self.stats.troubled();
                 }
             }
-            (None, Some(_)) => bump(&self.stats.missing_history),
+            (None, Some(_)) => {
+                bump(&self.stats.missing_history);
+                self.stats.troubled();
+            }
         }
         self.apply_replays(replay, &endpoint, deadline, sink).await;
         true
@@ -350,6 +374,7 @@ impl Subscriber {
             };
             let Some(again) = fetched.filter(Replay::answered) else {
                 bump(&self.stats.missing_history);
+                self.stats.troubled();
                 tracing::warn!(worker = %self.cfg.name, from = next, "kv events: replay incomplete; batches from here on may be missing");
                 return;
             };
@@ -357,6 +382,7 @@ impl Subscriber {
             if skip_to.is_some() {
                 // The engine's buffer moved on past the hole while we asked.
                 bump(&self.stats.missing_history);
+                self.stats.troubled();
             }
             ended = self.absorb(again, &mut pending);
         }

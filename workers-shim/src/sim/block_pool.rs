@@ -510,7 +510,10 @@ mod tests {
         let a = pool.allocate(&mut none).unwrap();
         let b = pool.allocate(&mut none).unwrap();
         assert!(pool.register(a, 10, None, &[1]));
-        assert!(pool.register(b, 10, None, &[1]), "a second copy is announced");
+        assert!(
+            pool.register(b, 10, None, &[1]),
+            "a second copy is announced"
+        );
         assert!(!pool.register(b, 10, None, &[1]));
         assert_eq!(pool.holding(), 1);
         pool.free([a, b]);
@@ -518,7 +521,11 @@ mod tests {
         pool.allocate(&mut evicted).unwrap(); // the never-used block
         assert_eq!(pool.allocate(&mut evicted), Some(a));
         assert_eq!(evicted, vec![10], "evicting the first copy is announced");
-        assert_eq!(pool.acquire_cached(10), Some(b), "the duplicate serves the hash now");
+        assert_eq!(
+            pool.acquire_cached(10),
+            Some(b),
+            "the duplicate serves the hash now"
+        );
         pool.release(b);
         assert_eq!(pool.allocate(&mut evicted), Some(b));
         assert_eq!(evicted, vec![10, 10]);

@@ -16,4 +16,5 @@
 pub mod fleet;
 pub mod lifecycle;
 pub mod proxy;
+pub mod receipts;
 pub mod scrape;

@@ -16,7 +16,7 @@ use ownerserve_planner::policy::PrefillCharge;
 use ownerserve_router::config::WorkerSpec;
 use ownerserve_router::error::ApiError;
 use ownerserve_router::fleet::registry::Registry;
-use ownerserve_router::proxy::relay::{relay, Patience};
+use ownerserve_router::proxy::relay::{relay, Patience, Watchers};
 use ownerserve_shim::openai::Endpoint;
 
 use super::tokens;
@@ -121,8 +121,7 @@ pub(super) fn target() -> anyhow::Result<Target> {
                     resp,
                     &worker,
                     in_flight,
-                    None,
-                    None,
+                    Watchers::default(),
                     patience,
                     Endpoint::ChatCompletions,
                 );

@@ -1,0 +1,202 @@
+//! The route receipt: what the router decided for a step and the cache it promised there,
+//! sent with the answer (`x-ownerserve-receipt`), then checked against the `cached_tokens`
+//! the engine reports in the same answer. A promise the engine did not keep is a silent
+//! miss (a tokenizer or block-size mismatch, a lost event stream): counted per worker
+//! (`ops::metrics::receipts`) and alerted on (`configs/prometheus/alerts.yml`).
+
+use axum::http::HeaderValue;
+
+use crate::fleet::kv::IndexMode;
+use crate::ops::metrics::receipts::ReceiptMetrics;
+
+/// What one step was routed as and promised.
+#[derive(Debug, Clone)]
+pub struct Receipt {
+    /// The worker that decodes (and answers).
+    pub worker: String,
+    pub action: &'static str,
+    /// Prompt tokens the router expects the engine to report cached.
+    pub predicted_cached: u64,
+    /// The ownership epoch the step ran under, if the directory fenced it.
+    pub epoch: Option<u64>,
+    /// How far the index of the worker's cache could be trusted when the step was planned.
+    pub index: IndexMode,
+    /// Whether the engine's report can be held to the promise: the whole step ran where the
+    /// prefix was (no transfer leg, no fallback).
+    pub checkable: bool,
+    /// The engines' block size: a report within one block of the promise keeps it.
+    pub block: u64,
+}
+
+impl Receipt {
+    /// The most a vLLM-style engine can report cached for a prompt of `prompt` tokens
+    /// whose first `cached_blocks` blocks it holds: it computes at least the last token.
+    pub fn promise(prompt: u64, cached_blocks: u64, block: u64) -> u64 {
+        let block = block.max(1);
+        (cached_blocks * block).min(prompt.saturating_sub(1) / block * block)
+    }
+
+    /// `x-ownerserve-receipt`: `worker=…; action=…; predicted_cached=…; epoch=…; index=…`.
+    pub fn header(&self) -> Option<HeaderValue> {
+        let epoch = self.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string());
+        HeaderValue::from_str(&format!(
+            "worker={}; action={}; predicted_cached={}; epoch={epoch}; index={}",
+            self.worker,
+            self.action,
+            self.predicted_cached,
+            self.index.name()
+        ))
+        .ok()
+    }
+}
+
+/// What the engine's report said of a receipt's promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Kept,
+    Missed,
+    Unreported,
+    Unchecked,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Kept => "kept",
+            Outcome::Missed => "missed",
+            Outcome::Unreported => "unreported",
+            Outcome::Unchecked => "unchecked",
+        }
+    }
+
+    /// A report at most one block short of the promise keeps it (more is kept too: the
+    /// index was behind the engine, not ahead of it).
+    pub fn of(r: &Receipt, reported: Option<u64>) -> Self {
+        match reported {
+            _ if !r.checkable => Outcome::Unchecked,
+            None => Outcome::Unreported,
+            Some(n) if n + r.block >= r.predicted_cached => Outcome::Kept,
+            Some(_) => Outcome::Missed,
+        }
+    }
+}
+
+/// The last `"cached_tokens": N` in `piece` (a body, or one event of a stream).
+pub fn reported_in(piece: &[u8]) -> Option<u64> {
+    const KEY: &[u8] = b"\"cached_tokens\":";
+    let mut found = None;
+    for at in memchr::memmem::find_iter(piece, KEY) {
+        let rest = &piece[at + KEY.len()..];
+        let rest = rest.strip_prefix(b" ").unwrap_or(rest);
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 && digits <= 19 {
+            found = std::str::from_utf8(&rest[..digits])
+                .ok()
+                .and_then(|d| d.parse().ok());
+        }
+    }
+    found
+}
+
+/// A receipt checked as its answer is relayed: counted once the body ended well.
+pub struct Check {
+    receipt: Receipt,
+    reported: Option<u64>,
+    metrics: ReceiptMetrics,
+}
+
+impl Check {
+    pub fn new(receipt: Receipt, metrics: ReceiptMetrics) -> Self {
+        Self {
+            receipt,
+            reported: None,
+            metrics,
+        }
+    }
+
+    /// The receipt's header.
+    pub fn header(&self) -> Option<HeaderValue> {
+        self.receipt.header()
+    }
+
+    /// Reads a piece of the answer for the engine's report.
+    pub fn saw(&mut self, piece: &[u8]) {
+        if let Some(n) = reported_in(piece) {
+            self.reported = Some(n);
+        }
+    }
+
+    /// The answer ended well: counts the outcome.
+    pub fn ended(self) {
+        let outcome = Outcome::of(&self.receipt, self.reported);
+        let checked = match (outcome, self.reported) {
+            (Outcome::Kept | Outcome::Missed, Some(r)) => Some((self.receipt.predicted_cached, r)),
+            _ => None,
+        };
+        self.metrics
+            .record(&self.receipt.worker, outcome.name(), checked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt(predicted: u64, checkable: bool) -> Receipt {
+        Receipt {
+            worker: "w0".into(),
+            action: "colocate",
+            predicted_cached: predicted,
+            epoch: Some(3),
+            index: IndexMode::Exact,
+            checkable,
+            block: 32,
+        }
+    }
+
+    #[test]
+    fn the_report_is_read_from_bodies_and_stream_events() {
+        let body =
+            br#"{"usage":{"prompt_tokens":100,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+        assert_eq!(reported_in(body), Some(64));
+        assert_eq!(
+            reported_in(br#"data: {"usage":{"cached_tokens": 96}}"#),
+            Some(96)
+        );
+        assert_eq!(
+            reported_in(br#"{"prompt_tokens_details":{"cached_tokens":null}}"#),
+            None
+        );
+        assert_eq!(reported_in(b"data: {\"choices\":[]}"), None);
+    }
+
+    #[test]
+    fn a_promise_is_kept_within_a_block_and_missed_below() {
+        assert_eq!(Outcome::of(&receipt(640, true), Some(640)), Outcome::Kept);
+        assert_eq!(Outcome::of(&receipt(640, true), Some(608)), Outcome::Kept);
+        assert_eq!(Outcome::of(&receipt(640, true), Some(800)), Outcome::Kept);
+        assert_eq!(Outcome::of(&receipt(640, true), Some(0)), Outcome::Missed);
+        assert_eq!(Outcome::of(&receipt(640, true), None), Outcome::Unreported);
+        assert_eq!(
+            Outcome::of(&receipt(640, false), Some(0)),
+            Outcome::Unchecked
+        );
+    }
+
+    #[test]
+    fn the_promise_leaves_the_last_token_to_compute() {
+        assert_eq!(Receipt::promise(1000, 40, 32), 992);
+        assert_eq!(Receipt::promise(1024, 32, 32), 992);
+        assert_eq!(Receipt::promise(1024, 10, 32), 320);
+        assert_eq!(Receipt::promise(0, 10, 32), 0);
+    }
+
+    #[test]
+    fn the_header_names_every_field() {
+        let h = receipt(640, true).header().unwrap();
+        assert_eq!(
+            h.to_str().unwrap(),
+            "worker=w0; action=colocate; predicted_cached=640; epoch=3; index=exact"
+        );
+    }
+}

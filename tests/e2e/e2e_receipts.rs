@@ -1,0 +1,125 @@
+//! Route receipts end to end: every answer carries `x-ownerserve-receipt`, its promise is
+//! checked against the `cached_tokens` the engine reports, and a promise the engine did not
+//! keep (an index the engine has moved away from) is counted as a silent miss.
+
+#![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+
+use crate::common;
+
+use common::{chat_body, client, get_text, metric, Proc};
+
+/// The receipt's fields by name.
+async fn receipt(router: &str, content: &str) -> std::collections::HashMap<String, String> {
+    let resp = client()
+        .post(format!("{router}/v1/chat/completions"))
+        .json(&chat_body(content, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = resp.headers()["x-ownerserve-receipt"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    resp.text().await.unwrap();
+    header
+        .split("; ")
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+fn doc(tag: &str, lines: usize) -> String {
+    (0..lines).map(|i| format!("{tag} line {i}; ")).collect()
+}
+
+#[tokio::test]
+async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
+    // No KV events: the router's index is what it routed (approximate), and a pool of 64
+    // blocks of 16 tokens forgets a prompt once others have filled it.
+    let worker = Proc::sim_worker(&["--instant", "--max-kv-blocks", "64"]);
+    let router = Proc::router(
+        &[format!("{},role=hybrid,name=a", worker.url)],
+        &["--policy", "kv_aware"],
+    );
+    let prefix = doc("repo", 40);
+    let first = receipt(&router.url, &format!("{prefix} q1")).await;
+    assert_eq!(first["worker"], "a");
+    assert_eq!(first["index"], "approximate");
+    assert_eq!(first["predicted_cached"], "0");
+    assert_eq!(first["epoch"], "-");
+
+    let again = receipt(&router.url, &format!("{prefix} q2")).await;
+    assert!(
+        again["predicted_cached"].parse::<u64>().unwrap() > 0,
+        "{again:?}"
+    );
+
+    // Other prompts push the prefix out of the engine; the index still promises it.
+    for k in 0..8 {
+        receipt(&router.url, &doc(&format!("other{k}"), 40)).await;
+    }
+    let back = receipt(&router.url, &format!("{prefix} q3")).await;
+    assert!(
+        back["predicted_cached"].parse::<u64>().unwrap() > 0,
+        "{back:?}"
+    );
+
+    let workers = common::get_json(&format!("{}/admin/v1/workers", router.url)).await;
+    assert_eq!(workers["workers"][0]["index"], "approximate");
+
+    let text = get_text(&format!("{}/metrics", router.url)).await;
+    let count = |outcome: &str| {
+        metric(
+            &text,
+            &format!("ownerserve_cache_receipts_total{{outcome=\"{outcome}\",worker=\"a\"}}"),
+        )
+    };
+    assert!(count("kept") >= 1.0, "{text}");
+    assert!(
+        count("missed") >= 1.0,
+        "the evicted prefix is a silent miss"
+    );
+    let promised = metric(
+        &text,
+        "ownerserve_cache_promised_tokens_total{worker=\"a\"}",
+    );
+    let reported = metric(
+        &text,
+        "ownerserve_cache_reported_tokens_total{worker=\"a\"}",
+    );
+    assert!(
+        reported < promised,
+        "{reported} reported of {promised} promised"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_whose_events_flow_is_exact_and_one_without_any_yet_is_degraded() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let served = receipt(&stack.url, &doc("repo", 40)).await["worker"].clone();
+    let url = stack.url.clone();
+    common::eventually(
+        std::time::Duration::from_secs(10),
+        "the served worker's index exact, the others degraded",
+        || {
+            let (url, served) = (url.clone(), served.clone());
+            async move {
+                let w = common::get_json(&format!("{url}/admin/v1/workers")).await;
+                w["workers"].as_array().unwrap().iter().all(|w| {
+                    let want = if w["id"] == served.as_str() {
+                        "exact"
+                    } else {
+                        "degraded"
+                    };
+                    w["index"] == want
+                })
+            }
+        },
+    )
+    .await;
+    let again = receipt(&stack.url, &doc("repo", 40)).await;
+    assert_eq!(again["index"], "exact", "{again:?}");
+}
