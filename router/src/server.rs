@@ -412,7 +412,7 @@ async fn workers(State(st): State<Arc<AppState>>) -> Response {
                 .iter()
                 .find(|w| row["id"].as_str() == Some(w.spec.name.as_str()))
             {
-                row["index"] = json!(st.kv.mode_of(w.id).name());
+                row["index"] = json!(st.kv.mode_of(w).name());
             }
         }
     }

@@ -13,6 +13,11 @@ a prefill engine or as a decode engine. Routers come and go in front of them:
    suffix land on the holder, with `cached_tokens > 0` and the explain API's
    `reused_tokens` within one block of it); KV events with 0 malformed, and a fresh
    router's index, rebuilt from the engines' replay alone, has the same digest.
+   Route receipts (`receipts`): a receipt on every answer and the router's promise within
+   one block of the engine's `cached_tokens` on >= 95% of steps; then the breakages the
+   silent-miss alarm is for, a router each: the built-in tokenizer and an event stream that
+   never arrives raise the alarm's condition (over a fifth of steps diverge) within 60 s
+   with every worker shown `degraded`; a block size unlike the engines' is refused at start.
 2. `kv_aware` with `tokenizer = "engine"` (the engine's `POST /tokenize`): chat routing;
    then the built-in approximate tokenizer's figures, printed for comparison (no check).
 3. `static_pd` and `ownerserve` with a prefill and a decode engine: the prefill leg runs on
@@ -36,7 +41,7 @@ with an owner on it (`scripts/agents/check.sh` with `OWNERSERVE_AGENTS_TARGET`).
 Prints every measured figure and `PASS`/`FAIL` per check; exits 1 if any check failed.
 
 Usage: python3 scripts/real_vllm/suite.py --ownerserve target/debug/ownerserve --venv VENV
-       [--only agents|pd|lifecycle]
+       [--only agents|pd|lifecycle|receipts]
 """
 import argparse
 import json
@@ -514,6 +519,93 @@ class Suite:
                    f"{within}/{total} (reused - cached: min {min(gaps, default=None)}, "
                    f"max {max(gaps, default=None)})")
 
+    # --- route receipts and silent misses ----------------------------------------------
+
+    def receipts(self, r, label, healthy, convs=6, repeats=2, seed=11):
+        """Long chat prompts, then repeats with new suffixes, through router `r`: every
+        answer carries a route receipt; the router's receipts counters (its promise against
+        the engine's `cached_tokens`) then say whether the alarm's condition holds
+        (`configs/prometheus/alerts.yml`: over a fifth of the checked steps diverged).
+        `healthy`: promises kept on >= 95% of steps; else (a breakage) the alarm within 60 s
+        and every worker that served shown `degraded` or `approximate` in `ctl workers`."""
+        rng = random.Random(seed)
+        started = time.time()
+        sent = with_receipt = 0
+        served = set()
+        firsts = [conversation(rng, 300) for _ in range(convs)]
+        steps = list(enumerate(firsts))
+        for j, c in enumerate(firsts):
+            for k in range(repeats):
+                step = [dict(m) for m in c]
+                step[-1]["content"] += f" then receipt step {k} {rng.random():.6f}"
+                steps.append((j, step))
+        for i, (j, msgs) in enumerate(steps):
+            if i == convs and healthy:
+                settle(r)  # the first sends' blocks indexed before the repeats
+            # One session per conversation: its repeats go where it ran (with any policy
+            # that keeps sessions), so the engine has their prefix whatever the index says.
+            status, h, _ = r.post("/v1/chat/completions",
+                                  {"model": MODEL, "messages": msgs, "max_tokens": 2},
+                                  {"x-session-id": f"receipts-{seed}-{j}"})
+            assert status == 200, f"receipts ({label}): {status}"
+            sent += 1
+            with_receipt += "worker=" in (h.get("x-ownerserve-receipt") or "")
+            served.add(h.get("x-ownerserve-worker"))
+        elapsed = time.time() - started
+        _, _, text = http("GET", r.url + "/metrics",
+                          headers={"authorization": f"Bearer {TOKEN}"})
+        counts = {}
+        for line in text.splitlines():
+            if line.startswith("ownerserve_cache_receipts_total{"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                counts[outcome] = counts.get(outcome, 0) + float(line.split()[-1])
+        checked = sum(counts.get(o, 0) for o in ("kept", "missed", "surplus"))
+        kept = counts.get("kept", 0) / checked if checked else 0.0
+        modes = {w["id"]: w.get("index") for w in admin(r.url, "/admin/v1/workers")["workers"]}
+        detail = (f"{with_receipt}/{sent} answers with a receipt; checked steps {checked:.0f}: "
+                  f"{', '.join(f'{k} {v:.0f}' for k, v in sorted(counts.items()))}; "
+                  f"index {modes}")
+        self.check(f"receipts ({label}): a receipt on every answer", with_receipt == sent,
+                   detail)
+        if healthy:
+            self.check(f"receipts ({label}): predicted and reported cached tokens within one "
+                       f"block on >= 95% of steps", kept >= 0.95, f"{kept:.1%}")
+            return
+        shown = all(modes.get(w) in ("degraded", "approximate") for w in served)
+        self.check(f"receipts ({label}): the silent-miss alarm within 60 s, and the workers "
+                   f"shown degraded", 1 - kept > 0.2 and elapsed <= 60 and shown,
+                   f"{1 - kept:.0%} diverged in {elapsed:.0f} s; served by {sorted(served)}")
+
+    def broken_receipts(self, engines, every):
+        """The three breakages the alarm is for, one router each: a tokenizer unlike the
+        engines' (the built-in one), an event stream that never arrives (a port nothing
+        publishes on), a block size unlike the engines' (16 against 32)."""
+        wrong_tok = self.router("receipts-tokenizer", "session_affinity", every)
+        self.receipts(wrong_tok, "wrong tokenizer", healthy=False, seed=12)
+        wrong_tok.stop()
+        dead = "".join(e.worker_toml().replace(f':{e.zmq}"', f':{free_port()}"')
+                       .replace(f':{e.replay}"', f':{free_port()}"') for e in engines)
+        no_events = self.router("receipts-no-events", "session_affinity", dead,
+                                TOKENIZER_FIXTURE)
+        self.receipts(no_events, "event stream lost", healthy=False, seed=13)
+        no_events.stop()
+        # A block size unlike the engines' is not silent: the router learns theirs from
+        # their metrics and refuses to start with another.
+        config = os.path.join(self.log_dir, "router-receipts-block16.toml")
+        with open(config, "w") as f:
+            f.write(f'[router]\nport = {free_port()}\npolicy = "kv_aware"\n'
+                    f'admin_token = "{TOKEN}"\nkv_block_size = 16\n{every}')
+        try:
+            run = subprocess.run([self.args.ownerserve, "router", "--config", config],
+                                 capture_output=True, text=True, timeout=90)
+            said = run.stdout + run.stderr
+            refused = run.returncode != 0 and "uses KV blocks of 32 tokens" in said
+        except subprocess.TimeoutExpired as e:
+            refused, said = False, f"still running after {e.timeout} s"
+        self.check("receipts (wrong block size): the router refuses to start, naming the "
+                   "engines' block size", refused, said.strip().splitlines()[-1] if said
+                   else "no output")
+
     # --- the coding agents' APIs and harnesses -------------------------------------------
 
     def agents(self, engines):
@@ -832,12 +924,19 @@ class Suite:
         if self.args.only == "lifecycle":
             return
         every = "".join(e.worker_toml() for e in engines)
+        if self.args.only == "receipts":
+            own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
+                              f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
+            self.receipts(own, "healthy", healthy=True)
+            return self.broken_receipts(engines, every)
         own = self.router("model-tokenizer", "kv_aware", every, TOKENIZER_FIXTURE,
                           f'[router.models]\n"{MODEL}" = "{MODEL_SPEC}"\n')
         self.pricing(own)
         self.openai_sdk(own)
         self.chat_routing(own, "model tokenizer", seed=3)
         self.kv_events(own, engines)
+        self.receipts(own, "healthy", healthy=True)
+        self.broken_receipts(engines, every)
         eng = self.router("engine-tokenize", "kv_aware", every, "engine")
         self.chat_routing(eng, "engine /tokenize", seed=5)
         eng.stop()
@@ -1075,7 +1174,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ownerserve", required=True)
     ap.add_argument("--venv", required=True)
-    ap.add_argument("--only", choices=["agents", "pd", "lifecycle"],
+    ap.add_argument("--only", choices=["agents", "pd", "lifecycle", "receipts"],
                     help="run only this step against fresh engines (to reproduce one failure)")
     return Suite(ap.parse_args()).run()
 

@@ -142,12 +142,13 @@ impl KvRouting {
 
     /// `worker`'s subscriber counters, if its events are subscribed to.
     /// How far the index of `worker`'s cache can be trusted now: `Approximate` without an
-    /// event stream (routing-derived entries), `Degraded` before its first event or for
-    /// [`DEGRADED_FOR`] after it lost, garbled or could not replay events (or its
-    /// subscriber restarted), `Exact` otherwise.
-    pub fn mode_of(&self, worker: WorkerId) -> IndexMode {
+    /// event stream (routing-derived entries), `Degraded` before its first event, for
+    /// [`DEGRADED_FOR`] after it lost, garbled, refused or could not replay events (or its
+    /// subscriber restarted), or while its route receipts diverge from what its engine
+    /// reports; `Exact` otherwise.
+    pub fn mode_of(&self, worker: &Worker) -> IndexMode {
         use std::sync::atomic::Ordering::Relaxed;
-        let Some(s) = self.stats_of(worker) else {
+        let Some(s) = self.stats_of(worker.id) else {
             return IndexMode::Approximate;
         };
         let trouble = s.last_trouble_ms.load(Relaxed);
@@ -155,7 +156,7 @@ impl KvRouting {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let recent = trouble > 0 && now.saturating_sub(trouble) < DEGRADED_FOR.as_millis() as u64;
-        if s.batches.load(Relaxed) == 0 || recent {
+        if s.batches.load(Relaxed) == 0 || recent || worker.receipts_diverge() {
             IndexMode::Degraded
         } else {
             IndexMode::Exact
@@ -193,7 +194,7 @@ impl KvRouting {
                         } else {
                             "approximate"
                         },
-                        index: self.mode_of(w.id).name(),
+                        index: self.mode_of(w).name(),
                         events,
                     }
                 })

@@ -332,11 +332,11 @@ impl Attempt<'_> {
             action: decision.action().name(),
             predicted_cached: receipt::Receipt::promise(prompt, cached_blocks, block),
             epoch: prepared.epoch.map(|e| e.0),
-            index: self.st.kv.mode_of(worker.id),
+            index: self.st.kv.mode_of(worker),
             checkable: matches!(decision.dispatch, Dispatch::Single) && !prepared.fell_back,
             block,
         };
-        receipt::Check::new(receipt, self.st.metrics.receipts.clone())
+        receipt::Check::new(receipt, worker.clone(), self.st.metrics.receipts.clone())
     }
 
     /// Runs the legs and sends the decode request, then feedback (the last stage) consumes

@@ -1,12 +1,16 @@
 //! The route receipt: what the router decided for a step and the cache it promised there,
 //! sent with the answer (`x-ownerserve-receipt`), then checked against the `cached_tokens`
-//! the engine reports in the same answer. A promise the engine did not keep is a silent
-//! miss (a tokenizer or block-size mismatch, a lost event stream): counted per worker
-//! (`ops::metrics::receipts`) and alerted on (`configs/prometheus/alerts.yml`).
+//! the engine reports in the same answer. A promise the engine did not keep (a miss), or a
+//! cache the router did not know of (a surplus: a tokenizer or block-size mismatch, a lost
+//! event stream), is counted per worker (`ops::metrics::receipts`) and alerted on
+//! (`configs/prometheus/alerts.yml`).
+
+use std::sync::Arc;
 
 use axum::http::HeaderValue;
 
 use crate::fleet::kv::IndexMode;
+use crate::fleet::registry::Worker;
 use crate::ops::metrics::receipts::ReceiptMetrics;
 
 /// What one step was routed as and promised.
@@ -55,6 +59,7 @@ impl Receipt {
 pub enum Outcome {
     Kept,
     Missed,
+    Surplus,
     Unreported,
     Unchecked,
 }
@@ -64,19 +69,23 @@ impl Outcome {
         match self {
             Outcome::Kept => "kept",
             Outcome::Missed => "missed",
+            Outcome::Surplus => "surplus",
             Outcome::Unreported => "unreported",
             Outcome::Unchecked => "unchecked",
         }
     }
 
-    /// A report at most one block short of the promise keeps it (more is kept too: the
-    /// index was behind the engine, not ahead of it).
+    /// A report within one block of the promise keeps it. Less is a miss (the index held
+    /// what the engine had lost); more is a surplus (the engine had what the index did not
+    /// know: events lost or refused, a tokenizer unlike the engine's). Both mean the router
+    /// routes on a cache it does not see.
     pub fn of(r: &Receipt, reported: Option<u64>) -> Self {
         match reported {
             _ if !r.checkable => Outcome::Unchecked,
             None => Outcome::Unreported,
-            Some(n) if n + r.block >= r.predicted_cached => Outcome::Kept,
-            Some(_) => Outcome::Missed,
+            Some(n) if n + r.block < r.predicted_cached => Outcome::Missed,
+            Some(n) if n > r.predicted_cached + r.block => Outcome::Surplus,
+            Some(_) => Outcome::Kept,
         }
     }
 }
@@ -102,14 +111,17 @@ pub fn reported_in(piece: &[u8]) -> Option<u64> {
 pub struct Check {
     receipt: Receipt,
     reported: Option<u64>,
+    /// Told whether the engine's report diverged (its index mode follows).
+    worker: Arc<Worker>,
     metrics: ReceiptMetrics,
 }
 
 impl Check {
-    pub fn new(receipt: Receipt, metrics: ReceiptMetrics) -> Self {
+    pub fn new(receipt: Receipt, worker: Arc<Worker>, metrics: ReceiptMetrics) -> Self {
         Self {
             receipt,
             reported: None,
+            worker,
             metrics,
         }
     }
@@ -130,7 +142,10 @@ impl Check {
     pub fn ended(self) {
         let outcome = Outcome::of(&self.receipt, self.reported);
         let checked = match (outcome, self.reported) {
-            (Outcome::Kept | Outcome::Missed, Some(r)) => Some((self.receipt.predicted_cached, r)),
+            (Outcome::Kept | Outcome::Missed | Outcome::Surplus, Some(r)) => {
+                self.worker.record_receipt(outcome != Outcome::Kept);
+                Some((self.receipt.predicted_cached, r))
+            }
             _ => None,
         };
         self.metrics
@@ -174,7 +189,11 @@ mod tests {
     fn a_promise_is_kept_within_a_block_and_missed_below() {
         assert_eq!(Outcome::of(&receipt(640, true), Some(640)), Outcome::Kept);
         assert_eq!(Outcome::of(&receipt(640, true), Some(608)), Outcome::Kept);
-        assert_eq!(Outcome::of(&receipt(640, true), Some(800)), Outcome::Kept);
+        assert_eq!(Outcome::of(&receipt(640, true), Some(672)), Outcome::Kept);
+        assert_eq!(
+            Outcome::of(&receipt(640, true), Some(800)),
+            Outcome::Surplus
+        );
         assert_eq!(Outcome::of(&receipt(640, true), Some(0)), Outcome::Missed);
         assert_eq!(Outcome::of(&receipt(640, true), None), Outcome::Unreported);
         assert_eq!(

@@ -108,8 +108,9 @@ impl RedisPublisher {
 }
 
 impl EventSink for RedisPublisher {
-    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) {
+    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) -> usize {
         let _ = self.tx.send((worker, StreamEntry::Apply { events }));
+        0
     }
 
     fn reset(&self, worker: WorkerId) {
@@ -180,7 +181,9 @@ pub async fn follow(
                         .get::<String>("e")
                         .and_then(|json| serde_json::from_str::<StreamEntry>(&json).ok());
                     match parsed {
-                        Some(StreamEntry::Apply { events }) => sink.apply(worker, events),
+                        Some(StreamEntry::Apply { events }) => {
+                            sink.apply(worker, events);
+                        }
                         Some(StreamEntry::Reset) => sink.reset(worker),
                         None => {
                             tracing::warn!(%key, id = %entry.id, "redis: malformed stream entry skipped")

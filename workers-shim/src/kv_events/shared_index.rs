@@ -27,13 +27,16 @@ impl SharedIndex {
 }
 
 impl EventSink for SharedIndex {
-    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) {
+    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) -> usize {
         let mut ix = self.lock();
+        let mut refused = 0;
         for ev in &events {
             if let Err(e) = ix.apply(worker, ev) {
                 tracing::debug!(%worker, error = %e, "kv index: event rejected");
+                refused += 1;
             }
         }
+        refused
     }
 
     fn reset(&self, worker: WorkerId) {

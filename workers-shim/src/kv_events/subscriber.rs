@@ -33,8 +33,9 @@ use super::wire::{decode_batch, decode_message, decode_seq, WireBatch};
 
 /// Where normalised events go: the router's index, or a Redis Stream for other replicas.
 pub trait EventSink: Send + Sync {
-    /// Applies one batch of `worker`'s events, in order.
-    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>);
+    /// Applies one batch of `worker`'s events, in order; returns how many the index
+    /// refused (a block size or parent it cannot place; 0 where the sink cannot tell).
+    fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) -> usize;
     /// Forgets everything `worker` holds (its engine restarted).
     fn reset(&self, worker: WorkerId);
 }
@@ -104,12 +105,15 @@ pub struct SubscriberStats {
     pub replayed_batches: AtomicU64,
     pub missing_history: AtomicU64,
     pub restarts: AtomicU64,
+    /// Events the index refused (a block size unlike the engine's, an unknown parent).
+    pub refused: AtomicU64,
     /// Set when the index forgot this worker's blocks (the router saw it go down): the
     /// subscriber then replays its engine's history from the start, so an engine that
     /// comes back without restarting gets its blocks back.
     pub forgotten: AtomicBool,
-    /// When (Unix ms) the stream last lost, garbled or could not replay events, or its
-    /// subscriber restarted (0: never): the index may be behind the engine since.
+    /// When (Unix ms) the stream last lost, garbled or could not replay events, the index
+    /// refused some, or its subscriber restarted (0: never): the index may be behind the
+    /// engine since.
     pub last_trouble_ms: AtomicU64,
 }
 
@@ -273,7 +277,13 @@ impl Subscriber {
             .events
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         bump(&self.stats.batches);
-        sink.apply(self.cfg.worker, events);
+        let refused = sink.apply(self.cfg.worker, events);
+        if refused > 0 {
+            self.stats
+                .refused
+                .fetch_add(refused as u64, Ordering::Relaxed);
+            self.stats.troubled();
+        }
         self.last_seq = Some(seq);
         self.last_payload = payload;
     }

@@ -44,6 +44,9 @@ pub struct Worker {
     /// Fires when the worker is retired (its pod went away): its probe, scrape and event
     /// tasks end.
     pub(super) retired: CancellationToken,
+    /// Share of its recent checked route receipts whose engine report diverged from the
+    /// promise (missed or surplus), in thousandths, an average over about the last eight.
+    receipt_divergence: AtomicU32,
 }
 
 /// A model a worker serves, as its `/v1/models` lists it.
@@ -85,7 +88,24 @@ impl Worker {
             reported_kv_tokens: AtomicU64::new(0),
             decodes: Mutex::new(Decodes::new(DECODE_AGES_FOR.as_secs_f64())),
             retired: CancellationToken::new(),
+            receipt_divergence: AtomicU32::new(0),
         }
+    }
+
+    /// Counts a checked route receipt: whether the engine's report diverged from the
+    /// router's promise.
+    pub fn record_receipt(&self, diverged: bool) {
+        let _ = self
+            .receipt_divergence
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                Some(d - d / 8 + if diverged { 1000 / 8 } else { 0 })
+            });
+    }
+
+    /// Whether its recent route receipts say the router's index and the engine disagree
+    /// (over a fifth of them diverged).
+    pub fn receipts_diverge(&self) -> bool {
+        self.receipt_divergence.load(Ordering::Relaxed) > 200
     }
 
     /// Whether the worker went away for good (its pod was deleted).

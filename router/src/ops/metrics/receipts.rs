@@ -19,7 +19,7 @@ impl ReceiptMetrics {
             receipts: counter_vec(
                 registry,
                 "ownerserve_cache_receipts_total",
-                "Answered steps by worker and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less: a silent miss), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
+                "Answered steps by worker and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
                 &["worker", "outcome"],
             )?,
             promised: counter_vec(
