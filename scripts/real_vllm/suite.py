@@ -521,13 +521,15 @@ class Suite:
 
     # --- route receipts and silent misses ----------------------------------------------
 
-    def receipts(self, r, label, healthy, convs=6, repeats=2, seed=11):
+    def receipts(self, r, label, healthy, convs=6, repeats=2, seed=301):
         """Long chat prompts, then repeats with new suffixes, through router `r`: every
         answer carries a route receipt; the router's receipts counters (its promise against
         the engine's `cached_tokens`) then say whether the alarm's condition holds
         (`configs/prometheus/alerts.yml`: over a fifth of the checked steps diverged).
         `healthy`: promises kept on >= 95% of steps; else (a breakage) the alarm within 60 s
         and every worker that served shown `degraded` or `approximate` in `ctl workers`."""
+        # Seeds no other check draws conversations from: a prompt it sent would be cached
+        # on the engines for the checks after it.
         rng = random.Random(seed)
         started = time.time()
         sent = with_receipt = 0
@@ -581,13 +583,13 @@ class Suite:
         engines' (the built-in one), an event stream that never arrives (a port nothing
         publishes on), a block size unlike the engines' (16 against 32)."""
         wrong_tok = self.router("receipts-tokenizer", "session_affinity", every)
-        self.receipts(wrong_tok, "wrong tokenizer", healthy=False, seed=12)
+        self.receipts(wrong_tok, "wrong tokenizer", healthy=False, seed=302)
         wrong_tok.stop()
         dead = "".join(e.worker_toml().replace(f':{e.zmq}"', f':{free_port()}"')
                        .replace(f':{e.replay}"', f':{free_port()}"') for e in engines)
         no_events = self.router("receipts-no-events", "session_affinity", dead,
                                 TOKENIZER_FIXTURE)
-        self.receipts(no_events, "event stream lost", healthy=False, seed=13)
+        self.receipts(no_events, "event stream lost", healthy=False, seed=303)
         no_events.stop()
         # A block size unlike the engines' is not silent: the router learns theirs from
         # their metrics and refuses to start with another.

@@ -469,14 +469,7 @@ async fn every_dashboard_query_returns_data_from_a_real_prometheus() {
         prom.log()
     );
     // The shipped alert rules load and evaluate against the router's series.
-    let rules: Value = client()
-        .get(format!("{}/api/v1/rules", prom.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let rules = common::get_json(&format!("{}/api/v1/rules", prom.url)).await;
     let loaded: Vec<&Value> = rules["data"]["groups"]
         .as_array()
         .unwrap()
