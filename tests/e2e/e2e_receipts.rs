@@ -122,4 +122,12 @@ async fn a_worker_whose_events_flow_is_exact_and_one_without_any_yet_is_degraded
     .await;
     let again = receipt(&stack.url, &doc("repo", 40)).await;
     assert_eq!(again["index"], "exact", "{again:?}");
+    let text = get_text(&format!("{}/metrics", stack.url)).await;
+    let mode = |m: &str| {
+        metric(
+            &text,
+            &format!("ownerserve_kv_index_mode{{mode=\"{m}\",worker=\"{served}\"}}"),
+        )
+    };
+    assert_eq!((mode("exact"), mode("degraded")), (1.0, 0.0), "{text}");
 }

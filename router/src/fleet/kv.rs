@@ -220,6 +220,12 @@ pub enum IndexMode {
 }
 
 impl IndexMode {
+    pub const ALL: [IndexMode; 3] = [
+        IndexMode::Exact,
+        IndexMode::Degraded,
+        IndexMode::Approximate,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             IndexMode::Exact => "exact",

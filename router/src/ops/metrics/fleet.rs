@@ -9,7 +9,7 @@ use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeV
 
 use ownerserve_shim::kv_events::subscriber::SubscriberStats;
 
-use crate::fleet::kv::KvRouting;
+use crate::fleet::kv::{IndexMode, KvRouting};
 use crate::fleet::registry::Registry as Workers;
 use ownerserve_edge::exposition::{
     counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter,
@@ -71,6 +71,7 @@ pub struct FleetMetrics {
     waiting: GaugeVec,
     kv_usage: GaugeVec,
     indexed_blocks: IntGaugeVec,
+    index_mode: IntGaugeVec,
     index_blocks: IntGauge,
     index_gpu_blocks: IntGauge,
     duplicate_factor: Gauge,
@@ -140,6 +141,12 @@ impl FleetMetrics {
                 "Blocks the router's KV index holds for the worker (any tier).",
                 &["worker"],
             )?,
+            index_mode: int_gauge_vec(
+                registry,
+                "ownerserve_kv_index_mode",
+                "1 for the mode the router's index of the worker's cache is in (exact: events flowing; degraded: none yet, lost, refused or its receipts diverging; approximate: no event stream), 0 for the others.",
+                &["worker", "mode"],
+            )?,
             index_blocks: int_gauge(
                 registry,
                 "ownerserve_kv_index_blocks",
@@ -203,6 +210,12 @@ impl FleetMetrics {
             self.indexed_blocks
                 .with_label_values(&[&w.spec.name])
                 .set(i64::try_from(ix.worker_blocks(w.id)).unwrap_or(i64::MAX));
+            let mode = kv.mode_of(w);
+            for m in IndexMode::ALL {
+                self.index_mode
+                    .with_label_values(&[&w.spec.name, m.name()])
+                    .set(i64::from(m == mode));
+            }
         }
         let replication = ix.gpu_replication();
         self.index_gpu_blocks
