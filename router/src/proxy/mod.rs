@@ -328,7 +328,6 @@ impl Attempt<'_> {
         let block = self.step.block;
         let prompt = u64::from(self.view.route.prompt_tokens);
         let receipt = receipt::Receipt {
-            worker: worker.spec.name.clone(),
             action: decision.action().name(),
             predicted_cached: receipt::Receipt::promise(prompt, cached_blocks, block),
             epoch: prepared.epoch.map(|e| e.0),
@@ -336,7 +335,7 @@ impl Attempt<'_> {
             checkable: matches!(decision.dispatch, Dispatch::Single) && !prepared.fell_back,
             block,
         };
-        receipt::Check::new(receipt, worker.clone(), self.st.metrics.receipts.clone())
+        receipt::Check::new(receipt, worker.clone())
     }
 
     /// Runs the legs and sends the decode request, then feedback (the last stage) consumes

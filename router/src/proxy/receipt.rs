@@ -2,22 +2,19 @@
 //! sent with the answer (`x-ownerserve-receipt`), then checked against the `cached_tokens`
 //! the engine reports in the same answer. A promise the engine did not keep (a miss), or a
 //! cache the router did not know of (a surplus: a tokenizer or block-size mismatch, a lost
-//! event stream), is counted per worker (`ops::metrics::receipts`) and alerted on
-//! (`configs/prometheus/alerts.yml`).
+//! event stream), is counted per worker (`Worker::record_receipt`, exported by
+//! `ops::metrics::fleet`) and alerted on (`configs/prometheus/alerts.yml`).
 
 use std::sync::Arc;
 
 use axum::http::HeaderValue;
 
 use crate::fleet::kv::IndexMode;
-use crate::fleet::registry::Worker;
-use crate::ops::metrics::receipts::ReceiptMetrics;
+use crate::fleet::registry::{Worker, RECEIPT_OUTCOMES};
 
 /// What one step was routed as and promised.
 #[derive(Debug, Clone)]
 pub struct Receipt {
-    /// The worker that decodes (and answers).
-    pub worker: String,
     pub action: &'static str,
     /// Prompt tokens the router expects the engine to report cached.
     pub predicted_cached: u64,
@@ -41,11 +38,10 @@ impl Receipt {
     }
 
     /// `x-ownerserve-receipt`: `worker=…; action=…; predicted_cached=…; epoch=…; index=…`.
-    pub fn header(&self) -> Option<HeaderValue> {
+    pub fn header(&self, worker: &str) -> Option<HeaderValue> {
         let epoch = self.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string());
         HeaderValue::from_str(&format!(
-            "worker={}; action={}; predicted_cached={}; epoch={epoch}; index={}",
-            self.worker,
+            "worker={worker}; action={}; predicted_cached={}; epoch={epoch}; index={}",
             self.action,
             self.predicted_cached,
             self.index.name()
@@ -54,7 +50,8 @@ impl Receipt {
     }
 }
 
-/// What the engine's report said of a receipt's promise.
+/// What the engine's report said of a receipt's promise (in `RECEIPT_OUTCOMES` order: a
+/// worker counts them by index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Kept,
@@ -66,13 +63,7 @@ pub enum Outcome {
 
 impl Outcome {
     pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Kept => "kept",
-            Outcome::Missed => "missed",
-            Outcome::Surplus => "surplus",
-            Outcome::Unreported => "unreported",
-            Outcome::Unchecked => "unchecked",
-        }
+        RECEIPT_OUTCOMES[self as usize]
     }
 
     /// A report within one block of the promise keeps it. Less is a miss (the index held
@@ -107,28 +98,26 @@ pub fn reported_in(piece: &[u8]) -> Option<u64> {
     found
 }
 
-/// A receipt checked as its answer is relayed: counted once the body ended well.
+/// A receipt checked as its answer is relayed: counted on its worker once the body ended
+/// well (lock-free counters, read into metrics at scrape time; its index mode follows them).
 pub struct Check {
     receipt: Receipt,
     reported: Option<u64>,
-    /// Told whether the engine's report diverged (its index mode follows).
     worker: Arc<Worker>,
-    metrics: ReceiptMetrics,
 }
 
 impl Check {
-    pub fn new(receipt: Receipt, worker: Arc<Worker>, metrics: ReceiptMetrics) -> Self {
+    pub fn new(receipt: Receipt, worker: Arc<Worker>) -> Self {
         Self {
             receipt,
             reported: None,
             worker,
-            metrics,
         }
     }
 
     /// The receipt's header.
     pub fn header(&self) -> Option<HeaderValue> {
-        self.receipt.header()
+        self.receipt.header(&self.worker.spec.name)
     }
 
     /// Reads a piece of the answer for the engine's report.
@@ -143,13 +132,11 @@ impl Check {
         let outcome = Outcome::of(&self.receipt, self.reported);
         let checked = match (outcome, self.reported) {
             (Outcome::Kept | Outcome::Missed | Outcome::Surplus, Some(r)) => {
-                self.worker.record_receipt(outcome != Outcome::Kept);
                 Some((self.receipt.predicted_cached, r))
             }
             _ => None,
         };
-        self.metrics
-            .record(&self.receipt.worker, outcome.name(), checked);
+        self.worker.record_receipt(outcome as usize, checked);
     }
 }
 
@@ -159,7 +146,6 @@ mod tests {
 
     fn receipt(predicted: u64, checkable: bool) -> Receipt {
         Receipt {
-            worker: "w0".into(),
             action: "colocate",
             predicted_cached: predicted,
             epoch: Some(3),
@@ -212,7 +198,7 @@ mod tests {
 
     #[test]
     fn the_header_names_every_field() {
-        let h = receipt(640, true).header().unwrap();
+        let h = receipt(640, true).header("w0").unwrap();
         assert_eq!(
             h.to_str().unwrap(),
             "worker=w0; action=colocate; predicted_cached=640; epoch=3; index=exact"

@@ -29,7 +29,7 @@ use crate::config::WorkerSpec;
 
 pub use ledger::InFlight;
 pub use listing::{LoadInfo, WorkerInfo};
-pub use worker::{ServedModel, Worker};
+pub use worker::{ServedModel, Worker, RECEIPT_OUTCOMES};
 
 /// Whether a model can be served right now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

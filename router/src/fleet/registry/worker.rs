@@ -47,7 +47,14 @@ pub struct Worker {
     /// Share of its recent checked route receipts whose engine report diverged from the
     /// promise (missed or surplus), in thousandths, an average over about the last eight.
     receipt_divergence: AtomicU32,
+    /// Its answered steps by receipt outcome ([`RECEIPT_OUTCOMES`]), then the cached tokens
+    /// promised and reported on the checked ones (read into metrics at scrape time).
+    receipts: [AtomicU64; RECEIPT_OUTCOMES.len() + 2],
 }
+
+/// What an engine's reported cached tokens said of a route receipt's promise
+/// (`proxy::receipt::Outcome`, in this order).
+pub const RECEIPT_OUTCOMES: [&str; 5] = ["kept", "missed", "surplus", "unreported", "unchecked"];
 
 /// A model a worker serves, as its `/v1/models` lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -89,17 +96,35 @@ impl Worker {
             decodes: Mutex::new(Decodes::new(DECODE_AGES_FOR.as_secs_f64())),
             retired: CancellationToken::new(),
             receipt_divergence: AtomicU32::new(0),
+            receipts: Default::default(),
         }
     }
 
-    /// Counts a checked route receipt: whether the engine's report diverged from the
-    /// router's promise.
-    pub fn record_receipt(&self, diverged: bool) {
+    /// Counts an answered step's route receipt: its outcome (an index into
+    /// [`RECEIPT_OUTCOMES`]) and, when its promise was checked, the tokens promised and
+    /// reported (a check that diverged, missed or surplus, counts toward `degraded`).
+    pub fn record_receipt(&self, outcome: usize, checked: Option<(u64, u64)>) {
+        if let Some(c) = self.receipts.get(outcome) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some((promised, reported)) = checked else {
+            return;
+        };
+        let n = RECEIPT_OUTCOMES.len();
+        self.receipts[n].fetch_add(promised, Ordering::Relaxed);
+        self.receipts[n + 1].fetch_add(reported, Ordering::Relaxed);
+        let diverged = matches!(RECEIPT_OUTCOMES.get(outcome), Some(&"missed" | &"surplus"));
         let _ = self
             .receipt_divergence
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
                 Some(d - d / 8 + if diverged { 1000 / 8 } else { 0 })
             });
+    }
+
+    /// Its receipts so far: steps by outcome ([`RECEIPT_OUTCOMES`] order), then the
+    /// promised and the reported cached tokens.
+    pub fn receipts(&self) -> [u64; RECEIPT_OUTCOMES.len() + 2] {
+        std::array::from_fn(|i| self.receipts[i].load(Ordering::Relaxed))
     }
 
     /// Whether its recent route receipts say the router's index and the engine disagree

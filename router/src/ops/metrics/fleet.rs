@@ -10,7 +10,7 @@ use prometheus::{Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeV
 use ownerserve_shim::kv_events::subscriber::SubscriberStats;
 
 use crate::fleet::kv::{IndexMode, KvRouting};
-use crate::fleet::registry::Registry as Workers;
+use crate::fleet::registry::{Registry as Workers, RECEIPT_OUTCOMES};
 use ownerserve_edge::exposition::{
     counter, counter_vec, gauge, gauge_vec, int_gauge, int_gauge_vec, sync_counter,
 };
@@ -72,6 +72,9 @@ pub struct FleetMetrics {
     kv_usage: GaugeVec,
     indexed_blocks: IntGaugeVec,
     index_mode: IntGaugeVec,
+    receipts: IntCounterVec,
+    promised: IntCounterVec,
+    reported: IntCounterVec,
     index_blocks: IntGauge,
     index_gpu_blocks: IntGauge,
     duplicate_factor: Gauge,
@@ -147,6 +150,24 @@ impl FleetMetrics {
                 "1 for the mode the router's index of the worker's cache is in (exact: events flowing; degraded: none yet, lost, refused or its receipts diverging; approximate: no event stream), 0 for the others.",
                 &["worker", "mode"],
             )?,
+            receipts: counter_vec(
+                registry,
+                "ownerserve_cache_receipts_total",
+                "Answered steps by worker and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
+                &["worker", "outcome"],
+            )?,
+            promised: counter_vec(
+                registry,
+                "ownerserve_cache_promised_tokens_total",
+                "Prompt tokens the router predicted the worker would find cached, on steps whose answer reported cached_tokens.",
+                &["worker"],
+            )?,
+            reported: counter_vec(
+                registry,
+                "ownerserve_cache_reported_tokens_total",
+                "Prompt tokens the worker's engine reported cached (usage.prompt_tokens_details.cached_tokens) on those steps.",
+                &["worker"],
+            )?,
             index_blocks: int_gauge(
                 registry,
                 "ownerserve_kv_index_blocks",
@@ -210,6 +231,21 @@ impl FleetMetrics {
             self.indexed_blocks
                 .with_label_values(&[&w.spec.name])
                 .set(i64::try_from(ix.worker_blocks(w.id)).unwrap_or(i64::MAX));
+            let counts = w.receipts();
+            for (outcome, n) in RECEIPT_OUTCOMES.iter().zip(counts) {
+                sync_counter(
+                    &self
+                        .receipts
+                        .with_label_values(&[w.spec.name.as_str(), outcome]),
+                    n,
+                );
+            }
+            let n = RECEIPT_OUTCOMES.len();
+            sync_counter(&self.promised.with_label_values(&[&w.spec.name]), counts[n]);
+            sync_counter(
+                &self.reported.with_label_values(&[&w.spec.name]),
+                counts[n + 1],
+            );
             let mode = kv.mode_of(w);
             for m in IndexMode::ALL {
                 self.index_mode

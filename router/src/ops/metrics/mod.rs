@@ -16,5 +16,4 @@
 pub mod fleet;
 pub mod lifecycle;
 pub mod proxy;
-pub mod receipts;
 pub mod scrape;

@@ -70,8 +70,6 @@ pub struct ProxyMetrics {
     claims: IntCounterVec,
     /// Parked sessions' KV lifecycle.
     pub lifecycle: super::lifecycle::LifecycleMetrics,
-    /// Route receipts checked against the engines' reports.
-    pub receipts: super::receipts::ReceiptMetrics,
     /// Each action's series (in `Action::ALL` order), looked up once: a labelled lookup
     /// hashes its values under a lock, and a proxied step made ~10 of them (~1 µs).
     by_action: Vec<ActionSeries>,
@@ -215,7 +213,6 @@ impl ProxyMetrics {
             claims,
             ownership_records_dropped,
             lifecycle: super::lifecycle::LifecycleMetrics::register(registry)?,
-            receipts: super::receipts::ReceiptMetrics::register(registry)?,
             by_action,
         })
     }
