@@ -15,6 +15,7 @@ usage: python3 scripts/calibrate/dynamo.py --ownerserve target/debug/ownerserve
 """
 
 import argparse
+import csv
 import json
 import os
 import subprocess
@@ -78,11 +79,11 @@ def ours(ownerserve, workers, tmp):
     got = {}
     for r in json.load(open(stem + ".json")):
         with open(f"{stem}-{r['policy']}.csv") as f:
-            rows = [line.split(",") for line in f.read().splitlines()[1:]]
+            rows = list(csv.DictReader(f))
         per = {}
         for row in rows:
-            if row[9]:
-                per[row[9]] = per.get(row[9], 0) + 1
+            if row["decode_on"]:
+                per[row["decode_on"]] = per.get(row["decode_on"], 0) + 1
         got[r["policy"]] = {"hit": r["cached_tokens"] / r["prompt_tokens"],
                             "per_worker": sorted(per.values())}
     return got

@@ -8,7 +8,6 @@ Runs under the real engine's venv (it has `zmq` and `msgspec`)."""
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -28,10 +27,8 @@ MODEL = "tiny"
 TOPIC = "kv-events"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The suite's: it never hands out a port twice in one run.
+free_port = suite.free_port
 
 
 def post(url, body, timeout=300):

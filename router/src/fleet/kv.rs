@@ -152,9 +152,7 @@ impl KvRouting {
             return IndexMode::Approximate;
         };
         let trouble = s.last_trouble_ms.load(Relaxed);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let now = ownerserve_ownership::node::unix_ms();
         let recent = trouble > 0 && now.saturating_sub(trouble) < DEGRADED_FOR.as_millis() as u64;
         if s.batches.load(Relaxed) == 0 || recent || worker.receipts_diverge() {
             IndexMode::Degraded

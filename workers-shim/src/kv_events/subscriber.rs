@@ -118,12 +118,15 @@ pub struct SubscriberStats {
 }
 
 impl SubscriberStats {
-    /// Marks the stream troubled now.
-    pub fn troubled(&self) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        self.last_trouble_ms.store(now, Ordering::Relaxed);
+    /// Counts a trouble in `counter` (one of these) and marks the stream troubled now.
+    fn trouble(&self, counter: &AtomicU64) {
+        bump(counter);
+        self.mark_troubled();
+    }
+
+    fn mark_troubled(&self) {
+        self.last_trouble_ms
+            .store(crate::sim::state::unix_ms(), Ordering::Relaxed);
     }
 }
 
@@ -212,8 +215,7 @@ impl Subscriber {
         let msg = match decode_message(&frames) {
             Ok(m) => m,
             Err(e) => {
-                bump(&self.stats.malformed);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.malformed);
                 tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: malformed message skipped");
                 return;
             }
@@ -229,8 +231,7 @@ impl Subscriber {
         };
         if !in_order {
             if self.last_seq.is_some_and(|l| msg.seq > l + 1) {
-                bump(&self.stats.gaps);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.gaps);
             }
             if !self.resync(sink).await && self.last_seq.is_some_and(|l| msg.seq <= l) {
                 // No replay to tell us more: a falling sequence can only be a restart.
@@ -250,8 +251,7 @@ impl Subscriber {
     }
 
     fn restart(&mut self, sink: &dyn EventSink) {
-        bump(&self.stats.restarts);
-        self.stats.troubled();
+        self.stats.trouble(&self.stats.restarts);
         tracing::info!(worker = %self.cfg.name, "kv events: new engine incarnation, forgetting its old blocks");
         sink.reset(self.cfg.worker);
         self.last_seq = None;
@@ -267,8 +267,7 @@ impl Subscriber {
                 Ok(Some(e)) => events.push(e),
                 Ok(None) => {}
                 Err(e) => {
-                    bump(&self.stats.malformed);
-                    self.stats.troubled();
+                    self.stats.trouble(&self.stats.malformed);
                     tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: event skipped");
                 }
             }
@@ -282,7 +281,7 @@ impl Subscriber {
             self.stats
                 .refused
                 .fetch_add(refused as u64, Ordering::Relaxed);
-            self.stats.troubled();
+            self.stats.mark_troubled();
         }
         self.last_seq = Some(seq);
         self.last_payload = payload;
@@ -292,8 +291,7 @@ impl Subscriber {
     /// no replay could be had.
     async fn resync(&mut self, sink: &dyn EventSink) -> bool {
         let Some(endpoint) = self.cfg.replay_endpoint.clone() else {
-            bump(&self.stats.missing_history);
-            self.stats.troubled();
+            self.stats.trouble(&self.stats.missing_history);
             tracing::warn!(worker = %self.cfg.name, "kv events: out of sequence and no replay endpoint");
             return false;
         };
@@ -302,14 +300,12 @@ impl Subscriber {
         let replay = match fetch_replay(&endpoint, start, deadline).await {
             Ok(r) if r.answered() => r,
             Ok(_) => {
-                bump(&self.stats.missing_history);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, "kv events: replay timed out");
                 return false;
             }
             Err(e) => {
-                bump(&self.stats.missing_history);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, error = %e, "kv events: replay failed");
                 return false;
             }
@@ -325,13 +321,11 @@ impl Subscriber {
             (Some(_), _) => {
                 self.restart(sink);
                 if first.is_some_and(|(seq, _)| seq > 0) {
-                    bump(&self.stats.missing_history);
-                    self.stats.troubled();
+                    self.stats.trouble(&self.stats.missing_history);
                 }
             }
             (None, Some(_)) => {
-                bump(&self.stats.missing_history);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.missing_history);
             }
         }
         self.apply_replays(replay, &endpoint, deadline, sink).await;
@@ -383,16 +377,14 @@ impl Subscriber {
                 None
             };
             let Some(again) = fetched.filter(Replay::answered) else {
-                bump(&self.stats.missing_history);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.missing_history);
                 tracing::warn!(worker = %self.cfg.name, from = next, "kv events: replay incomplete; batches from here on may be missing");
                 return;
             };
             skip_to = again.batches.first().map(|b| b.seq).filter(|&s| s > next);
             if skip_to.is_some() {
                 // The engine's buffer moved on past the hole while we asked.
-                bump(&self.stats.missing_history);
-                self.stats.troubled();
+                self.stats.trouble(&self.stats.missing_history);
             }
             ended = self.absorb(again, &mut pending);
         }

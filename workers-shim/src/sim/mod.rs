@@ -44,4 +44,4 @@ pub mod scheduler;
 #[cfg(feature = "io")]
 pub mod server;
 #[cfg(feature = "io")]
-mod state;
+pub(crate) mod state;

@@ -70,7 +70,7 @@ impl AppState {
 }
 
 /// Wall-clock time in Unix milliseconds (0 before 1970, which no clock here reads).
-fn unix_ms() -> u64 {
+pub(crate) fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
