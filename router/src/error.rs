@@ -43,6 +43,12 @@ pub enum ApiError {
         why: &'static str,
         retry_after_s: u64,
     },
+    #[error("model `{model}` is overloaded: no slot freed within the {class} class's queue deadline; retry in {retry_after_s} s")]
+    QueueTimeout {
+        model: String,
+        class: &'static str,
+        retry_after_s: u64,
+    },
     #[error("worker {worker} is unreachable")]
     UpstreamUnreachable { worker: String },
     #[error("worker {worker} did not answer within {after:?}")]
@@ -145,6 +151,12 @@ impl ApiError {
                 None,
                 "overloaded",
             ),
+            QueueTimeout { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                None,
+                "queue_timeout",
+            ),
             UpstreamUnreachable { .. } => (
                 StatusCode::BAD_GATEWAY,
                 "server_error",
@@ -241,6 +253,7 @@ impl IntoResponse for ApiError {
         let mut r = self.with_body(|b| b.response());
         // Every 429 and 503 says `Retry-After: 1`; these know better.
         if let ApiError::Overloaded { retry_after_s, .. }
+        | ApiError::QueueTimeout { retry_after_s, .. }
         | ApiError::RateLimited { retry_after_s } = self
         {
             r.headers_mut()

@@ -78,8 +78,13 @@ pub struct RouterSettings {
     pub max_inflight_per_worker: u32,
     /// Requests of one model that may wait for a slot; more get a 429 at once.
     pub max_queued_per_model: usize,
-    /// Longest a request waits for a slot before its 429.
+    /// Longest an interactive request waits for a slot before its 503 (the default of
+    /// `admission.classes.interactive.queue_timeout_ms`).
     pub queue_timeout_ms: u64,
+    /// Each admission class's queue deadline and share of the slots.
+    pub admission_classes: crate::proxy::admission::class::ClassesTable,
+    /// The class of a request that names none and whose API key sets none.
+    pub admission_default_class: crate::proxy::admission::Class,
     /// Most client connections open at once; one more gets a 503 and is closed.
     pub max_connections: usize,
     /// Longest a client may take to send a request's headers, counted from when the router
@@ -340,6 +345,8 @@ impl Default for RouterSettings {
             max_inflight_per_worker: 256,
             max_queued_per_model: 1024,
             queue_timeout_ms: 10_000,
+            admission_classes: Default::default(),
+            admission_default_class: Default::default(),
             max_connections: 4096,
             header_read_timeout_s: 30,
             body_read_timeout_s: 60,

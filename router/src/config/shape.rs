@@ -108,6 +108,8 @@ pub(super) const MOVED: &[(&str, &str)] = &[
 /// Keys that were never flat: written only in their sub-table, read into the field named
 /// first.
 pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
+    ("admission_classes", "admission.classes"),
+    ("admission_default_class", "admission.default_class"),
     ("session_lifecycle", "sessions.lifecycle"),
     ("session_gap_prior_median_s", "sessions.gap_prior_median_s"),
     ("session_gap_prior_p90_s", "sessions.gap_prior_p90_s"),

@@ -201,7 +201,13 @@ impl RouterConfig {
             admission: crate::proxy::admission::AdmissionSettings {
                 max_inflight_per_worker: s.max_inflight_per_worker.max(1),
                 max_queued_per_model: s.max_queued_per_model,
-                queue_timeout: Duration::from_millis(s.queue_timeout_ms),
+                classes: s
+                    .admission_classes
+                    .resolve(
+                        Duration::from_millis(s.queue_timeout_ms),
+                        s.admission_default_class,
+                    )
+                    .map_err(|why| ConfigError::invalid("router", "admission.classes", why))?,
             },
             request_limits: RequestLimits {
                 max_choices: s.max_choices.max(1),

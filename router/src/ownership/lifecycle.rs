@@ -176,11 +176,10 @@ async fn resend(st: &AppState, worker: &Worker, session: &str, due: Due) {
     if let Some(a) = &st.cfg.engine_authorization {
         headers.push((header::AUTHORIZATION, a.clone()));
     }
-    if let Some((name, value)) = protocol(worker.spec.engine).priority_header() {
-        headers.push((
-            HeaderName::from_static(name),
-            HeaderValue::from_static(value),
-        ));
+    // A restore is a returning interactive step's work.
+    let rank = crate::proxy::admission::Class::Interactive.engine_rank(true);
+    if let Some((name, value)) = protocol(worker.spec.engine).priority_header(rank) {
+        headers.push((HeaderName::from_static(name), HeaderValue::from(value)));
     }
     let sent = st
         .engines

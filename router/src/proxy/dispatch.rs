@@ -60,9 +60,11 @@ pub struct Step<'a> {
     /// `Authorization: Bearer <engine_api_key>` for engines run with `--api-key`, which
     /// every leg carries; a client's own `Authorization` never reaches an engine.
     pub authorization: Option<HeaderValue>,
-    /// A session's step back from a tool call: its decode request is marked ahead of new
-    /// prompts where the engine orders its queue by priority.
-    pub returning: bool,
+    /// The engine priority rank of its decode request (`Class::engine_rank`: its class,
+    /// and a session's step back from a tool call ahead of new prompts), sent to every
+    /// engine that orders its queue by priority: a client's own `priority` never reaches
+    /// one.
+    pub priority: i8,
 }
 
 /// A prefill leg's predicted and observed compute time, for the policy's calibration.
@@ -123,13 +125,8 @@ fn headers_for(
     decode: &Worker,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = vec![(ownerserve_edge::request_id::HEADER, step.request_id.clone())];
-    if step.returning {
-        if let Some((name, value)) = protocol(decode.spec.engine).priority_header() {
-            out.push((
-                HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            ));
-        }
+    if let Some((name, value)) = protocol(decode.spec.engine).priority_header(step.priority) {
+        out.push((HeaderName::from_static(name), HeaderValue::from(value)));
     }
     if let Some(a) = &step.authorization {
         out.push((header::AUTHORIZATION, a.clone()));

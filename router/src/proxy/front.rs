@@ -16,8 +16,14 @@ use super::identity::{self, Identity};
 use super::{admit, ingress};
 use crate::error::ApiError;
 use crate::prompt::{Hashing, PromptHasher};
-use crate::proxy::admission::Ticket;
+use crate::proxy::admission::class::{self, Class};
+use crate::proxy::admission::{Asked, Ticket};
 use crate::server::state::AppState;
+
+/// The highest class a request may run in, set on it by the client gate from its API
+/// key's tenant.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClassCeiling(pub Class);
 
 /// What a caller asks of the front half.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +43,8 @@ pub(crate) struct Front<'a> {
     pub id: &'a Identity<'a>,
     /// The model's admission slot, when the caller asked for one.
     pub ticket: Option<Ticket>,
+    /// The request's admission class (and so its engine priority).
+    pub class: Class,
 }
 
 /// Runs the front half of `req`, then `then` on what it computed.
@@ -48,8 +56,16 @@ pub(crate) async fn front_half<T>(
 ) -> Result<T, ApiError> {
     let req = ingress::Admitted::read(req, &st.body_limits).await?;
     let parsed = req.parse(ask.endpoint, &st.registry, st.cfg.request_limits)?;
+    let asked = Asked {
+        class: class::resolve(
+            class::asked(&req.parts.headers, &parsed)?,
+            req.parts.extensions.get::<ClassCeiling>().map(|c| c.0),
+            st.admission.default_class(),
+        ),
+        returning: !super::session_admission::first_turn(&parsed),
+    };
     let mut ticket = match ask.admits {
-        true => Some(admit(st, &parsed.model).await?),
+        true => Some(admit(st, &parsed.model, asked).await?),
         false => None,
     };
     let id = step_identity(
@@ -64,7 +80,7 @@ pub(crate) async fn front_half<T>(
         // A held first step gives its slot back while it waits, then takes one again.
         super::session_admission::wait_for_room(st, &parsed, &id, &mut ticket).await;
         if ticket.is_none() {
-            ticket = Some(admit(st, &parsed.model).await?);
+            ticket = Some(admit(st, &parsed.model, asked).await?);
         }
     }
     then(Front {
@@ -72,6 +88,7 @@ pub(crate) async fn front_half<T>(
         parsed: &parsed,
         id: &id,
         ticket,
+        class: asked.class,
     })
     .await
 }

@@ -119,8 +119,10 @@ async fn serve(
             prompt_tokens: u64::from(view.route.prompt_tokens),
             request_id: req.request_id.clone(),
             authorization: st.cfg.engine_authorization.clone(),
-            returning: st.cfg.sessions.return_priority
-                && id.session.is_some_and(|s| st.sessions.is_returning(s)),
+            priority: f.class.engine_rank(
+                st.cfg.sessions.return_priority
+                    && id.session.is_some_and(|s| st.sessions.is_returning(s)),
+            ),
         };
         let (worker, cached) = serving(st, &decision, &candidates, &parsed.model)?;
         let attempt = Attempt {
@@ -241,20 +243,40 @@ fn serving(
 /// Times a step is planned again because its session moved under another router.
 const MAX_REPLANS: u32 = 2;
 
-/// A slot for a request of `model`, or the 429 that sheds it (counted by reason).
-pub(crate) async fn admit(st: &AppState, model: &str) -> Result<Ticket, ApiError> {
+/// A slot for a request of `model`, or the 429 (queue full) or 503 (its class's deadline
+/// passed) that sheds it, counted by reason and class.
+pub(crate) async fn admit(
+    st: &AppState,
+    model: &str,
+    asked: admission::Asked,
+) -> Result<Ticket, ApiError> {
     let healthy = st.registry.healthy_serving(model);
-    st.admission.admit(model, healthy).await.map_err(|r| {
-        st.metrics.shed(r.reason());
-        ApiError::Overloaded {
-            model: model.to_owned(),
-            why: match r {
-                Refusal::QueueFull { .. } => "its queue is full",
-                Refusal::TimedOut { .. } => "no slot freed in time",
-            },
-            retry_after_s: r.retry_after_s(),
+    let since = tokio::time::Instant::now();
+    let admitted = st.admission.admit(model, healthy, asked).await;
+    let class = asked.class;
+    match admitted {
+        Ok(ticket) => {
+            st.metrics.admission.admitted(class, since.elapsed());
+            Ok(ticket)
         }
-    })
+        Err(r) => {
+            st.metrics.shed(r.reason());
+            st.metrics.admission.refused(class, r.reason());
+            let retry_after_s = r.retry_after_s();
+            Err(match r {
+                Refusal::QueueFull { .. } => ApiError::Overloaded {
+                    model: model.to_owned(),
+                    why: "its queue is full",
+                    retry_after_s,
+                },
+                Refusal::TimedOut { .. } => ApiError::QueueTimeout {
+                    model: model.to_owned(),
+                    class: class.name(),
+                    retry_after_s,
+                },
+            })
+        }
+    }
 }
 
 /// `body`, holding `ticket` until it is dropped (the body ended or the client left).

@@ -71,7 +71,7 @@ pub(crate) async fn wait_for_room(
 
 /// Whether the chat conversation has no assistant turn yet (a token-id or text prompt
 /// has no turns: never held).
-fn first_turn(parsed: &ParsedRequest<'_>) -> bool {
+pub(crate) fn first_turn(parsed: &ParsedRequest<'_>) -> bool {
     parsed
         .template
         .messages_json

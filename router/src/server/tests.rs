@@ -553,8 +553,9 @@ async fn a_flood_of_long_streams_is_shed_fast_and_every_client_gets_an_answer() 
         let (status, retry_after, took) = r.unwrap();
         match status {
             200 => served += 1,
-            429 => {
-                assert!(retry_after, "a 429 says when to retry");
+            // A 429 when the queue is full, a 503 at the queue's deadline.
+            429 | 503 => {
+                assert!(retry_after, "a refusal says when to retry");
                 // Shed at once (queue full) or at the queue's deadline, never later.
                 assert!(took < Duration::from_secs(2), "{took:?}");
                 shed += 1;

@@ -52,9 +52,10 @@ pub trait EngineProtocol: Sync {
     /// (`host_tier` here says whether the kind can have one the router drives).
     fn levers(&self) -> Levers;
 
-    /// The request header that orders its waiting queue, and the value that puts a
-    /// returning agent step ahead of new prompts; `None`: no priority.
-    fn priority_header(&self) -> Option<(&'static str, &'static str)>;
+    /// The request header that orders its waiting queue, and its value for a step of
+    /// priority `rank` (lower runs sooner, vLLM's convention: `Class::engine_rank` in the
+    /// router); `None`: no priority.
+    fn priority_header(&self, rank: i8) -> Option<(&'static str, i32)>;
 
     /// What the contract test checks it against: its `/metrics` and its self-report as
     /// the engine serves them.

@@ -89,8 +89,8 @@ impl EngineProtocol for Sglang {
     /// `--default-priority-value 0` (else an unmarked request has the lowest priority,
     /// and a returning step preempts running ones) and the engine's environment
     /// `SGLANG_ENABLE_REQUEST_HEADER_OVERRIDES=1` (without it SGLang ignores the header).
-    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
-        Some(("x-override-priority", "1"))
+    fn priority_header(&self, rank: i8) -> Option<(&'static str, i32)> {
+        Some(("x-override-priority", -i32::from(rank)))
     }
 }
 

@@ -78,7 +78,7 @@ impl EngineProtocol for Sim {
     }
 
     /// vLLM's header.
-    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
-        Some(("x-vllm-priority", "-1"))
+    fn priority_header(&self, rank: i8) -> Option<(&'static str, i32)> {
+        Some(("x-vllm-priority", i32::from(rank)))
     }
 }

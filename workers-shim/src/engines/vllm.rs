@@ -90,8 +90,8 @@ impl EngineProtocol for Vllm {
 
     /// `X-Vllm-Priority` (lower runs sooner, default 0; wins over the body's `priority`).
     /// Needs `--scheduling-policy priority`; under `fcfs` vLLM 0.32 ignores it silently.
-    fn priority_header(&self) -> Option<(&'static str, &'static str)> {
-        Some(("x-vllm-priority", "-1"))
+    fn priority_header(&self, rank: i8) -> Option<(&'static str, i32)> {
+        Some(("x-vllm-priority", i32::from(rank)))
     }
 }
 

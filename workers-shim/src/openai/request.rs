@@ -114,6 +114,11 @@ pub struct ParsedRequest<'a> {
     pub metadata_user_id: Option<Cow<'a, str>>,
     /// Dynamo's `nvext.session_control`, for clients written for Dynamo.
     pub session_control: Option<SessionControl<'a>>,
+    /// vLLM's `priority` extension (lower runs sooner): the router reads it as an
+    /// admission class and sets the engine's priority itself.
+    pub priority: Option<i64>,
+    /// OpenAI's `service_tier` (`auto`, `default`, `flex`, `priority`, ...).
+    pub service_tier: Option<Cow<'a, str>>,
 }
 
 /// What a client asks of its session's life (Dynamo's `nvext.session_control`, or the
@@ -252,6 +257,10 @@ struct RawBody<'a> {
     prompt_cache_key: Option<&'a RawValue>,
     #[serde(borrow, default)]
     nvext: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    priority: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    service_tier: Option<&'a RawValue>,
 }
 
 /// Dynamo's request extension, of which the router reads `session_control`.
@@ -521,6 +530,8 @@ pub fn parse(body: &[u8], endpoint: Endpoint) -> Result<ParsedRequest<'_>, Reque
         prompt_cache_key: prompt_cache_key.map(|p| p.0),
         metadata_user_id,
         session_control: session_control(raw.nvext)?,
+        priority: field(raw.priority, "priority")?,
+        service_tier: field::<Text<'_>>(raw.service_tier, "service_tier")?.map(|t| t.0),
     })
 }
 

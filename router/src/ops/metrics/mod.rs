@@ -14,6 +14,7 @@
 //! (the fleet is fixed by config); never sessions, prefixes or request ids.
 
 pub mod fleet;
+pub mod admission;
 pub mod lifecycle;
 pub mod proxy;
 pub mod scrape;

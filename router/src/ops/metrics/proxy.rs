@@ -70,6 +70,8 @@ pub struct ProxyMetrics {
     claims: IntCounterVec,
     /// Parked sessions' KV lifecycle.
     pub lifecycle: super::lifecycle::LifecycleMetrics,
+    /// Admission by class and tenant.
+    pub admission: super::admission::AdmissionMetrics,
     /// Each action's series (in `Action::ALL` order), looked up once: a labelled lookup
     /// hashes its values under a lock, and a proxied step made ~10 of them (~1 µs).
     by_action: Vec<ActionSeries>,
@@ -149,7 +151,7 @@ impl ProxyMetrics {
         let shed = counter_vec(
             registry,
             "ownerserve_admission_shed_total",
-            "Requests refused with a 429: the model's queue was full, no slot freed within queue_timeout_ms, or the API key was over its rate limit.",
+            "Requests shed: the model's queue was full (429), no slot freed within the class's queue deadline (503), or the API key was over its rate limit (429).",
             &["reason"],
         )?;
         let claims = counter_vec(
@@ -213,6 +215,7 @@ impl ProxyMetrics {
             claims,
             ownership_records_dropped,
             lifecycle: super::lifecycle::LifecycleMetrics::register(registry)?,
+            admission: super::admission::AdmissionMetrics::register(registry)?,
             by_action,
         })
     }

@@ -90,7 +90,7 @@ struct Case {
     body: Bytes,
     lookup: Lookup,
     hashes: Vec<u64>,
-    returning: bool,
+    priority: i8,
 }
 
 impl Case {
@@ -102,7 +102,7 @@ impl Case {
             body: Bytes::from_static(CLIENT_BODY.as_bytes()),
             lookup: Lookup::default(),
             hashes: vec![11, 12, 13, 14],
-            returning: false,
+            priority: 0,
         }
     }
 
@@ -125,7 +125,7 @@ impl Case {
             prompt_tokens: self.hashes.len() as u64 * 16 + 5,
             request_id: HeaderValue::from_static("req-1"),
             authorization: Some(HeaderValue::from_static("Bearer client")),
-            returning: self.returning,
+            priority: self.priority,
         };
         let decision = Decision {
             worker: WorkerId(1),
@@ -177,30 +177,31 @@ async fn nixl_prefills_one_token_then_hands_the_returned_params_to_the_decode_le
 }
 
 #[tokio::test]
-async fn a_returning_step_is_marked_ahead_in_each_engines_own_priority_header() {
+async fn every_step_carries_its_class_rank_in_each_engines_own_priority_header() {
+    use crate::proxy::admission::Class;
     let params = json!({"do_remote_prefill": true, "remote_engine_id": "p"});
-    for (kind, name, value) in [
-        (EngineKind::Vllm, "x-vllm-priority", "-1"),
-        (EngineKind::Sim, "x-vllm-priority", "-1"),
-        (EngineKind::Sglang, "x-override-priority", "1"),
+    let returning = Class::Interactive.engine_rank(true);
+    let batch = Class::Batch.engine_rank(false);
+    for (kind, name, values) in [
+        (EngineKind::Vllm, "x-vllm-priority", ["0", "-1", "2"]),
+        (EngineKind::Sim, "x-vllm-priority", ["0", "-1", "2"]),
+        (EngineKind::Sglang, "x-override-priority", ["0", "1", "-2"]),
     ] {
         let answer = json!({"choices": [], "kv_transfer_params": params});
         let mut case = Case::new(
             fleet(kind, kind),
             FakeEngine::answering(200, answer.clone()),
         );
-        let new = case.prepare(Dispatch::Single).await;
-        assert_eq!(
-            header(&new.headers, name),
-            None,
-            "a new prompt is not marked"
-        );
-        case.returning = true;
-        let back = case.prepare(Dispatch::Single).await;
-        assert_eq!(header(&back.headers, name), Some(value), "{kind:?}");
+        // A new interactive prompt is marked too: the client's body `priority` never
+        // reaches the engine's queue.
+        for (rank, value) in [0, returning, batch].into_iter().zip(values) {
+            case.priority = rank;
+            let step = case.prepare(Dispatch::Single).await;
+            assert_eq!(header(&step.headers, name), Some(value), "{kind:?} {rank}");
+        }
         if kind != EngineKind::Sglang {
             let case = Case {
-                returning: true,
+                priority: returning,
                 ..Case::new(fleet(kind, kind), FakeEngine::answering(200, answer))
             };
             case.prepare(Dispatch::Disaggregated {
@@ -210,7 +211,7 @@ async fn a_returning_step_is_marked_ahead_in_each_engines_own_priority_header() 
             let leg = &case.engine.calls()[0];
             assert_eq!(
                 header(&leg.headers, name),
-                Some(value),
+                Some(values[1]),
                 "its prefill leg too"
             );
         }
