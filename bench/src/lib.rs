@@ -10,6 +10,8 @@
 //!   (`bench proxy --peers`); [`peer_fleet`] starts those processes, [`peer_load`] makes the
 //!   bodies and wrk scripts and reads wrk's figures.
 //! - [`child_output`]: the address a started child prints, its other output drained.
+//! - [`classes`]: admission classes under overload: interactive time to first token
+//!   unloaded, beside batch and background floods, and with the floods unlabelled.
 //! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
@@ -26,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod child_output;
+pub mod classes;
 pub mod directory;
 pub mod fuzz;
 pub mod kv;

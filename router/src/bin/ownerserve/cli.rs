@@ -75,6 +75,9 @@ enum BenchCommand {
     /// A flood of concurrent long streams against `up`: served, shed, unanswered, /health
     /// latency and router memory, per policy.
     Overload(ownerserve_bench::overload::OverloadArgs),
+    /// Admission classes under overload: interactive time to first token unloaded, beside
+    /// batch and background floods, and with the floods unlabelled (one class).
+    Classes(ownerserve_bench::classes::ClassesArgs),
     /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
     Sim(ownerserve_bench::sim::SimBenchArgs),
     /// A model's own tokenizer on an agent-sized chat prompt, from scratch and as a
@@ -194,6 +197,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Overload(args)) => {
                 ownerserve_bench::overload::run(args).await
+            }
+            Command::Bench(BenchCommand::Classes(args)) => {
+                ownerserve_bench::classes::run(args).await
             }
             Command::Bench(BenchCommand::Kv(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::kv::run(args)).await?

@@ -13,8 +13,8 @@
 //! Labels are bounded: routes, actions, classes, cost terms, commands and worker names
 //! (the fleet is fixed by config); never sessions, prefixes or request ids.
 
-pub mod fleet;
 pub mod admission;
+pub mod fleet;
 pub mod lifecycle;
 pub mod proxy;
 pub mod scrape;

@@ -62,8 +62,9 @@ impl Class {
 pub struct ClassSettings {
     /// Longest a request of the class waits for a slot (then a 503 `queue_timeout`).
     pub queue_timeout: Duration,
-    /// Fraction of a model's slots requests of the class may hold at once (at least one
-    /// slot): what a class above it always finds free.
+    /// Fraction of a model's slots requests of the class and of the classes below it may
+    /// hold together (at least one slot): the rest is what the classes above always find
+    /// free.
     pub share: f64,
 }
 
@@ -233,7 +234,10 @@ mod tests {
     fn a_key_caps_the_class_and_fills_in_for_a_request_that_names_none() {
         use Class::*;
         assert_eq!(resolve(Some(Interactive), Some(Batch), Interactive), Batch);
-        assert_eq!(resolve(Some(Background), Some(Batch), Interactive), Background);
+        assert_eq!(
+            resolve(Some(Background), Some(Batch), Interactive),
+            Background
+        );
         assert_eq!(resolve(None, Some(Background), Interactive), Background);
         assert_eq!(resolve(None, None, Batch), Batch);
         assert_eq!(resolve(Some(Interactive), None, Batch), Interactive);
@@ -258,7 +262,10 @@ mod tests {
         assert_eq!(c.limit(Class::Batch, 8), 6);
         assert_eq!(c.limit(Class::Background, 8), 4);
         assert_eq!(c.limit(Class::Background, 1), 1);
-        assert_eq!(c.get(Class::Interactive).queue_timeout, Duration::from_secs(10));
+        assert_eq!(
+            c.get(Class::Interactive).queue_timeout,
+            Duration::from_secs(10)
+        );
         let bad = ClassesTable {
             batch: ClassTable {
                 share: Some(1.5),

@@ -1,8 +1,9 @@
 //! Admission control, on for every policy: per served model, at most
 //! `max_inflight_per_worker` × its healthy workers run at once; the next requests wait in a
 //! bounded queue ordered by class, then a returning agent step ahead of a new conversation,
-//! then deadline. Each class ([`class`]) may hold only its share of the slots, so a class
-//! above it finds slots free, and waits at most its own deadline. A full queue makes room
+//! then deadline. Each class ([`class`]) and the classes below it hold together at most its
+//! share of the slots, so a class above finds slots free; each waits at most its own
+//! deadline. A full queue makes room
 //! for a request by refusing its lowest-ranked waiter (background first), or refuses the
 //! request itself: a 429 with a `Retry-After` estimated from how long requests of that
 //! model take. A request that waited its class's deadline gets a 503. Overload then costs
@@ -104,16 +105,23 @@ impl GateState {
         self.in_flight.iter().sum()
     }
 
-    /// Whether a request of `c` may take a slot now.
+    /// Whether a request of `c` may take a slot now: for `c` and every class above it,
+    /// that class with the classes below it holds less than its share (so a lower class
+    /// never takes what a class above it could not).
     fn fits(&self, classes: &Classes, c: Class) -> bool {
-        self.held() < self.capacity && self.in_flight[c.index()] < classes.limit(c, self.capacity)
+        self.held() < self.capacity
+            && Class::ALL[..=c.index()].iter().all(|k| {
+                self.in_flight[k.index()..].iter().sum::<u32>() < classes.limit(*k, self.capacity)
+            })
     }
 
     /// Seconds until the queue ahead has likely drained: the mean hold time × the waiting
     /// requests per slot (at least 1 s, at most a minute).
     fn retry_after(&self) -> u64 {
         let rounds = (self.queue.len() as f64 + 1.0) / f64::from(self.capacity.max(1));
-        (self.mean_s.unwrap_or(1.0) * rounds).ceil().clamp(1.0, 60.0) as u64
+        (self.mean_s.unwrap_or(1.0) * rounds)
+            .ceil()
+            .clamp(1.0, 60.0) as u64
     }
 }
 
@@ -330,7 +338,7 @@ mod tests {
         done: &tokio::sync::mpsc::UnboundedSender<(&'static str, Result<Class, Refusal>)>,
     ) -> tokio::task::JoinHandle<()> {
         let (a, done) = (a.clone(), done.clone());
-        tokio::spawn(async move {
+        tokio_util::task::TaskTracker::new().spawn(async move {
             let r = a.admit("m", 1, who).await;
             let _ = done.send((label, r.as_ref().map(Ticket::class).map_err(|e| *e)));
             // Hold the slot until the test ends.
@@ -347,7 +355,8 @@ mod tests {
         // The third waits; the fourth finds the queue full at once.
         let waiting = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
         };
         tokio::task::yield_now().await;
         assert!(matches!(
@@ -410,21 +419,52 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_lower_class_holds_only_its_share_so_interactive_finds_a_slot() {
-        // 4 slots: background may hold 2, batch 3.
+    async fn lower_classes_hold_only_their_share_so_interactive_finds_a_slot() {
+        // 4 slots: background may hold 2, batch and background together 3.
         let a = admission(4, 8, 1_000);
-        let bg = asked(Class::Background, false);
+        let (bg, batch) = (asked(Class::Background, false), asked(Class::Batch, false));
         let _b1 = a.admit("m", 1, bg).await.unwrap();
         let _b2 = a.admit("m", 1, bg).await.unwrap();
         let third = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit("m", 1, bg).await.map(|_| ()) })
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, bg).await.map(|_| ()) })
         };
         tokio::task::yield_now().await;
         assert!(!third.is_finished(), "background is at its share");
+        let _batch = a.admit("m", 1, batch).await.unwrap();
+        let more_batch = {
+            let a = a.clone();
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, batch).await.map(|_| ()) })
+        };
+        tokio::task::yield_now().await;
+        assert!(
+            !more_batch.is_finished(),
+            "batch with background is at its share"
+        );
         let _i1 = a.admit("m", 1, NEW).await.unwrap();
-        let _i2 = a.admit("m", 1, NEW).await.unwrap();
         third.abort();
+        more_batch.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_never_takes_a_slot_batch_could_not() {
+        // 4 slots: batch and background together 3, background alone 2.
+        let a = admission(4, 8, 600_000);
+        let (bg, batch) = (asked(Class::Background, false), asked(Class::Batch, false));
+        let _b1 = a.admit("m", 1, batch).await.unwrap();
+        let _b2 = a.admit("m", 1, batch).await.unwrap();
+        let _g1 = a.admit("m", 1, bg).await.unwrap();
+        // Background holds 1 of its 2, but batch + background are at their 3.
+        let next_bg = {
+            let a = a.clone();
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, bg).await.map(|_| ()) })
+        };
+        tokio::task::yield_now().await;
+        assert!(!next_bg.is_finished());
+        next_bg.abort();
     }
 
     #[tokio::test(start_paused = true)]
@@ -453,7 +493,8 @@ mod tests {
         let held = a.admit("m", 1, NEW).await.unwrap();
         let gone = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
         };
         tokio::task::yield_now().await;
         gone.abort();
@@ -461,7 +502,8 @@ mod tests {
         // Its place is free again: another may wait, and gets the slot when it frees.
         let next = {
             let a = a.clone();
-            tokio::spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
+            tokio_util::task::TaskTracker::new()
+                .spawn(async move { a.admit("m", 1, NEW).await.map(|_| ()) })
         };
         tokio::task::yield_now().await;
         drop(held);
