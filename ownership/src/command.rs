@@ -151,6 +151,22 @@ pub enum Command {
         lease: LeaseId,
         ttl_ms: u64,
     },
+    /// Takes `tokens` from `tenant`'s fleet-wide bucket of `per_minute` tokens a minute
+    /// (`tenant_budgets`): granted while the bucket is above zero.
+    SpendTokens {
+        tenant: String,
+        tokens: u64,
+        per_minute: u64,
+    },
+    /// Holds `session`'s place among `tenant`'s live sessions (at most `max`) for `ttl_ms`.
+    HoldTenantSession {
+        tenant: String,
+        session: SessionId,
+        max: u32,
+        ttl_ms: u64,
+    },
+    /// Gives up `session`'s place among `tenant`'s live sessions.
+    ReleaseTenantSession { tenant: String, session: SessionId },
     /// Advances time: expires leases past their TTL plus grace and cascades, and drops
     /// expired response records.
     Tick,
@@ -178,6 +194,9 @@ impl Command {
             Command::PinSession { .. } => "pin_session",
             Command::LabelSession { .. } => "label_session",
             Command::RecordResponse { .. } => "record_response",
+            Command::SpendTokens { .. } => "spend_tokens",
+            Command::HoldTenantSession { .. } => "hold_tenant_session",
+            Command::ReleaseTenantSession { .. } => "release_tenant_session",
             Command::Tick => "tick",
             Command::Batch { .. } => "batch",
         }

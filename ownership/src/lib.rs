@@ -8,7 +8,8 @@
 //! - [`state`]: the directory's state, serialisable as a snapshot; [`artifact_map`]: its
 //!   prefix artifacts, with the index a lookup probes (where they end, their chains'
 //!   checkpoints); [`response_map`]: stored responses (OpenAI Responses, `store: true`)
-//!   and the worker holding each, with their expiry order.
+//!   and the worker holding each, with their expiry order; [`tenant_budgets`]: tenants'
+//!   fleet-wide tokens-per-minute buckets and live sessions.
 //! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
 //!   [`outcome`]: what it answers, rejections included.
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
@@ -32,6 +33,7 @@ pub mod invariants;
 pub mod outcome;
 pub mod response_map;
 pub mod state;
+pub mod tenant_budgets;
 
 #[cfg(feature = "raft")]
 pub mod raft;

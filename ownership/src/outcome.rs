@@ -41,6 +41,23 @@ pub enum Outcome {
     },
     /// A session's root and parent were recorded.
     Labelled,
+    /// Tokens granted from a tenant's bucket.
+    TokensGranted {
+        tokens: u64,
+    },
+    /// The tenant's bucket is empty for `wait_ms` more.
+    TokensRefused {
+        wait_ms: u64,
+    },
+    /// The session holds a place among its tenant's `live` sessions until `until_ms`.
+    SessionHeld {
+        until_ms: u64,
+        live: u32,
+    },
+    /// The tenant already has `live` sessions, its limit.
+    SessionRefused {
+        live: u32,
+    },
     /// One outcome per command of a batch, in order.
     Batch {
         outcomes: Vec<Outcome>,
@@ -75,6 +92,11 @@ pub enum Rejection {
     Pinned(SessionId),
     #[error("a response id must be 1 to {max} bytes")]
     BadResponseId { max: usize },
+    #[error("a tenant is named by 1 to {max_bytes} bytes, and at most {max_tenants} have budgets")]
+    BadTenant {
+        max_bytes: usize,
+        max_tenants: usize,
+    },
     #[error("session {session:?} was written {since_ms} ms ago, within the {idle_ms} ms it must be idle")]
     RecentlyWritten {
         session: SessionId,
@@ -100,6 +122,7 @@ impl Rejection {
             Rejection::Pinned(_) => "pinned",
             Rejection::BadResponseId { .. } => "bad_response_id",
             Rejection::RecentlyWritten { .. } => "recently_written",
+            Rejection::BadTenant { .. } => "bad_tenant",
         }
     }
 

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::artifact_map::{Artifact, ArtifactMap, Location};
 use crate::outcome::Outcome;
 pub use crate::response_map::{ResponseMap, StoredResponse};
+pub use crate::tenant_budgets::TenantBudget;
 
 pub use crate::ids::Owner;
 use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
@@ -63,6 +64,9 @@ pub struct Directory {
     /// Stored responses (OpenAI Responses, `store: true`) and the worker holding each.
     #[serde(default)]
     pub responses: ResponseMap,
+    /// Tenants' fleet-wide budgets: tokens per minute and live sessions.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantBudget>,
 }
 
 /// Counts of ownership changes, kept by `apply` for the operator's metrics.

@@ -15,5 +15,6 @@ pub mod responses;
 
 pub mod endpoints;
 pub mod routes;
+pub mod tenants;
 
 pub use endpoints::{ApiEndpoint, ErrorShape, Serves, SseError, ENDPOINTS};

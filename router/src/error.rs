@@ -31,6 +31,10 @@ pub enum ApiError {
     TokenizeTimeout { after: Duration },
     #[error("rate limit exceeded for this API key; retry in {retry_after_s} s")]
     RateLimited { retry_after_s: u64 },
+    #[error(
+        "tenant `{tenant}` already has its {max} live sessions; end one or wait until one is idle"
+    )]
+    TooManySessions { tenant: String, max: u32 },
     #[error("the model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("no healthy worker serves model `{model}` right now")]
@@ -126,6 +130,12 @@ impl ApiError {
                 "rate_limit_error",
                 None,
                 "rate_limit_exceeded",
+            ),
+            TooManySessions { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                None,
+                "too_many_sessions",
             ),
             ModelNotFound(_) => (
                 StatusCode::NOT_FOUND,

@@ -364,11 +364,25 @@ fn gates(cfg: &RouterConfig, metrics: &ProxyMetrics) -> (Admission, Arc<ClientGa
         Admission::new(cfg.admission),
         Arc::new(ClientGate::new(
             cfg.api_keys.clone(),
+            key_tenants(cfg),
             cfg.rate_limit,
             metrics.clone(),
         )),
         BodyLimits::new(cfg.body),
     )
+}
+
+/// Each API key's tenant, one `Tenant` per configured tenant shared by its keys.
+fn key_tenants(cfg: &RouterConfig) -> Vec<Option<Arc<crate::api::tenants::Tenant>>> {
+    let tenants: Vec<_> = cfg
+        .tenants
+        .iter()
+        .map(|t| Arc::new(crate::api::tenants::Tenant::new(t.clone())))
+        .collect();
+    cfg.key_tenants
+        .iter()
+        .map(|t| t.and_then(|i| tenants.get(i).cloned()))
+        .collect()
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -32,6 +32,7 @@ mod e2e_router;
 mod e2e_routing;
 mod e2e_session_admission;
 mod e2e_sim_engine;
+mod e2e_tenant_budgets;
 
 // Kubernetes discovery and the endpoint picker (feature `kubernetes`, on by default).
 #[cfg(feature = "kubernetes")]

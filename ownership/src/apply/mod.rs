@@ -1,6 +1,6 @@
 //! `Directory::apply`: the deterministic transition. It folds the entry's leader timestamp
 //! into the monotonic clock, answers retried `(client, seq)` pairs from the dedup table,
-//! dispatches to the handlers (`leases`, `artifacts`, `sessions`, `responses` submodules), and gives every
+//! dispatches to the handlers (`leases`, `artifacts`, `sessions`, `responses`, `tenants` submodules), and gives every
 //! owner change an epoch derived from its log position ([`Epoch::of`]).
 
 mod artifacts;
@@ -8,6 +8,7 @@ mod leases;
 mod responses;
 mod sessions;
 mod stats;
+mod tenants;
 
 use crate::command::{Command, Envelope, MAX_BATCH};
 use crate::ids::{Epoch, Key, LeaseId, WorkerId};
@@ -138,6 +139,20 @@ impl Directory {
             } => self.label_session(session, root.as_ref(), parent.as_ref()),
             Command::RecordResponse { id, lease, ttl_ms } => {
                 self.record_response(id, *lease, *ttl_ms)
+            }
+            Command::SpendTokens {
+                tenant,
+                tokens,
+                per_minute,
+            } => self.spend_tokens(tenant, *tokens, *per_minute),
+            Command::HoldTenantSession {
+                tenant,
+                session,
+                max,
+                ttl_ms,
+            } => self.hold_tenant_session(tenant, session, *max, *ttl_ms),
+            Command::ReleaseTenantSession { tenant, session } => {
+                self.release_tenant_session(tenant, session)
             }
             Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
         }

@@ -32,6 +32,7 @@ mod kubernetes;
 mod planner_setup;
 mod policy;
 mod shape;
+mod tenants;
 mod tokenizers;
 mod validated;
 mod workers;
@@ -40,6 +41,7 @@ pub use directory::DirectorySetup;
 pub use error::ConfigError;
 pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, PodSource};
 pub use policy::{KvAwareTable, PolicyTable, SessionAffinityTable};
+pub use tenants::{TenantSpec, TenantTable, Tenants};
 pub use tokenizers::ModelTokenizer;
 pub use validated::{BodySettings, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
@@ -171,6 +173,8 @@ pub struct RouterSettings {
     /// Keys a client must present on `/v1` (`Authorization: Bearer KEY` or `x-api-key`);
     /// empty: `/v1` is open. Never forwarded to the engines.
     pub api_keys: Vec<String>,
+    /// `[router.tenants.<name>]`: tenants' keys, class and fleet-wide budgets.
+    pub tenants: std::collections::BTreeMap<String, TenantTable>,
     /// The key the engines expect (vLLM's `--api-key`), sent by the router as
     /// `Authorization: Bearer` on every request to them (a client's own never is).
     pub engine_api_key: Option<String>,
@@ -378,6 +382,7 @@ impl Default for RouterSettings {
             admin_token: None,
             read_token: None,
             api_keys: Vec::new(),
+            tenants: Default::default(),
             metrics_public: false,
             engine_api_key: None,
             directory: DirectoryMode::Off,

@@ -55,8 +55,12 @@ pub struct RouterConfig {
     pub kv_index: KvIndexConfig,
     /// `/metrics` and `/metrics/targets` need no token.
     pub metrics_public: bool,
-    /// Keys clients must present on `/v1` (`None`: open).
+    /// Keys clients must present on `/v1` (`None`: open): `api_keys`, then every tenant's.
     pub api_keys: Option<ownerserve_edge::api_keys::ApiKeys>,
+    /// The tenants (`[router.tenants.<name>]`).
+    pub tenants: Vec<super::TenantSpec>,
+    /// Each of `api_keys`' tenant, by the key's index (`None`: a plain key).
+    pub key_tenants: Vec<Option<usize>>,
     /// `Authorization: Bearer <engine_api_key>`, sent to the engines on every request.
     pub engine_authorization: Option<axum::http::HeaderValue>,
     /// `router.kv_block_size` as configured (`None`: learn it from the engines).
@@ -189,6 +193,7 @@ impl RouterConfig {
         let (tokens, token_origin) = Tokens::resolve(s.admin_token.clone(), s.read_token.clone())
             .map_err(|e| ConfigError::router("admin_token", e))?;
         let directory = directory_setup(s)?;
+        let tenants = super::tenants::validate(&s.tenants, &s.api_keys)?;
         Ok(Self {
             addr: SocketAddr::new(s.host, s.port),
             policy: s.policy.clone(),
@@ -198,17 +203,7 @@ impl RouterConfig {
             connect_timeout: millis("connect_timeout_ms", s.connect_timeout_ms)?,
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
-            admission: crate::proxy::admission::AdmissionSettings {
-                max_inflight_per_worker: s.max_inflight_per_worker.max(1),
-                max_queued_per_model: s.max_queued_per_model,
-                classes: s
-                    .admission_classes
-                    .resolve(
-                        Duration::from_millis(s.queue_timeout_ms),
-                        s.admission_default_class,
-                    )
-                    .map_err(|why| ConfigError::invalid("router", "admission.classes", why))?,
-            },
+            admission: admission_settings(s)?,
             request_limits: RequestLimits {
                 max_choices: s.max_choices.max(1),
                 max_completion_tokens: s.max_completion_tokens.max(1),
@@ -229,7 +224,9 @@ impl RouterConfig {
                 max_blocks: s.kv_index_max_blocks.max(1024),
             },
             kv_block_size: s.kv_block_size,
-            api_keys: api_keys(s)?,
+            api_keys: api_keys(s, &tenants.keys)?,
+            key_tenants: key_tenants(s, &tenants),
+            tenants: tenants.tenants,
             metrics_public: s.metrics_public,
             engine_authorization: engine_authorization(s)?,
             kv_approx_ttl: Duration::from_secs(s.kv_approx_ttl_s.max(1)),
@@ -451,8 +448,38 @@ fn engine_authorization(
     Ok(Some(v))
 }
 
-/// The client API's keys, checked: each printable and at least 8 characters.
-fn api_keys(s: &RouterSettings) -> Result<Option<ownerserve_edge::api_keys::ApiKeys>, ConfigError> {
+/// Per-model admission: slots, queue, and each class's deadline and share.
+fn admission_settings(
+    s: &RouterSettings,
+) -> Result<crate::proxy::admission::AdmissionSettings, ConfigError> {
+    Ok(crate::proxy::admission::AdmissionSettings {
+        max_inflight_per_worker: s.max_inflight_per_worker.max(1),
+        max_queued_per_model: s.max_queued_per_model,
+        classes: s
+            .admission_classes
+            .resolve(
+                Duration::from_millis(s.queue_timeout_ms),
+                s.admission_default_class,
+            )
+            .map_err(|why| ConfigError::invalid("router", "admission.classes", why))?,
+    })
+}
+
+/// Each client key's tenant, in `api_keys`' order: the plain keys have none.
+fn key_tenants(s: &RouterSettings, tenants: &super::Tenants) -> Vec<Option<usize>> {
+    s.api_keys
+        .iter()
+        .map(|_| None)
+        .chain(tenants.of_key.iter().map(|t| Some(*t)))
+        .collect()
+}
+
+/// The client API's keys, checked: each printable and at least 8 characters; the tenants'
+/// (checked by `tenants::validate`) after them.
+fn api_keys(
+    s: &RouterSettings,
+    tenant_keys: &[String],
+) -> Result<Option<ownerserve_edge::api_keys::ApiKeys>, ConfigError> {
     if let Some(bad) = s
         .api_keys
         .iter()
@@ -464,7 +491,8 @@ fn api_keys(s: &RouterSettings) -> Result<Option<ownerserve_edge::api_keys::ApiK
             format!("the key starting `{shown}` must be at least 8 printable characters, without spaces"),
         ));
     }
-    Ok(ownerserve_edge::api_keys::ApiKeys::new(&s.api_keys))
+    let all: Vec<String> = s.api_keys.iter().chain(tenant_keys).cloned().collect();
+    Ok(ownerserve_edge::api_keys::ApiKeys::new(&all))
 }
 
 fn redis_url_ok(url: &str) -> Result<(), ConfigError> {

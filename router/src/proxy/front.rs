@@ -14,6 +14,7 @@ use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
 use super::identity::{self, Identity};
 use super::{admit, ingress};
+use crate::api::tenants::TenantOf;
 use crate::error::ApiError;
 use crate::prompt::{Hashing, PromptHasher};
 use crate::proxy::admission::class::{self, Class};
@@ -77,6 +78,9 @@ pub(crate) async fn front_half<T>(
     )
     .await?;
     if ask.admits {
+        if let Some(TenantOf(tenant)) = req.parts.extensions.get::<TenantOf>() {
+            crate::api::tenants::admit(st, tenant, &parsed, &id).await?;
+        }
         // A held first step gives its slot back while it waits, then takes one again.
         super::session_admission::wait_for_room(st, &parsed, &id, &mut ticket).await;
         if ticket.is_none() {

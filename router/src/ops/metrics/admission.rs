@@ -17,6 +17,7 @@ pub struct AdmissionMetrics {
     waited: HistogramVec,
     refused: IntCounterVec,
     tenant: IntCounterVec,
+    tenant_tokens: IntCounterVec,
 }
 
 impl AdmissionMetrics {
@@ -47,6 +48,12 @@ impl AdmissionMetrics {
                 "Requests of a configured tenant, by outcome (admitted; over_tokens: its fleet-wide tokens per minute spent; over_sessions: its fleet-wide concurrent sessions reached; budget_unavailable: the directory did not answer).",
                 &["tenant", "outcome"],
             )?,
+            tenant_tokens: counter_vec(
+                registry,
+                "ownerserve_tenant_tokens_total",
+                "Tokens a tenant's admitted requests were charged (prompt, plus max_tokens per choice), by tenant.",
+                &["tenant"],
+            )?,
         };
         for c in Class::ALL {
             m.admitted.with_label_values(&[c.name()]);
@@ -73,5 +80,12 @@ impl AdmissionMetrics {
     /// Counts a tenant's request by outcome.
     pub fn tenant(&self, tenant: &str, outcome: &str) {
         self.tenant.with_label_values(&[tenant, outcome]).inc();
+    }
+
+    /// Counts the tokens a tenant's admitted request was charged.
+    pub fn tenant_tokens(&self, tenant: &str, tokens: u64) {
+        self.tenant_tokens
+            .with_label_values(&[tenant])
+            .inc_by(tokens);
     }
 }
