@@ -131,3 +131,56 @@ async fn a_worker_whose_events_flow_is_exact_and_one_without_any_yet_is_degraded
     };
     assert_eq!((mode("exact"), mode("degraded")), (1.0, 0.0), "{text}");
 }
+
+#[tokio::test]
+async fn a_client_that_asks_gets_the_checked_receipt_in_its_usage() {
+    let worker = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(
+        &[format!("{},role=hybrid,name=a", worker.url)],
+        &["--policy", "kv_aware"],
+    );
+    let prefix = doc("shared", 40);
+    let ask = |content: String, stream: bool, asks: bool| {
+        let mut body = chat_body(&content, 2);
+        if stream {
+            body["stream"] = serde_json::json!(true);
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        let mut req = client()
+            .post(format!("{}/v1/chat/completions", router.url))
+            .json(&body);
+        if asks {
+            req = req.header("x-ownerserve-receipt", "usage");
+        }
+        async move { req.send().await.unwrap().text().await.unwrap() }
+    };
+    // Not asked: the body is the engine's.
+    let plain: serde_json::Value =
+        serde_json::from_str(&ask(format!("{prefix} q1"), false, false).await).unwrap();
+    assert!(plain["usage"].get("ownerserve_receipt").is_none());
+    // Asked, whole: the second step finds the prefix the first left, and says so.
+    let whole: serde_json::Value =
+        serde_json::from_str(&ask(format!("{prefix} q2"), false, true).await).unwrap();
+    let r = &whole["usage"]["ownerserve_receipt"];
+    assert_eq!(r["worker"], "a");
+    assert_eq!(r["index"], "approximate");
+    assert!(r["predicted_cached_tokens"].as_u64().unwrap() > 0, "{whole}");
+    assert_eq!(
+        r["cached_tokens"],
+        whole["usage"]["prompt_tokens_details"]["cached_tokens"]
+    );
+    assert_eq!(r["outcome"], "kept", "{whole}");
+    // Asked, streamed: in the usage event.
+    let stream = ask(format!("{prefix} q3"), true, true).await;
+    let usage_event = stream
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+        .find(|e| e["usage"].is_object())
+        .unwrap();
+    assert_eq!(
+        usage_event["usage"]["ownerserve_receipt"]["outcome"], "kept",
+        "{usage_event}"
+    );
+}

@@ -357,7 +357,11 @@ impl Attempt<'_> {
             checkable: matches!(decision.dispatch, Dispatch::Single) && !prepared.fell_back,
             block,
         };
-        receipt::Check::new(receipt, worker.clone())
+        receipt::Check::new(
+            receipt,
+            worker.clone(),
+            receipt::wanted_in_usage(self.client_headers),
+        )
     }
 
     /// Runs the legs and sends the decode request, then feedback (the last stage) consumes

@@ -98,21 +98,72 @@ pub fn reported_in(piece: &[u8]) -> Option<u64> {
     found
 }
 
+/// Whether the client asked for the receipt in the answer's `usage`
+/// (`x-ownerserve-receipt: usage`).
+pub fn wanted_in_usage(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(crate::api::headers::RECEIPT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"usage"))
+}
+
 /// A receipt checked as its answer is relayed: counted on its worker once the body ended
 /// well (lock-free counters, read into metrics at scrape time; its index mode follows them).
 pub struct Check {
     receipt: Receipt,
     reported: Option<u64>,
     worker: Arc<Worker>,
+    /// Written into the answer's `usage` too.
+    in_usage: bool,
 }
 
 impl Check {
-    pub fn new(receipt: Receipt, worker: Arc<Worker>) -> Self {
+    pub fn new(receipt: Receipt, worker: Arc<Worker>, in_usage: bool) -> Self {
         Self {
             receipt,
             reported: None,
             worker,
+            in_usage,
         }
+    }
+
+    /// Whether the answer's body is rewritten (its length changes).
+    pub fn rewrites_body(&self) -> bool {
+        self.in_usage
+    }
+
+    /// `piece` with the checked receipt put first in its `usage` object, when the client
+    /// asked for it and `piece` has a `usage` object (read by [`Check::saw`] first).
+    pub fn stamped(&self, piece: &[u8]) -> Option<bytes::Bytes> {
+        const KEY: &[u8] = b"\"usage\":";
+        if !self.in_usage {
+            return None;
+        }
+        let at = memchr::memmem::rfind(piece, KEY)?;
+        let rest = &piece[at + KEY.len()..];
+        let brace = at + KEY.len() + rest.iter().position(|b| !b.is_ascii_whitespace())?;
+        if piece[brace] != b'{' {
+            return None;
+        }
+        let after = &piece[brace + 1..];
+        let empty = after.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+        let object = serde_json::json!({
+            "worker": self.worker.spec.name,
+            "action": self.receipt.action,
+            "predicted_cached_tokens": self.receipt.predicted_cached,
+            "cached_tokens": self.reported,
+            "epoch": self.receipt.epoch,
+            "index": self.receipt.index.name(),
+            "outcome": Outcome::of(&self.receipt, self.reported).name(),
+        });
+        let mut out = Vec::with_capacity(piece.len() + 256);
+        out.extend_from_slice(&piece[..=brace]);
+        out.extend_from_slice(b"\"ownerserve_receipt\":");
+        out.extend_from_slice(object.to_string().as_bytes());
+        if !empty {
+            out.push(b',');
+        }
+        out.extend_from_slice(after);
+        Some(out.into())
     }
 
     /// The receipt's header.
@@ -194,6 +245,49 @@ mod tests {
         assert_eq!(Receipt::promise(1024, 32, 32), 992);
         assert_eq!(Receipt::promise(1024, 10, 32), 320);
         assert_eq!(Receipt::promise(0, 10, 32), 0);
+    }
+
+    #[test]
+    fn the_receipt_goes_first_in_the_usage_when_asked() {
+        let worker = test_worker();
+        let check = |in_usage| {
+            let mut c = Check::new(receipt(640, true), worker.clone(), in_usage);
+            c.saw(
+                br#"{"usage":{"prompt_tokens":700,"prompt_tokens_details":{"cached_tokens":640}}}"#,
+            );
+            c
+        };
+        let body = br#"{"id":"x","usage":{"prompt_tokens":700,"prompt_tokens_details":{"cached_tokens":640}}}"#;
+        assert_eq!(check(false).stamped(body), None);
+        let stamped = check(true).stamped(body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&stamped).unwrap();
+        assert_eq!(
+            v["usage"]["ownerserve_receipt"],
+            serde_json::json!({"worker": "w0", "action": "colocate",
+                "predicted_cached_tokens": 640, "cached_tokens": 640, "epoch": 3,
+                "index": "exact", "outcome": "kept"})
+        );
+        assert_eq!(v["usage"]["prompt_tokens"], 700);
+        // A stream's usage event, an empty usage, and a null one (left alone).
+        let event = b"data: {\"choices\":[],\"usage\": {}}\n\n";
+        let stamped = check(true).stamped(event).unwrap();
+        let json = stamped.strip_prefix(b"data: ").unwrap();
+        let v: serde_json::Value = serde_json::from_slice(json.trim_ascii()).unwrap();
+        assert_eq!(v["usage"]["ownerserve_receipt"]["outcome"], "kept");
+        assert_eq!(check(true).stamped(br#"{"usage":null}"#), None);
+    }
+
+    fn test_worker() -> Arc<Worker> {
+        use ownerserve_planner::ids::{EngineKind, Role, WorkerId};
+        let spec = crate::config::WorkerSpec::new(
+            "w0",
+            "http://127.0.0.1:9",
+            Role::Hybrid,
+            EngineKind::Sim,
+        );
+        crate::fleet::registry::Registry::new(vec![spec])
+            .get(WorkerId(0))
+            .expect("worker")
     }
 
     #[test]

@@ -104,6 +104,11 @@ where
     if let Some(v) = check.as_ref().and_then(Check::header) {
         parts.headers.insert(headers::RECEIPT, v);
     }
+    // A receipt written into the body changes its length.
+    let rewrites = check.as_ref().is_some_and(Check::rewrites_body);
+    if rewrites {
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
     // An error answer keeps no promise and breaks none.
     let check = check.filter(|_| parts.status.is_success());
     // Passive health: an answer that is not a server error shows the worker serving.
@@ -129,6 +134,7 @@ where
         idle: None,
         endpoint,
         check,
+        rewrites,
     };
     Response::from_parts(parts, Body::new(body))
 }
@@ -158,6 +164,8 @@ struct RelayBody<B> {
     endpoint: Endpoint,
     /// The step's route receipt, checked against the engine's report in the answer.
     check: Option<Check>,
+    /// The receipt is written into the body: its length is not the worker's.
+    rewrites: bool,
 }
 
 /// Why a relayed body ended early (a non-SSE client sees its connection fail).
@@ -238,11 +246,14 @@ where
         if self.failed {
             return Poll::Ready(None);
         }
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
+        let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled {
             // Read before the end is handled: a whole answer comes as one last frame.
             if let (Some(c), Some(data)) = (self.check.as_mut(), frame.data_ref()) {
                 c.saw(data);
+                if let Some(stamped) = c.stamped(data) {
+                    *frame = Frame::data(stamped);
+                }
             }
             self.worker.record_progress();
             self.in_flight.prefill_done();
@@ -297,7 +308,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.sse {
+        if self.sse || self.rewrites {
             SizeHint::default()
         } else {
             self.inner.size_hint()
