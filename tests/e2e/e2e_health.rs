@@ -170,3 +170,91 @@ async fn a_serving_worker_whose_probe_times_out_stays_up_until_it_stops_serving(
     e.slow_health.store(false, Ordering::Relaxed);
     wait_up(&r.url, true).await;
 }
+
+/// Sends `n` streams at once through `router`; how many each worker served.
+async fn spread(router: &str, n: usize) -> std::collections::BTreeMap<String, usize> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let url = format!("{router}/v1/chat/completions");
+            tokio_util::task::TaskTracker::new().spawn(async move {
+                let mut body = common::chat_body(&format!("new prompt {i} about the repo"), 300);
+                body["stream"] = serde_json::json!(true);
+                let resp = common::client().post(url).json(&body).send().await.unwrap();
+                let worker = resp.headers()["x-ownerserve-worker"]
+                    .to_str()
+                    .unwrap()
+                    .to_owned();
+                resp.bytes().await.unwrap();
+                worker
+            })
+        })
+        .collect();
+    let mut out = std::collections::BTreeMap::new();
+    for t in tasks {
+        *out.entry(t.await.unwrap()).or_default() += 1;
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_back_up_warms_up_instead_of_taking_every_new_prompt() {
+    let ports: Vec<String> = (0..3).map(|_| common::free_port().to_string()).collect();
+    let mut workers: Vec<Proc> = ports.iter().map(|p| Proc::sim_worker_on(p, &[])).collect();
+    let flags: Vec<String> = ports
+        .iter()
+        .zip(["a", "b", "c"])
+        .map(|(p, n)| format!("http://127.0.0.1:{p},role=hybrid,name={n}"))
+        .collect();
+    let router_with = |warmup: &str| {
+        let cfg = common::temp_config(
+            &format!("warmup-{warmup}.toml"),
+            &format!(
+                "[router]\npolicy = \"least_loaded\"\n\n[router.health]\ninterval_ms = 100\n\
+                 failure_threshold = 1\nwarmup_s = {warmup}\n"
+            ),
+        );
+        Proc::router(&flags, &["--config", &cfg])
+    };
+    let warming = router_with("60");
+    let baseline = router_with("0");
+    for r in [&warming.url, &baseline.url] {
+        common::eventually(Duration::from_secs(10), "three workers up", || {
+            let url = format!("{r}/admin/v1/workers");
+            async move {
+                let w = common::get_json(&url).await;
+                w["workers"]
+                    .as_array()
+                    .is_some_and(|ws| ws.iter().filter(|w| w["healthy"] == true).count() == 3)
+            }
+        })
+        .await;
+    }
+    // Both routers start with all three new: none is held back. Then c goes down and comes
+    // back, for both; the warming router's warm peers are a and b.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    workers[2].kill();
+    for r in [&warming.url, &baseline.url] {
+        common::eventually(Duration::from_secs(10), "c down", || {
+            let url = format!("{r}/admin/v1/workers");
+            async move { common::get_json(&url).await["workers"][2]["healthy"] == false }
+        })
+        .await;
+    }
+    workers[2] = Proc::sim_worker_on(&ports[2], &[]);
+    for r in [&warming.url, &baseline.url] {
+        common::eventually(Duration::from_secs(10), "c back", || {
+            let url = format!("{r}/admin/v1/workers");
+            async move { common::get_json(&url).await["workers"][2]["healthy"] == true }
+        })
+        .await;
+    }
+    let held = spread(&warming.url, 24).await;
+    let open = spread(&baseline.url, 24).await;
+    eprintln!("24 new streams, c just back: warming {held:?}, without warm-up {open:?}");
+    let on_c = |m: &std::collections::BTreeMap<String, usize>| m.get("c").copied().unwrap_or(0);
+    assert!(on_c(&open) >= 6, "least loaded spreads evenly: {open:?}");
+    assert!(
+        on_c(&held) <= 2,
+        "c warms up with a request or two: {held:?}"
+    );
+}

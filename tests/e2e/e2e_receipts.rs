@@ -164,7 +164,10 @@ async fn a_client_that_asks_gets_the_checked_receipt_in_its_usage() {
     let r = &whole["usage"]["ownerserve_receipt"];
     assert_eq!(r["worker"], "a");
     assert_eq!(r["index"], "approximate");
-    assert!(r["predicted_cached_tokens"].as_u64().unwrap() > 0, "{whole}");
+    assert!(
+        r["predicted_cached_tokens"].as_u64().unwrap() > 0,
+        "{whole}"
+    );
     assert_eq!(
         r["cached_tokens"],
         whole["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -18,12 +18,16 @@
 //! - [`Ledger`]: per-worker counters (requests in flight, their KV blocks, pending
 //!   prefill and compute tokens, legs heading there), lock-free.
 //! - [`Decodes`]: the streams decoding on a worker and their ages, time in seconds.
+//! - [`hold_back_warming`]: the warm-up share of a worker just up (the simulator's fleets
+//!   do not change, so only the router calls it).
 
 mod decodes;
 mod ledger;
+mod warmup;
 
 pub use decodes::Decodes;
 pub use ledger::{Charged, Ledger};
+pub use warmup::hold_back_warming;
 
 use crate::ids::{Role, WorkerId};
 use crate::kv_release::DecodeAges;

@@ -66,6 +66,9 @@ pub struct RouterSettings {
     pub health_interval_ms: u64,
     pub health_timeout_ms: u64,
     pub health_failure_threshold: u32,
+    /// Seconds a worker just up (new, or back after being down) warms up: it takes new work
+    /// only up to that fraction of its warm peers' load (0: off).
+    pub worker_warmup_s: u64,
     pub connect_timeout_ms: u64,
     pub request_timeout_s: u64,
     /// Longest silence between two frames of a worker's streamed body; a silent worker's
@@ -340,6 +343,7 @@ impl Default for RouterSettings {
             health_interval_ms: 1000,
             health_timeout_ms: 1000,
             health_failure_threshold: 2,
+            worker_warmup_s: 30,
             connect_timeout_ms: 1000,
             request_timeout_s: 600,
             stream_idle_timeout_s: 60,

@@ -108,6 +108,7 @@ pub(super) const MOVED: &[(&str, &str)] = &[
 /// Keys that were never flat: written only in their sub-table, read into the field named
 /// first.
 pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
+    ("worker_warmup_s", "health.warmup_s"),
     ("admission_classes", "admission.classes"),
     ("admission_default_class", "admission.default_class"),
     ("session_lifecycle", "sessions.lifecycle"),

@@ -35,6 +35,8 @@ pub struct RouterConfig {
     pub request_limits: RequestLimits,
     /// Per-model slots and queue.
     pub admission: crate::proxy::admission::AdmissionSettings,
+    /// How long a worker just up warms up (zero: off).
+    pub worker_warmup: Duration,
     /// Connection limits of the client-facing server.
     pub conn_limits: ConnLimits,
     /// How client bodies may arrive and how many bytes of them the router holds at once.
@@ -204,6 +206,7 @@ impl RouterConfig {
             request_timeout: Duration::from_secs(s.request_timeout_s.max(1)),
             stream_idle_timeout: Duration::from_secs(s.stream_idle_timeout_s.max(1)),
             admission: admission_settings(s)?,
+            worker_warmup: Duration::from_secs(s.worker_warmup_s),
             request_limits: RequestLimits {
                 max_choices: s.max_choices.max(1),
                 max_completion_tokens: s.max_completion_tokens.max(1),

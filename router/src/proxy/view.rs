@@ -33,6 +33,8 @@ pub struct Sources<'a> {
     /// Planner seconds per wall-clock second (`planner_time_scale`): decode ages are
     /// counted in the planner's time, like the lifetimes it observes.
     pub time_scale: f64,
+    /// How long a worker just up warms up (`health.warmup_s`; zero: off).
+    pub warmup: std::time::Duration,
 }
 
 /// The planner's request for a step, and what the directory said about it.
@@ -101,6 +103,8 @@ impl<'a> Sources<'a> {
             hashes,
         };
         step::complete_views(&mut views, needs, &mut sources);
+        let warmed: Vec<f64> = workers.iter().map(|w| w.warmed(self.warmup)).collect();
+        step::hold_back_warming(&mut views, &warmed);
         views
     }
 }
@@ -231,6 +235,7 @@ mod tests {
             directory: Some(&directory),
             sessions: None,
             time_scale: 1.0,
+            warmup: std::time::Duration::ZERO,
         };
         let id = identity(40);
         let step = sources.step("m", &id, 2, Needs::ALL);
@@ -291,6 +296,7 @@ mod tests {
             directory: None,
             sessions: Some(&sessions),
             time_scale: 2.0,
+            warmup: std::time::Duration::ZERO,
         };
         let returns = |needs| -> Vec<f64> {
             sources
@@ -322,6 +328,7 @@ mod tests {
             directory: None,
             sessions: None,
             time_scale: 1.0,
+            warmup: std::time::Duration::ZERO,
         };
         let cached = |needs, excluded: &[WorkerId]| -> Vec<(WorkerId, u32)> {
             sources

@@ -75,6 +75,7 @@ impl AppState {
             directory: self.ownership.as_ref().map(|o| o.client().as_ref()),
             sessions: Some(&self.sessions),
             time_scale: self.cfg.planner_time_scale,
+            warmup: self.cfg.worker_warmup,
         }
     }
 

@@ -31,8 +31,29 @@ impl Worker {
         self.set_models(models);
         self.consecutive_failures.store(0, Ordering::Relaxed);
         if !self.healthy.swap(true, Ordering::Relaxed) {
+            if !self.warm_at_first_up.swap(false, Ordering::Relaxed) {
+                // 0 means warm: the first millisecond counts as the second.
+                self.up_since_ms
+                    .store(self.now_ms().max(1), Ordering::Relaxed);
+            }
             tracing::info!(worker = %self.spec.name, "worker is healthy");
         }
+    }
+
+    /// How far the worker is through its `warmup` since it last became healthy: 0 just
+    /// up, 1 warm (`ownerserve_planner::step::hold_back_warming`). A worker of the starting
+    /// fleet is warm from its first check.
+    pub fn warmed(&self, warmup: Duration) -> f64 {
+        let since = self.up_since_ms.load(Ordering::Relaxed);
+        if warmup.is_zero() || since == 0 {
+            return 1.0;
+        }
+        let up_for = self.now_ms().saturating_sub(since);
+        (up_for as f64 / warmup.as_millis() as f64).min(1.0)
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// Records a failed check; after `threshold` in a row the worker is marked down. Until
@@ -55,7 +76,7 @@ impl Worker {
     /// failed checks so far are forgiven (a worker that serves is up); it does not bring a
     /// worker that is down back up, which only its health probe does.
     pub fn record_progress(&self) {
-        let now = u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let now = self.now_ms();
         // 0 means "never": the first millisecond counts as the second.
         self.last_progress_ms.store(now.max(1), Ordering::Relaxed);
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {

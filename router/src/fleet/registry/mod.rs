@@ -91,7 +91,9 @@ impl Registry {
         for (i, spec) in specs.into_iter().enumerate() {
             let id = WorkerId(i as u32);
             fleet.by_id.insert(id, fleet.workers.len());
-            fleet.workers.push(Arc::new(Worker::new(id, spec, clock)));
+            fleet
+                .workers
+                .push(Arc::new(Worker::new(id, spec, clock, true)));
         }
         Self {
             fleet: RwLock::new(Arc::new(fleet)),
@@ -119,7 +121,7 @@ impl Registry {
         if let Some(&i) = guard.by_id.get(&id) {
             return Err(JoinError::IdTaken(id, guard.workers[i].spec.name.clone()));
         }
-        let worker = Arc::new(Worker::new(id, spec, self.clock));
+        let worker = Arc::new(Worker::new(id, spec, self.clock, false));
         let mut workers = guard.workers.clone();
         let mut by_id = guard.by_id.clone();
         by_id.insert(id, workers.len());

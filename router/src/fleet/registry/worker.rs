@@ -29,6 +29,11 @@ pub struct Worker {
     /// since `clock` (0: never). Passive health: a worker that is serving is up, whatever
     /// a slow probe says.
     pub(super) last_progress_ms: AtomicU64,
+    /// When the worker last became healthy, in ms since `clock`: its warm-up starts there.
+    pub(super) up_since_ms: AtomicU64,
+    /// A worker of the router's starting fleet is warm when it first comes up (the router
+    /// is new, not the worker); one added later, or back after being down, warms up.
+    pub(super) warm_at_first_up: AtomicBool,
     /// The origin of `last_progress_ms` and of the decodes' times, shared by every worker
     /// of the registry.
     pub(super) clock: Instant,
@@ -80,7 +85,7 @@ impl From<&str> for ServedModel {
 }
 
 impl Worker {
-    pub(super) fn new(id: WorkerId, spec: WorkerSpec, clock: Instant) -> Self {
+    pub(super) fn new(id: WorkerId, spec: WorkerSpec, clock: Instant, starting: bool) -> Self {
         Self {
             id,
             spec,
@@ -88,6 +93,8 @@ impl Worker {
             draining: AtomicBool::new(false),
             consecutive_failures: AtomicU32::new(0),
             last_progress_ms: AtomicU64::new(0),
+            up_since_ms: AtomicU64::new(0),
+            warm_at_first_up: AtomicBool::new(starting),
             clock,
             ledger: Ledger::default(),
             models: RwLock::new(Arc::from(Vec::new())),
