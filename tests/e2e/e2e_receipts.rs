@@ -74,7 +74,10 @@ async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
     let count = |outcome: &str| {
         metric(
             &text,
-            &format!("ownerserve_cache_receipts_total{{outcome=\"{outcome}\",worker=\"a\"}}"),
+            &format!(
+                "ownerserve_cache_receipts_total{{model=\"{}\",outcome=\"{outcome}\",worker=\"a\"}}",
+                common::MODEL
+            ),
         )
     };
     assert!(count("kept") >= 1.0, "{text}");
@@ -84,11 +87,17 @@ async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
     );
     let promised = metric(
         &text,
-        "ownerserve_cache_promised_tokens_total{worker=\"a\"}",
+        &format!(
+            "ownerserve_cache_promised_tokens_total{{model=\"{}\",worker=\"a\"}}",
+            common::MODEL
+        ),
     );
     let reported = metric(
         &text,
-        "ownerserve_cache_reported_tokens_total{worker=\"a\"}",
+        &format!(
+            "ownerserve_cache_reported_tokens_total{{model=\"{}\",worker=\"a\"}}",
+            common::MODEL
+        ),
     );
     assert!(
         reported < promised,

@@ -13,10 +13,9 @@ use tokio::time::Instant;
 use ownerserve_edge::api_keys::{self, ApiKeys};
 use ownerserve_edge::rate_limit::{RateLimit, RateLimiter};
 
-use crate::api::tenants::{Tenant, TenantOf};
+use crate::api::tenants::{ClassCeiling, Tenant, TenantOf};
 use crate::error::ApiError;
 use crate::ops::metrics::proxy::ProxyMetrics;
-use crate::proxy::front::ClassCeiling;
 
 /// The keys and the rate limiter of the client API.
 pub struct ClientGate {

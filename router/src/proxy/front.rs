@@ -14,17 +14,12 @@ use ownerserve_shim::openai::{Endpoint, ParsedRequest};
 
 use super::identity::{self, Identity};
 use super::{admit, ingress};
-use crate::api::tenants::TenantOf;
+use crate::api::tenants::{ClassCeiling, TenantOf};
 use crate::error::ApiError;
 use crate::prompt::{Hashing, PromptHasher};
 use crate::proxy::admission::class::{self, Class};
 use crate::proxy::admission::{Asked, Ticket};
 use crate::server::state::AppState;
-
-/// The highest class a request may run in, set on it by the client gate from its API
-/// key's tenant.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ClassCeiling(pub Class);
 
 /// What a caller asks of the front half.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +74,7 @@ pub(crate) async fn front_half<T>(
     .await?;
     if ask.admits {
         if let Some(TenantOf(tenant)) = req.parts.extensions.get::<TenantOf>() {
-            crate::api::tenants::admit(st, tenant, &parsed, &id).await?;
+            super::tenant_budget::admit(st, tenant, &parsed, &id).await?;
         }
         // A held first step gives its slot back while it waits, then takes one again.
         super::session_admission::wait_for_room(st, &parsed, &id, &mut ticket).await;

@@ -40,6 +40,7 @@ pub mod plan;
 pub mod receipt;
 pub mod relay;
 pub mod session_admission;
+pub mod tenant_budget;
 pub mod view;
 
 use std::sync::Arc;

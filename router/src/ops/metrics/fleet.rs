@@ -153,20 +153,20 @@ impl FleetMetrics {
             receipts: counter_vec(
                 registry,
                 "ownerserve_cache_receipts_total",
-                "Answered steps by worker and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
-                &["worker", "outcome"],
+                "Answered steps by worker, its model and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
+                &["worker", "model", "outcome"],
             )?,
             promised: counter_vec(
                 registry,
                 "ownerserve_cache_promised_tokens_total",
-                "Prompt tokens the router predicted the worker would find cached, on steps whose answer reported cached_tokens.",
-                &["worker"],
+                "Prompt tokens the router predicted the worker would find cached, on steps whose answer reported cached_tokens, by worker and its model.",
+                &["worker", "model"],
             )?,
             reported: counter_vec(
                 registry,
                 "ownerserve_cache_reported_tokens_total",
-                "Prompt tokens the worker's engine reported cached (usage.prompt_tokens_details.cached_tokens) on those steps.",
-                &["worker"],
+                "Prompt tokens the worker's engine reported cached (usage.prompt_tokens_details.cached_tokens) on those steps, by worker and its model.",
+                &["worker", "model"],
             )?,
             index_blocks: int_gauge(
                 registry,
@@ -232,20 +232,24 @@ impl FleetMetrics {
                 .with_label_values(&[&w.spec.name])
                 .set(i64::try_from(ix.worker_blocks(w.id)).unwrap_or(i64::MAX));
             let counts = w.receipts();
+            // The model its receipts are of: the base model it serves (adapters share its
+            // cache).
+            let models = w.models();
+            let model = models
+                .iter()
+                .find(|m| m.parent.is_none())
+                .or(models.first())
+                .map_or("", |m| m.id.as_str());
+            let who = [w.spec.name.as_str(), model];
             for (outcome, n) in RECEIPT_OUTCOMES.iter().zip(counts) {
                 sync_counter(
-                    &self
-                        .receipts
-                        .with_label_values(&[w.spec.name.as_str(), outcome]),
+                    &self.receipts.with_label_values(&[who[0], who[1], outcome]),
                     n,
                 );
             }
             let n = RECEIPT_OUTCOMES.len();
-            sync_counter(&self.promised.with_label_values(&[&w.spec.name]), counts[n]);
-            sync_counter(
-                &self.reported.with_label_values(&[&w.spec.name]),
-                counts[n + 1],
-            );
+            sync_counter(&self.promised.with_label_values(&who), counts[n]);
+            sync_counter(&self.reported.with_label_values(&who), counts[n + 1]);
             let mode = kv.mode_of(w);
             for m in IndexMode::ALL {
                 self.index_mode
