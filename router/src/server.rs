@@ -3,6 +3,7 @@
 //! metrics and the operator API (`/admin/v1/...`). `server/front.rs` serves the hot proxy
 //! routes without axum's router.
 
+pub(crate) mod route_table;
 pub mod state;
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use anyhow::Context;
 use axum::extract::{Path, Request, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -38,6 +39,7 @@ use crate::prompt::{Engines, PromptHasher};
 use crate::proxy::admission::Admission;
 use crate::proxy::ingress::BodyLimits;
 use crate::proxy::plan::RoutingPolicy;
+use crate::server::route_table::{admin_route, admin_router, AdminRoute};
 use crate::server::state::{AppState, Telemetry};
 use crate::upstream::{self, EngineCalls, Upstream};
 use ownerserve_edge::auth;
@@ -287,27 +289,35 @@ struct Directories {
     client: Option<Arc<dyn DirectoryClient>>,
 }
 
+/// The operator API the router serves itself (the directory's is added by
+/// `replica_admin` or the embedded node): each route once, for [`app`] and for the test
+/// that holds `docs/openapi.json` to the routes served.
+pub(crate) fn admin_routes() -> [AdminRoute<Arc<AppState>>; 7] {
+    [
+        admin_route("/admin/v1/workers", Method::GET, workers),
+        admin_route("/admin/v1/kv", Method::GET, kv_index),
+        admin_route("/admin/v1/lifecycle", Method::GET, lifecycle),
+        admin_route("/admin/v1/plan/explain", Method::POST, plan_explain),
+        admin_route("/admin/v1/workers/{name}/drain", Method::POST, drain),
+        admin_route("/admin/v1/workers/{name}/drain", Method::DELETE, undrain),
+        admin_route("/admin/v1/openapi.json", Method::GET, openapi::document),
+    ]
+}
+
 /// The router's routes; `/admin/v1` needs a bearer token.
 pub fn app(state: Arc<AppState>) -> Router {
     let tokens = Arc::new(state.cfg.tokens.clone());
     let http_metrics = state.telemetry.http.clone();
-    let admin = Router::new()
-        .route("/admin/v1/workers", get(workers))
-        .route("/admin/v1/kv", get(kv_index))
-        .route("/admin/v1/lifecycle", get(lifecycle))
-        .route("/admin/v1/plan/explain", post(plan_explain))
-        .route(
-            "/admin/v1/workers/{name}/drain",
-            post(drain).delete(undrain),
-        )
-        .route_layer(axum::middleware::from_fn_with_state(
-            tokens.clone(),
-            auth::require,
-        ));
+    let admin = admin_router(admin_routes()).route_layer(axum::middleware::from_fn_with_state(
+        tokens.clone(),
+        auth::require,
+    ));
+    // The embedded node's operator API, less its own OpenAPI document: the router's
+    // (`openapi::document`) names the node's routes too.
     let directory_admin = state
         .directory
         .clone()
-        .map(|node| ownerserve_ownership::node::admin::routes(node, tokens.clone()));
+        .map(|node| ownerserve_ownership::node::admin::embedded_routes(node, tokens.clone()));
     let remote_admin = state
         .remote_directory
         .clone()
@@ -507,5 +517,6 @@ fn set_draining(st: &AppState, name: &str, draining: bool) -> Response {
 }
 
 mod front;
+mod openapi;
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,21 @@ use super::answer::{error, forward};
 use super::Node;
 use ownerserve_edge::auth::{self, Tokens};
 
+/// The operator API, its OpenAPI document included.
 pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
+    let document = Router::new()
+        .route("/admin/v1/openapi.json", get(openapi))
+        .route_layer(axum::middleware::from_fn_with_state(
+            tokens.clone(),
+            auth::require,
+        ));
+    embedded_routes(node, tokens).merge(document)
+}
+
+/// The operator API without its OpenAPI document: for a process that embeds the node and
+/// serves its own document at `/admin/v1/openapi.json`, naming these routes too (the
+/// router's `docs/openapi.json`).
+pub fn embedded_routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
     Router::new()
         .route("/admin/v1/owners", get(owners))
         .route("/admin/v1/owners/{key}", get(owner))
@@ -40,7 +54,6 @@ pub fn routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
         .route("/admin/v1/cluster", get(cluster))
         .route("/admin/v1/cluster/learners", post(add_learner))
         .route("/admin/v1/cluster/membership", post(change_membership))
-        .route("/admin/v1/openapi.json", get(openapi))
         .route_layer(axum::middleware::from_fn_with_state(
             node.clone(),
             forward_reads,
@@ -361,8 +374,13 @@ async fn change_membership(State(n): State<Arc<Node>>, Json(m): Json<Membership>
 }
 
 async fn openapi() -> Response {
+    Json(document()).into_response()
+}
+
+/// The OpenAPI document of the operator API (what `GET /admin/v1/openapi.json` answers).
+pub fn document() -> Value {
     let op = |summary: &str, scope: &str| json!({"summary": summary, "security": [{"bearer": []}], "x-scope": scope, "responses": {"200": {"description": "ok"}, "401": {"description": "no or unknown token"}, "403": {"description": "read token on a write"}, "421": {"description": "not the leader; body names it"}}});
-    Json(json!({
+    json!({
         "openapi": "3.0.3",
         "info": {"title": "OwnerServe directory operator API", "version": env!("CARGO_PKG_VERSION")},
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
@@ -381,6 +399,5 @@ async fn openapi() -> Response {
             "/admin/v1/cluster/membership": {"post": op("Change the voters; body {voters: [ids]}", "admin")},
             "/admin/v1/openapi.json": {"get": op("This document", "read")},
         }
-    }))
-    .into_response()
+    })
 }

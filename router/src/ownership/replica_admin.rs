@@ -13,9 +13,8 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{StatusCode, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
@@ -25,12 +24,20 @@ use ownerserve_ownership::node::admin::session_view;
 use ownerserve_ownership::node::client::CATCH_UP;
 use ownerserve_ownership::node::{Remote, Replica};
 
+use crate::server::route_table::{admin_route, admin_router, AdminRoute};
+
 pub fn routes(remote: Arc<Remote>, tokens: Arc<Tokens>) -> Router {
-    Router::new()
-        .route("/admin/v1/cluster", get(cluster))
-        .route("/admin/v1/sessions/{id}", get(session))
+    admin_router(table())
         .route_layer(axum::middleware::from_fn_with_state(tokens, auth::require))
         .with_state(remote)
+}
+
+/// The routes: each once, for [`routes`] and for the test of `docs/openapi.json`.
+pub(crate) fn table() -> [AdminRoute<Arc<Remote>>; 2] {
+    [
+        admin_route("/admin/v1/cluster", Method::GET, cluster),
+        admin_route("/admin/v1/sessions/{id}", Method::GET, session),
+    ]
 }
 
 /// The replica's state, for `/admin/v1/cluster` and `ctl cluster`.
