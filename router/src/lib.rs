@@ -5,14 +5,15 @@
 //! # Layout
 //! - [`proxy`]: the request path, one stage per file (ingress → identity → view → plan →
 //!   claim → dispatch → relay → feedback), with the admission in front of it
-//!   ([`proxy::admission`]: per-model slots and a bounded queue) and the busy polling
-//!   after a request's activity.
+//!   ([`proxy::admission`]: per-model slots and a queue ordered by class, returning step
+//!   and deadline; [`proxy::tenant_budget`]: tenants' fleet-wide token and session
+//!   budgets) and the busy polling after a request's activity.
 //! - [`prompt`]: the prompt on the router's side: the tokenizer each model uses, the
 //!   engines' `/tokenize` client, each session's last prompt, one computation per long
 //!   input at a time, block hashes.
 //! - [`api`]: what clients and operators call: the one table of the client API's
-//!   endpoints and the routes built from it, `/v1`'s API keys and rate limits, the header
-//!   names, `/admin/v1/plan/explain` (the proxy's stages without dispatching).
+//!   endpoints and the routes built from it, `/v1`'s API keys, rate limits and tenants,
+//!   the header names, `/admin/v1/plan/explain` (the proxy's stages without dispatching).
 //! - [`fleet`]: the workers: membership and health ([`fleet::registry`]), Kubernetes
 //!   discovery (feature `kubernetes`), what each engine reports about itself and its step
 //!   budget, the KV index with its event subscribers and load scrapers ([`fleet::kv`]).
