@@ -3,7 +3,7 @@
 //! and strictly increase whenever a key's owner changes, and a key whose owner's lease is
 //! still live is only ever taken by an explicit release, migration, revocation or epoch CAS.
 //! At the end: replaying the log gives the same state, and the snapshot round-trips.
-
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! openraft's storage conformance suite on our redb log store and state machine.
-
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 #![cfg(feature = "raft")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 

@@ -5,6 +5,7 @@
 //! The heavy fault runs (directory clusters under kill -9, chaos) are `tests/faults`.
 //!
 //! Run one area: `cargo test -p ownerserve-router --test e2e e2e_routing::`.
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 
 #[path = "../common/mod.rs"]
 mod common;

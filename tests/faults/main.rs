@@ -6,6 +6,7 @@
 //! Run one area: `cargo test -p ownerserve-router --test faults e2e_ha::`; a chaos
 //! campaign: `cargo test -p ownerserve-router --test faults chaos -- --nocapture` (the
 //! variables are in `chaos.rs`).
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -5,6 +5,7 @@
 //! conversations (fixtures written by `scripts/tokenizer_fixtures.py`); and tokenizing a
 //! session's next prompt from the previous one equals tokenizing it whole.
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};

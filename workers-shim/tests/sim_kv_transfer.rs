@@ -1,7 +1,7 @@
 //! KV transfer between two real simulated engines on loopback: vLLM NIXL-style prefill
 //! and decode legs, fetch from an owner's cache, migration pre-copy and drop with epoch
 //! fencing, recompute when the source is gone, and malformed bodies.
-
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use std::net::SocketAddr;

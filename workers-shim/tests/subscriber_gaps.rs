@@ -1,7 +1,7 @@
 //! The subscriber's sequence handling against a real publisher (ZMQ sockets on loopback):
 //! a gap in the live stream is filled by replay; a falling sequence with different bytes is
 //! a new engine.
-
+#![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use std::sync::atomic::Ordering;

@@ -38,6 +38,10 @@ pub fn client_api(state: &AppState) -> Router<Arc<AppState>> {
 }
 
 /// The handler of one row, on its method.
+#[expect(
+    clippy::expect_used,
+    reason = "cannot fail: the table's methods are standard ones (tests::every_rows_method_routes)"
+)]
 fn method_router(endpoint: &ApiEndpoint) -> MethodRouter<Arc<AppState>> {
     let filter = MethodFilter::try_from(endpoint.method.clone())
         .expect("the table's methods are standard ones (tested)");

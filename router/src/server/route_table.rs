@@ -11,6 +11,10 @@ use axum::Router;
 pub(crate) type AdminRoute<S> = (&'static str, Method, MethodRouter<S>);
 
 /// `handler` answering `method` on `path`.
+#[expect(
+    clippy::expect_used,
+    reason = "cannot fail: the admin table names GET, POST and DELETE only, standard methods"
+)]
 pub(crate) fn admin_route<S, H, T>(path: &'static str, method: Method, handler: H) -> AdminRoute<S>
 where
     S: Clone + Send + Sync + 'static,

@@ -445,12 +445,34 @@ pub enum ReplayError {
     Frames(usize),
     #[error("no connection before the replay's deadline")]
     Connect,
+    /// The zeromq crate panicked on what the replay peer sent (its DEALER has a `todo!()`
+    /// for any frame but a message, and its codec panics on some malformed frames).
+    #[error("the replay socket failed on what its peer sent: {0}")]
+    Peer(String),
 }
 
 /// Fetches buffered batches from `start` on over a DEALER socket, until the end marker,
 /// a 300 ms pause after the first reply, or `deadline`. The frames are kept
 /// as they come and decoded after: a reader slower than the publisher loses messages.
+/// The socket runs in a task of its own: a panic of the zeromq crate on what the peer
+/// sent (`ReplayError::Peer`) fails this replay, not its caller (the subscriber then
+/// counts the history as missing and goes on).
 pub async fn fetch_replay(
+    endpoint: &str,
+    start: u64,
+    deadline: Instant,
+) -> Result<Replay, ReplayError> {
+    let mut task = tokio::task::JoinSet::new();
+    let endpoint = endpoint.to_owned();
+    task.spawn(async move { fetch_replay_on_socket(&endpoint, start, deadline).await });
+    match task.join_next().await {
+        Some(Ok(replay)) => replay,
+        Some(Err(e)) => Err(ReplayError::Peer(e.to_string())),
+        None => Err(ReplayError::Connect),
+    }
+}
+
+async fn fetch_replay_on_socket(
     endpoint: &str,
     start: u64,
     deadline: Instant,
@@ -516,5 +538,54 @@ async fn sleep_or_cancel(d: Duration, cancel: &CancellationToken) -> bool {
     tokio::select! {
         () = tokio::time::sleep(d) => false,
         () = cancel.cancelled() => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A replay peer that speaks ZMTP 3.0 up to its READY, then sends a PING command:
+    /// the zeromq crate's DEALER has `todo!()` for any frame but a message.
+    async fn pinging_peer() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut tasks = tokio::task::JoinSet::new();
+        tasks.spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut greeting = [0u8; 64];
+            greeting[0] = 0xff;
+            greeting[9] = 0x7f;
+            greeting[10] = 3;
+            greeting[12..16].copy_from_slice(b"NULL");
+            let mut ready = vec![0x04, 28, 5];
+            ready.extend_from_slice(b"READY");
+            ready.push(11);
+            ready.extend_from_slice(b"Socket-Type");
+            ready.extend_from_slice(&6u32.to_be_bytes());
+            ready.extend_from_slice(b"ROUTER");
+            s.write_all(&greeting).await.unwrap();
+            s.write_all(&ready).await.unwrap();
+            // The DEALER's greeting, READY and request.
+            let mut seen = vec![0u8; 256];
+            let _ = tokio::time::timeout(Duration::from_millis(300), s.read(&mut seen)).await;
+            let mut ping = vec![0x04, 7, 4];
+            ping.extend_from_slice(b"PING");
+            ping.extend_from_slice(&[0, 0]);
+            s.write_all(&ping).await.unwrap();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        // The peer lives as long as the test's runtime.
+        std::mem::forget(tasks);
+        format!("tcp://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_replay_peer_that_breaks_the_zmq_crate_fails_the_replay_not_the_caller() {
+        let endpoint = pinging_peer().await;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let r = fetch_replay(&endpoint, 0, deadline).await;
+        assert!(matches!(r, Err(ReplayError::Peer(_))), "{r:?}");
     }
 }

@@ -63,6 +63,10 @@ pub(super) fn target() -> Target {
             };
             // The whole message as the subscriber gets it, too.
             let seq = 7u64.to_be_bytes();
+            #[expect(
+                clippy::expect_used,
+                reason = "the fuzzer's oracle: a panic here is the finding it reports"
+            )]
             let msg = decode_message(&[&b"kv-events"[..], &seq[..], input])
                 .expect("a batch that decodes alone decodes in its message");
             assert_eq!(msg.seq, 7);
