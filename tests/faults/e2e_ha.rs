@@ -643,6 +643,13 @@ async fn sessions_over_two_routers_are_served_by_their_directory_owner_through_f
         }) {
             eprintln!("{r} {l}");
         }
+        // Across the leader's death every ownership record was written in the end (a batch
+        // the dying leader did not answer is tried again): none dropped.
+        assert!(
+            text.lines()
+                .any(|l| l == "ownerserve_ownership_records_dropped_total 0"),
+            "{r} dropped ownership records"
+        );
     }
     // Each step ran under its session's owner as the directory recorded it: the same
     // epoch always on the same worker, epochs never going back, and a new epoch (a claim

@@ -62,7 +62,8 @@ pub struct ProxyMetrics {
     migration_budget_spent: Gauge,
     demotions: IntCounter,
     /// Routed requests whose ownership records were dropped: the directory sync was
-    /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage).
+    /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage), or their
+    /// batch was refused whole.
     pub ownership_records_dropped: IntCounter,
     /// Requests shed by admission control, by reason.
     shed: IntCounterVec,
@@ -163,7 +164,7 @@ impl ProxyMetrics {
         let ownership_records_dropped = counter(
             registry,
             "ownerserve_ownership_records_dropped_total",
-            "Routed requests whose ownership records were dropped because the directory sync was too far behind (a directory outage).",
+            "Routed requests whose ownership records were dropped: the directory sync was too far behind (a directory outage), or the directory refused their batch whole. A batch it did not answer is tried again, not dropped.",
         )?;
         let queue_time = histogram_vec(
             registry,

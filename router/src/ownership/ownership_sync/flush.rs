@@ -1,5 +1,7 @@
 //! The sync task: renews the leases, batches the queued records into the directory, and
-//! holds (bounded) the records that wait for a lease or for the flush in flight.
+//! holds (bounded) the records that wait for a lease, for the flush in flight, or to be
+//! tried again after a write the directory did not answer. A record is written, or
+//! dropped and counted (`ownerserve_ownership_records_dropped_total`): never lost quietly.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,7 +42,7 @@ pub(super) async fn run(
     // One flush in flight, off this loop: a directory slow to commit (a starved or
     // fsync-bound leader: 1-30 s measured beside three CPU vLLM engines on 2 cores) must
     // not hold up the renewals until the leases lapse. Dropped with the loop at shutdown.
-    let mut writing: JoinSet<Vec<Lapsed>> = JoinSet::new();
+    let mut writing: JoinSet<Unwritten> = JoinSet::new();
     loop {
         tokio::select! {
             // While `pending` is full the channel fills instead, and `record` counts drops.
@@ -72,8 +74,13 @@ pub(super) async fn run(
                 }
             }
             Some(done) = writing.join_next() => {
-                let lapsed = done.unwrap_or_default();
-                let mut retry = Vec::new();
+                let Unwritten { lapsed, failed, refused } = done.unwrap_or_default();
+                if refused > 0 {
+                    s.dropped.inc_by(refused as u64);
+                }
+                // Batches the directory did not answer for (a leader killed or electing):
+                // tried again, first, until written or dropped for room (counted).
+                let mut retry = failed;
                 for Lapsed { worker, lease, records } in lapsed {
                     // The directory ended the lease (it was not renewed in time): the next
                     // renewal grants a new one, and these records wait for it.
@@ -117,15 +124,25 @@ pub(super) struct Lapsed {
     records: Vec<Routed>,
 }
 
+/// What a flush did not write: records refused for a lease that ended (they wait for the
+/// next one), records of batches the directory did not answer (tried again), and how
+/// many records a batch refused as a whole (dropped, counted).
+#[derive(Default)]
+pub(super) struct Unwritten {
+    pub lapsed: Vec<Lapsed>,
+    pub failed: Vec<Routed>,
+    pub refused: usize,
+}
+
 /// Writes the records' commands in batches of whole records, so that a refusal maps back
-/// to the records it touched; returns the records refused for a lease the directory no
-/// longer knows or let expire (the rest are written, or refused for good, e.g. fenced).
+/// to the records it touched; returns what was not written (the rest are written, or
+/// refused for good one command at a time, e.g. fenced).
 pub(super) async fn write_records(
     client: &dyn DirectoryClient,
     ready: Vec<Routed>,
     leases: &HashMap<WorkerId, LeaseId>,
     block_size: usize,
-) -> Vec<Lapsed> {
+) -> Unwritten {
     // Each batch with its records, their leases and how many of its commands each made.
     type Of = Vec<(Routed, LeaseId, usize)>;
     let mut batches: Vec<(Vec<Command>, Of)> = Vec::new();
@@ -143,16 +160,18 @@ pub(super) async fn write_records(
             _ => batches.push((commands, vec![(r, lease, n)])),
         }
     }
-    let mut lapsed: Vec<Lapsed> = Vec::new();
+    let mut out = Unwritten::default();
     for (batch, of) in batches {
         let outcomes = match client.write(Command::Batch { commands: batch }).await {
             Ok(Outcome::Batch { outcomes }) => outcomes,
             Ok(other) => {
                 tracing::warn!(outcome = ?other, "ownership records refused");
+                out.refused += of.len();
                 continue;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "ownership records not committed");
+                tracing::warn!(error = %e, "ownership records not committed; retrying");
+                out.failed.extend(of.into_iter().map(|(r, _, _)| r));
                 continue;
             }
         };
@@ -167,9 +186,9 @@ pub(super) async fn write_records(
             if !ended {
                 continue;
             }
-            match lapsed.iter_mut().find(|l| l.lease == lease) {
+            match out.lapsed.iter_mut().find(|l| l.lease == lease) {
                 Some(l) => l.records.push(r),
-                None => lapsed.push(Lapsed {
+                None => out.lapsed.push(Lapsed {
                     worker: r.worker,
                     lease,
                     records: vec![r],
@@ -177,5 +196,5 @@ pub(super) async fn write_records(
             }
         }
     }
-    lapsed
+    out
 }

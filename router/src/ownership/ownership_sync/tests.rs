@@ -155,6 +155,97 @@ fn session_owner(
     owner
 }
 
+/// A directory that fails its first batch write (the leader killed mid-commit), then is
+/// the real one underneath.
+struct FailsFirstBatch {
+    inner: Arc<dyn DirectoryClient>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl DirectoryClient for FailsFirstBatch {
+    fn fresh(&self) -> bool {
+        self.inner.fresh()
+    }
+
+    fn catch_up(&self) -> ownerserve_ownership::node::BoxFuture<'_, bool> {
+        self.inner.catch_up()
+    }
+
+    fn read_local(&self, f: &mut dyn FnMut(&ownerserve_ownership::Directory)) {
+        self.inner.read_local(f);
+    }
+
+    fn write(
+        &self,
+        command: Command,
+    ) -> ownerserve_ownership::node::BoxFuture<
+        '_,
+        Result<Outcome, ownerserve_ownership::node::DirectoryError>,
+    > {
+        let first_batch = matches!(command, Command::Batch { .. })
+            && !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if first_batch {
+            return Box::pin(async {
+                Err(ownerserve_ownership::node::DirectoryError::NotLeader {
+                    leader_id: None,
+                    leader_addr: None,
+                })
+            });
+        }
+        self.inner.write(command)
+    }
+
+    fn lookup(
+        &self,
+        session: Option<&str>,
+        hashes: &[u64],
+        block: u64,
+    ) -> ownerserve_ownership::node::Lookup {
+        self.inner.lookup(session, hashes, block)
+    }
+}
+
+/// A batch the directory did not answer is written on a later flush, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_the_directory_did_not_answer_is_written_on_a_later_flush() {
+    let (tracker, cancel) = (TaskTracker::new(), CancellationToken::new());
+    let (inner, data_dir) = embedded_directory("unanswered", &tracker, &cancel).await;
+    let client: Arc<dyn DirectoryClient> = Arc::new(FailsFirstBatch {
+        inner: inner.clone(),
+        failed: std::sync::atomic::AtomicBool::new(false),
+    });
+    let registry = one_healthy_worker();
+    let worker = registry.all()[0].id;
+    let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
+    let settings = SyncSettings {
+        lease_ttl: Duration::from_secs(3),
+        flush_every: Duration::from_millis(5),
+        block_size: 16,
+        dropped: dropped.clone(),
+    };
+    let sync = OwnershipSync::spawn(client, registry, settings, &tracker, cancel.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while sync.lease_of(worker).is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no first lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut step = routed(64, Some("unanswered"), Effects::default());
+    step.worker = worker;
+    sync.record(step);
+    while session_owner(&*inner, "unanswered").is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the record of the unanswered batch was lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(dropped.get(), 0);
+    cancel.cancel();
+    tracker.close();
+    tracker.wait().await;
+    std::fs::remove_dir_all(&data_dir).ok();
+}
+
 /// A lease the directory ended before a flush (not renewed in time on a starved
 /// machine): the records refused for it wait for the next lease instead of being lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,8 +316,8 @@ async fn a_record_goes_under_the_shared_lease_of_its_worker() {
     assert!(shared < other);
     let step = routed(64, Some("two-leases"), Effects::default());
     let leases = HashMap::from([(step.worker, other)]);
-    let lapsed = write_records(&*client, vec![step], &leases, 16).await;
-    assert!(lapsed.is_empty());
+    let out = write_records(&*client, vec![step], &leases, 16).await;
+    assert!(out.lapsed.is_empty() && out.failed.is_empty() && out.refused == 0);
     let owner = session_owner(&*client, "two-leases");
     assert_eq!(owner.map(|o| o.lease), Some(shared));
     cancel.cancel();
