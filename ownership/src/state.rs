@@ -67,6 +67,19 @@ pub struct Directory {
     /// Tenants' fleet-wide budgets: tokens per minute and live sessions.
     #[serde(default)]
     pub tenants: BTreeMap<String, TenantBudget>,
+    /// Sessions whose owner's lease lapsed with nothing else holding them: each keeps its
+    /// record, unowned, and goes back to its worker if that worker is granted a lease again
+    /// before `until_ms` and nobody claimed it meanwhile (a busy host, not a dead worker);
+    /// past it, the session ends (`Tick`).
+    #[serde(default)]
+    pub lapsed: BTreeMap<SessionId, LapsedOwner>,
+}
+
+/// The worker a session's lapsed lease belonged to, and until when it may take it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LapsedOwner {
+    pub worker: WorkerId,
+    pub until_ms: u64,
 }
 
 /// Counts of ownership changes, kept by `apply` for the operator's metrics.
@@ -94,17 +107,19 @@ impl Directory {
     }
 
     /// The earliest time (ms) at which a `Tick` would change something: a lease's end
-    /// (grace included) or a stored response's expiry. `None` when nothing can expire.
+    /// (grace included), a stored response's expiry or a lapsed owner's last chance.
+    /// `None` when nothing can expire.
     pub fn next_expiry_ms(&self) -> Option<u64> {
         let lease = self
             .leases
             .values()
             .map(|l| l.expires_at_ms + self.grace_ms)
             .min();
-        match (lease, self.responses.first_expiry_ms()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let lapsed = self.lapsed.values().map(|l| l.until_ms).min();
+        [lease, self.responses.first_expiry_ms(), lapsed]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether a lease exists and has not expired (grace included) at the current time.

@@ -258,3 +258,76 @@ async fn explain_shows_the_plan_for_a_session_s_next_turn_without_running_it() {
     assert_eq!(status, 404, "{body}");
     assert_eq!(body["error"]["code"], "model_not_found", "{body}");
 }
+
+/// The owner of each session, `(worker id, epoch)`, as the directory lists it.
+async fn owners(router: &str) -> std::collections::BTreeMap<String, (Option<u64>, u64)> {
+    let sessions = get_json(&format!("{router}/admin/v1/sessions")).await;
+    sessions["sessions"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    (
+                        r["id"].as_str().unwrap_or_default().to_owned(),
+                        (
+                            r["owner"]["worker"].as_u64(),
+                            r["epoch"].as_u64().unwrap_or(0),
+                        ),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A router starved past its workers' leases (SIGSTOP, as a host busy with its engines
+/// does to it): when it runs again its workers' leases have lapsed, and each worker, granted
+/// a lease again, takes back its sessions under a new epoch; none is lost or moved.
+#[tokio::test]
+async fn a_router_starved_past_its_leases_loses_no_owned_session() {
+    let a = Proc::sim_worker(&["--instant"]);
+    let b = Proc::sim_worker(&["--instant"]);
+    let cfg = temp_config(
+        "starved.toml",
+        &format!(
+            "[router]\npolicy = \"session_affinity\"\ndirectory = \"embedded\"\n\
+             worker_lease_ttl_ms = 1000\n\n\
+             [[workers]]\nname = \"a\"\nurl = \"{}\"\nrole = \"decode\"\n\n\
+             [[workers]]\nname = \"b\"\nurl = \"{}\"\nrole = \"decode\"\n",
+            a.url, b.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    let names = ["s1", "s2", "s3", "s4"];
+    let mut served = Vec::new();
+    for s in names {
+        served.push(route(&router.url, s, &long(s)).await);
+    }
+    sessions_recorded(&router.url, names.len()).await;
+    let before = owners(&router.url).await;
+    assert!(before.values().all(|(w, _)| w.is_some()), "{before:?}");
+    // Stopped for three lease TTLs.
+    router.signal("-STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    router.signal("-CONT");
+    // The leases lapsed (each worker has a new one); every session is owned again by the
+    // worker that owned it, under a newer epoch.
+    let url = router.url.clone();
+    let expected = before.clone();
+    eventually(Duration::from_secs(10), "every session owned again", || {
+        let (url, expected) = (url.clone(), expected.clone());
+        async move {
+            let now = owners(&url).await;
+            now.len() == expected.len()
+                && expected.iter().all(|(s, (w, e))| {
+                    now.get(s)
+                        .is_some_and(|(nw, ne)| nw.is_some() && nw == w && ne > e)
+                })
+        }
+    })
+    .await;
+    // Their next steps go where their KV is.
+    for (s, worker) in names.iter().zip(&served) {
+        assert_eq!(&route(&router.url, s, &long(s)).await, worker, "{s}");
+    }
+}

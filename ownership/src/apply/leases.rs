@@ -1,12 +1,15 @@
 //! Leases: grant, keep-alive (renewing every attached key at once, etcd style), revoke, and
 //! the expiry cascade run by `Tick`: a dead lease's prefixes pass to a live worker holding a
 //! copy (new epoch) or are marked for recompute; its sessions follow their prefix's new
-//! owner or end, releasing their fork reference; its stored responses pass to another
-//! live lease of the same worker or are marked lost (no other engine holds them).
+//! owner, or wait unowned (`Directory::lapsed`) for three of the lease's TTLs: a worker
+//! granted a lease again within them takes back those nobody claimed meanwhile (a new
+//! epoch: a host too busy to renew in time is not a dead worker), and past them they end,
+//! releasing their fork reference; its stored responses pass to another live lease of the
+//! same worker or are marked lost (no other engine holds them).
 
 use super::{Outcome, Rejection};
-use crate::ids::{Epoch, Key, LeaseId, WorkerId};
-use crate::state::{Directory, Lease, Owner};
+use crate::ids::{Epoch, Key, LeaseId, SessionId, WorkerId};
+use crate::state::{Directory, LapsedOwner, Lease, Owner};
 
 impl Directory {
     pub(super) fn grant(&mut self, lease: LeaseId, worker: WorkerId, ttl_ms: u64) -> Outcome {
@@ -20,6 +23,7 @@ impl Directory {
                 keys: Default::default(),
             },
         );
+        self.take_back_lapsed(lease, worker);
         Outcome::LeaseGranted {
             lease,
             expires_at_ms,
@@ -61,6 +65,7 @@ impl Directory {
         for &l in &expired {
             self.end_lease(l, epoch);
         }
+        self.end_lapsed();
         self.responses.expire(self.now_ms);
         Outcome::Ticked { expired }
     }
@@ -91,7 +96,7 @@ impl Directory {
         for key in &dead.keys {
             match key {
                 Key::Prefix(p) => self.reassign_prefix(*p, lease, epoch),
-                Key::Session(s) => self.reassign_session(s, lease, epoch),
+                Key::Session(s) => self.reassign_session(s, &dead, lease, epoch),
             }
         }
         dead.keys.into_iter().collect()
@@ -132,19 +137,31 @@ impl Directory {
         }
     }
 
-    fn reassign_session(&mut self, id: &crate::ids::SessionId, dead: LeaseId, epoch: Epoch) {
+    fn reassign_session(&mut self, id: &SessionId, lease: &Lease, dead: LeaseId, epoch: Epoch) {
         let Some(s) = self.sessions.get(id) else {
             return;
         };
         if s.owner.is_none_or(|o| o.lease != dead) {
             return;
         }
+        // Its prefix's new owner; else its own worker under another live lease (granted
+        // again before this one was ended: the worker is alive).
+        let same_worker = self
+            .leases
+            .iter()
+            .find(|(&id, l)| l.worker == lease.worker && self.lease_live(id))
+            .map(|(&id, l)| Owner {
+                worker: l.worker,
+                lease: id,
+                epoch,
+            });
         let follow = s
             .prefix
             .and_then(|p| self.artifacts.get(&p))
             .and_then(|a| a.owner)
             .filter(|o| self.lease_live(o.lease))
-            .map(|o| Owner { epoch, ..o });
+            .map(|o| Owner { epoch, ..o })
+            .or(same_worker);
         match follow {
             Some(o) => {
                 self.attach(o.lease, Key::Session(id.clone()));
@@ -153,8 +170,71 @@ impl Directory {
                     s.epoch = epoch;
                 }
             }
-            // Its decode state died with the worker and nothing holds its prefix.
-            None => self.remove_session(id),
+            // Nothing else holds it: it waits, unowned and fenced by a new epoch, for its
+            // worker to come back.
+            None => {
+                if let Some(s) = self.sessions.get_mut(id) {
+                    s.owner = None;
+                    s.epoch = epoch;
+                }
+                let until_ms = self
+                    .now_ms
+                    .saturating_add(lease.ttl_ms.saturating_mul(LAPSED_TTLS));
+                self.lapsed.insert(
+                    id.clone(),
+                    LapsedOwner {
+                        worker: lease.worker,
+                        until_ms,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Gives `worker`'s lapsed sessions that nobody claimed meanwhile back to it, under
+    /// `lease` (its id is this command's epoch: a new one for each).
+    fn take_back_lapsed(&mut self, lease: LeaseId, worker: WorkerId) {
+        let now = self.now_ms;
+        let mine: Vec<SessionId> = self
+            .lapsed
+            .iter()
+            .filter(|(_, l)| l.worker == worker && l.until_ms > now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in mine {
+            self.lapsed.remove(&id);
+            let Some(s) = self.sessions.get_mut(&id).filter(|s| s.owner.is_none()) else {
+                continue;
+            };
+            let epoch = Epoch(lease.0);
+            s.owner = Some(Owner {
+                worker,
+                lease,
+                epoch,
+            });
+            s.epoch = epoch;
+            self.attach(lease, Key::Session(id));
+        }
+    }
+
+    /// Ends the lapsed sessions whose worker did not come back in time (and forgets those
+    /// claimed meanwhile).
+    fn end_lapsed(&mut self) {
+        let now = self.now_ms;
+        let due: Vec<SessionId> = self
+            .lapsed
+            .iter()
+            .filter(|(_, l)| l.until_ms <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.lapsed.remove(&id);
+            if self.sessions.get(&id).is_some_and(|s| s.owner.is_none()) {
+                self.remove_session(&id);
+            }
         }
     }
 }
+
+/// A lapsed owner's sessions wait this many of its lease's TTLs for it to come back.
+pub const LAPSED_TTLS: u64 = 3;

@@ -324,12 +324,98 @@ fn forks_share_the_prefix_and_count_references() {
         Outcome::SessionEnded
     );
     assert_eq!(log.d.artifacts[&P].ref_count, 2);
-    // The root's decode owner dies with nothing else holding the prefix: the session ends
-    // and releases its reference; the fork on the live worker stays.
+    // The root's decode owner dies with nothing else holding the prefix: the session waits
+    // unowned for its worker to come back, then ends and releases its reference; the fork
+    // on the live worker stays.
     log.at(5_000);
     log.run(Command::Tick);
+    assert_eq!(log.d.sessions[&s("root")].owner, None);
+    log.at(5_000 + 3 * 1_000);
+    log.run(Command::Tick);
     assert!(!log.d.sessions.contains_key(&s("root")));
+    assert!(log.d.lapsed.is_empty());
     assert_eq!(log.d.artifacts[&P].ref_count, 1);
+}
+
+fn owned_session(log: &mut Log, name: &str, lease: LeaseId) -> Epoch {
+    match log.run(Command::SetDecodeOwner {
+        session: SessionId(name.into()),
+        lease,
+        prefix: None,
+        tail_tokens: 10,
+        predicted_tool_gap_ms: None,
+        expect_epoch: None,
+    }) {
+        Outcome::Owned { epoch, .. } => epoch,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_worker_back_within_its_grace_takes_back_the_sessions_nobody_claimed() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let b = log.lease(W1, 60_000);
+    let kept = owned_session(&mut log, "kept", a);
+    owned_session(&mut log, "claimed", a);
+    // W0's host is too busy to renew: its lease lapses.
+    log.at(3_000);
+    log.run(Command::Tick);
+    let id = |n: &str| SessionId(n.into());
+    assert_eq!(log.d.sessions[&id("kept")].owner, None);
+    // A stale write under the old epoch is fenced.
+    assert!(matches!(
+        log.run(Command::SetDecodeOwner {
+            session: id("kept"),
+            lease: b,
+            prefix: None,
+            tail_tokens: 10,
+            predicted_tool_gap_ms: None,
+            expect_epoch: Some(kept),
+        }),
+        Outcome::Rejected(Rejection::StaleEpoch { .. })
+    ));
+    // Another router claims one of them on W1 meanwhile.
+    owned_session(&mut log, "claimed", b);
+    // W0 is granted a lease again: it takes back what nobody claimed, under a new epoch.
+    log.at(4_000);
+    let again = log.lease(W0, 1_000);
+    let s = &log.d.sessions[&id("kept")];
+    let owner = s.owner.unwrap();
+    assert_eq!((owner.worker, owner.lease), (W0, again));
+    assert!(s.epoch > kept);
+    assert_eq!(log.d.sessions[&id("claimed")].owner.unwrap().worker, W1);
+    assert!(log.d.lapsed.is_empty());
+}
+
+#[test]
+fn a_worker_granted_again_before_its_old_lease_ends_keeps_its_sessions() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    let kept = owned_session(&mut log, "s", a);
+    // Its renewal came too late (the lease had lapsed), so it was granted a new one, and
+    // only then did a tick end the old one.
+    log.at(3_000);
+    let again = log.lease(W0, 1_000);
+    log.run(Command::Tick);
+    let s = &log.d.sessions[&SessionId("s".into())];
+    assert_eq!(s.owner.map(|o| (o.worker, o.lease)), Some((W0, again)));
+    assert!(s.epoch > kept);
+}
+
+#[test]
+fn a_worker_back_too_late_finds_its_sessions_ended() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 1_000);
+    owned_session(&mut log, "s", a);
+    log.at(3_000);
+    log.run(Command::Tick);
+    // Past three TTLs after the lapse the session ends; the worker's new lease has none.
+    log.at(3_000 + 3 * 1_000);
+    log.run(Command::Tick);
+    let again = log.lease(W0, 1_000);
+    assert!(log.d.sessions.is_empty());
+    assert!(log.d.leases[&again].keys.is_empty());
 }
 
 #[test]
