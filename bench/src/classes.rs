@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::task::JoinSet;
 
+use crate::overload::model_of;
 use crate::percentile;
 use crate::proxy::start;
 use ownerserve_eval::console::say;
@@ -345,18 +346,6 @@ fn row(phase: &str, class: &str, outcomes: &[Outcome]) -> (String, f64) {
         p99
     );
     (line, p99)
-}
-
-/// The model `up` serves.
-async fn model_of(url: &str) -> anyhow::Result<String> {
-    let models: serde_json::Value = reqwest::get(format!("{url}/v1/models"))
-        .await?
-        .json()
-        .await?;
-    models["data"][0]["id"]
-        .as_str()
-        .map(str::to_owned)
-        .context("`up` serves no model")
 }
 
 #[cfg(test)]

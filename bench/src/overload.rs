@@ -163,7 +163,7 @@ fn row(policy: &str, outcomes: &[Outcome], health_ms: &[f64], rss_mb: f64) -> St
 }
 
 /// The model `up` serves.
-async fn model_of(url: &str) -> anyhow::Result<String> {
+pub(crate) async fn model_of(url: &str) -> anyhow::Result<String> {
     let models: serde_json::Value = reqwest::get(format!("{url}/v1/models"))
         .await?
         .json()

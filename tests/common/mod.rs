@@ -532,3 +532,30 @@ impl DirectoryNodes {
         &self.base
     }
 }
+
+/// `n` sim workers started with `flags`, each on a port of its own, and the
+/// `[[workers]]` TOML naming them `w0`, `w1`, … (hybrid, engine `sim`).
+pub fn sim_worker_fleet(n: usize, flags: &[&str]) -> (Vec<Proc>, Vec<u16>, String) {
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let workers = ports
+        .iter()
+        .map(|p| Proc::sim_worker_on(&p.to_string(), flags))
+        .collect();
+    let toml = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!("[[workers]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{p}\"\nrole = \"hybrid\"\nengine = \"sim\"\n\n")
+        })
+        .collect();
+    (workers, ports, toml)
+}
+
+/// The `[router]` keys of a router of the remote directory cluster `nodes`.
+pub fn remote_directory_keys(nodes: &DirectoryNodes) -> String {
+    let urls: Vec<String> = nodes.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        "directory = \"remote\"\ndirectory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n",
+        urls.join(", ")
+    )
+}

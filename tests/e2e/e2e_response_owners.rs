@@ -16,9 +16,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{
-    client, free_port, temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, CLUSTER_SECRET, MODEL,
-};
+use common::{client, temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, MODEL};
 
 const WORKERS: usize = 3;
 const CHAINS: usize = 100;
@@ -33,27 +31,14 @@ struct Stack {
 impl Stack {
     fn start() -> Stack {
         let nodes = DirectoryNodes::start(3, "responses", &["--tick-ms", "200"]);
-        let ports: Vec<u16> = (0..WORKERS).map(|_| free_port()).collect();
-        let workers = ports
-            .iter()
-            .map(|p| Proc::sim_worker_on(&p.to_string(), &["--instant"]))
-            .collect();
-        let urls: Vec<String> = nodes.urls().iter().map(|u| format!("\"{u}\"")).collect();
-        let workers_toml: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                format!("[[workers]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{p}\"\nrole = \"hybrid\"\nengine = \"sim\"\n\n")
-            })
-            .collect();
+        let (workers, _, workers_toml) = common::sim_worker_fleet(WORKERS, &["--instant"]);
         let config = temp_config(
             "response-owners-ha.toml",
             &format!(
-                "[router]\nport = 0\npolicy = \"round_robin\"\ndirectory = \"remote\"\n\
-                 directory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n\
+                "[router]\nport = 0\npolicy = \"round_robin\"\n{}\
                  worker_lease_ttl_ms = 2000\nhealth_interval_ms = 100\n\
                  health_failure_threshold = 1\n\n{workers_toml}",
-                urls.join(", ")
+                common::remote_directory_keys(&nodes)
             ),
         );
         let routers = (0..2)

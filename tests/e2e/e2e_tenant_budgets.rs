@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{self, client, free_port, temp_config, DirectoryNodes, Proc, CLUSTER_SECRET};
+use crate::common::{self, client, temp_config, DirectoryNodes, Proc};
 
 /// `acme`'s tokens a minute.
 const N: u64 = 30_000;
@@ -23,28 +23,15 @@ struct Stack {
 
 fn start() -> Stack {
     let nodes = DirectoryNodes::start(3, "tenants", &["--tick-ms", "200"]);
-    let ports: Vec<u16> = (0..2).map(|_| free_port()).collect();
-    let workers = ports
-        .iter()
-        .map(|p| Proc::sim_worker_on(&p.to_string(), &["--instant"]))
-        .collect();
-    let urls: Vec<String> = nodes.urls().iter().map(|u| format!("\"{u}\"")).collect();
-    let workers_toml: String = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            format!("[[workers]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{p}\"\nrole = \"hybrid\"\nengine = \"sim\"\n\n")
-        })
-        .collect();
+    let (workers, _, workers_toml) = common::sim_worker_fleet(2, &["--instant"]);
     let config = temp_config(
         "tenant-budgets.toml",
         &format!(
-            "[router]\nport = 0\npolicy = \"round_robin\"\ndirectory = \"remote\"\n\
-             directory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n\n\
+            "[router]\nport = 0\npolicy = \"round_robin\"\n{}\n\
              [router.tenants.acme]\nkeys = [\"acme-key-0001\"]\ntokens_per_minute = {N}\n\n\
              [router.tenants.beta]\nkeys = [\"beta-key-0001\"]\nmax_sessions = 2\n\n\
              {workers_toml}",
-            urls.join(", ")
+            common::remote_directory_keys(&nodes)
         ),
     );
     let routers = (0..2)

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{free_port, temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, CLUSTER_SECRET, MODEL};
+use common::{temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, MODEL};
 
 struct Ha {
     nodes: DirectoryNodes,
@@ -30,26 +30,13 @@ impl Ha {
     /// The topology with `router_keys` (TOML lines) added to both routers' `[router]`.
     fn start_with(tag: &str, router_keys: &str) -> Ha {
         let nodes = DirectoryNodes::start(3, tag, &["--tick-ms", "200"]);
-        let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-        let workers = ports
-            .iter()
-            .map(|p| Proc::sim_worker_on(&p.to_string(), &["--time-scale", "20"]))
-            .collect();
-        let urls: Vec<String> = nodes.urls().iter().map(|u| format!("\"{u}\"")).collect();
-        let workers_toml: String = ports
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                format!("[[workers]]\nname = \"w{i}\"\nurl = \"http://127.0.0.1:{p}\"\nrole = \"hybrid\"\nengine = \"sim\"\n\n")
-            })
-            .collect();
+        let (workers, ports, workers_toml) = common::sim_worker_fleet(4, &["--time-scale", "20"]);
         let config = temp_config(
             &format!("ha-{tag}.toml"),
             &format!(
-                "[router]\nport = 0\npolicy = \"ownerserve\"\ndirectory = \"remote\"\n\
-                 directory_urls = [{}]\ndirectory_secret = \"{CLUSTER_SECRET}\"\n\
+                "[router]\nport = 0\npolicy = \"ownerserve\"\n{}\
                  worker_lease_ttl_ms = 6000\nhealth_interval_ms = 200\n{router_keys}\n{workers_toml}",
-                urls.join(", ")
+                common::remote_directory_keys(&nodes)
             ),
         );
         let routers = (0..2)
