@@ -58,7 +58,7 @@ pub(crate) async fn front_half<T>(
             req.parts.extensions.get::<ClassCeiling>().map(|c| c.0),
             st.admission.default_class(),
         ),
-        returning: !super::session_admission::first_turn(&parsed),
+        returning: super::session_admission::has_answer(&parsed),
     };
     let mut ticket = match ask.admits {
         true => Some(admit(st, &parsed.model, asked).await?),

@@ -71,10 +71,16 @@ pub(crate) async fn wait_for_room(
 
 /// Whether the chat conversation has no assistant turn yet (a token-id or text prompt
 /// has no turns: never held).
-pub(crate) fn first_turn(parsed: &ParsedRequest<'_>) -> bool {
+fn first_turn(parsed: &ParsedRequest<'_>) -> bool {
+    parsed.template.messages_json.is_some() && !has_answer(parsed)
+}
+
+/// Whether the chat conversation already has an assistant turn: an agent's step back from
+/// its tool (admission serves it ahead of new conversations of its class).
+pub(crate) fn has_answer(parsed: &ParsedRequest<'_>) -> bool {
     parsed
         .template
         .messages_json
         .as_deref()
-        .is_some_and(|m| !m.contains("\"assistant\""))
+        .is_some_and(|m| m.contains("\"assistant\""))
 }
