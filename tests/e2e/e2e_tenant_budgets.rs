@@ -3,7 +3,7 @@
 //! `acme` may be admitted N tokens a minute and `beta` two live sessions, fleet-wide:
 //! clients of `acme` hammer both routers for a minute and the fleet admits at most 1.1 N
 //! (each router alone would admit N); `beta`'s third session is refused whichever router
-//! it comes through.
+//! it comes through, and a session the client closes gives its place back.
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
 use std::time::{Duration, Instant};
@@ -118,6 +118,19 @@ async fn a_tenants_budgets_hold_across_two_routers() {
         .await
         .unwrap();
     assert_eq!(refused["error"]["code"], "too_many_sessions");
+    // A session the client closes gives its place back at once, through either router.
+    let closed = client()
+        .post(format!("{b}/v1/chat/completions"))
+        .bearer_auth("beta-key-0001")
+        .header("x-session-id", "s1")
+        .header("x-ownerserve-session-control", "close")
+        .json(&json!({"model": common::MODEL, "messages": [{"role": "user", "content": "bye"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), 200);
+    assert_eq!(send(&a, "beta-key-0001", "s4").await, 200, "s1's place");
+    assert_eq!(send(&b, "beta-key-0001", "s5").await, 429, "full again");
 
     // acme: four clients per router, for a minute, each as fast as it is answered (a
     // refused one waits 100 ms).

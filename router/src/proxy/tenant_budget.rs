@@ -45,6 +45,11 @@ pub(crate) async fn admit(
     let answer = async {
         spend(st, tenant, charge).await?;
         match id.tracked() {
+            // A session the client closes with this step gives its place back at once.
+            Some(session) if closes(id) => {
+                release(st, tenant, session).await;
+                Ok(Held::Yes)
+            }
             Some(session) => hold(st, tenant, session).await,
             None => Ok(Held::Yes),
         }
@@ -165,6 +170,37 @@ async fn hold(st: &AppState, tenant: &Tenant, session: &str) -> Result<Held, Api
             );
             Ok(Held::Unknown)
         }
+    }
+}
+
+/// Whether the client ends its session with this step (`x-ownerserve-session-control:
+/// close`, Dynamo's `nvext.session_control` `close`).
+fn closes(id: &Identity<'_>) -> bool {
+    matches!(
+        id.control,
+        Some((ownerserve_shim::openai::SessionAction::Close, _))
+    )
+}
+
+/// Gives `session`'s place among the tenant's live sessions back (here, and in the
+/// directory when there is one; a directory that does not answer keeps it until it is
+/// idle for `session_idle_s`).
+async fn release(st: &AppState, tenant: &Tenant, session: &str) {
+    if tenant.spec.max_sessions == 0 {
+        return;
+    }
+    tenant
+        .sessions
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(session);
+    if let Some(sync) = &st.ownership {
+        let command = Command::ReleaseTenantSession {
+            tenant: tenant.spec.name.clone(),
+            session: SessionId(session.to_owned()),
+        };
+        let _ = tokio::time::timeout(st.cfg.ownership_claim_timeout, sync.client().write(command))
+            .await;
     }
 }
 
