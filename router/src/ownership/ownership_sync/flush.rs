@@ -31,10 +31,9 @@ pub(super) async fn run(
     mut rx: mpsc::Receiver<Routed>,
     shared: Leases,
 ) {
-    let lease_ttl = sized_lease_ttl(&*client, s.lease_ttl).await;
-    let ttl_ms = lease_ttl.as_millis() as u64;
+    let ttl_ms = s.lease_ttl.as_millis() as u64;
     let mut leases: HashMap<WorkerId, LeaseId> = HashMap::new();
-    let every = (lease_ttl / 3).max(Duration::from_millis(50));
+    let every = (s.lease_ttl / 3).max(Duration::from_millis(50));
     let mut renew = tokio::time::interval(every);
     let mut flush = tokio::time::interval(s.flush_every.max(Duration::from_millis(5)));
     // Not a burst of catch-up ticks after a long flush.
@@ -116,46 +115,6 @@ pub(super) async fn run(
             }
         }
     }
-}
-
-/// Commits timed at start-up to size the workers' lease TTL.
-const COMMITS_TIMED: usize = 5;
-/// A lease lives at least this many of the slowest commit timed: it is renewed every third
-/// of its TTL, and a renewal that queues behind a slow commit must still land in time.
-const TTL_PER_COMMIT: u32 = 10;
-
-/// The workers' lease TTL: `configured`, or more when the directory commits so slowly here
-/// (a host busy with its engines) that renewals could not keep up; said at start-up.
-pub(super) async fn sized_lease_ttl(
-    client: &dyn DirectoryClient,
-    configured: Duration,
-) -> Duration {
-    let mut slowest = Duration::ZERO;
-    for _ in 0..COMMITS_TIMED {
-        let started = tokio::time::Instant::now();
-        // An empty batch: one log entry committed, nothing changed.
-        let empty = Command::Batch {
-            commands: Vec::new(),
-        };
-        match tokio::time::timeout(configured, client.write(empty)).await {
-            Ok(Ok(_)) => slowest = slowest.max(started.elapsed()),
-            _ => {
-                ownerserve_edge::process::say(&format!(
-                    "directory commits not timed (no answer within the lease TTL): worker lease TTL {} ms as configured",
-                    configured.as_millis()
-                ));
-                return configured;
-            }
-        }
-    }
-    let ttl = configured.max(slowest * TTL_PER_COMMIT);
-    ownerserve_edge::process::say(&format!(
-        "directory commit: slowest of {COMMITS_TIMED} {:.1} ms; worker lease TTL {} ms (configured {} ms, at least {TTL_PER_COMMIT}x the slowest commit)",
-        slowest.as_secs_f64() * 1e3,
-        ttl.as_millis(),
-        configured.as_millis()
-    ));
-    ttl
 }
 
 /// Records the directory refused because their worker's lease had ended.

@@ -4,7 +4,7 @@ use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::tokenized::Tokenized;
 
 use super::commands::commands_for;
-use super::flush::{sized_lease_ttl, write_records, MAX_WAITING};
+use super::flush::{write_records, MAX_WAITING};
 use super::*;
 
 fn routed(tokens: usize, session: Option<&str>, effects: Effects) -> Routed {
@@ -50,56 +50,6 @@ impl DirectoryClient for Unreachable {
     fn lookup(&self, _: Option<&str>, _: &[u64], _: u64) -> ownerserve_ownership::node::Lookup {
         ownerserve_ownership::node::Lookup::default()
     }
-}
-
-/// A directory whose every commit takes `0` (a leader on a busy host).
-struct Slow(Duration);
-
-impl DirectoryClient for Slow {
-    fn fresh(&self) -> bool {
-        true
-    }
-
-    fn catch_up(&self) -> ownerserve_ownership::node::BoxFuture<'_, bool> {
-        Box::pin(async { true })
-    }
-
-    fn read_local(&self, _: &mut dyn FnMut(&ownerserve_ownership::Directory)) {}
-
-    fn write(
-        &self,
-        _: Command,
-    ) -> ownerserve_ownership::node::BoxFuture<
-        '_,
-        Result<Outcome, ownerserve_ownership::node::DirectoryError>,
-    > {
-        let took = self.0;
-        Box::pin(async move {
-            tokio::time::sleep(took).await;
-            Ok(Outcome::Batch {
-                outcomes: Vec::new(),
-            })
-        })
-    }
-
-    fn lookup(&self, _: Option<&str>, _: &[u64], _: u64) -> ownerserve_ownership::node::Lookup {
-        ownerserve_ownership::node::Lookup::default()
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn the_lease_ttl_is_at_least_ten_times_the_slowest_commit_timed_at_start_up() {
-    let configured = Duration::from_secs(1);
-    assert_eq!(
-        sized_lease_ttl(&Slow(Duration::from_millis(20)), configured).await,
-        configured
-    );
-    assert_eq!(
-        sized_lease_ttl(&Slow(Duration::from_millis(300)), configured).await,
-        Duration::from_secs(3)
-    );
-    // No answer within the configured TTL: the configured one, untimed.
-    assert_eq!(sized_lease_ttl(&Unreachable, configured).await, configured);
 }
 
 /// A registry of one healthy sim worker.
