@@ -68,19 +68,11 @@ async fn send(router: &str, key: &str, session: &str) -> u16 {
 
 /// `ownerserve_tenant_tokens_total{tenant}` on `router`.
 async fn tokens_admitted(router: &str, tenant: &str) -> u64 {
-    let text = client()
-        .get(format!("{router}/metrics"))
-        .bearer_auth(common::READ_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let prefix = format!("ownerserve_tenant_tokens_total{{tenant=\"{tenant}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap_or(0.0) as u64)
+    let text = common::get_text(&format!("{router}/metrics")).await;
+    common::metric(
+        &text,
+        &format!("ownerserve_tenant_tokens_total{{tenant=\"{tenant}\"}} "),
+    ) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

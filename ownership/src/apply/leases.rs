@@ -76,21 +76,13 @@ impl Directory {
             return Vec::new();
         };
         // Without another live lease the worker is gone, and so are its copies.
-        let worker_gone = !self
-            .leases
-            .iter()
-            .any(|(&id, l)| l.worker == dead.worker && self.lease_live(id));
-        if worker_gone {
+        let successor = self.live_lease_of(dead.worker);
+        if successor.is_none() {
             for a in self.artifacts.values_mut() {
                 a.locations.retain(|loc| loc.worker != dead.worker);
             }
         }
         // Its stored responses stay with the worker while it has another live lease.
-        let successor = self
-            .leases
-            .iter()
-            .find(|(&id, l)| l.worker == dead.worker && self.lease_live(id))
-            .map(|(&id, _)| id);
         self.responses.lease_ended(lease, successor);
         // `Key` orders prefixes before sessions, so sessions see their prefix's new owner.
         for key in &dead.keys {
@@ -102,18 +94,23 @@ impl Directory {
         dead.keys.into_iter().collect()
     }
 
+    /// A live lease of `worker`, if it has one (lowest id: deterministic).
+    fn live_lease_of(&self, worker: WorkerId) -> Option<LeaseId> {
+        self.leases
+            .iter()
+            .find(|(&id, l)| l.worker == worker && self.lease_live(id))
+            .map(|(&id, _)| id)
+    }
+
     /// A live lease of a worker holding a copy of `key`, if any (lowest id: deterministic).
     fn successor(&self, key: crate::ids::PrefixKey) -> Option<Owner> {
         let art = self.artifacts.get(&key)?;
         art.locations.iter().find_map(|loc| {
-            self.leases
-                .iter()
-                .find(|(&id, l)| l.worker == loc.worker && self.lease_live(id))
-                .map(|(&id, l)| Owner {
-                    worker: l.worker,
-                    lease: id,
-                    epoch: Epoch(0),
-                })
+            self.live_lease_of(loc.worker).map(|lease| Owner {
+                worker: loc.worker,
+                lease,
+                epoch: Epoch(0),
+            })
         })
     }
 
@@ -146,22 +143,19 @@ impl Directory {
         }
         // Its prefix's new owner; else its own worker under another live lease (granted
         // again before this one was ended: the worker is alive).
-        let same_worker = self
-            .leases
-            .iter()
-            .find(|(&id, l)| l.worker == lease.worker && self.lease_live(id))
-            .map(|(&id, l)| Owner {
-                worker: l.worker,
-                lease: id,
-                epoch,
-            });
         let follow = s
             .prefix
             .and_then(|p| self.artifacts.get(&p))
             .and_then(|a| a.owner)
             .filter(|o| self.lease_live(o.lease))
             .map(|o| Owner { epoch, ..o })
-            .or(same_worker);
+            .or_else(|| {
+                self.live_lease_of(lease.worker).map(|id| Owner {
+                    worker: lease.worker,
+                    lease: id,
+                    epoch,
+                })
+            });
         match follow {
             Some(o) => {
                 self.attach(o.lease, Key::Session(id.clone()));

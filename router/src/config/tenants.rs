@@ -48,6 +48,12 @@ pub struct Tenants {
     pub of_key: Vec<usize>,
 }
 
+/// Whether `key` may be a client API key (plain or a tenant's): at least 8 printable
+/// characters, no spaces.
+pub(super) fn key_is_valid(key: &str) -> bool {
+    key.len() >= 8 && key.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// Checks the tenants: names and keys as the directory and the key check take them, no key
 /// twice (here or in `api_keys`).
 pub fn validate(
@@ -64,7 +70,7 @@ pub fn validate(
             return Err(bad(name, "needs at least one key".into()));
         }
         for k in &t.keys {
-            if k.len() < 8 || !k.bytes().all(|b| b.is_ascii_graphic()) {
+            if !key_is_valid(k) {
                 return Err(bad(
                     name,
                     "each key must be at least 8 printable characters, without spaces".into(),

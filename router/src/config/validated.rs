@@ -483,11 +483,7 @@ fn api_keys(
     s: &RouterSettings,
     tenant_keys: &[String],
 ) -> Result<Option<ownerserve_edge::api_keys::ApiKeys>, ConfigError> {
-    if let Some(bad) = s
-        .api_keys
-        .iter()
-        .find(|k| k.len() < 8 || !k.bytes().all(|b| b.is_ascii_graphic()))
-    {
+    if let Some(bad) = s.api_keys.iter().find(|k| !super::tenants::key_is_valid(k)) {
         let shown: String = bad.chars().take(3).collect();
         return Err(ConfigError::router(
             "api_keys",

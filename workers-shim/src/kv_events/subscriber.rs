@@ -445,8 +445,8 @@ pub enum ReplayError {
     Frames(usize),
     #[error("no connection before the replay's deadline")]
     Connect,
-    /// The zeromq crate panicked on what the replay peer sent (its DEALER has a `todo!()`
-    /// for any frame but a message, and its codec panics on some malformed frames).
+    /// The zeromq crate panicked on what the replay peer sent (its DEALER leaves every
+    /// frame but a message unimplemented, and its codec panics on some malformed frames).
     #[error("the replay socket failed on what its peer sent: {0}")]
     Peer(String),
 }
@@ -547,7 +547,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A replay peer that speaks ZMTP 3.0 up to its READY, then sends a PING command:
-    /// the zeromq crate's DEALER has `todo!()` for any frame but a message.
+    /// the zeromq crate's DEALER leaves every frame but a message unimplemented (it panics).
     async fn pinging_peer() -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
