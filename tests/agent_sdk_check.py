@@ -90,7 +90,10 @@ assert got.id == prev and ended(got.status) and said(got.output_text), got
 # --- Cancel a background response; a finished one cannot be cancelled.
 # `ignore_eos` (vLLM's Responses API takes it too): the random model's extra end-of-sequence
 # ids could end the story before the cancel, and a finished response cannot be cancelled.
-bg = oai.responses.create(model=model, input="A long story", max_output_tokens=4000, store=True,
+# Long enough to outlast the router holding the answer back until the directory has its
+# owner (up to the 5 s claim timeout on a starved 2-core machine): a tiny CPU model decodes
+# ~1,000 tokens a second, and 4,000 once finished first (CI, stop 71).
+bg = oai.responses.create(model=model, input="A long story", max_output_tokens=60000, store=True,
                           background=True, extra_body={"ignore_eos": True})
 assert bg.status in ("queued", "in_progress"), bg.status
 c = oai.responses.cancel(bg.id)

@@ -68,7 +68,12 @@ pub fn check(d: &Directory) -> Vec<Violation> {
             out.push(Violation(format!("{id:?} built on missing {p:?}")));
         }
     }
-    for (id, r) in d.responses.iter().filter(|(_, r)| !r.lost) {
+    // A record waiting for its lapsed worker is held by no lease.
+    for (id, r) in d
+        .responses
+        .iter()
+        .filter(|(_, r)| !r.lost && r.lapsed_until_ms.is_none())
+    {
         if d.leases.get(&r.lease).is_none_or(|l| l.worker != r.worker) {
             out.push(Violation(format!(
                 "response {id} held by {} under {:?}, not its lease",

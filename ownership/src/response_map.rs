@@ -3,10 +3,15 @@
 //! response (`previous_response_id`), return it or cancel it, so routers send those there
 //! and, once the worker is gone, answer with an error naming the lost response.
 //!
+//! When the worker's last lease lapses (a host too busy to renew it, or a dead worker), its
+//! records wait for it, as its sessions do (`Directory::lapsed`): granted a lease again in
+//! time, the worker takes them back; past that, they are lost. A revoked lease (the worker
+//! left) loses them at once.
+//!
 //! Bounded twice: every record expires (`expires_at_ms`, dropped by `Tick`), and at most
-//! [`MAX_RESPONSES`] are kept (the soonest to expire goes first). The expiry index is
-//! derived from the records alone, so it is not part of a snapshot: deserialising
-//! rebuilds it, and two maps with the same records are equal.
+//! [`MAX_RESPONSES`] are kept (the soonest to expire goes first). The expiry and lapse
+//! indexes are derived from the records alone, so they are not part of a snapshot:
+//! deserialising rebuilds them, and two maps with the same records are equal.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
@@ -34,6 +39,10 @@ pub struct StoredResponse {
     /// gone. Kept until it expires so a follow-up learns the response was lost.
     #[serde(default)]
     pub lost: bool,
+    /// The worker's last lease lapsed: until then the record waits for the worker to be
+    /// granted a lease again (and stays routable to it), then it is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lapsed_until_ms: Option<u64>,
 }
 
 /// Stored responses by id (read through `Deref` as the ordered map), with their expiry
@@ -43,6 +52,8 @@ pub struct StoredResponse {
 pub struct ResponseMap {
     by_id: BTreeMap<String, StoredResponse>,
     by_expiry: BTreeSet<(u64, String)>,
+    /// The lapsed records, by the end of their wait.
+    by_lapse: BTreeSet<(u64, String)>,
 }
 
 impl ResponseMap {
@@ -50,53 +61,102 @@ impl ResponseMap {
     /// [`MAX_RESPONSES`]; how many it dropped.
     pub fn insert(&mut self, id: String, r: StoredResponse) -> usize {
         self.remove(&id);
-        self.by_expiry.insert((r.expires_at_ms, id.clone()));
+        self.index(&id, &r);
         self.by_id.insert(id, r);
         let mut dropped = 0;
         while self.by_id.len() > MAX_RESPONSES {
-            let Some((_, oldest)) = self.by_expiry.pop_first() else {
+            let Some((_, oldest)) = self.by_expiry.first().cloned() else {
                 break;
             };
-            self.by_id.remove(&oldest);
+            self.remove(&oldest);
             dropped += 1;
         }
         dropped
+    }
+
+    fn index(&mut self, id: &str, r: &StoredResponse) {
+        self.by_expiry.insert((r.expires_at_ms, id.to_owned()));
+        if let Some(until) = r.lapsed_until_ms {
+            self.by_lapse.insert((until, id.to_owned()));
+        }
     }
 
     /// Removes `id`'s record.
     pub fn remove(&mut self, id: &str) -> Option<StoredResponse> {
         let r = self.by_id.remove(id)?;
         self.by_expiry.remove(&(r.expires_at_ms, id.to_owned()));
+        if let Some(until) = r.lapsed_until_ms {
+            self.by_lapse.remove(&(until, id.to_owned()));
+        }
         Some(r)
     }
 
-    /// When the first record expires.
+    /// When the first record expires or ends its wait for a lapsed worker.
     pub fn first_expiry_ms(&self) -> Option<u64> {
-        self.by_expiry.first().map(|(at, _)| *at)
+        let expiry = self.by_expiry.first().map(|(at, _)| *at);
+        let lapse = self.by_lapse.first().map(|(at, _)| *at);
+        expiry.into_iter().chain(lapse).min()
     }
 
-    /// Drops every record expired at `now_ms`; how many.
+    /// Drops every record expired at `now_ms`, and marks lost those whose worker did not
+    /// come back in time; how many were dropped.
     pub fn expire(&mut self, now_ms: u64) -> usize {
+        while self.by_lapse.first().is_some_and(|(at, _)| *at <= now_ms) {
+            if let Some((_, id)) = self.by_lapse.pop_first() {
+                if let Some(r) = self.by_id.get_mut(&id) {
+                    r.lapsed_until_ms = None;
+                    r.lost = true;
+                }
+            }
+        }
         let mut n = 0;
-        while let Some((at, _)) = self.by_expiry.first() {
-            if *at > now_ms {
-                break;
-            }
-            if let Some((_, id)) = self.by_expiry.pop_first() {
-                self.by_id.remove(&id);
-                n += 1;
-            }
+        while let Some((_, id)) = self.by_expiry.first().filter(|(at, _)| *at <= now_ms) {
+            let id = id.clone();
+            self.remove(&id);
+            n += 1;
         }
         n
     }
 
     /// The records held under `lease`, for the end of that lease: each is moved to
-    /// `successor` (another live lease of its worker) or, without one, marked lost.
-    pub fn lease_ended(&mut self, lease: LeaseId, successor: Option<LeaseId>) {
-        for r in self.by_id.values_mut().filter(|r| r.lease == lease) {
-            match successor {
-                Some(next) => r.lease = next,
-                None => r.lost = true,
+    /// `successor` (another live lease of its worker); without one, it waits for the
+    /// worker until `lapsed_until_ms` (the lease lapsed) or is lost at once (`None`: it
+    /// was revoked).
+    pub fn lease_ended(
+        &mut self,
+        lease: LeaseId,
+        successor: Option<LeaseId>,
+        lapsed_until_ms: Option<u64>,
+    ) {
+        let mut lapsed = Vec::new();
+        for (id, r) in self.by_id.iter_mut().filter(|(_, r)| r.lease == lease) {
+            match (successor, lapsed_until_ms) {
+                (Some(next), _) => r.lease = next,
+                (None, Some(until)) => {
+                    r.lapsed_until_ms = Some(until);
+                    lapsed.push((until, id.clone()));
+                }
+                (None, None) => r.lost = true,
+            }
+        }
+        self.by_lapse.extend(lapsed);
+    }
+
+    /// Gives `worker`'s lapsed records back to it under `lease` (granted at `now_ms`).
+    pub fn take_back(&mut self, worker: WorkerId, lease: LeaseId, now_ms: u64) {
+        let mine: Vec<(u64, String)> = self
+            .by_lapse
+            .iter()
+            .filter(|(until, id)| {
+                *until > now_ms && self.by_id.get(id).is_some_and(|r| r.worker == worker)
+            })
+            .cloned()
+            .collect();
+        for key in mine {
+            self.by_lapse.remove(&key);
+            if let Some(r) = self.by_id.get_mut(&key.1) {
+                r.lapsed_until_ms = None;
+                r.lease = lease;
             }
         }
     }
@@ -118,12 +178,13 @@ impl Serialize for ResponseMap {
 
 impl<'de> Deserialize<'de> for ResponseMap {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let by_id = BTreeMap::<String, StoredResponse>::deserialize(d)?;
-        let by_expiry = by_id
-            .iter()
-            .map(|(id, r)| (r.expires_at_ms, id.clone()))
-            .collect();
-        Ok(Self { by_id, by_expiry })
+        let records = BTreeMap::<String, StoredResponse>::deserialize(d)?;
+        let mut map = Self::default();
+        for (id, r) in &records {
+            map.index(id, r);
+        }
+        map.by_id = records;
+        Ok(map)
     }
 }
 
@@ -138,6 +199,7 @@ mod tests {
             stored_at_ms: 0,
             expires_at_ms,
             lost: false,
+            lapsed_until_ms: None,
         }
     }
 

@@ -805,19 +805,25 @@ class Suite:
     # --- kill -9 mid-stream ------------------------------------------------------------------
 
     def kill_mid_stream(self, r, engines):
+        # Long enough that the engine is still decoding when it is killed: a tiny CPU model
+        # decodes ~1,000 tokens a second, and 3,000 were once all relayed before the fifth
+        # event was read (CI, stop 71).
         body = json.dumps({"model": MODEL, "messages": conversation(random.Random(9), 100),
-                           "max_tokens": 3000, "stream": True, "ignore_eos": True}).encode()
+                           "max_tokens": 40000, "stream": True, "ignore_eos": True}).encode()
+        sent = time.time()
         req = urllib.request.Request(r.url + "/v1/chat/completions", data=body, method="POST",
                                      headers={"content-type": "application/json"})
         resp = urllib.request.urlopen(req, timeout=120)
         name = resp.headers.get("x-ownerserve-worker")
         victim = next(e for e in engines if e.name == name)
-        events, killed_at = [], None
+        events, killed_at, first_at = [], None, None
         for raw in resp:
             line = raw.decode(errors="replace").strip()
             if not line.startswith("data:"):
                 continue
             events.append(line[5:].strip())
+            if len(events) == 1:
+                first_at = time.time()
             if len(events) == 5:
                 victim.kill9()
                 killed_at = time.time()
@@ -826,7 +832,8 @@ class Suite:
         err = error_event(events)
         self.check("kill -9 mid-stream: SSE error event then [DONE]",
                    err is not None and events[-1] == "[DONE]",
-                   f"{len(events)} events from {name}, stream ended "
+                   f"{len(events)} events from {name}: the first {first_at - sent:.2f} s "
+                   f"after the request, the kill {killed_at - sent:.2f} s after; stream ended "
                    f"{ended - killed_at:.2f} s after the kill, last {tail}")
         survivors = [e.name for e in engines if e is not victim]
         served = []

@@ -5,7 +5,8 @@
 //! granted a lease again within them takes back those nobody claimed meanwhile (a new
 //! epoch: a host too busy to renew in time is not a dead worker), and past them they end,
 //! releasing their fork reference; its stored responses pass to another live lease of the
-//! same worker or are marked lost (no other engine holds them).
+//! same worker, or wait for it alike (no other engine holds them) and are lost after; a
+//! revoked lease (the worker left) loses them at once.
 
 use super::{Outcome, Rejection};
 use crate::ids::{Epoch, Key, LeaseId, SessionId, WorkerId};
@@ -24,6 +25,7 @@ impl Directory {
             },
         );
         self.take_back_lapsed(lease, worker);
+        self.responses.take_back(worker, lease, self.now_ms);
         Outcome::LeaseGranted {
             lease,
             expires_at_ms,
@@ -51,7 +53,7 @@ impl Directory {
             return Rejection::UnknownLease(lease).into();
         }
         Outcome::LeaseEnded {
-            dropped: self.end_lease(lease, epoch),
+            dropped: self.end_lease(lease, epoch, false),
         }
     }
 
@@ -63,15 +65,16 @@ impl Directory {
             .filter(|&l| !self.lease_live(l))
             .collect();
         for &l in &expired {
-            self.end_lease(l, epoch);
+            self.end_lease(l, epoch, true);
         }
         self.end_lapsed();
         self.responses.expire(self.now_ms);
         Outcome::Ticked { expired }
     }
 
-    /// Removes a lease and cascades to its keys; returns them.
-    fn end_lease(&mut self, lease: LeaseId, epoch: Epoch) -> Vec<Key> {
+    /// Removes a lease (`lapsed`: it expired, else it was revoked) and cascades to its
+    /// keys; returns them.
+    fn end_lease(&mut self, lease: LeaseId, epoch: Epoch, lapsed: bool) -> Vec<Key> {
         let Some(dead) = self.leases.remove(&lease) else {
             return Vec::new();
         };
@@ -82,8 +85,10 @@ impl Directory {
                 a.locations.retain(|loc| loc.worker != dead.worker);
             }
         }
-        // Its stored responses stay with the worker while it has another live lease.
-        self.responses.lease_ended(lease, successor);
+        // Its stored responses stay with the worker while it has another live lease, and
+        // wait for it as its sessions do when it lapsed.
+        let wait_until = lapsed.then(|| self.lapse_until_ms(&dead));
+        self.responses.lease_ended(lease, successor, wait_until);
         // `Key` orders prefixes before sessions, so sessions see their prefix's new owner.
         for key in &dead.keys {
             match key {
@@ -171,9 +176,7 @@ impl Directory {
                     s.owner = None;
                     s.epoch = epoch;
                 }
-                let until_ms = self
-                    .now_ms
-                    .saturating_add(lease.ttl_ms.saturating_mul(LAPSED_TTLS));
+                let until_ms = self.lapse_until_ms(lease);
                 self.lapsed.insert(
                     id.clone(),
                     LapsedOwner {
@@ -183,6 +186,12 @@ impl Directory {
                 );
             }
         }
+    }
+
+    /// Until when what `lease` held waits for its worker to come back.
+    fn lapse_until_ms(&self, lease: &Lease) -> u64 {
+        self.now_ms
+            .saturating_add(lease.ttl_ms.saturating_mul(LAPSED_TTLS))
     }
 
     /// Gives `worker`'s lapsed sessions that nobody claimed meanwhile back to it, under

@@ -28,6 +28,7 @@ impl Directory {
                 stored_at_ms: self.now_ms,
                 expires_at_ms,
                 lost: false,
+                lapsed_until_ms: None,
             },
         );
         Outcome::ResponseRecorded {

@@ -737,9 +737,14 @@ fn a_stored_response_stays_with_its_worker_then_is_lost_with_it_and_expires() {
     log.run(Command::RevokeLease { lease: a });
     let r = &log.d.responses["resp_1"];
     assert_eq!((r.worker, r.lease, r.lost), (W0, b, false));
-    // The worker's last lease ends: the response is lost, and says so until it expires.
+    // The worker's last lease lapses: the response waits for the worker (three TTLs),
+    // still routed to it, and expires in its time.
     log.at(8_000).run(Command::Tick);
-    assert!(log.d.responses["resp_1"].lost);
+    let r = &log.d.responses["resp_1"];
+    assert_eq!(
+        (r.lost, r.lapsed_until_ms),
+        (false, Some(8_000 + 3 * 6_000))
+    );
     log.at(11_000).run(Command::Tick);
     assert!(log.d.responses.is_empty());
     // Snapshots written before responses existed still load.
@@ -747,6 +752,51 @@ fn a_stored_response_stays_with_its_worker_then_is_lost_with_it_and_expires() {
     old.as_object_mut().unwrap().remove("responses");
     let back: Directory = serde_json::from_value(old).unwrap();
     assert_eq!(back, log.d);
+}
+
+#[test]
+fn a_worker_back_in_time_takes_its_responses_back_else_they_are_lost() {
+    let mut log = Log::new();
+    let record = |id: &str, lease| Command::RecordResponse {
+        id: id.into(),
+        lease,
+        ttl_ms: 60_000,
+    };
+    let a = log.lease(W0, 1_000);
+    log.run(record("r", a));
+    // A host too busy to renew: the lease lapses, the response waits.
+    log.at(5_000).run(Command::Tick);
+    assert_eq!(log.d.responses["r"].lapsed_until_ms, Some(8_000));
+    assert_eq!(log.d.next_expiry_ms(), Some(8_000));
+    // Granted again in time: it is the worker's again, under the new lease.
+    let b = log.at(6_000).lease(W0, 1_000);
+    let r = &log.d.responses["r"];
+    assert_eq!((r.lease, r.lapsed_until_ms, r.lost), (b, None, false));
+    // Lapsed again, and not back in time: lost, and said so until it expires.
+    log.at(9_000).run(Command::Tick);
+    assert_eq!(log.d.responses["r"].lapsed_until_ms, Some(12_000));
+    log.at(12_000).run(Command::Tick);
+    let r = &log.d.responses["r"];
+    assert_eq!((r.lapsed_until_ms, r.lost), (None, true));
+    let c = log.lease(W0, 1_000);
+    assert!(
+        log.d.responses["r"].lost,
+        "a lost response is not taken back"
+    );
+    // A revoked lease (the worker left) loses its responses at once.
+    log.run(record("s", c));
+    log.run(Command::RevokeLease { lease: c });
+    assert!(log.d.responses["s"].lost);
+    // The lapse index survives a snapshot.
+    let d = log.lease(W1, 1_000);
+    log.run(record("t", d));
+    log.at(20_000).run(Command::Tick);
+    let text = serde_json::to_string(&log.d).unwrap();
+    let mut back: Directory = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, log.d);
+    assert_eq!(back.next_expiry_ms(), Some(23_000));
+    back.responses.expire(23_000);
+    assert!(back.responses["t"].lost);
 }
 
 #[test]

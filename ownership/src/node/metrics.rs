@@ -120,7 +120,7 @@ impl DirectoryMetrics {
             responses: int_gauge_vec(
                 registry,
                 "ownerserve_directory_stored_responses",
-                "Stored responses (OpenAI Responses, store: true) recorded in this node's directory state, by state: held (its worker has a live lease) or lost (its worker's last lease ended).",
+                "Stored responses (OpenAI Responses, store: true) recorded in this node's directory state, by state: held (its worker has a live lease), lapsed (its worker's last lease lapsed: it waits three TTLs for the worker to come back) or lost (its worker left or did not come back).",
                 &["state"],
             )?,
             changes: counter_vec(
@@ -235,7 +235,16 @@ impl DirectoryMetrics {
                 .set(count(d.sessions.values().filter(|x| x.pinned).count()));
             self.leases.set(count(d.leases.len()));
             let lost = d.responses.values().filter(|r| r.lost).count();
-            for (state, n) in [("held", d.responses.len() - lost), ("lost", lost)] {
+            let lapsed = d
+                .responses
+                .values()
+                .filter(|r| r.lapsed_until_ms.is_some())
+                .count();
+            for (state, n) in [
+                ("held", d.responses.len() - lost - lapsed),
+                ("lapsed", lapsed),
+                ("lost", lost),
+            ] {
                 self.responses.with_label_values(&[state]).set(count(n));
             }
             d.stats
