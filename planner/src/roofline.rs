@@ -151,6 +151,7 @@ impl Roofline {
     /// [`Self::step_time`]'s total for a step of `seqs` decoding sequences that read
     /// `context` KV tokens, with the model's figures read once: a plan prices a few hundred
     /// such steps (the decode term).
+    #[inline]
     pub fn decode_step_s(&self, f: &StepFigures<'_>, seqs: u64, context: u64) -> f64 {
         self.figured_step(f, seqs, context, context + seqs).total_s
     }
@@ -213,10 +214,33 @@ impl Roofline {
                 .total_s
     }
 
+    /// At most [`Self::chunked_prefill_s`] of `tokens` tokens with `pairs` attention pairs
+    /// in chunks of at most `chunk`, whatever shares their steps: the FLOPs of the tokens
+    /// and pairs its equal chunks cover (all but one per chunk, at least), at full
+    /// compute. Non-decreasing as a prompt's computed share grows (`tokens` up, `pairs`
+    /// up by at least one a token); a floor that prices no step, to rule a worker out
+    /// before pricing it.
+    pub fn chunked_prefill_floor_s(
+        &self,
+        f: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+        chunk: u64,
+    ) -> f64 {
+        if tokens == 0 {
+            return 0.0;
+        }
+        let chunks = tokens.div_ceil(chunk.max(1));
+        let covered = |n: u64| (n + 1).saturating_sub(chunks) as f64;
+        (f.two_params_active * covered(tokens) + f.attention_flops_per_pair * covered(pairs))
+            / self.flops_per_s
+    }
+
     /// A step of `tokens` tokens (prefill tokens and decoding sequences) with `pairs`
     /// attention pairs (a decode's context counts one pair per token), reading `kv_tokens`
     /// KV tokens: the longer of its compute and memory time (their sum on an additive
     /// roofline), plus the step's overhead.
+    #[inline]
     fn figured_step(
         &self,
         f: &StepFigures<'_>,
@@ -275,6 +299,33 @@ mod tests {
         }
         // 200 tokens beside 64 decodes of 60K tokens each: the step is their reads.
         assert!(beside(200, 64, 64 * 60_000) > 3.0 * alone(200));
+    }
+
+    #[test]
+    fn the_chunked_prefill_floor_is_below_every_chunked_prefill_and_never_falls() {
+        let g = GpuSpec::preset("l40").unwrap();
+        let r = Roofline::new(&g, 1, Efficiency::default());
+        for name in ["llama-3.1-8b", "qwen3-30b-a3b"] {
+            let m = ModelSpec::preset(name).unwrap();
+            let f = StepFigures::of(&m);
+            let mut rng = crate::policy::SplitMix64::new(3);
+            for _ in 0..20_000 {
+                let tokens = rng.next_u64() % 200_000;
+                let chunk = 1 + rng.next_u64() % 9_000;
+                let (decodes, ctx) = (rng.next_u64() % 64, rng.next_u64() % 2_000_000);
+                let context = rng.next_u64() % 100_000;
+                let pairs = prefill_pairs(tokens, context);
+                let floor = r.chunked_prefill_floor_s(&f, tokens, pairs, chunk);
+                let priced = r.chunked_prefill_s(&f, tokens, pairs, context, decodes, ctx, chunk);
+                assert!(
+                    floor <= priced,
+                    "{name}: {tokens} in {chunk}: {floor} > {priced}"
+                );
+                // One more token of the same prompt computed, one fewer cached.
+                let more = prefill_pairs(tokens + 1, context.saturating_sub(1));
+                assert!(floor <= r.chunked_prefill_floor_s(&f, tokens + 1, more, chunk));
+            }
+        }
     }
 
     #[test]

@@ -27,6 +27,12 @@ use crate::roofline::StepFigures;
 
 use super::PlanWorker;
 
+#[cfg(test)]
+thread_local! {
+    /// Admissions made on this thread (tests count what a plan prices).
+    pub(super) static ADMISSIONS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// What a worker's KV pool means for one step placed there.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Admission {
@@ -52,6 +58,8 @@ pub struct Admission {
 /// for KV and what survives of its cached prefix. A worker whose KV figures or decode
 /// lifetime are unknown keeps the old view (no memory wait, every cached token reused).
 pub fn admission(w: &PlanWorker, figures: &StepFigures<'_>, prompt: u64, block: u64) -> Admission {
+    #[cfg(test)]
+    ADMISSIONS.with(|n| n.set(n.get() + 1));
     let memory_wait_s = memory_wait_s(w, prompt);
     let wait_s = w.queue_s.max(memory_wait_s);
     let allocated = w.waiting_tokens + decode_growth_tokens(w, figures, wait_s);

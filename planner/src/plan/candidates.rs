@@ -17,42 +17,37 @@ use super::{Action, Candidate, CostTerms, PlanInput, PlanWorker, Weights};
 /// cheapest prefill partner (see [`best_partners`]), and a decoder or a move whose floor
 /// is at least the cheapest candidate so far is not priced.
 pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
-    // Every worker as this step will find it when admitted there: its queue includes the
-    // wait for KV, its cached prefix only what survives that wait (`admission.rs`). A
-    // migration's source and a fetch's source are read at once, so they keep what they hold.
+    // Every worker is priced as this step will find it when admitted there: its queue
+    // includes the wait for KV, its cached prefix only what survives that wait
+    // (`admission.rs`). A migration's source and a fetch's source are read at once, so
+    // they keep what they hold. Admitted views are made only where a candidate may be
+    // priced: a decoder or move target whose queue and decode alone reach the cheapest
+    // candidate so far is ruled out before (on 1,024 workers, all but a few dozen).
     let block = u64::from(input.block_size.max(1));
     let figures = StepFigures::of(input.model);
-    let admissions: Vec<Admission> = input
-        .workers
-        .iter()
-        .map(|w| admission(w, &figures, input.prompt_tokens, block))
-        .collect();
-    let admitted: Vec<PlanWorker> = input
-        .workers
-        .iter()
-        .zip(&admissions)
-        .map(|(w, a)| admitted_view(w, a))
-        .collect();
-    let held_now = input.workers;
-    let input = &PlanInput {
-        workers: &admitted,
-        ..input.clone()
+    let admit = |w: &PlanWorker| -> (PlanWorker, Admission) {
+        let a = admission(w, &figures, input.prompt_tokens, block);
+        (admitted_view(w, &a), a)
     };
-    let p = Pricing::new(input, figures);
-    let owner = input
-        .decode_owner
-        .and_then(|d| input.workers.iter().find(|w| w.id == d));
-    let artifact_owner = input
+    let held_now = input.workers;
+    let find = |id: WorkerId| held_now.iter().find(|w| w.id == id);
+    let owner = input.decode_owner.and_then(find).map(|w| admit(w).0);
+    let artifact_at = input
         .artifact
-        .and_then(|a| input.workers.iter().find(|w| w.id == a.owner && w.healthy));
+        .and_then(|a| find(a.owner))
+        .map(|w| admit(w).0);
+    let p = Pricing::new(input, figures, artifact_at.as_ref());
+    let artifact_owner = artifact_at.as_ref().filter(|o| o.healthy);
     // Where the session can decode: its owner while it takes work and may decode (a
     // prefill worker stops being one when the option is turned off), else anywhere. A
     // fork is a new branch reading the shared prefix: it may start anywhere, and never
     // moves its parent.
     let fork = input.is_fork();
-    let sole = owner.filter(|d| d.takes_work() && d.decodes() && !fork);
+    let sole = owner
+        .as_ref()
+        .filter(|d| d.takes_work() && d.decodes() && !fork);
     let decoders = sole
-        .map_or(input.workers, std::slice::from_ref)
+        .map_or(held_now, std::slice::from_ref)
         .iter()
         .filter(|w| sole.is_some() || (w.takes_work() && w.decodes()));
     // Each prefill worker's share of a remote prefill, computed once for every decoder:
@@ -68,35 +63,51 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     // tail (EVALUATION.md, twenty-first pass). A prefill worker allowed to decode too
     // (`PlanWorker::prefill_decodes`) stays in the pool: prefill is its first job, and on
     // the P/D fleets it decodes only where its pool has room (`prefill_workers_decode`).
-    let prefillers: Vec<Prefiller<'_>> = input
-        .workers
+    //
+    // With one link for every pair, a remote prefill reads only the two cheapest shares
+    // (`best_partners`) and the soonest leg (`earliest_leg_s`): a prefill worker whose
+    // floor (`Pricing::prefill_floor_s`) reaches the soonest leg and the second cheapest
+    // share so far is not priced (later ones only lower both; equals go to the earlier).
+    let pairwise = input.exhaustive || !input.links.pairs.is_empty();
+    let floors_hold = {
+        let w = input.weights;
+        w.lambda_s_per_gb >= 0.0 && w.mu >= 0.0 && w.nu >= 0.0
+    };
+    let mut prefillers: Vec<Prefiller> = Vec::new();
+    // The soonest any remote prefill's KV can reach a decoder (`decode_leg_wait_s`).
+    let mut earliest_leg_s = f64::INFINITY;
+    let mut cheapest = [f64::INFINITY; 2];
+    for w in held_now
         .iter()
         .filter(|w| w.takes_work() && w.role == Role::Prefill)
-        .map(|w| {
-            let local = p.local_reuse(w);
-            let work = p.work(w, p.to_compute(local.reused));
-            let computed =
-                p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
-            Prefiller {
-                w,
-                work,
-                computed,
-                local,
-            }
-        })
-        .collect();
-    // The soonest any remote prefill's KV can reach a decoder (`decode_leg_wait_s`).
-    let earliest_leg_s = prefillers
-        .iter()
-        .map(|pre| pre.w.queue_s + pre.work.compute_s)
-        .fold(f64::INFINITY, f64::min);
-    let partners = (!input.exhaustive && input.links.pairs.is_empty())
-        .then(|| best_partners(&prefillers, input.weights));
+    {
+        if !pairwise && floors_hold && p.prefill_floor_s(w) >= earliest_leg_s.max(cheapest[1]) {
+            continue;
+        }
+        let w = admit(w).0;
+        let local = p.local_reuse(&w);
+        let work = p.work(&w, p.to_compute(local.reused));
+        let computed = p.prompt_bytes - p.state_bytes(input.prompt_tokens.saturating_sub(work.new));
+        let pre = Prefiller {
+            w,
+            work,
+            computed,
+            local,
+        };
+        earliest_leg_s = earliest_leg_s.min(pre.w.queue_s + pre.work.compute_s);
+        let own = pre.own_s(input.weights);
+        if own < cheapest[0] {
+            cheapest = [own, cheapest[0]];
+        } else if own < cheapest[1] {
+            cheapest[1] = own;
+        }
+        prefillers.push(pre);
+    }
+    let partners = (!pairwise).then(|| best_partners(&prefillers, input.weights));
     // At most a colocation, the remote prefills and a fetch per decoder, a tail recompute
     // and a migration per worker: one allocation.
     let remote = partners.map_or(prefillers.len(), |_| 1);
-    let mut out =
-        Vec::with_capacity(decoders.clone().count() * (2 + remote) + 1 + input.workers.len());
+    let mut out = Vec::with_capacity(64 * (2 + remote));
     // Outside explain, what provably cannot beat the cheapest candidate so far (which ties
     // go to) is not priced.
     let prune = !input.exhaustive;
@@ -107,7 +118,19 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
         // fetch computes behind it, and a remote prefill's leg and decode leg together
         // take at least `earliest_leg_s + decode_leg_wait_s`, which is never less than it.
         // Every other term is ≥ 0; the margin covers the rounding of summing in another
-        // order.
+        // order. First without admitting d, whose queue admission only lengthens and whose
+        // decode it leaves alone.
+        if prune && sole.is_none() && p.floor_before_admission(d) >= beat {
+            continue;
+        }
+        let admitted;
+        let d = match sole {
+            Some(d) => d,
+            None => {
+                admitted = admit(d).0;
+                &admitted
+            }
+        };
         if prune {
             let on_d = p.decoder_terms(d);
             let floor = on_d.evict_s + input.weights.rho * on_d.decode_s + d.queue_s;
@@ -126,10 +149,10 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             out.push(p.colocate(d, dup));
         }
         let leg_wait_s = decode_leg_wait_s(d, earliest_leg_s);
-        let remote = |pre: &Prefiller<'_>| {
+        let remote = |pre: &Prefiller| {
             let mut c = p.candidate(
                 Action::RemotePrefill,
-                pre.w,
+                &pre.w,
                 d,
                 Some(pre.w.id),
                 pre.work,
@@ -171,21 +194,24 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
             out.push(c);
         }
     }
-    if let Some(d) = owner.filter(|d| d.healthy && !fork) {
+    if let Some(d) = owner.as_ref().filter(|d| d.healthy && !fork) {
         let now = held_now.iter().find(|w| w.id == d.id).unwrap_or(d);
         let sent = p.state_bytes(now.cached_tokens.min(input.prompt_tokens));
         // Leaving an owner that could keep the session pays the hysteresis; leaving one
         // that cannot (draining) does not.
         let could_stay = d.takes_work() && d.decodes();
         // A move that cannot win is not priced: its floor (`Pricing::migration_floor_s`)
-        // is at least the cheapest candidate so far (earlier moves included).
-        // `admissions` were made in the workers' order, so each target pairs with its own.
-        for (t, a) in input
-            .workers
+        // is at least the cheapest candidate so far (earlier moves included); first
+        // without admitting t.
+        for t in held_now
             .iter()
-            .zip(&admissions)
-            .filter(|(t, _)| t.id != d.id && t.takes_work() && t.decodes())
+            .filter(|t| t.id != d.id && t.takes_work() && t.decodes())
         {
+            if prune && p.move_floor_before_admission(now, t) >= beat {
+                continue;
+            }
+            let (t, a) = admit(t);
+            let t = &t;
             // What the move lands on t waits there for the step's turn (`admission.rs`).
             let m = p.cheaper_way_in(t, p.move_bytes(now, t, sent, a.copy_room_tokens));
             // The budget caps moves the planner chooses, not the hand-over off an owner
@@ -258,9 +284,10 @@ fn preempted_tokens(prompt: u64, free: Option<u64>) -> u64 {
 }
 
 /// A prefill worker's share of any remote prefill it runs.
-#[derive(Debug, Clone, Copy)]
-struct Prefiller<'a> {
-    w: &'a PlanWorker,
+#[derive(Debug, Clone)]
+struct Prefiller {
+    /// The prefill worker, as the step finds it admitted there.
+    w: PlanWorker,
     work: Work,
     /// Bytes it computes, and so keeps a copy of.
     computed: f64,
@@ -268,7 +295,7 @@ struct Prefiller<'a> {
     local: LocalReuse,
 }
 
-impl Prefiller<'_> {
+impl Prefiller {
     /// The part of a remote prefill's total that depends on the prefill worker alone:
     /// its queue, its compute, the copy it keeps and the decodes it stalls. The rest
     /// (network, restore, the decoder's duplicate) depends on the decoder alone when every
@@ -289,11 +316,8 @@ impl Prefiller<'_> {
 /// the candidate the exhaustive list would choose for that decoder (its first minimal
 /// one, as [`super::plan`] keeps). Exact up to float rounding: the total is summed term by
 /// term, not as `own_s + f`, so partners whose totals differ by a few ulps may swap.
-fn best_partners<'p, 'w>(
-    prefillers: &'p [Prefiller<'w>],
-    weights: Weights,
-) -> [Option<&'p Prefiller<'w>>; 2] {
-    let mut best: [Option<(f64, &Prefiller<'w>)>; 2] = [None, None];
+fn best_partners(prefillers: &[Prefiller], weights: Weights) -> [Option<&Prefiller>; 2] {
+    let mut best: [Option<(f64, &Prefiller)>; 2] = [None, None];
     for pre in prefillers {
         let s = pre.own_s(weights);
         match best {
@@ -361,13 +385,10 @@ struct DecoderTerms {
 /// planned to reuse it and recomputed it all: on Mooncake's conversation trace on 2p6d,
 /// 58 fetches planned to reuse 3K–73K tokens reused 512, and the prompts sent after
 /// them to the same worker waited up to 5 s behind a prefill the planner had not seen.)
-fn artifact_held(input: &PlanInput<'_>) -> u64 {
+/// `at`: the owner as admitted.
+fn artifact_held(input: &PlanInput<'_>, at: Option<&PlanWorker>) -> u64 {
     input.artifact.map_or(0, |a| {
-        let owner_holds = input
-            .workers
-            .iter()
-            .find(|w| w.id == a.owner)
-            .map_or(0, |o| o.cached_tokens);
+        let owner_holds = at.map_or(0, |o| o.cached_tokens);
         a.tokens.min(input.prompt_tokens).min(owner_holds)
     })
 }
@@ -392,9 +413,14 @@ struct Pricing<'a, 'b> {
 }
 
 impl<'a, 'b> Pricing<'a, 'b> {
-    fn new(input: &'a PlanInput<'b>, figures: StepFigures<'b>) -> Self {
+    /// Prices `input`'s candidates; `artifact_at`: the artifact's owner as admitted.
+    fn new(
+        input: &'a PlanInput<'b>,
+        figures: StepFigures<'b>,
+        artifact_at: Option<&PlanWorker>,
+    ) -> Self {
         let bytes = |tokens| input.model.prefix_bytes(tokens, input.block_size);
-        let artifact_tokens = artifact_held(input);
+        let artifact_tokens = artifact_held(input, artifact_at);
         Self {
             input,
             prompt_bytes: bytes(input.prompt_tokens).total,
@@ -526,6 +552,42 @@ impl Pricing<'_, '_> {
             s += self.prefill_s(d, preempted, 1);
         }
         s
+    }
+
+    /// The least a remote prefill on prefill worker `w` (before admission) can add to a
+    /// candidate, and the soonest its leg can end: `w`'s queue (admission only lengthens
+    /// it) and the floor of its compute ([`PlanWorker::preset_prefill_floor_s`]) of what
+    /// it could not reuse even if it restored all it holds in host memory (admission
+    /// moves HBM tokens there, never out of both). Every other term of
+    /// [`Prefiller::own_s`] is ≥ 0 with non-negative weights. Scaled down by the same
+    /// margin as the other floors.
+    fn prefill_floor_s(&self, w: &PlanWorker) -> f64 {
+        let new = self.to_compute(w.cached_tokens + w.host_cached_tokens);
+        (w.queue_s + self.compute_floor_s(w, new)) * (1.0 - 1e-9)
+    }
+
+    /// At most [`Pricing::prefill_s`] of `new` tokens on `w` (each sample's).
+    fn compute_floor_s(&self, w: &PlanWorker, new: u64) -> f64 {
+        let n = u64::from(self.input.samples.max(1));
+        let pairs = prefill_pairs(new, self.prompt().saturating_sub(new)) * n;
+        w.preset_prefill_floor_s(&self.figures, new * n, pairs) * w.prefill_scale
+    }
+
+    /// The least any candidate decoding on `w` (or moving there) can cost, read off `w`
+    /// before admission: its queue, which admission only lengthens, and the step's decode
+    /// there, which admission leaves alone; what the step evicts there is left out (≥ 0).
+    /// Scaled down by the same margin as the full floors.
+    fn floor_before_admission(&self, w: &PlanWorker) -> f64 {
+        (w.queue_s + self.input.weights.rho * self.decode_s(w)) * (1.0 - 1e-9)
+    }
+
+    /// The least a move from `from` (as it holds now) to `t` (before admission) can cost:
+    /// [`Pricing::floor_before_admission`] and the floor of computing on `t` what neither
+    /// `from`'s copy nor `t`'s own cache covers (a move reuses no more than one of them).
+    fn move_floor_before_admission(&self, from: &PlanWorker, t: &PlanWorker) -> f64 {
+        let reused = from.cached_tokens.min(self.prompt()).max(t.cached_tokens);
+        self.floor_before_admission(t)
+            + self.compute_floor_s(t, self.to_compute(reused)) * (1.0 - 1e-9)
     }
 
     /// What the step costs on its decoder `d` whoever prefills it: the prefixes it evicts

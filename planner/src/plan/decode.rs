@@ -25,6 +25,7 @@ use super::PlanWorker;
 
 /// Seconds of one decode step on `w` with `extra_seqs` more sequences holding
 /// `extra_tokens` more KV than run there now; 0 for a worker that does not decode.
+#[inline]
 pub fn decode_step_s(
     w: &PlanWorker,
     f: &StepFigures<'_>,

@@ -207,6 +207,18 @@ impl PlanWorker {
         0.5 * decode::decode_step_s(self, figures, 0, 0)
     }
 
+    /// At most [`Self::preset_prefill_s`] of `tokens` tokens with `pairs` attention pairs
+    /// here, whatever their context (`Roofline::chunked_prefill_floor_s`).
+    pub fn preset_prefill_floor_s(
+        &self,
+        figures: &StepFigures<'_>,
+        tokens: u64,
+        pairs: u64,
+    ) -> f64 {
+        self.roofline
+            .chunked_prefill_floor_s(figures, tokens, pairs, self.prefill_chunk())
+    }
+
     /// Seconds a prefill of `tokens` tokens (`pairs` attention pairs over `context` cached
     /// tokens) takes here at the preset's rate: chunked, each chunk's step shared with the
     /// decodes running here (`Roofline::chunked_prefill_s`).

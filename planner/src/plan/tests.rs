@@ -1409,3 +1409,64 @@ fn a_fetch_brings_only_what_the_artifact_owner_still_caches() {
     );
     assert!(fetch(0).is_none(), "the owner holds nothing to fetch");
 }
+
+/// A fleet of `n` workers, a quarter prefill-only, each with random load and a random
+/// cached share of a 100K-token prompt (`ownerserve bench planner`'s fleet).
+fn loaded_fleet(n: u32, rng: &mut SplitMix64) -> Vec<PlanWorker> {
+    let tokens = 100_000;
+    (0..n)
+        .map(|i| {
+            let role = if i % 4 == 0 {
+                Role::Prefill
+            } else {
+                Role::Decode
+            };
+            PlanWorker {
+                queue_s: (rng.next_u64() % 1000) as f64 / 1e4,
+                decoding: rng.next_u64() % 64,
+                queued: rng.next_u64() % 8,
+                cached_tokens: rng.next_u64() % tokens / 16 * 16,
+                kv_room_tokens: Some(rng.next_u64() % (2 * tokens)),
+                kv_free_tokens: Some(rng.next_u64() % (4 * tokens)),
+                kv_capacity_tokens: Some(4 * tokens + rng.next_u64() % (4 * tokens)),
+                waiting_tokens: rng.next_u64() % tokens,
+                decode_lifetime_s: Some((rng.next_u64() % 1000) as f64 / 1e2),
+                ..worker(i, role)
+            }
+        })
+        .collect()
+}
+
+/// What a step prices in full does not grow with the fleet: every worker costs a floor
+/// (a comparison), and only those whose floor is under the cheapest candidate so far are
+/// admitted (`admission.rs`) and priced, a few dozen whatever the size; the choice is the
+/// explain plan's.
+#[test]
+fn a_step_admits_and_prices_a_few_dozen_workers_whatever_the_fleet_size() {
+    use super::admission::ADMISSIONS;
+    let mut rng = SplitMix64::new(65);
+    for owner in [None, Some(3)] {
+        let counted: Vec<(usize, usize)> = [64, 256, 1024]
+            .into_iter()
+            .map(|n| {
+                let mut s = Scenario::new(100_000, loaded_fleet(n, &mut rng));
+                s.decode_owner = owner;
+                s.artifact = Some((1, 90_000));
+                let (pruned, all) = pruned_and_exhaustive(&mut s).unwrap();
+                assert_eq!(
+                    (pruned.chosen.action, pruned.chosen.decode_on),
+                    (all.chosen.action, all.chosen.decode_on),
+                    "{n} workers"
+                );
+                s.exhaustive = false;
+                ADMISSIONS.with(|a| a.set(0));
+                let priced = s.plan().candidates.len();
+                (ADMISSIONS.with(std::cell::Cell::get), priced)
+            })
+            .collect();
+        assert!(
+            counted.iter().all(|&(a, c)| a <= 100 && c <= 100),
+            "owner {owner:?}: (admitted, priced) {counted:?} on 64, 256 and 1,024 workers"
+        );
+    }
+}
