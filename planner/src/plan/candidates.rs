@@ -106,8 +106,14 @@ pub fn generate(input: &PlanInput<'_>) -> Vec<Candidate> {
     let partners = (!pairwise).then(|| best_partners(&prefillers, input.weights));
     // At most a colocation, the remote prefills and a fetch per decoder, a tail recompute
     // and a migration per worker: one allocation.
+    // Every decoder's when each pair is priced (explain); else a few dozen are.
     let remote = partners.map_or(prefillers.len(), |_| 1);
-    let mut out = Vec::with_capacity(64 * (2 + remote));
+    let priced = if pairwise {
+        decoders.clone().count()
+    } else {
+        64
+    };
+    let mut out = Vec::with_capacity(priced * (2 + remote) + 1 + held_now.len());
     // Outside explain, what provably cannot beat the cheapest candidate so far (which ties
     // go to) is not priced.
     let prune = !input.exhaustive;
