@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ClientId, Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
+use crate::version::Version;
 
 /// A command with its timestamp and, for retries, its idempotency key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -167,6 +168,9 @@ pub enum Command {
     },
     /// Gives up `session`'s place among `tenant`'s live sessions.
     ReleaseTenantSession { tenant: String, session: SessionId },
+    /// Raises the rules the directory applies to `version` (`crate::version`): committed
+    /// by the leader once every member runs a release that knows them.
+    SetVersion { version: Version },
     /// Advances time: expires leases past their TTL plus grace and cascades, and drops
     /// expired response records.
     Tick,
@@ -197,6 +201,7 @@ impl Command {
             Command::SpendTokens { .. } => "spend_tokens",
             Command::HoldTenantSession { .. } => "hold_tenant_session",
             Command::ReleaseTenantSession { .. } => "release_tenant_session",
+            Command::SetVersion { .. } => "set_version",
             Command::Tick => "tick",
             Command::Batch { .. } => "batch",
         }
