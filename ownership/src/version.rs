@@ -4,7 +4,7 @@
 //! (`Directory::version`) and changes only through the log (`Command::SetVersion`), so
 //! every node, whatever release it runs, applies each entry by the same rules, and a node
 //! that replays the log from the start passes through the same versions at the same
-//! entries.
+//! entries. Each command says the version it needs (`Command::needs`).
 //!
 //! During a rolling upgrade the new nodes keep applying the old version's rules; the
 //! commands only the new version knows are held (refused before they reach the log, which
@@ -17,8 +17,6 @@
 //! | 2 | 0.2.0 | they wait, unowned, for their worker (`Directory::lapsed`); tenant budgets (`SpendTokens`, `HoldTenantSession`, `ReleaseTenantSession`) |
 
 use serde::{Deserialize, Serialize};
-
-use crate::command::Command;
 
 /// A version of the directory's rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -37,36 +35,6 @@ impl Version {
     /// [`Version::FIRST`], for serde: a state written before versions were.
     pub fn first() -> Version {
         Version::FIRST
-    }
-
-    /// The version `command` needs: applied at an older one it is refused.
-    pub fn needed_by(command: &Command) -> Version {
-        match command {
-            Command::SpendTokens { .. }
-            | Command::HoldTenantSession { .. }
-            | Command::ReleaseTenantSession { .. } => Version::LAPSED_OWNERS_AND_TENANTS,
-            Command::Batch { commands } => commands
-                .iter()
-                .map(Version::needed_by)
-                .max()
-                .unwrap_or(Version::FIRST),
-            // A cluster runs `SetVersion` before it runs any version it names.
-            _ => Version::FIRST,
-        }
-    }
-
-    /// Whether this release can apply `command`: it raises the directory to no version
-    /// newer than [`Version::CURRENT`]. A node must not apply such an entry by older rules
-    /// (it would diverge from the nodes that know them), so it stops instead.
-    pub fn check_known(command: &Command) -> Result<(), TooNew> {
-        match command {
-            Command::SetVersion { version } if *version > Version::CURRENT => Err(TooNew {
-                found: *version,
-                known: Version::CURRENT,
-            }),
-            Command::Batch { commands } => commands.iter().try_for_each(Version::check_known),
-            _ => Ok(()),
-        }
     }
 }
 
@@ -95,7 +63,7 @@ pub struct TooNew {
 mod tests {
     use super::*;
     use crate::ids::{LeaseId, SessionId, WorkerId};
-    use crate::{Directory, Envelope, Outcome, Rejection};
+    use crate::{Command, Directory, Envelope, Outcome, Rejection};
 
     /// Applies `command` at the next index, stamped `now_ms`.
     fn run(d: &mut Directory, now_ms: u64, command: Command) -> Outcome {
@@ -214,8 +182,8 @@ mod tests {
             tokens: 1,
             per_minute: 10,
         };
-        assert_eq!(Version::needed_by(&spend), Version(2));
-        assert_eq!(Version::needed_by(&Command::Tick), Version(1));
+        assert_eq!(spend.needs(), Version(2));
+        assert_eq!(Command::Tick.needs(), Version(1));
         let batch = Command::Batch {
             commands: vec![
                 Command::Tick,
@@ -225,27 +193,29 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(Version::needed_by(&batch), Version(2));
+        assert_eq!(batch.needs(), Version(2));
         let empty = Command::Batch {
             commands: Vec::new(),
         };
-        assert_eq!(Version::needed_by(&empty), Version::FIRST);
+        assert_eq!(empty.needs(), Version::FIRST);
     }
 
     #[test]
     fn a_version_newer_than_this_release_is_refused_even_inside_a_batch() {
         assert_eq!(
-            Version::check_known(&Command::SetVersion {
+            Command::SetVersion {
                 version: Version::CURRENT
-            }),
+            }
+            .check_known_version(),
             Ok(())
         );
         let newer = Command::SetVersion {
             version: Version(Version::CURRENT.0 + 1),
         };
-        let err = Version::check_known(&Command::Batch {
+        let err = Command::Batch {
             commands: vec![Command::Tick, newer],
-        })
+        }
+        .check_known_version()
         .unwrap_err();
         assert_eq!(err.found, Version(Version::CURRENT.0 + 1));
         assert!(err.to_string().contains("run a newer release"), "{err}");

@@ -71,7 +71,7 @@ impl Directory {
     }
 
     fn run_one(&mut self, epoch: Epoch, command: &Command) -> Outcome {
-        let needs = Version::needed_by(command);
+        let needs = command.needs();
         if needs > self.version {
             return Rejection::NeedsVersion {
                 needs,
@@ -170,8 +170,8 @@ impl Directory {
     }
 
     /// Raises the rules to `version` (never lowers them). The node's shell stops before it
-    /// applies a version newer than this release knows (`Version::check_known`), so here
-    /// one always is known.
+    /// applies a version newer than this release knows (`Command::check_known_version`),
+    /// so here one always is known.
     fn set_version(&mut self, version: Version) -> Outcome {
         self.version = self.version.max(version.min(Version::CURRENT));
         Outcome::VersionSet {

@@ -42,8 +42,9 @@ async fn command(
     headers: axum::http::HeaderMap,
     Json(req): Json<CommandRequest>,
 ) -> Response {
-    // A command of a newer version than the directory runs: refused here, since a member
-    // of an older release could not decode its entry (`upgrade`).
+    // A command of a newer version than the directory runs: the leader refuses it rather
+    // than propose it, since a member of an older release could not decode its entry
+    // (`upgrade`).
     if let Some(outcome) = n.held(&req.command).await {
         return Json(json!({"outcome": outcome, "log_index": null})).into_response();
     }

@@ -154,18 +154,21 @@ impl Replica {
             };
             let followed = self.follow_one(&http, url).await;
             self.connected.store(false, Ordering::Release);
-            match followed {
+            let pause = match followed {
+                // It will not apply until this router is upgraded: said every few seconds.
                 Err(e @ Broken::TooNew { .. }) => {
                     tracing::error!(node = %url, error = %e, "directory replica stopped: upgrade this router");
+                    Duration::from_secs(5)
                 }
                 Err(e) => {
                     tracing::debug!(node = %url, error = %e, "directory replica: following another node");
+                    Duration::from_millis(50)
                 }
-                Ok(()) => {}
-            }
+                Ok(()) => Duration::from_millis(50),
+            };
             self.reconnects.fetch_add(1, Ordering::Relaxed);
             i += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -231,7 +234,8 @@ impl Replica {
             }
             WatchLine::Entry { index, entry } => {
                 if let Some(env) = entry {
-                    crate::version::Version::check_known(&env.command)
+                    env.command
+                        .check_known_version()
                         .map_err(|source| Broken::TooNew { index, source })?;
                     state.apply(index, &env);
                     self.last_stamp_ms.store(env.now_ms, Ordering::Release);

@@ -57,7 +57,7 @@ impl Node {
     /// the members allow (`None`: propose it; a follower's proposal goes to the leader,
     /// which decides).
     pub async fn held(&self, command: &Command) -> Option<Outcome> {
-        let needs = Version::needed_by(command);
+        let needs = command.needs();
         if needs <= self.version() || self.raft.current_leader().await != Some(self.id) {
             return None;
         }

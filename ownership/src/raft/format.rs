@@ -1,5 +1,6 @@
-//! The format of what a node keeps on disk and ships as a snapshot, and the one snapshot
-//! file ([`SnapshotFile`]): a node's `snapshot.json` and an operator's backup alike.
+//! The format of what a node keeps on disk and ships as a snapshot: the state a snapshot
+//! holds ([`MachineState`]) and the one snapshot file ([`SnapshotFile`]), a node's
+//! `snapshot.json` and an operator's backup alike.
 //!
 //! Formats, each a reader of every older one:
 //! - 1 (0.1.0): nothing labelled. A snapshot file is `{meta, data}` (`data`: the bytes of
@@ -17,11 +18,11 @@ use std::io::Write;
 use std::path::Path;
 
 use openraft::storage::SnapshotMeta;
-use openraft::BasicNode;
+use openraft::{BasicNode, LogId, StoredMembership};
 use serde::{Deserialize, Serialize};
 
-use super::state_machine::MachineState;
 use super::NodeId;
+use crate::Directory;
 
 /// A format of the node's files and snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -80,6 +81,34 @@ pub enum FormatError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Everything a snapshot holds.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MachineState {
+    /// The format it was written in (0.1.0's has none); in memory and when written, this
+    /// release's.
+    #[serde(default = "Format::unlabelled")]
+    pub format: Format,
+    pub directory: Directory,
+    pub last_applied: Option<LogId<NodeId>>,
+    pub membership: StoredMembership<NodeId, BasicNode>,
+}
+
+impl MachineState {
+    /// Reads a state's JSON in any format this release reads (0.1.0's included).
+    pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
+        let state: MachineState =
+            serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
+                what: "state",
+                source,
+            })?;
+        state.format.check("state")?;
+        Ok(MachineState {
+            format: Format::CURRENT,
+            ..state
+        })
+    }
 }
 
 /// A snapshot as a file: a node's `snapshot.json`, and a backup

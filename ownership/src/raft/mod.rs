@@ -1,6 +1,6 @@
 //! The replicated shell around [`Directory`]: openraft 0.9 with a redb log
 //! ([`log_store`]), the state machine and its snapshots ([`state_machine`]), the format of
-//! both and the snapshot file that backups are too ([`format`]), a node's data folder made
+//! both and the snapshot file that backups are too ([`mod@format`]), a node's data folder made
 //! from a backup ([`restore`]), the entries it applied lately for the routers that follow
 //! it ([`feed`]), and an HTTP transport client ([`network`]). The HTTP server side is the `node` feature's
 //! (`node::rpc`, mounted by every directory node).

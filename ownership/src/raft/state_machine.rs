@@ -11,41 +11,13 @@ use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, Snapsho
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, StorageError, StorageIOError, StoredMembership,
 };
-use serde::{Deserialize, Serialize};
 
 use super::feed::Feed;
+pub use super::format::MachineState;
 use super::format::{Format, FormatError, SnapshotFile};
 use super::{io_err, NodeId, TypeConfig};
 use crate::version::Version;
 use crate::{Directory, Outcome};
-
-/// Everything a snapshot holds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MachineState {
-    /// The format it was written in (0.1.0's has none); in memory and when written, this
-    /// release's.
-    #[serde(default = "Format::unlabelled")]
-    pub format: Format,
-    pub directory: Directory,
-    pub last_applied: Option<LogId<NodeId>>,
-    pub membership: StoredMembership<NodeId, BasicNode>,
-}
-
-impl MachineState {
-    /// Reads a state's JSON in any format this release reads (0.1.0's included).
-    pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
-        let state: MachineState =
-            serde_json::from_slice(bytes).map_err(|source| FormatError::Json {
-                what: "state",
-                source,
-            })?;
-        state.format.check("state")?;
-        Ok(MachineState {
-            format: Format::CURRENT,
-            ..state
-        })
-    }
-}
 
 /// The snapshot's file in a node's data folder.
 pub const SNAPSHOT_FILE: &str = "snapshot.json";
@@ -184,7 +156,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // by older rules it would diverge from the nodes that know them, so the node
             // stops (openraft's storage error is fatal) until it runs a newer release.
             if let EntryPayload::Normal(env) = &entry.payload {
-                if let Err(e) = Version::check_known(&env.command) {
+                if let Err(e) = env.command.check_known_version() {
                     tracing::error!(index = entry.log_id.index, error = %e, "directory entry not applied");
                     return Err(
                         StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e)).into(),

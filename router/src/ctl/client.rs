@@ -140,7 +140,7 @@ fn explain_error(status: u16, body: &Value, had_token: bool) -> String {
         401 => "the token was not accepted".to_owned(),
         403 => "this token may only read; writes need the admin token".to_owned(),
         404 if message.is_empty() || message.starts_with("no route for") => {
-            "this server has no such route (`workers`, `drain` and `explain` need the router, not a directory node)".to_owned()
+            "this server has no such route (`workers`, `drain` and `explain` need the router, not a directory node; `directory backup` a directory node, or a router that embeds one)".to_owned()
         }
         421 => format!(
             "not the directory leader; try the leader at {}",
