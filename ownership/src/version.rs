@@ -13,8 +13,8 @@
 //!
 //! | version | release | rules |
 //! |---|---|---|
-//! | 1 | 0.1.0 (a state without a version) | a lapsed lease's sessions that nothing else holds end |
-//! | 2 | 0.2.0 | they wait, unowned, for their worker (`Directory::lapsed`); tenant budgets (`SpendTokens`, `HoldTenantSession`, `ReleaseTenantSession`) |
+//! | 1 | 0.1.0 (a state without a version) | a lapsed lease's sessions that nothing else holds end, its stored responses are lost |
+//! | 2 | 0.2.0 | they wait for their worker (`Directory::lapsed`, `StoredResponse::lapsed_until_ms`); tenant budgets (`SpendTokens`, `HoldTenantSession`, `ReleaseTenantSession`) |
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +26,8 @@ pub struct Version(pub u32);
 impl Version {
     /// 0.1.0's rules: what a state without a version follows.
     pub const FIRST: Version = Version(1);
-    /// The lease grace rule (a lapsed lease's sessions wait for their worker) and tenant
-    /// budgets.
+    /// The lease grace rule (a lapsed lease's sessions and stored responses wait for their
+    /// worker) and tenant budgets.
     pub const LAPSED_OWNERS_AND_TENANTS: Version = Version(2);
     /// The newest version this release knows.
     pub const CURRENT: Version = Version(2);
@@ -112,16 +112,28 @@ mod tests {
     }
 
     #[test]
-    fn at_version_1_a_lapsed_lease_ends_its_sessions_as_0_1_0_did() {
-        let (mut d, _) = owned_at(Version::FIRST);
-        run(&mut d, 3_000, Command::Tick);
+    fn at_version_1_a_lapsed_lease_loses_its_sessions_and_responses_as_0_1_0_did() {
+        let lapse = |version| {
+            let (mut d, lease) = owned_at(version);
+            let record = Command::RecordResponse {
+                id: "r".into(),
+                lease,
+                ttl_ms: 60_000,
+            };
+            run(&mut d, 1_000, record);
+            run(&mut d, 3_000, Command::Tick);
+            d
+        };
+        let d = lapse(Version::FIRST);
         assert!(d.sessions.is_empty());
         assert!(d.lapsed.is_empty());
-        // The same entries at version 2 keep the session for its worker.
-        let (mut d, _) = owned_at(Version(2));
-        run(&mut d, 3_000, Command::Tick);
+        assert!(d.responses["r"].lost);
+        // The same entries at version 2 keep both for their worker.
+        let d = lapse(Version(2));
         assert_eq!(d.sessions[&SessionId("s".into())].owner, None);
         assert!(d.lapsed.contains_key(&SessionId("s".into())));
+        let r = &d.responses["r"];
+        assert!(!r.lost && r.lapsed_until_ms.is_some(), "{r:?}");
     }
 
     #[test]
