@@ -11,7 +11,10 @@
 //! answered with the worker and epoch they ran under; its policy, `colocated`, keeps a
 //! session on its live owner, so an owner that changes is one the roll changed). Checked
 //! at the end, reading the directory linearizably: no acknowledged write lost, and every
-//! session that existed before the roll kept its owner or moved under a newer epoch.
+//! session that existed before the roll kept its owner or moved under a newer epoch. And
+//! the rules: a lease that lapses while the cluster is mixed ends its session on every
+//! node (version 1), one that lapses after the raise leaves its session waiting for its
+//! worker (version 2).
 #![allow(clippy::unwrap_used, reason = "test: a failure should panic")]
 
 use std::collections::BTreeMap;
@@ -193,6 +196,63 @@ async fn caught_up(c: &reqwest::Client, nodes: &DirectoryNodes) {
     panic!("the nodes did not catch up in 30 s (goal {goal:?})");
 }
 
+/// Whether the node at `url` holds `session` in its own applied state (the snapshot
+/// that opens its watch stream), not the leader's.
+async fn holds_locally(c: &reqwest::Client, url: &str, session: &str) -> bool {
+    let mut resp = c
+        .get(format!("{url}/directory/v1/watch?after=0"))
+        .send()
+        .await
+        .unwrap();
+    let mut line = Vec::new();
+    while !line.contains(&b'\n') {
+        line.extend_from_slice(&resp.chunk().await.unwrap().expect("a snapshot line"));
+    }
+    let end = line.iter().position(|&b| b == b'\n').unwrap();
+    let first: Value = serde_json::from_slice(&line[..end]).unwrap();
+    first["snapshot"]["sessions"].get(session).is_some()
+}
+
+/// A session claimed under a 1 s lease of `worker` that nothing renews, checked on every
+/// node right after a `Tick` ended that lease: at directory version 1 the session ends
+/// with it, at version 2 it waits, unowned, for its worker (for three TTLs; the lease
+/// grace rule). Whether each node still holds it says which rules that node applied.
+async fn lapse_probe(c: &reqwest::Client, nodes: &DirectoryNodes, worker: u32) -> Vec<bool> {
+    let urls = nodes.urls();
+    let session = format!("lapsing-{worker}");
+    let grant = json!({"GrantLease": {"worker": worker, "ttl_ms": 1_000}});
+    let seq = u64::from(worker) * 2;
+    let granted = write_within(c, &urls, (98, seq), grant, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let lease = granted["LeaseGranted"]["lease"].as_u64().unwrap();
+    let claimed = write_within(
+        c,
+        &urls,
+        (98, seq + 1),
+        claim(&session, lease),
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    assert!(claimed["Owned"].is_object(), "{claimed}");
+    common::eventually(Duration::from_secs(20), "the probe's lease ended", || {
+        let (c, urls) = (c.clone(), urls.clone());
+        async move {
+            let d = directory_state(&c, &urls).await.unwrap();
+            !d.leases
+                .contains_key(&ownerserve_ownership::ids::LeaseId(lease))
+        }
+    })
+    .await;
+    caught_up(c, nodes).await;
+    let mut held = Vec::new();
+    for url in &urls {
+        held.push(holds_locally(c, url, &session).await);
+    }
+    held
+}
+
 /// The router's replica follows the cluster.
 async fn replica_synced(url: &str) {
     let admin = reqwest::Client::new();
@@ -312,7 +372,8 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write
     let leader = leader_index(&c, &urls).await.unwrap() + 1;
     let order: Vec<usize> = (1..=3).filter(|&i| i != leader).chain([leader]).collect();
     let mut stops = Vec::new();
-    for &i in &order {
+    let mut mixed_probe = None;
+    for (step, &i) in order.iter().enumerate() {
         let (took, killed) = nodes.stop(i, Duration::from_secs(2));
         stops.push(format!(
             "{:.2} s{}",
@@ -322,6 +383,11 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write
         nodes.run_exe(i, &current);
         nodes.restart(i);
         caught_up(&c, &nodes).await;
+        // A lease lapses while the cluster is mixed (an old leader, new and old followers):
+        // every node must apply the old rules.
+        if step == 0 {
+            mixed_probe = Some(lapse_probe(&c, &nodes, 102).await);
+        }
         // The mixed cluster under load for a while (ten rounds of claims) before the next.
         let claimed = acked.lock().unwrap().direct.len();
         common::eventually(
@@ -354,6 +420,8 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write
     )
     .await;
     let roll = rolled.elapsed();
+    // And one at the new version, by the new rules.
+    let new_probe = lapse_probe(&c, &nodes, 103).await;
     // From this release on a node exits at once on SIGTERM (its watch streams end): the
     // leader restarted once more, without being killed.
     let leader = leader_index(&c, &urls).await.unwrap() + 1;
@@ -420,6 +488,19 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_no_acknowledged_write
         stops.join(", "),
         current_stop.as_secs_f64(),
         started.elapsed().as_secs_f64(),
+    );
+    // The lease that lapsed in the mixed cluster ended its session on every node, old and
+    // new (0.1.0's rule: a node applying the grace rule would still hold it, unowned); the
+    // one at the new version left its session waiting for its worker on every node.
+    assert_eq!(
+        mixed_probe,
+        Some(vec![false; 3]),
+        "nodes holding the session of the lease lapsed while mixed"
+    );
+    assert_eq!(
+        new_probe,
+        vec![true; 3],
+        "nodes holding the session of the lease lapsed at version 2"
     );
     assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
     assert!(bad.is_empty(), "sessions that lost their owner: {bad:?}");
