@@ -129,12 +129,18 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
 /// Paths that only read though they are POSTed (a dry run): the read scope may call them.
 const READ_ONLY_POSTS: &[&str] = &["/admin/v1/plan/explain"];
 
+/// Paths that are read but hand over everything at once (a backup of the directory): the
+/// admin scope only.
+const ADMIN_ONLY_GETS: &[&str] = &["/admin/v1/snapshot"];
+
 /// Middleware: GET and HEAD (and the read-only POSTs) need the read scope, everything
-/// else the admin scope.
+/// else (and the admin-only GETs) the admin scope.
 pub async fn require(State(tokens): State<Arc<Tokens>>, req: Request, next: Next) -> Response {
     let presented = bearer_token(req.headers());
-    let write = !matches!(*req.method(), Method::GET | Method::HEAD)
-        && !READ_ONLY_POSTS.contains(&req.uri().path());
+    let path = req.uri().path();
+    let write = (!matches!(*req.method(), Method::GET | Method::HEAD)
+        && !READ_ONLY_POSTS.contains(&path))
+        || ADMIN_ONLY_GETS.contains(&path);
     match tokens.check(presented, write) {
         Ok(()) => next.run(req).await,
         Err(e) => e.into_response(),

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ClientId, Epoch, LeaseId, PrefixKey, SessionId, Tier, WorkerId};
+use crate::version::{TooNew, Version};
 
 /// A command with its timestamp and, for retries, its idempotency key.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -167,6 +168,9 @@ pub enum Command {
     },
     /// Gives up `session`'s place among `tenant`'s live sessions.
     ReleaseTenantSession { tenant: String, session: SessionId },
+    /// Raises the rules the directory applies to `version` (`crate::version`): committed
+    /// by the leader once every member runs a release that knows them.
+    SetVersion { version: Version },
     /// Advances time: expires leases past their TTL plus grace and cascades, and drops
     /// expired response records.
     Tick,
@@ -197,8 +201,44 @@ impl Command {
             Command::SpendTokens { .. } => "spend_tokens",
             Command::HoldTenantSession { .. } => "hold_tenant_session",
             Command::ReleaseTenantSession { .. } => "release_tenant_session",
+            Command::SetVersion { .. } => "set_version",
             Command::Tick => "tick",
             Command::Batch { .. } => "batch",
+        }
+    }
+}
+
+impl Command {
+    /// The directory version the command needs (`crate::version`): applied at an older one
+    /// it is refused.
+    pub fn needs(&self) -> Version {
+        match self {
+            Command::SpendTokens { .. }
+            | Command::HoldTenantSession { .. }
+            | Command::ReleaseTenantSession { .. } => Version::LAPSED_OWNERS_AND_TENANTS,
+            Command::Batch { commands } => commands
+                .iter()
+                .map(Command::needs)
+                .max()
+                .unwrap_or(Version::FIRST),
+            // A cluster applies `SetVersion` before any version it names.
+            _ => Version::FIRST,
+        }
+    }
+
+    /// Whether this release can apply the command: it raises the directory to no version
+    /// newer than [`Version::CURRENT`]. A node must not apply such an entry by older rules
+    /// (it would diverge from the nodes that know them), so it stops instead.
+    pub fn check_known_version(&self) -> Result<(), TooNew> {
+        match self {
+            Command::SetVersion { version } if *version > Version::CURRENT => Err(TooNew {
+                found: *version,
+                known: Version::CURRENT,
+            }),
+            Command::Batch { commands } => {
+                commands.iter().try_for_each(Command::check_known_version)
+            }
+            _ => Ok(()),
         }
     }
 }

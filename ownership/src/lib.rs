@@ -12,6 +12,8 @@
 //!   fleet-wide tokens-per-minute buckets and live sessions.
 //! - [`apply`]: the deterministic transition `Directory::apply(index, &Envelope) -> Outcome`;
 //!   [`outcome`]: what it answers, rejections included.
+//! - [`version`]: which rules `apply` follows, raised through the log once every node
+//!   knows the new ones (rolling upgrades).
 //! - [`invariants`]: checks over a state (one owner per key, consistent lease attachments,
 //!   fork ref counts), used by the property tests.
 //!
@@ -34,6 +36,7 @@ pub mod outcome;
 pub mod response_map;
 pub mod state;
 pub mod tenant_budgets;
+pub mod version;
 
 #[cfg(feature = "raft")]
 pub mod raft;

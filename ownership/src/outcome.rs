@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Epoch, Key, LeaseId, Owner, PrefixKey, SessionId, WorkerId};
+use crate::version::Version;
 
 /// The result of applying a command (rejections included, so retries see them too).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +59,10 @@ pub enum Outcome {
     SessionRefused {
         live: u32,
     },
+    /// The directory applies the rules of `version` from this entry on.
+    VersionSet {
+        version: Version,
+    },
     /// One outcome per command of a batch, in order.
     Batch {
         outcomes: Vec<Outcome>,
@@ -97,6 +102,8 @@ pub enum Rejection {
         max_bytes: usize,
         max_tenants: usize,
     },
+    #[error("the directory runs version {runs}; this command needs version {needs}, which it takes once every node runs a release that knows it")]
+    NeedsVersion { needs: Version, runs: Version },
     #[error("session {session:?} was written {since_ms} ms ago, within the {idle_ms} ms it must be idle")]
     RecentlyWritten {
         session: SessionId,
@@ -123,6 +130,7 @@ impl Rejection {
             Rejection::BadResponseId { .. } => "bad_response_id",
             Rejection::RecentlyWritten { .. } => "recently_written",
             Rejection::BadTenant { .. } => "bad_tenant",
+            Rejection::NeedsVersion { .. } => "needs_version",
         }
     }
 

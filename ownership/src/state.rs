@@ -12,6 +12,7 @@ pub use crate::tenant_budgets::TenantBudget;
 
 pub use crate::ids::Owner;
 use crate::ids::{ClientId, Epoch, Key, LeaseId, PrefixKey, SessionId, WorkerId};
+use crate::version::Version;
 
 /// A worker's lease and the keys it keeps alive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +74,10 @@ pub struct Directory {
     /// past it, the session ends (`Tick`).
     #[serde(default)]
     pub lapsed: BTreeMap<SessionId, LapsedOwner>,
+    /// The rules `apply` follows (`crate::version`); a state written by 0.1.0 has none and
+    /// follows version 1's.
+    #[serde(default = "Version::first")]
+    pub version: Version,
 }
 
 /// The worker a session's lapsed lease belonged to, and until when it may take it back.
@@ -98,7 +103,7 @@ pub struct DirectoryStats {
 }
 
 impl Directory {
-    /// An empty directory with `grace_ms` of expiry slack.
+    /// An empty directory with `grace_ms` of expiry slack, following this release's rules.
     pub fn new(grace_ms: u64) -> Self {
         Self {
             grace_ms,

@@ -40,13 +40,23 @@ pub struct Proc {
     pub stdout: mpsc::Receiver<String>,
 }
 
+/// The `ownerserve` binary the tests run: this build's, or `OWNERSERVE_TEST_BIN` (a long
+/// campaign, tests/faults/chaos.rs, runs a copy, so a rebuild meanwhile cannot swap it
+/// under the runs).
+pub fn ownerserve_exe() -> String {
+    std::env::var("OWNERSERVE_TEST_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ownerserve").to_owned())
+}
+
 impl Proc {
     /// Runs `ownerserve <args>` and waits for the line `<marker> http://ADDR`.
     pub fn spawn(args: &[&str], envs: &[(&str, &str)], marker: &str) -> Proc {
-        // A long campaign (tests/faults/chaos.rs) runs a copy of the binary, so a rebuild meanwhile
-        // cannot swap it under the runs.
-        let exe = std::env::var("OWNERSERVE_TEST_BIN")
-            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_ownerserve").to_owned());
+        Proc::spawn_exe(&ownerserve_exe(), args, envs, marker)
+    }
+
+    /// [`Proc::spawn`] of the `ownerserve` binary at `exe` (another release's, in
+    /// upgrade tests).
+    pub fn spawn_exe(exe: &str, args: &[&str], envs: &[(&str, &str)], marker: &str) -> Proc {
         let mut cmd = Command::new(exe);
         cmd.args(args)
             .stdout(Stdio::piped())
@@ -75,7 +85,7 @@ impl Proc {
             let Ok(line) = rx.recv_timeout(left) else {
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("ownerserve {args:?} never printed `{marker}`");
+                panic!("{exe} {args:?} never printed `{marker}`");
             };
             lines.push(line.clone());
             if let Some(rest) = line.split(marker).nth(1) {
@@ -420,7 +430,8 @@ fn ephemeral_start() -> u16 {
 }
 
 /// `n` `ownerserve directory` processes forming one cluster on 127.0.0.1, numbered from 1
-/// (their Raft ids); node 1 initialises it. Each can be killed and restarted on its data.
+/// (their Raft ids); node 1 initialises it. Each can be killed and restarted on its data,
+/// by this build's binary or another release's.
 pub struct DirectoryNodes {
     ports: Vec<u16>,
     base: std::path::PathBuf,
@@ -428,6 +439,8 @@ pub struct DirectoryNodes {
     procs: Vec<Option<Proc>>,
     /// How the nodes name each other in `--peer` (an IP address, or a DNS name).
     peer_host: String,
+    /// The binary each node runs ([`ownerserve_exe`] unless set).
+    exes: Vec<String>,
 }
 
 impl DirectoryNodes {
@@ -444,32 +457,54 @@ impl DirectoryNodes {
         extra: &[&str],
         peer_host: &str,
     ) -> DirectoryNodes {
+        let mut nodes = DirectoryNodes::planned(n, tag, extra, peer_host);
+        nodes.start_all();
+        nodes
+    }
+
+    /// The nodes' ports and (empty) data folders, none started yet: their data can be
+    /// prepared first (a restore), then [`DirectoryNodes::start_all`].
+    pub fn planned(n: usize, tag: &str, extra: &[&str], peer_host: &str) -> DirectoryNodes {
         let base =
             std::env::temp_dir().join(format!("ownerserve-dir-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&base);
-        let mut nodes = DirectoryNodes {
+        DirectoryNodes {
             ports: (0..n).map(|_| free_port()).collect(),
             base,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-            procs: Vec::new(),
+            procs: (0..n).map(|_| None).collect(),
             peer_host: peer_host.to_owned(),
-        };
-        for i in 1..=n {
-            let p = nodes.spawn(i);
-            nodes.procs.push(Some(p));
+            exes: (0..n).map(|_| ownerserve_exe()).collect(),
         }
-        nodes
+    }
+
+    /// Starts every node that does not run.
+    pub fn start_all(&mut self) {
+        for i in 1..=self.len() {
+            if !self.running(i) {
+                self.restart(i);
+            }
+        }
+    }
+
+    /// Node `i`'s data folder.
+    pub fn data_dir(&self, i: usize) -> std::path::PathBuf {
+        self.base.join(format!("node{i}"))
+    }
+
+    /// The nodes' `--peer` values (`ID=HOST:PORT`).
+    pub fn peers(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .enumerate()
+            .map(|(j, p)| format!("{}={}:{p}", j + 1, self.peer_host))
+            .collect()
     }
 
     fn spawn(&self, i: usize) -> Proc {
         let (id, listen) = (i.to_string(), format!("127.0.0.1:{}", self.ports[i - 1]));
-        let data = self.base.join(format!("node{i}"));
-        let peers: Vec<String> = self
-            .ports
-            .iter()
-            .enumerate()
-            .map(|(j, p)| format!("{}={}:{p}", j + 1, self.peer_host))
-            .collect();
+        let data = self.data_dir(i);
+        let peers = self.peers();
         let mut args = vec![
             "directory",
             "--id",
@@ -489,7 +524,7 @@ impl DirectoryNodes {
         if i == 1 {
             args.push("--init");
         }
-        Proc::spawn(&args, &[], "listening on")
+        Proc::spawn_exe(&self.exes[i - 1], &args, &[], "listening on")
     }
 
     pub fn len(&self) -> usize {
@@ -515,6 +550,29 @@ impl DirectoryNodes {
     pub fn restart(&mut self, i: usize) {
         let p = self.spawn(i);
         self.procs[i - 1] = Some(p);
+    }
+
+    /// Node `i` runs the binary at `exe` from its next start on (another release's).
+    pub fn run_exe(&mut self, i: usize, exe: &str) {
+        self.exes[i - 1] = exe.to_owned();
+    }
+
+    /// Stops node `i` as an operator would: SIGTERM, and SIGKILL if it has not exited
+    /// within `grace`. How long it took, and whether it had to be killed.
+    pub fn stop(&mut self, i: usize, grace: Duration) -> (Duration, bool) {
+        let Some(mut p) = self.procs[i - 1].take() else {
+            return (Duration::ZERO, false);
+        };
+        let asked = Instant::now();
+        p.signal("-TERM");
+        while asked.elapsed() < grace {
+            if matches!(p.child.try_wait(), Ok(Some(_))) {
+                return (asked.elapsed(), false);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        p.kill();
+        (asked.elapsed(), true)
     }
 
     /// Node `i`'s process, if it runs.

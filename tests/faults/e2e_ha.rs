@@ -14,27 +14,46 @@ use serde_json::{json, Value};
 
 use common::{temp_config, DirectoryNodes, Proc, ADMIN_TOKEN, MODEL};
 
-struct Ha {
-    nodes: DirectoryNodes,
+pub(crate) struct Ha {
+    pub(crate) nodes: DirectoryNodes,
     _workers: Vec<Proc>,
     /// The workers' URLs, by directory worker id (their position).
     worker_urls: Vec<String>,
-    routers: Vec<Proc>,
+    pub(crate) routers: Vec<Proc>,
+    /// The routers' configuration file.
+    config: String,
 }
 
 impl Ha {
-    fn start(tag: &str) -> Ha {
+    pub(crate) fn start(tag: &str) -> Ha {
         Ha::start_with(tag, "")
+    }
+
+    /// Stops router `i` (SIGTERM, as an operator's restart) and starts it again on the
+    /// same configuration (on a new port).
+    pub(crate) fn restart_router(&mut self, i: usize) {
+        self.routers[i].signal("-TERM");
+        let _ = self.routers[i].child.wait();
+        self.routers[i] = Proc::spawn(
+            &["router", "--config", &self.config],
+            &[],
+            "ownerserve router listening on",
+        );
     }
 
     /// The topology with `router_keys` (TOML lines) added to both routers' `[router]`.
     fn start_with(tag: &str, router_keys: &str) -> Ha {
+        Ha::start_with_policy(tag, "ownerserve", router_keys)
+    }
+
+    /// The topology with the routers' `policy` and `router_keys`.
+    pub(crate) fn start_with_policy(tag: &str, policy: &str, router_keys: &str) -> Ha {
         let nodes = DirectoryNodes::start(3, tag, &["--tick-ms", "200"]);
         let (workers, ports, workers_toml) = common::sim_worker_fleet(4, &["--time-scale", "20"]);
         let config = temp_config(
             &format!("ha-{tag}.toml"),
             &format!(
-                "[router]\nport = 0\npolicy = \"ownerserve\"\n{}\
+                "[router]\nport = 0\npolicy = \"{policy}\"\n{}\
                  worker_lease_ttl_ms = 6000\nhealth_interval_ms = 200\n{router_keys}\n{workers_toml}",
                 common::remote_directory_keys(&nodes)
             ),
@@ -56,12 +75,13 @@ impl Ha {
                 .map(|p| format!("http://127.0.0.1:{p}"))
                 .collect(),
             routers,
+            config,
         }
     }
 
     /// Waits until both replicas follow the cluster and every worker has exactly one
     /// live lease (the routers share them).
-    async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         let http = admin();
         for r in &self.routers {
             let url = format!("{}/admin/v1/cluster", r.url);
@@ -106,7 +126,7 @@ fn counter(text: &str, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn admin() -> reqwest::Client {
+pub(crate) fn admin() -> reqwest::Client {
     let mut h = reqwest::header::HeaderMap::new();
     h.insert(
         reqwest::header::AUTHORIZATION,
@@ -120,18 +140,18 @@ fn admin() -> reqwest::Client {
 }
 
 /// The directory's state, read linearizably from any node.
-async fn state(urls: &[String]) -> Option<ownerserve_ownership::Directory> {
+pub(crate) async fn state(urls: &[String]) -> Option<ownerserve_ownership::Directory> {
     common::linearizable::directory_state(&common::linearizable::http(), urls).await
 }
 
 /// Worker ids as the directory names them, by worker name: the position in the config.
-fn worker_ids() -> HashMap<String, u32> {
+pub(crate) fn worker_ids() -> HashMap<String, u32> {
     (0..4).map(|i| (format!("w{i}"), i)).collect()
 }
 
 /// One step of `session` through `router`: the serving worker's name and the ownership
 /// epoch it ran under, or why not.
-async fn step(
+pub(crate) async fn step(
     http: &reqwest::Client,
     router: &str,
     session: &str,

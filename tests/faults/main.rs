@@ -12,6 +12,9 @@
 mod common;
 
 mod chaos;
+mod e2e_backup;
 mod e2e_directory;
 mod e2e_ha;
 mod e2e_linearizability;
+mod e2e_router_restart;
+mod e2e_upgrade;

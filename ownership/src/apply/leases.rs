@@ -6,11 +6,13 @@
 //! epoch: a host too busy to renew in time is not a dead worker), and past them they end,
 //! releasing their fork reference; its stored responses pass to another live lease of the
 //! same worker, or wait for it alike (no other engine holds them) and are lost after; a
-//! revoked lease (the worker left) loses them at once.
+//! revoked lease (the worker left) loses them at once. At version 1 (`crate::version`,
+//! 0.1.0's rules) a lapsed lease's sessions and stored responses are lost at once.
 
 use super::{Outcome, Rejection};
 use crate::ids::{Epoch, Key, LeaseId, SessionId, WorkerId};
 use crate::state::{Directory, LapsedOwner, Lease, Owner};
+use crate::version::Version;
 
 impl Directory {
     pub(super) fn grant(&mut self, lease: LeaseId, worker: WorkerId, ttl_ms: u64) -> Outcome {
@@ -87,7 +89,8 @@ impl Directory {
         }
         // Its stored responses stay with the worker while it has another live lease, and
         // wait for it as its sessions do when it lapsed.
-        let wait_until = lapsed.then(|| self.lapse_until_ms(&dead));
+        let wait_until = (lapsed && self.version >= Version::LAPSED_OWNERS_AND_TENANTS)
+            .then(|| self.lapse_until_ms(&dead));
         self.responses.lease_ended(lease, successor, wait_until);
         // `Key` orders prefixes before sessions, so sessions see their prefix's new owner.
         for key in &dead.keys {
@@ -148,6 +151,7 @@ impl Directory {
         }
         // Its prefix's new owner; else its own worker under another live lease (granted
         // again before this one was ended: the worker is alive).
+        let lapsed_owners = self.version >= Version::LAPSED_OWNERS_AND_TENANTS;
         let follow = s
             .prefix
             .and_then(|p| self.artifacts.get(&p))
@@ -155,7 +159,8 @@ impl Directory {
             .filter(|o| self.lease_live(o.lease))
             .map(|o| Owner { epoch, ..o })
             .or_else(|| {
-                self.live_lease_of(lease.worker).map(|id| Owner {
+                let id = self.live_lease_of(lease.worker).filter(|_| lapsed_owners)?;
+                Some(Owner {
                     worker: lease.worker,
                     lease: id,
                     epoch,
@@ -169,6 +174,9 @@ impl Directory {
                     s.epoch = epoch;
                 }
             }
+            // Version 1 (0.1.0): its decode state died with the worker and nothing holds
+            // its prefix.
+            None if !lapsed_owners => self.remove_session(id),
             // Nothing else holds it: it waits, unowned and fenced by a new epoch, for its
             // worker to come back.
             None => {

@@ -1,7 +1,8 @@
 //! `Directory::apply`: the deterministic transition. It folds the entry's leader timestamp
 //! into the monotonic clock, answers retried `(client, seq)` pairs from the dedup table,
 //! dispatches to the handlers (`leases`, `artifacts`, `sessions`, `responses`, `tenants` submodules), and gives every
-//! owner change an epoch derived from its log position ([`Epoch::of`]).
+//! owner change an epoch derived from its log position ([`Epoch::of`]). A command newer
+//! than the directory's version (`crate::version`) is refused, and `SetVersion` raises it.
 
 mod artifacts;
 mod leases;
@@ -13,6 +14,7 @@ mod tenants;
 use crate::command::{Command, Envelope, MAX_BATCH};
 use crate::ids::{Epoch, Key, LeaseId, WorkerId};
 use crate::state::Directory;
+use crate::version::Version;
 
 pub use crate::outcome::{Outcome, Rejection};
 
@@ -69,6 +71,14 @@ impl Directory {
     }
 
     fn run_one(&mut self, epoch: Epoch, command: &Command) -> Outcome {
+        let needs = command.needs();
+        if needs > self.version {
+            return Rejection::NeedsVersion {
+                needs,
+                runs: self.version,
+            }
+            .into();
+        }
         match command {
             Command::GrantLease { worker, ttl_ms } => {
                 self.grant(LeaseId(epoch.0), *worker, *ttl_ms)
@@ -154,7 +164,18 @@ impl Directory {
             Command::ReleaseTenantSession { tenant, session } => {
                 self.release_tenant_session(tenant, session)
             }
+            Command::SetVersion { version } => self.set_version(*version),
             Command::Batch { .. } => Rejection::BadBatch { max: MAX_BATCH }.into(),
+        }
+    }
+
+    /// Raises the rules to `version` (never lowers them). The node's shell stops before it
+    /// applies a version newer than this release knows (`Command::check_known_version`),
+    /// so here one always is known.
+    fn set_version(&mut self, version: Version) -> Outcome {
+        self.version = self.version.max(version.min(Version::CURRENT));
+        Outcome::VersionSet {
+            version: self.version,
         }
     }
 

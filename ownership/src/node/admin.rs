@@ -1,8 +1,9 @@
 //! The directory's operator API (`/admin/v1`, bearer-token auth): owners, leases with their
 //! remaining TTL and attached keys, sessions and their fork trees; revoking a lease,
 //! transferring or releasing a session (CAS on its current epoch); cluster status,
-//! learners and membership; and the OpenAPI document. Reads are linearizable: a follower
-//! forwards a read to the leader (once) and relays its answer.
+//! learners and membership; a backup (the whole state as a snapshot file, admin token
+//! only); and the OpenAPI document. Reads are linearizable: a follower forwards a read to
+//! the leader (once) and relays its answer.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -54,6 +55,7 @@ pub fn embedded_routes(node: Arc<Node>, tokens: Arc<Tokens>) -> Router {
         .route("/admin/v1/cluster", get(cluster))
         .route("/admin/v1/cluster/learners", post(add_learner))
         .route("/admin/v1/cluster/membership", post(change_membership))
+        .route("/admin/v1/snapshot", get(snapshot))
         .route_layer(axum::middleware::from_fn_with_state(
             node.clone(),
             forward_reads,
@@ -338,8 +340,30 @@ async fn cluster(State(n): State<Arc<Node>>) -> Response {
         "applied": m.last_applied.map(|l| l.index),
         "voters": membership.voter_ids().collect::<Vec<_>>(),
         "learners": membership.learner_ids().collect::<Vec<_>>(),
+        "release": env!("CARGO_PKG_VERSION"),
+        "version": n.versions(),
     }))
     .into_response()
+}
+
+/// `GET /admin/v1/snapshot` (admin token): the state as of every write acknowledged before
+/// the call (a read barrier, then the state read under its lock at one index), as a
+/// snapshot file (`crate::raft::format`): a backup, and what `ctl directory restore` reads.
+async fn snapshot(State(n): State<Arc<Node>>) -> Response {
+    match n.read_barrier().await {
+        Ok(()) => match n.machine.snapshot_file().and_then(|f| f.to_bytes()) {
+            Ok(bytes) => (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                bytes,
+            )
+                .into_response(),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), json!({})),
+        },
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            forward(&n, f.leader_id)
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string(), json!({})),
+    }
 }
 
 #[derive(Deserialize)]
@@ -397,6 +421,7 @@ pub fn document() -> Value {
             "/admin/v1/cluster": {"get": op("Raft status: leader, term, indexes, voters, learners", "read")},
             "/admin/v1/cluster/learners": {"post": op("Add a learner; body {id, addr}", "admin")},
             "/admin/v1/cluster/membership": {"post": op("Change the voters; body {voters: [ids]}", "admin")},
+            "/admin/v1/snapshot": {"get": op("A backup: the whole state as a snapshot file, as of every write acknowledged before the call", "admin")},
             "/admin/v1/openapi.json": {"get": op("This document", "read")},
         }
     })

@@ -42,6 +42,12 @@ async fn command(
     headers: axum::http::HeaderMap,
     Json(req): Json<CommandRequest>,
 ) -> Response {
+    // A command of a newer version than the directory runs: the leader refuses it rather
+    // than propose it, since a member of an older release could not decode its entry
+    // (`upgrade`).
+    if let Some(outcome) = n.held(&req.command).await {
+        return Json(json!({"outcome": outcome, "log_index": null})).into_response();
+    }
     let body = json!({"client": req.client, "command": req.command});
     match n.propose(req.command, req.client).await {
         Ok(resp) => {
@@ -100,6 +106,8 @@ async fn cluster(State(n): State<Arc<Node>>) -> Response {
         "last_applied": m.last_applied.map(|l| l.index),
         "members": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
         "state": format!("{:?}", m.state),
+        "release": env!("CARGO_PKG_VERSION"),
+        "version": n.versions(),
     }))
     .into_response()
 }

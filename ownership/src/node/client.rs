@@ -139,6 +139,9 @@ pub struct Embedded(pub Arc<Node>);
 impl DirectoryClient for Embedded {
     fn write(&self, command: Command) -> BoxFuture<'_, Result<Outcome, DirectoryError>> {
         Box::pin(async move {
+            if let Some(outcome) = self.0.held(&command).await {
+                return Ok(outcome);
+            }
             let resp = self.0.propose(command, None).await.map_err(|e| match e {
                 RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                     DirectoryError::NotLeader {

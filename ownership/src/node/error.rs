@@ -20,9 +20,9 @@ pub enum NodeError {
         source: std::io::Error,
     },
     #[error("cannot open the raft log")]
-    Log(#[source] redb::DatabaseError),
+    Log(#[source] crate::raft::log_store::LogOpenError),
     #[error("cannot load the snapshot")]
-    Snapshot(#[source] std::io::Error),
+    Snapshot(#[source] crate::raft::state_machine::OpenError),
     // openraft's errors are large and small functions return this type too: boxed.
     #[error("invalid raft settings")]
     RaftConfig(#[source] Box<openraft::ConfigError>),

@@ -1,10 +1,12 @@
 //! One node of the replicated ownership directory (feature `node`). It runs openraft over
 //! the redb log and the pure state machine, serves the Raft RPCs and the directory API over
 //! HTTP, and, while leader, looks every `tick_ms` and proposes a `Tick` when a lease (grace
-//! included) or a stored response is due, so expired leases cascade.
+//! included) or a stored response is due, so expired leases cascade, and raises the
+//! directory's version once every member knows a newer one (`upgrade`).
 //!
 //! # Layout
 //! - this file: [`Node`], starting it, proposing commands, linearizable read barriers.
+//! - `upgrade`: rolling upgrades (the version raised, newer commands held meanwhile).
 //! - `rpc`: the Raft RPC server (and the fault tests' partition route); `api`: the
 //!   directory API; [`admin`]: the operator API; `answer`: the error answers both give.
 //! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
@@ -33,12 +35,13 @@ pub mod replica;
 mod rpc;
 mod run;
 pub mod secret;
+mod upgrade;
 mod watch;
 
 pub use client::{BoxFuture, DirectoryClient, DirectoryError, Embedded, Lookup, Remote};
 pub use error::NodeError;
 pub use replica::Replica;
-pub use run::{run, DirectoryArgs};
+pub use run::{parse_peers, run, DirectoryArgs};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -52,6 +55,7 @@ use crate::raft::log_store::LogStore;
 use crate::raft::network::HttpNetworkFactory;
 use crate::raft::state_machine::StateMachineStore;
 use crate::raft::{NodeId, Raft};
+use crate::version::Version;
 use crate::{Command, Envelope};
 
 use metrics::{command_names, DirectoryMetrics};
@@ -84,6 +88,11 @@ pub struct Node {
     pub secret: Option<secret::ClusterSecret>,
     /// The node's metrics (registered in its process's registry).
     pub metrics: DirectoryMetrics,
+    /// Cancelled when the node stops: its watch streams end then, so the routers following
+    /// it move to another node at once and the server's drain does not wait on them.
+    pub stopping: CancellationToken,
+    /// What the members' releases knew when the leader last asked (`upgrade`).
+    members_know: upgrade::MembersKnow,
 }
 
 /// Why a read barrier failed.
@@ -197,6 +206,8 @@ impl Node {
             forwarder: secret::client(s.cluster_secret.as_ref(), Duration::from_secs(10)),
             secret: s.cluster_secret,
             metrics: s.metrics,
+            stopping: cancel.clone(),
+            members_know: upgrade::MembersKnow::default(),
         });
         let single = s.nodes.len() == 1 && s.nodes.contains_key(&s.id);
         if s.init {
@@ -211,12 +222,13 @@ impl Node {
         }
         if single {
             // A one-node cluster (embedded in the router) elects itself; wait for that so the
-            // first requests find a working directory.
+            // first requests find a working directory, at this release's version.
             node.raft
                 .wait(Some(Duration::from_secs(10)))
                 .current_leader(s.id, "single node elects itself")
                 .await
                 .map_err(NodeError::Election)?;
+            node.raise_version().await;
         }
         let (ticking, cancel) = (node.clone(), cancel.clone());
         let every = Duration::from_millis(s.tick_ms.max(10));
@@ -241,6 +253,12 @@ impl Node {
                     if let Err(e) = ticking.propose(Command::Tick, None).await {
                         tracing::debug!(error = %e, "tick not committed");
                     }
+                }
+                // While the directory runs an older version than this release knows (a
+                // roll under way, or a new cluster's first entries), the leader asks the
+                // members (at most once a second) and raises it once they all know it.
+                if ticking.version() < Version::CURRENT {
+                    ticking.raise_version().await;
                 }
             }
         });

@@ -57,6 +57,14 @@ enum Broken {
     Line(String),
     #[error("entry {got} after {had}: a gap")]
     Gap { had: u64, got: u64 },
+    /// An entry this router's release cannot apply (the cluster was upgraded past it):
+    /// applied by older rules the replica would diverge, so it stops there.
+    #[error("entry {index}: {source}")]
+    TooNew {
+        index: u64,
+        #[source]
+        source: crate::version::TooNew,
+    },
 }
 
 impl Replica {
@@ -146,12 +154,21 @@ impl Replica {
             };
             let followed = self.follow_one(&http, url).await;
             self.connected.store(false, Ordering::Release);
-            if let Err(e) = followed {
-                tracing::debug!(node = %url, error = %e, "directory replica: following another node");
-            }
+            let pause = match followed {
+                // It will not apply until this router is upgraded: said every few seconds.
+                Err(e @ Broken::TooNew { .. }) => {
+                    tracing::error!(node = %url, error = %e, "directory replica stopped: upgrade this router");
+                    Duration::from_secs(5)
+                }
+                Err(e) => {
+                    tracing::debug!(node = %url, error = %e, "directory replica: following another node");
+                    Duration::from_millis(50)
+                }
+                Ok(()) => Duration::from_millis(50),
+            };
             self.reconnects.fetch_add(1, Ordering::Relaxed);
             i += 1;
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -217,6 +234,9 @@ impl Replica {
             }
             WatchLine::Entry { index, entry } => {
                 if let Some(env) = entry {
+                    env.command
+                        .check_known_version()
+                        .map_err(|source| Broken::TooNew { index, source })?;
                     state.apply(index, &env);
                     self.last_stamp_ms.store(env.now_ms, Ordering::Release);
                 }

@@ -80,7 +80,9 @@ pub struct DirectoryArgs {
     exit_with_stdin: bool,
 }
 
-fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeError> {
+/// Cluster members from `--peer` values (`ID=HOST:PORT`), as `ownerserve directory` and
+/// `ownerserve ctl directory restore` read them.
+pub fn parse_peers(peers: &[String]) -> Result<BTreeMap<NodeId, BasicNode>, NodeError> {
     peers
         .iter()
         .map(|p| {

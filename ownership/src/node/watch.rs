@@ -10,7 +10,8 @@
 //!   node from a dead connection.
 //!
 //! Only committed entries are ever applied, so any node (follower or leader) can be
-//! followed; a follower is at most a heartbeat behind the leader.
+//! followed; a follower is at most a heartbeat behind the leader. The stream ends when the
+//! node stops.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,8 +111,12 @@ pub(super) async fn watch(State(node): State<Arc<Node>>, uri: Uri) -> Response {
         node: node.clone(),
     };
     let stream = futures_util::stream::unfold(watcher, |mut w| async move {
-        let chunk = w.next_chunk().await;
-        Some((Ok::<Bytes, std::io::Error>(chunk), w))
+        let stopping = w.node.stopping.clone();
+        tokio::select! {
+            chunk = w.next_chunk() => Some((Ok::<Bytes, std::io::Error>(chunk), w)),
+            // The node stops: the follower moves to another node now.
+            () = stopping.cancelled() => None,
+        }
     });
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],

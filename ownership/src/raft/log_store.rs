@@ -1,5 +1,6 @@
-//! The Raft log on redb: table `logs` (index → JSON entry) and table `meta` (vote,
-//! committed, last purged). Every write transaction commits with `Durability::Immediate`,
+//! The Raft log on redb: table `logs` (index → JSON entry) and table `meta` (vote, last
+//! purged, and the log's `format`, `super::format`: a log without one is 0.1.0's, read
+//! alike; one newer than this release's is refused at open). Every write transaction commits with `Durability::Immediate`,
 //! so an appended batch is fsynced once before openraft is told it is durable. Writes run
 //! on the blocking pool: an fsync must not stall the runtime thread, which in a router
 //! with the embedded directory also relays every request.
@@ -15,10 +16,27 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::format::{Format, FormatError};
 use super::{io_err, NodeId, TypeConfig};
 
 const LOGS: TableDefinition<u64, &[u8]> = TableDefinition::new("logs");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+
+/// The `meta` key of the log's format.
+const FORMAT_KEY: &str = "format";
+
+/// Why a node's log could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LogOpenError {
+    #[error("cannot open the log database")]
+    Database(#[from] redb::DatabaseError),
+    #[error("cannot read or label the log")]
+    Storage(#[from] redb::Error),
+    #[error("the log's format label is not a number")]
+    Label(#[from] serde_json::Error),
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
 
 /// The durable log of one node.
 #[derive(Clone)]
@@ -29,10 +47,43 @@ pub struct LogStore {
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 impl LogStore {
-    /// Opens (or creates) the log file.
-    pub fn open(path: &Path) -> Result<Self, redb::DatabaseError> {
+    /// Opens (or creates) the log file, and labels it with this release's format.
+    pub fn open(path: &Path) -> Result<Self, LogOpenError> {
         let db = Database::create(path)?;
+        let found = Self::format_of(&db)?;
+        if let Some(format) = found {
+            format.check("raft log")?;
+        }
+        if found != Some(Format::CURRENT) {
+            let label = serde_json::to_vec(&Format::CURRENT)?;
+            let mut tx = db.begin_write().map_err(redb::Error::from)?;
+            tx.set_durability(Durability::Immediate)
+                .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            tx.open_table(META)
+                .map_err(redb::Error::from)?
+                .insert(FORMAT_KEY, label.as_slice())
+                .map_err(redb::Error::from)?;
+            tx.commit().map_err(redb::Error::from)?;
+        }
         Ok(Self { db: Arc::new(db) })
+    }
+
+    /// The format the log is labelled with (`None`: unlabelled, 0.1.0's).
+    pub fn format(&self) -> Result<Option<Format>, LogOpenError> {
+        Self::format_of(&self.db)
+    }
+
+    fn format_of(db: &Database) -> Result<Option<Format>, LogOpenError> {
+        let tx = db.begin_read().map_err(redb::Error::from)?;
+        let table = match tx.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(redb::Error::from(e).into()),
+        };
+        let Some(label) = table.get(FORMAT_KEY).map_err(redb::Error::from)? else {
+            return Ok(None);
+        };
+        Ok(Some(serde_json::from_slice(label.value())?))
     }
 
     async fn write<T: Send + 'static>(

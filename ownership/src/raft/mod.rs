@@ -1,7 +1,8 @@
-//! The replicated shell around [`Directory`]: openraft 0.9 with a redb
-//! log ([`log_store`]), the state machine and its snapshots ([`state_machine`]), the
-//! entries it applied lately for the routers that follow it ([`feed`]), and an
-//! HTTP transport client ([`network`]). The HTTP server side is the `node` feature's
+//! The replicated shell around [`Directory`]: openraft 0.9 with a redb log
+//! ([`log_store`]), the state machine and its snapshots ([`state_machine`]), the format of
+//! both and the snapshot file that backups are too ([`mod@format`]), a node's data folder made
+//! from a backup ([`restore`]), the entries it applied lately for the routers that follow
+//! it ([`feed`]), and an HTTP transport client ([`network`]). The HTTP server side is the `node` feature's
 //! (`node::rpc`, mounted by every directory node).
 //!
 //! Entries carry an [`Envelope`] whose `now_ms` the leader stamps just
@@ -13,8 +14,10 @@
 #![allow(clippy::result_large_err, reason = "the error type is openraft's")]
 
 pub mod feed;
+pub mod format;
 pub mod log_store;
 pub mod network;
+pub mod restore;
 pub mod state_machine;
 
 use std::io::Cursor;

@@ -1,8 +1,9 @@
 //! The replicated state machine: the pure [`Directory`] plus what openraft needs beside it
 //! (last applied log id, membership), with snapshots written atomically to a file
-//! (tmp file, fsync, rename, fsync of the folder) and loaded again at start.
+//! ([`SnapshotFile`], read back in any format this release reads) and loaded again at
+//! start.
 
-use std::io::{Cursor, Write};
+use std::io::Cursor;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -10,31 +11,35 @@ use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, Snapshot, Snapsho
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, StorageError, StorageIOError, StoredMembership,
 };
-use serde::{Deserialize, Serialize};
 
 use super::feed::Feed;
+pub use super::format::MachineState;
+use super::format::{Format, FormatError, SnapshotFile};
 use super::{io_err, NodeId, TypeConfig};
+use crate::version::Version;
 use crate::{Directory, Outcome};
 
-/// Everything a snapshot holds.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MachineState {
-    pub directory: Directory,
-    pub last_applied: Option<LogId<NodeId>>,
-    pub membership: StoredMembership<NodeId, BasicNode>,
-}
+/// The snapshot's file in a node's data folder.
+pub const SNAPSHOT_FILE: &str = "snapshot.json";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<NodeId, BasicNode>,
-    data: Vec<u8>,
+/// Why a node's snapshot could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 /// Shared handle to a node's state machine; clones see the same state.
 #[derive(Clone)]
 pub struct StateMachineStore {
     state: Arc<RwLock<MachineState>>,
-    snapshot: Arc<Mutex<Option<StoredSnapshot>>>,
+    snapshot: Arc<Mutex<Option<SnapshotFile>>>,
     /// Where the current snapshot is kept (`None`: memory only, for tests).
     path: Option<PathBuf>,
     /// The entries applied lately, for the routers that follow this node.
@@ -45,19 +50,28 @@ type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 impl StateMachineStore {
     /// A state machine whose snapshots live in `dir/snapshot.json`; loads it if present.
-    pub fn open(dir: Option<&Path>, grace_ms: u64) -> std::io::Result<Self> {
-        let path = dir.map(|d| d.join("snapshot.json"));
+    ///
+    /// Without a snapshot the directory starts at version 1, as 0.1.0's did: its version
+    /// changes only through the log (`Command::SetVersion`), so a node that replays a log
+    /// from its start passes through each version at the entry the others did.
+    pub fn open(dir: Option<&Path>, grace_ms: u64) -> Result<Self, OpenError> {
+        let path = dir.map(|d| d.join(SNAPSHOT_FILE));
         let mut state = MachineState {
-            directory: Directory::new(grace_ms),
+            directory: Directory {
+                version: Version::FIRST,
+                ..Directory::new(grace_ms)
+            },
             ..MachineState::default()
         };
         let mut snapshot = None;
         if let Some(p) = path.as_ref().filter(|p| p.exists()) {
-            let bytes = std::fs::read(p)?;
-            let stored: StoredSnapshot =
-                serde_json::from_slice(&bytes).map_err(std::io::Error::other)?;
-            state = serde_json::from_slice(&stored.data).map_err(std::io::Error::other)?;
-            snapshot = Some(stored);
+            let bytes = std::fs::read(p).map_err(|source| OpenError::Read {
+                path: p.clone(),
+                source,
+            })?;
+            let file = SnapshotFile::parse(&bytes)?;
+            state = file.state()?;
+            snapshot = Some(file);
         }
         let last = state.last_applied.map_or(0, |l| l.index);
         Ok(Self {
@@ -79,53 +93,45 @@ impl StateMachineStore {
         &self.feed
     }
 
-    fn persist(&self, stored: &StoredSnapshot) -> StoreResult<()> {
+    /// The state now, as a snapshot file: what a snapshot and a backup
+    /// (`GET /admin/v1/snapshot`) hold.
+    pub fn snapshot_file(&self) -> Result<SnapshotFile, FormatError> {
+        let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+        let snapshot_id = match st.last_applied {
+            Some(l) => format!("{}-{}", l.leader_id, l.index),
+            None => "empty".to_owned(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: st.last_applied,
+            last_membership: st.membership.clone(),
+            snapshot_id,
+        };
+        SnapshotFile::of(meta, &st)
+    }
+
+    fn persist(&self, file: &SnapshotFile) -> StoreResult<()> {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let sig = Some(stored.meta.signature());
-        let write = || -> std::io::Result<()> {
-            let tmp = path.with_extension("tmp");
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec(stored).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            if let Some(dir) = path.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(|e| StorageIOError::write_snapshot(sig, openraft::AnyError::new(&e)).into())
+        file.write(path).map_err(|e| {
+            StorageIOError::write_snapshot(Some(file.meta.signature()), openraft::AnyError::new(&e))
+                .into()
+        })
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
-        let (data, last_applied, membership) = {
-            let st = self.state.read().unwrap_or_else(|e| e.into_inner());
-            let data = serde_json::to_vec(&*st)
-                .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
-            (data, st.last_applied, st.membership.clone())
+        let file = self
+            .snapshot_file()
+            .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
+        self.persist(&file)?;
+        let snapshot = Snapshot {
+            meta: file.meta.clone(),
+            snapshot: Box::new(Cursor::new(file.data.clone())),
         };
-        let snapshot_id = match last_applied {
-            Some(l) => format!("{}-{}", l.leader_id, l.index),
-            None => "empty".to_owned(),
-        };
-        let meta = SnapshotMeta {
-            last_log_id: last_applied,
-            last_membership: membership,
-            snapshot_id,
-        };
-        let stored = StoredSnapshot {
-            meta: meta.clone(),
-            data: data.clone(),
-        };
-        self.persist(&stored)?;
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(stored);
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        })
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        Ok(snapshot)
     }
 }
 
@@ -146,6 +152,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
         let mut out = Vec::new();
         for entry in entries {
+            // An entry raising the directory to rules this release does not know: applied
+            // by older rules it would diverge from the nodes that know them, so the node
+            // stops (openraft's storage error is fatal) until it runs a newer release.
+            if let EntryPayload::Normal(env) = &entry.payload {
+                if let Err(e) = env.command.check_known_version() {
+                    tracing::error!(index = entry.log_id.index, error = %e, "directory entry not applied");
+                    return Err(
+                        StorageIOError::apply(entry.log_id, openraft::AnyError::new(&e)).into(),
+                    );
+                }
+            }
             st.last_applied = Some(entry.log_id);
             let index = entry.log_id.index;
             out.push(match entry.payload {
@@ -182,23 +199,24 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StoreResult<()> {
         let data = snapshot.into_inner();
-        let state: MachineState = serde_json::from_slice(&data).map_err(|e| {
+        let state = MachineState::parse(&data).map_err(|e| {
             StorageError::from(StorageIOError::read_snapshot(
                 Some(meta.signature()),
                 openraft::AnyError::new(&e),
             ))
         })?;
-        let stored = StoredSnapshot {
+        let file = SnapshotFile {
+            format: Format::CURRENT,
             meta: meta.clone(),
             data,
         };
-        self.persist(&stored)?;
+        self.persist(&file)?;
         let last = state.last_applied.map_or(0, |l| l.index);
         let mut current = self.state.write().unwrap_or_else(|e| e.into_inner());
         *current = state;
         self.feed.reset(last);
         drop(current);
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(stored);
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
         Ok(())
     }
 

@@ -6,6 +6,9 @@ use anyhow::{bail, Context};
 use axum::http::Method;
 use serde_json::Value;
 
+/// How long a backup may take to arrive (a large directory's state is hundreds of MB).
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// A client for one server's `/admin/v1`.
 pub struct Api {
     http: reqwest::Client,
@@ -47,6 +50,34 @@ impl Api {
     /// GETs `path`.
     pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
         self.call(Method::GET, path, None, &[]).await
+    }
+
+    /// GETs `path` and returns the answer's bytes as they came (a backup is written as
+    /// the server sent it).
+    pub async fn get_bytes(&self, path: &str) -> anyhow::Result<Vec<u8>> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.get(&url).timeout(BACKUP_TIMEOUT);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let status = resp.status();
+        let bytes = resp
+            .bytes()
+            .await
+            .with_context(|| format!("{url}: the answer was cut off"))?;
+        if status.is_success() {
+            return Ok(bytes.to_vec());
+        }
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        bail!(
+            "{}",
+            explain_error(status.as_u16(), &value, self.token.is_some())
+        )
     }
 
     /// Calls `path` with an optional JSON body and extra headers; a non-2xx answer is an
@@ -109,7 +140,7 @@ fn explain_error(status: u16, body: &Value, had_token: bool) -> String {
         401 => "the token was not accepted".to_owned(),
         403 => "this token may only read; writes need the admin token".to_owned(),
         404 if message.is_empty() || message.starts_with("no route for") => {
-            "this server has no such route (`workers`, `drain` and `explain` need the router, not a directory node)".to_owned()
+            "this server has no such route (`workers`, `drain` and `explain` need the router, not a directory node; `directory backup` a directory node, or a router that embeds one)".to_owned()
         }
         421 => format!(
             "not the directory leader; try the leader at {}",

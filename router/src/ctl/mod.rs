@@ -6,8 +6,10 @@
 //!
 //! - `client`: the HTTP calls and their errors.
 //! - `views`: the tables for each answer; `table` lays them out.
+//! - `directory`: backups of the directory and the data folders restored from them.
 
 mod client;
+mod directory;
 mod table;
 mod views;
 
@@ -85,6 +87,12 @@ enum CtlCommand {
         #[arg(long = "router")]
         routers: Vec<String>,
     },
+    /// The directory's backups: `backup FILE` from a running cluster, `restore FILE` into
+    /// a new node's data folder.
+    Directory {
+        #[command(subcommand)]
+        command: directory::DirectoryCommand,
+    },
     /// The plan the router would choose for a chat request, with every candidate's costs,
     /// without running it (router only). The body is read from `--file` or stdin.
     Explain {
@@ -132,6 +140,15 @@ async fn cluster(
 pub async fn run(args: CtlArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.url, args.token.clone())?;
     let (answer, view): (Value, fn(&Value) -> String) = match args.command {
+        CtlCommand::Directory { command } => {
+            let (answer, words) = directory::run(&api, command).await?;
+            say(&if args.json {
+                serde_json::to_string_pretty(&answer)?
+            } else {
+                words
+            });
+            return Ok(());
+        }
         CtlCommand::Owners { key } => match key {
             Some(k) => (
                 api.get(&format!("/admin/v1/owners/{k}")).await?,

@@ -268,7 +268,7 @@ pub fn cluster(answer: &Value) -> String {
         return fields(answer);
     }
     let mut nodes = Table::new(&[
-        "NODE", "URL", "STATE", "LEADER", "TERM", "APPLIED", "VOTERS",
+        "NODE", "URL", "STATE", "LEADER", "TERM", "APPLIED", "VOTERS", "RELEASE", "VERSION",
     ]);
     for n in rows(answer, "nodes") {
         match n.get("error") {
@@ -276,6 +276,8 @@ pub fn cluster(answer: &Value) -> String {
                 "-".into(),
                 cell(&n["url"]),
                 format!("unreachable: {}", cell(e)),
+                "-".into(),
+                "-".into(),
                 "-".into(),
                 "-".into(),
                 "-".into(),
@@ -289,6 +291,8 @@ pub fn cluster(answer: &Value) -> String {
                 cell(&n["term"]),
                 cell(&n["last_applied"]),
                 cell(&n["members"]),
+                cell(&n["release"]),
+                cell(&n["version"]["runs"]),
             ]),
         }
     }
