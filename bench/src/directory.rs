@@ -186,7 +186,8 @@ async fn load(
     Ok((rate, all))
 }
 
-fn rss_bytes() -> u64 {
+/// This process's resident memory, in bytes (0 where `/proc` cannot tell).
+pub(crate) fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

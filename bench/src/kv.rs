@@ -46,6 +46,14 @@ pub struct KvBenchArgs {
     /// Index sizes (blocks) at which eviction is measured, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000000,10000000")]
     prune_sizes: Vec<usize>,
+    /// Block-locations (blocks × the workers holding each) of the scale curve, which then
+    /// runs alone: memory per location, lookup and event apply rate at each size
+    /// (`--scale 1000000,3000000,10000000 --workers 256`).
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
+    /// Workers holding each block in the scale curve (a shared prefix's copies).
+    #[arg(long, default_value_t = 4)]
+    holders: u32,
 }
 
 fn random_tokens(rng: &mut SplitMix64, n: usize) -> Vec<u32> {
@@ -85,6 +93,9 @@ fn line(what: &str, ours: &str, baseline: &str, ratio: f64, target: &str) {
 pub fn run(args: KvBenchArgs) -> anyhow::Result<()> {
     let mut rng = SplitMix64::new(42);
     let n = args.iterations.max(10);
+    if !args.scale.is_empty() {
+        return scale(&args, &mut rng);
+    }
     say(&format!(
         "bench kv: {} workers, {}-token prompt, {} iterations, {} blocks ingested, block size {BLOCK}, one thread",
         args.workers, args.prompt_tokens, n, args.ingest_blocks
@@ -435,4 +446,125 @@ fn prune_case(size: usize, workers: u32, rng: &mut SplitMix64) {
         percentile(&times, 50.0) / percentile(&walk, 50.0),
         &format!("no stall ({pruned} blocks evicted in all)"),
     );
+}
+
+/// Blocks per stored chain in the scale curve (a 100K-token prompt).
+const SCALE_CHAIN_BLOCKS: usize = 100_000 / BLOCK;
+
+/// Blocks per KV event when the scale curve times event apply (vLLM sends a request's new
+/// blocks in one event; 8 is a step's worth at this block size).
+const SCALE_EVENT_BLOCKS: usize = 8;
+
+/// The KV index as the fleet grows: for each size in `args.scale` (block-locations), an
+/// index of 100K-token chains, each held by `args.holders` of `args.workers` workers, built
+/// from empty; the resident memory it took per block-location; the lookup of a stored
+/// chain's next step (its holders matched) next to hashing it; and events of 8 blocks applied into
+/// the full index (each store evicts as many) next to the same events into an empty one.
+fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
+    let workers = args.workers.max(1);
+    let holders = args.holders.clamp(1, workers);
+    let n = args.iterations.max(10);
+    say(&format!(
+        "bench kv --scale: {workers} workers, each block on {holders} of them, chains of {SCALE_CHAIN_BLOCKS} blocks of {BLOCK} tokens, {n} lookups, one thread"
+    ));
+    say("| block-locations | blocks | resident memory per location (per block) | lookup p50 / p99 µs | baseline: hash the prompt, p50 / p99 µs | events applied into the full index, /s (blocks/s) | baseline: into an empty index, /s | ratio |");
+    say("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let empty_rate = apply_rate(
+        &mut KvIndex::new(KvIndexConfig {
+            block_size: BLOCK,
+            max_blocks: 1 << 20,
+        }),
+        workers,
+        rng,
+    );
+    for &locations in &args.scale {
+        let blocks = (locations / holders as usize).max(SCALE_CHAIN_BLOCKS);
+        let before = super::directory::rss_bytes();
+        let mut ix = KvIndex::new(KvIndexConfig {
+            block_size: BLOCK,
+            max_blocks: blocks,
+        });
+        let mut chain = 0u64;
+        let mut last = Vec::new();
+        while ix.len() + SCALE_CHAIN_BLOCKS <= blocks {
+            last = random_tokens(rng, SCALE_CHAIN_BLOCKS * BLOCK);
+            for h in 0..u64::from(holders) {
+                let w = WorkerId(((chain * u64::from(holders) + h) % u64::from(workers)) as u32);
+                store_chain(&mut ix, w, &last, (chain << 34) | (h << 32));
+            }
+            chain += 1;
+        }
+        let grown = super::directory::rss_bytes().saturating_sub(before) as f64;
+        let (stored, held) = (ix.len(), ix.len() * holders as usize);
+        // The last chain's session's next step: its prompt and 1,000 new tokens.
+        last.extend(random_tokens(rng, 1_000));
+        let query = prompt_hashes(&last, BLOCK, XXH3_SEED);
+        let mut scratch = MatchScratch::default();
+        let mut out = Vec::new();
+        let lookup = time_us(n, || {
+            ix.find_matches(black_box(&query), &mut scratch, &mut out);
+            black_box(&out);
+        });
+        let hash = time_us(n, || {
+            black_box(prompt_hashes(black_box(&last), BLOCK, XXH3_SEED));
+        });
+        let full_rate = apply_rate(&mut ix, workers, rng);
+        say(&format!(
+            "| {held} | {stored} | {:.0} B ({:.0} B) | {:.2} / {:.2} | {:.1} / {:.1} | {:.2} M ({:.2} M) | {:.2} M | {:.2}x |",
+            grown / held as f64,
+            grown / stored as f64,
+            percentile(&lookup, 50.0),
+            percentile(&lookup, 99.0),
+            percentile(&hash, 50.0),
+            percentile(&hash, 99.0),
+            full_rate / 1e6,
+            full_rate * SCALE_EVENT_BLOCKS as f64 / 1e6,
+            empty_rate / 1e6,
+            full_rate / empty_rate,
+        ));
+        drop(ix);
+    }
+    say("targets (issue 65): ≤ 64 B per block-location; ≥ 1M events/s per core");
+    Ok(())
+}
+
+/// Events of [`SCALE_EVENT_BLOCKS`] blocks applied per second into `ix` (normalized
+/// events, as the router applies them after decoding): new 100K-token chains stored on
+/// `workers` in turn, ten of them.
+fn apply_rate(ix: &mut KvIndex, workers: u32, rng: &mut SplitMix64) -> f64 {
+    let chains: Vec<Vec<KvEvent>> = (0..10u64)
+        .map(|c| {
+            let tokens = random_tokens(rng, SCALE_CHAIN_BLOCKS * BLOCK);
+            let base = (1u64 << 62) | (c << 32);
+            let mut parent = None;
+            tokens
+                .chunks(SCALE_EVENT_BLOCKS * BLOCK)
+                .enumerate()
+                .map(|(i, chunk)| {
+                    let block_ids: Vec<u64> = (0..chunk.len() / BLOCK)
+                        .map(|b| base + (i * SCALE_EVENT_BLOCKS + b) as u64)
+                        .collect();
+                    let event = KvEvent::Stored {
+                        parent,
+                        block_ids: block_ids.clone(),
+                        tokens: chunk.to_vec(),
+                        tier: Tier::Gpu,
+                        lora_name: None,
+                        extra_keys: None,
+                    };
+                    parent = block_ids.last().copied();
+                    event
+                })
+                .collect()
+        })
+        .collect();
+    let events: usize = chains.iter().map(Vec::len).sum();
+    let t = Instant::now();
+    for (c, chain) in chains.iter().enumerate() {
+        let w = WorkerId(c as u32 % workers);
+        for e in chain {
+            let _ = ix.apply(w, black_box(e));
+        }
+    }
+    events as f64 / t.elapsed().as_secs_f64()
 }
