@@ -3,18 +3,15 @@
 //! latency with one write in flight (the baseline: no batching possible) and with many
 //! (openraft batches them into one append, one fsync); a router's side of it (`replica`:
 //! lookups from its replica, a new session's claim, the replica's lag); and the state
-//! machine's memory for one million sessions, measured in this process.
+//! machine's memory for one million sessions, measured in this process. `--scale` runs
+//! the curve over session counts instead (`dir_scale`).
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use ownerserve_ownership::ids::{SessionId, WorkerId};
-use ownerserve_ownership::{Command, Directory, Envelope};
-
+use super::dir_cluster::{self, write, Cluster, CLUSTER_SECRET};
 use super::percentile;
-use super::proxy::{start, Reaped};
 use ownerserve_eval::console::say;
 
 /// Flags of `ownerserve bench directory`.
@@ -35,101 +32,24 @@ pub struct DirectoryBenchArgs {
     /// Sessions for the memory measurement.
     #[arg(long, default_value_t = 1_000_000)]
     sessions: usize,
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-struct Cluster {
-    _nodes: Vec<Reaped>,
-    urls: Vec<String>,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The secret of the benchmark's own cluster (its nodes live as long as the run), sent in
-/// `ownerserve_ownership::node::secret::HEADER`.
-const CLUSTER_SECRET: &str = "ownerserve-bench-directory";
-
-fn start_cluster() -> anyhow::Result<Cluster> {
-    let ports = [free_port()?, free_port()?, free_port()?];
-    let dir = std::env::temp_dir().join(format!("ownerserve-bench-dir-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let peers: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
-        .collect();
-    let mut nodes = Vec::new();
-    let mut urls = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let id = (i + 1).to_string();
-        let listen = format!("127.0.0.1:{port}");
-        let data = dir.join(format!("node{id}"));
-        let data = data.to_str().context("temp path")?.to_owned();
-        let mut args = vec![
-            "directory",
-            "--id",
-            &id,
-            "--listen",
-            &listen,
-            "--data-dir",
-            &data,
-            "--cluster-secret",
-            CLUSTER_SECRET,
-        ];
-        for p in &peers {
-            args.push("--peer");
-            args.push(p);
-        }
-        if i == 0 {
-            args.push("--init");
-        }
-        let (child, url) = start(&args, "listening on")?;
-        nodes.push(child);
-        urls.push(url);
-    }
-    Ok(Cluster {
-        _nodes: nodes,
-        urls,
-        dir,
-    })
-}
-
-async fn leader(http: &reqwest::Client, c: &Cluster) -> anyhow::Result<String> {
-    for _ in 0..200 {
-        for url in &c.urls {
-            if let Ok(r) = http.get(format!("{url}/directory/v1/cluster")).send().await {
-                if let Ok(v) = r.json::<Value>().await {
-                    if v["state"] == "Leader" {
-                        return Ok(url.clone());
-                    }
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    bail!("no leader elected")
-}
-
-async fn write(http: &reqwest::Client, leader: &str, command: &Value) -> anyhow::Result<Value> {
-    let resp = http
-        .post(format!("{leader}/directory/v1/commands"))
-        .json(&json!({"command": command}))
-        .send()
-        .await?;
-    if !resp.status().is_success() {
-        bail!("write failed: {}", resp.status());
-    }
-    Ok(resp.json::<Value>().await?["outcome"].clone())
+    /// Session counts of the scale curve (e.g. `100000,300000,1000000`): memory, snapshot
+    /// size and time, a new replica's catch-up, a node's recovery and write rates at each,
+    /// instead of the default rows.
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
+    /// Cluster sizes of the scale curve: the first gets every row, the others the writes.
+    #[arg(long, value_delimiter = ',', default_value = "3,5")]
+    scale_nodes: Vec<usize>,
+    /// Seconds of one-at-a-time claims at each point of the scale curve.
+    #[arg(long, default_value_t = 3)]
+    scale_secs: u64,
+    /// Claims per second the cluster commits while a new replica or a restarted node
+    /// catches up (scale curve).
+    #[arg(long, default_value_t = 10_000)]
+    tail_rate: u64,
+    /// Folder for the scale curve's PNG plots.
+    #[arg(long)]
+    plot_dir: Option<std::path::PathBuf>,
 }
 
 fn claim(key: u64, lease: u64) -> Value {
@@ -187,81 +107,36 @@ async fn load(
 }
 
 /// This process's resident memory, in bytes (0 where `/proc` cannot tell).
-pub(crate) fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
+pub(crate) use super::dir_cluster::own_rss_bytes as rss_bytes;
 
 fn sessions_memory(n: usize) -> anyhow::Result<(u64, u64)> {
-    let before = rss_bytes();
-    let mut d = Directory::new(500);
-    let env = |command| Envelope {
-        now_ms: 1,
-        client: None,
-        command,
-    };
-    let granted = d.apply(
-        1,
-        &env(Command::GrantLease {
-            worker: WorkerId(0),
-            ttl_ms: u64::MAX / 4,
-        }),
-    );
-    let ownerserve_ownership::Outcome::LeaseGranted { lease, .. } = granted else {
-        bail!("lease not granted: {granted:?}");
-    };
-    for i in 0..n {
-        d.apply(
-            i as u64 + 2,
-            &env(Command::SetDecodeOwner {
-                session: SessionId(format!("session-{i:08}")),
-                lease,
-                prefix: None,
-                tail_tokens: 100,
-                predicted_tool_gap_ms: Some(30_000),
-                expect_epoch: None,
-            }),
-        );
-    }
-    let after = rss_bytes();
-    if d.sessions.len() != n {
-        bail!("only {} of {n} sessions were created", d.sessions.len());
-    }
-    std::hint::black_box(&d);
-    Ok((before, after))
+    let mut grown = super::dir_snapshot::Grown::new()?;
+    grown.grow_to(n)?;
+    Ok((
+        grown.rss_before(),
+        grown.rss_before() + grown.resident_bytes(),
+    ))
 }
 
 /// Runs the benchmark and prints a Markdown table.
 pub async fn run(args: DirectoryBenchArgs) -> anyhow::Result<()> {
-    let cluster = start_cluster()?;
-    let mut secret = reqwest::header::HeaderMap::new();
-    secret.insert(
-        "x-ownerserve-cluster-secret",
-        reqwest::header::HeaderValue::from_static(CLUSTER_SECRET),
-    );
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(1024)
-        .default_headers(secret)
-        .build()?;
-    let leader = leader(&http, &cluster).await?;
+    if !args.scale.is_empty() {
+        return super::dir_scale::run(super::dir_scale::ScaleOptions {
+            counts: args.scale,
+            nodes: args.scale_nodes,
+            batches_in_flight: args.batches_in_flight,
+            one_at_a_time_s: args.scale_secs,
+            tail_rate: args.tail_rate,
+            plot_dir: args.plot_dir,
+        })
+        .await;
+    }
+    let cluster = Cluster::start(3)?;
+    let http = dir_cluster::http_client()?;
+    let leader = dir_cluster::leader(&http, &cluster.urls).await?;
     // A router's replica follows the cluster through every load below.
     let router = super::replica::RouterSide::connect(cluster.urls.clone(), CLUSTER_SECRET)?;
-    let granted = write(
-        &http,
-        &leader,
-        &json!({"GrantLease": {"worker": 0, "ttl_ms": 3_600_000u64}}),
-    )
-    .await?;
-    let lease = granted["LeaseGranted"]["lease"]
-        .as_u64()
-        .context("no lease granted")?;
+    let lease = dir_cluster::grant_lease(&http, &leader).await?;
     let secs = args.duration_s.max(1);
     say(&format!(
         "bench directory: 3 `ownerserve directory` processes on 127.0.0.1, redb logs fsynced per append, {secs}s per run"

@@ -17,7 +17,11 @@
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
 //! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
 //! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions;
-//!   [`replica`]: a router's side of that cluster (replica lookups, claims, lag).
+//!   [`replica`]: a router's side of that cluster (replica lookups, claims, lag);
+//!   [`dir_scale`]: `--scale`, the directory's costs as sessions grow, measured in process
+//!   ([`dir_snapshot`]: memory, snapshots) and on clusters ([`dir_live`]: writes, a new
+//!   replica's catch-up, a node's recovery), printed and drawn by [`dir_report`];
+//!   [`dir_cluster`]: the local cluster itself.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
 //! - [`tokenize`]: a model's own tokenizer on an agent-sized chat prompt, from scratch and
@@ -29,6 +33,11 @@
 
 pub mod child_output;
 pub mod classes;
+pub mod dir_cluster;
+pub mod dir_live;
+pub mod dir_report;
+pub mod dir_scale;
+pub mod dir_snapshot;
 pub mod directory;
 pub mod fuzz;
 pub mod kv;

@@ -53,10 +53,22 @@ impl Drop for Reaped {
 
 /// Starts `ownerserve <args>` and returns it with the URL it prints after `marker`.
 pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
+    start_with(args, marker, Stdio::inherit())
+}
+
+/// [`start`] with the child's standard input a pipe this process holds open as long as
+/// the child is kept: a child started with `--exit-with-stdin` then stops when this
+/// process dies, even killed before it could reap it.
+pub fn start_tied(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
+    start_with(args, marker, Stdio::piped())
+}
+
+fn start_with(args: &[&str], marker: &str, stdin: Stdio) -> anyhow::Result<(Reaped, String)> {
     let exe = std::env::current_exe().context("cannot find the ownerserve binary")?;
     let mut child = Command::new(exe)
         .args(args)
         .env("OWNERSERVE_LOG", "error,openraft=off")
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

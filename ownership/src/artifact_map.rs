@@ -98,11 +98,30 @@ impl ArtifactMap {
     /// The block counts, longest first, at which an artifact ends that is a prefix of the
     /// prompt whose chain hashes are `hashes` (its key is `hashes[end - 1]`).
     pub fn prefix_ends<'a>(&'a self, hashes: &'a [u64]) -> impl Iterator<Item = u32> + 'a {
+        self.candidate_ends(hashes)
+            .filter(move |&end| self.keys.contains(&PrefixKey(hashes[end as usize - 1])))
+    }
+
+    /// The block counts a prompt's owned prefix may end at, longest first, each to be probed
+    /// in `keys`: every artifact end below the bound its checkpoints leave, and every end of
+    /// an artifact written without checkpoints.
+    fn candidate_ends(&self, hashes: &[u64]) -> impl Iterator<Item = u32> + '_ {
         let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
-        // The longest block count a checkpointed chain can share with the prompt: below
-        // the first checkpoint count whose hash no chain has.
-        let mut shared = 0;
+        let (bound, _) = self.shared_bound(hashes);
+        Longest {
+            a: descending(&self.ends, bound).peekable(),
+            b: descending(&self.unchecked_ends, n).peekable(),
+        }
+    }
+
+    /// The longest block count a checkpointed chain can share with the prompt (below the
+    /// first checkpoint count whose hash no chain has), and the checkpoints probed to find
+    /// it.
+    fn shared_bound(&self, hashes: &[u64]) -> (u32, usize) {
+        let n = u32::try_from(hashes.len()).unwrap_or(u32::MAX);
+        let (mut shared, mut probed) = (0, 0);
         for p in checkpoint_blocks(n) {
+            probed += 1;
             if !self.checkpoints.contains_key(&(p, hashes[p as usize - 1])) {
                 break;
             }
@@ -111,11 +130,7 @@ impl ArtifactMap {
         let bound = checkpoint_blocks(n)
             .find(|&p| p > shared)
             .map_or(n, |next| next - 1);
-        Longest {
-            a: descending(&self.ends, bound).peekable(),
-            b: descending(&self.unchecked_ends, n).peekable(),
-        }
-        .filter(move |&end| self.keys.contains(&PrefixKey(hashes[end as usize - 1])))
+        (bound, probed)
     }
 
     fn index(&mut self, artifact: &Artifact, add: bool) {
@@ -356,6 +371,73 @@ mod tests {
         );
         // An empty prompt holds nothing.
         assert_eq!(m.prefix_ends(&[]).count(), 0);
+    }
+
+    /// Hash-set probes a lookup of `hashes` makes: the checkpoints walked to bound the
+    /// shared prefix, then one per candidate end below it.
+    fn probes(m: &ArtifactMap, hashes: &[u64]) -> usize {
+        m.shared_bound(hashes).1 + m.candidate_ends(hashes).count()
+    }
+
+    /// A router looks every step up in its replica. Timing a lookup against the directory's
+    /// size is noisy (caches); its probes are exact. In a live-like directory (each of a
+    /// session's steps claimed its whole prompt: a shared 64-block system prompt, then its
+    /// own blocks, so artifacts end at nearly every length up to 2,048 blocks), what a
+    /// lookup probes is bounded by the prompt, and stops changing once every length is
+    /// someone's end: 10× the sessions, the same probes. (The sessions' own map is ordered:
+    /// its probe is logarithmic by construction.)
+    #[test]
+    fn a_lookups_probes_do_not_grow_with_the_sessions_in_the_directory() {
+        const SYSTEM: u32 = 64;
+        const LONGEST: u32 = 2_048;
+        const STEPS: u32 = 4;
+        // Block `i`'s chain hash in session `s`'s prompt.
+        let hash = |s: u64, i: u32| {
+            if i < SYSTEM {
+                (1 << 48) | u64::from(i + 1)
+            } else {
+                ((s + 2) << 32) | u64::from(i + 1)
+            }
+        };
+        let prompt = |s: u64| -> Vec<u64> { (0..LONGEST).map(|i| hash(s, i)).collect() };
+        let mut seen = Vec::new();
+        for sessions in [100u64, 1_000, 10_000] {
+            let mut m = ArtifactMap::default();
+            let claims = sessions * u64::from(STEPS);
+            for s in 0..sessions {
+                for k in 0..u64::from(STEPS) {
+                    let spread = (s * u64::from(STEPS) + k) * u64::from(LONGEST - SYSTEM - 1);
+                    let end = SYSTEM + 1 + (spread / claims) as u32;
+                    let mut a = artifact(0, end, false);
+                    a.checkpoints = checkpoint_blocks(end).map(|p| hash(s, p - 1)).collect();
+                    m.insert(PrefixKey(hash(s, end - 1)), a);
+                }
+            }
+            let fresh: Vec<u64> = prompt(sessions).iter().map(|h| h ^ 0x5555).collect();
+            seen.push([
+                probes(&m, &fresh),
+                probes(&m, &prompt(sessions)),
+                probes(&m, &prompt(sessions - 1)),
+            ]);
+        }
+        // A brand-new prompt: one checkpoint missed, no end below it.
+        assert!(seen.iter().all(|p| p[0] <= 2), "{seen:?}");
+        // A new session sharing the system prompt: the checkpoints up to it (2 log₂ 64),
+        // then the ends below 1.5 × 64.
+        assert!(seen.iter().all(|p| p[1] <= 13 + 96), "{seen:?}");
+        // A session's next step: at most every length of its prompt.
+        assert!(
+            seen.iter().all(|p| p[2] <= 22 + LONGEST as usize),
+            "{seen:?}"
+        );
+        assert_eq!(seen[1], seen[2], "1,000 and 10,000 sessions: {seen:?}");
+        // And what the probes find is the session's own longest claim.
+        let mut m = ArtifactMap::default();
+        let end = 300;
+        let mut a = artifact(0, end, false);
+        a.checkpoints = checkpoint_blocks(end).map(|p| hash(7, p - 1)).collect();
+        m.insert(PrefixKey(hash(7, end - 1)), a);
+        assert_eq!(m.prefix_ends(&prompt(7)).collect::<Vec<_>>(), vec![end]);
     }
 
     #[test]

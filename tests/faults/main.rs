@@ -15,6 +15,7 @@ mod chaos;
 mod e2e_backup;
 mod e2e_directory;
 mod e2e_ha;
+mod e2e_lagging;
 mod e2e_linearizability;
 mod e2e_router_restart;
 mod e2e_upgrade;

@@ -146,6 +146,10 @@ impl Node {
     }
 }
 
+/// openraft's `install_snapshot_timeout` (ms): longer than a million-session directory's
+/// install on a busy node (`docs/BENCHMARKS.md`, `bench directory --scale`).
+const INSTALL_SNAPSHOT_TIMEOUT_MS: u64 = 60_000;
+
 /// Settings of one node.
 pub struct NodeSettings {
     pub id: NodeId,
@@ -183,6 +187,12 @@ impl Node {
             heartbeat_interval: 250,
             election_timeout_min: 1_000,
             election_timeout_max: 2_000,
+            // Each InstallSnapshot RPC must finish within it, and the last one returns only
+            // once the follower has installed the whole state (parsed, written, fsynced). At
+            // openraft's 200 ms every send past ~40,000 sessions timed out and started over,
+            // so a follower behind the leader's log never caught up (`bench directory
+            // --scale`). A follower that dies mid-send only holds its own stream this long.
+            install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
             ..Default::default()
         }
         .validate()

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -17,11 +17,21 @@ use crate::raft::{NodeId, TypeConfig};
 
 use super::Node;
 
+/// The largest Raft RPC body read. axum's default (2 MB) refused every `InstallSnapshot`
+/// chunk past 0.6 MB of state (openraft sends up to 3 MiB a chunk, each byte a JSON number
+/// of up to 4 characters) and every append of more than ~110 router-sized batches, so a
+/// follower that fell that far behind never caught up, as a candidate forever (`bench
+/// directory --scale`). What a peer sends is bounded by openraft's chunk size and
+/// `max_payload_entries` (300 entries, each at most a directory API body), and only peers
+/// holding the cluster secret reach these routes.
+const MAX_RPC_BODY: usize = 1 << 30;
+
 pub fn routes(node: Arc<Node>) -> Router {
     Router::new()
         .route("/raft/append", post(append))
         .route("/raft/vote", post(vote))
         .route("/raft/snapshot", post(snapshot))
+        .layer(DefaultBodyLimit::max(MAX_RPC_BODY))
         .with_state(node)
 }
 
