@@ -24,6 +24,8 @@
 //!   [`dir_cluster`]: the local cluster itself.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
+//! - [`first_step`]: the router's CPU for Claude Code's first request of a new session,
+//!   after an earlier session and cold, next to the built-in tokenizer and `round_robin`.
 //! - [`tokenize`]: a model's own tokenizer on an agent-sized chat prompt, from scratch and
 //!   as a session's next step, next to the built-in tokenizer.
 //!
@@ -39,6 +41,7 @@ pub mod dir_report;
 pub mod dir_scale;
 pub mod dir_snapshot;
 pub mod directory;
+pub mod first_step;
 pub mod fuzz;
 pub mod kv;
 pub mod overload;

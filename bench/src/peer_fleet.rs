@@ -39,6 +39,11 @@ impl Group {
         self.signal("-STOP");
     }
 
+    /// The pid of the process started (its group's leader: `taskset` execs it).
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
     /// Lets a paused group run again (`SIGCONT`).
     pub fn resume(&self) {
         self.signal("-CONT");

@@ -13,7 +13,7 @@ use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput, RenderedPrompt
 
 use super::cache::InputDigest;
 use super::error::PromptError;
-use super::{Hashing, Kept, PromptHasher};
+use super::{Hashing, Kept, Keys, PromptHasher};
 use crate::config::ModelTokenizer;
 use crate::error::ApiError;
 use crate::fleet::registry::ServedModel;
@@ -51,23 +51,23 @@ impl PromptHasher {
         &self,
         tokenizer: &Arc<HfTokenizer>,
         parsed: &ParsedRequest<'_>,
-        session: Option<&str>,
+        keys: Keys<'_>,
         hashing: Hashing,
         digest: InputDigest,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
         let Kept {
-            key,
+            keep: keep_as,
             prev,
             seed,
             same,
-        } = self.kept(&parsed.model, session, hashing, digest);
+        } = self.kept(&parsed.model, keys, hashing, digest);
         // This very input's prompt: a taken one goes back to the cache as it is.
         if let (true, Some(prev)) = (same, &prev) {
-            self.remember(key, prev, digest);
+            keep_as.keep(&self.cache, prev, digest);
             return Ok(prev.clone());
         }
         let input = model_input(tokenizer, parsed)?;
-        let keep = key.is_some();
+        let keep = keep_as.any();
         let (tokenizer, block_size) = (tokenizer.clone(), self.block_size);
         let size = input.size();
         let work = move || -> Result<HashedPrompt, PromptError> {
@@ -101,35 +101,35 @@ impl PromptHasher {
             let hashes = hashes_after(chain, &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
-        self.compute(size, digest, key, work).await
+        self.compute(size, digest, keep_as, work).await
     }
 
     /// The prompt's tokens and block hashes by the built-in tokenizer; `render` makes the
     /// prompt, only when the cache does not hold this very input already (rendering a
     /// chat is most of what a prompt sent again would cost). No prompt: no tokens.
-    pub async fn hash(
+    pub(super) async fn hash(
         &self,
         render: impl FnOnce() -> Option<RenderedPrompt>,
         model: &str,
-        session: Option<&str>,
+        keys: Keys<'_>,
         hashing: Hashing,
         digest: InputDigest,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
         let Kept {
-            key,
+            keep: keep_as,
             prev,
             seed,
             same,
-        } = self.kept(model, session, hashing, digest);
+        } = self.kept(model, keys, hashing, digest);
         // This very input's prompt: a taken one goes back to the cache as it is.
         if let (true, Some(prev)) = (same, &prev) {
-            self.remember(key, prev, digest);
+            keep_as.keep(&self.cache, prev, digest);
             return Ok(prev.clone());
         }
         let Some(prompt) = render() else {
             return Ok(Arc::default());
         };
-        let keep = key.is_some();
+        let keep = keep_as.any();
         let block_size = self.block_size;
         let prompt_len = prompt.text_len();
         let work = move || {
@@ -148,7 +148,7 @@ impl PromptHasher {
             let hashes = hashes_after(chain, &tokenized, block_size, seed);
             Ok(HashedPrompt { tokenized, hashes })
         };
-        self.compute(prompt_len, digest, key, work).await
+        self.compute(prompt_len, digest, keep_as, work).await
     }
 
     /// The tokenizer of `model`: its own entry, else its base model's (a LoRA adapter

@@ -12,7 +12,7 @@ use ownerserve_planner::tokenized::Tokenized;
 use ownerserve_shim::openai::{ParsedRequest, Prompt, PromptInput};
 
 use super::cache::InputDigest;
-use super::{Hashing, PromptHasher};
+use super::{Hashing, Keys, PromptHasher};
 use crate::error::ApiError;
 use crate::fleet::registry::Registry;
 use crate::upstream::EngineCalls;
@@ -86,19 +86,19 @@ impl PromptHasher {
     pub(super) async fn hash_by_engine(
         &self,
         parsed: &ParsedRequest<'_>,
-        session: Option<&str>,
+        keys: Keys<'_>,
         hashing: Hashing,
     ) -> Result<Option<Arc<HashedPrompt>>, ApiError> {
         let Some(tokens) = self.engine_tokens(parsed).await else {
             return Ok(None);
         };
-        let kept = self.kept(&parsed.model, session, hashing, InputDigest::default());
+        let kept = self.kept(&parsed.model, keys, hashing, InputDigest::default());
         let tokenized = Tokenized::from_tokens(tokens);
         // The engine's tokens reuse nothing: compared with the kept prompt's whole.
         let chain = kept.prev.as_deref().map(KeptChain::Shared);
         let hashes = hashes_after(chain, &tokenized, self.block_size, kept.seed);
         let hashed = Arc::new(HashedPrompt { tokenized, hashes });
-        self.remember(kept.key, &hashed, InputDigest::default());
+        kept.keep.keep(&self.cache, &hashed, InputDigest::default());
         Ok(Some(hashed))
     }
 

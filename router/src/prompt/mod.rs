@@ -107,7 +107,10 @@ impl PromptHasher {
 
     /// The prompt of `parsed`, kept (with [`Hashing::Keep`]) under `kept_as` (the session's
     /// context window), else under its input's first bytes: the next prompt starting the
-    /// same way (a shared system prompt, the same prompt again) reuses it.
+    /// same way (a shared system prompt, the same prompt again) reuses it. A session's
+    /// first step (nothing kept under `kept_as` yet) starts from the last prompt that began
+    /// as it does, and is kept under those first bytes too: a new session or subagent
+    /// sending the system prompt and tools another has sent tokenizes only what is new.
     pub async fn prompt(
         &self,
         parsed: &ParsedRequest<'_>,
@@ -118,11 +121,17 @@ impl PromptHasher {
             Hashing::Skip => None,
             _ => hashing::prompt_input(parsed),
         };
-        let content_key = match (kept_as, &input) {
-            (None, Some(i)) => Some(hashing::content_key(i)),
-            _ => None,
+        let start = input.as_ref().map(hashing::content_key);
+        let keys = match kept_as {
+            Some(own) => Keys {
+                own: Some(own),
+                start: start.as_deref(),
+            },
+            None => Keys {
+                own: start.as_deref(),
+                start: None,
+            },
         };
-        let kept_as = kept_as.or(content_key.as_deref());
         let digest = input.as_ref().map_or(InputDigest::default(), |i| {
             InputDigest::of(&[parsed.model.as_bytes(), i.0, i.1, &[u8::from(i.2)]])
         });
@@ -134,10 +143,10 @@ impl PromptHasher {
         let by_model = match (hashing, tokenizer) {
             (Hashing::Skip, _) => Some(Arc::default()),
             (hashing, Some(ModelTokenizer::Own(t))) => {
-                Some(self.hash_with(t, parsed, kept_as, hashing, digest).await?)
+                Some(self.hash_with(t, parsed, keys, hashing, digest).await?)
             }
             (hashing, Some(ModelTokenizer::Engine)) => {
-                self.hash_by_engine(parsed, kept_as, hashing).await?
+                self.hash_by_engine(parsed, keys, hashing).await?
             }
             (_, None) => None,
         };
@@ -154,7 +163,7 @@ impl PromptHasher {
                     _ => digest,
                 };
                 let render = || parsed.rendered_prompts().into_iter().next();
-                self.hash(render, &parsed.model, kept_as, hashing, digest)
+                self.hash(render, &parsed.model, keys, hashing, digest)
                     .await?
             }
         };
@@ -165,86 +174,122 @@ impl PromptHasher {
         })
     }
 
-    /// Runs `work` (a prompt of `size` bytes) and keeps its result under `key`: here for a
+    /// Runs `work` (a prompt of `size` bytes) and keeps its result under `keep`: here for a
     /// small prompt, else as the one computation of its input in flight
     /// ([`PromptFlights`]), which keeps its result even when this request has gone.
     pub(super) async fn compute(
         &self,
         size: usize,
         digest: InputDigest,
-        key: Option<String>,
+        keep: KeepAs,
         work: impl FnOnce() -> Result<HashedPrompt, PromptError> + Send + 'static,
     ) -> Result<Arc<HashedPrompt>, ApiError> {
         if size < OFFLOAD_PROMPT_BYTES {
             let hashed = Arc::new(work().map_err(PromptError::into_api)?);
-            self.remember(key, &hashed, digest);
+            keep.keep(&self.cache, &hashed, digest);
             return Ok(hashed);
         }
-        let (cache, leader) = (self.cache.clone(), key.clone());
-        let done = move |hashed: &Arc<HashedPrompt>| {
-            if let Some(k) = leader {
-                cache.keep(&k, hashed.clone(), digest);
-            }
-        };
+        let (cache, leader) = (self.cache.clone(), keep.clone());
+        let done = move |hashed: &Arc<HashedPrompt>| leader.keep(&cache, hashed, digest);
         let hashed = self
             .flights
             .run(digest.0, work, done)
             .await
             .map_err(flight_error)?;
-        // A request that joined another's computation keeps it under its own key.
-        self.remember(key, &hashed, digest);
+        // A request that joined another's computation keeps it under its own keys.
+        keep.keep(&self.cache, &hashed, digest);
         Ok(hashed)
     }
 
-    /// The session's last prompt of this model, and the key to keep this step's under
-    /// (`None`: nothing is kept). Kept per model: a prompt tokenized by another
+    /// The last prompt to start this step's from, and where to keep this step's
+    /// (nothing with [`Hashing::Peek`]). Kept per model: a prompt tokenized by another
     /// tokenizer is no base to extend.
     pub(super) fn kept(
         &self,
         model: &str,
-        session: Option<&str>,
+        keys: Keys<'_>,
         hashing: Hashing,
         digest: InputDigest,
     ) -> Kept {
-        let key = session.map(|s| {
-            let mut key = String::with_capacity(model.len() + 1 + s.len());
+        let of_model = |name: &str| {
+            let mut key = String::with_capacity(model.len() + 1 + name.len());
             key.push_str(model);
             key.push('\u{1f}');
-            key.push_str(s);
+            key.push_str(name);
             key
-        });
+        };
+        let own = keys.own.map(of_model);
         // A step that keeps its prompt takes the kept one out to extend it in place
         // (`PromptCache::take`; a step whose prompt then fails to compute loses it, and
         // the session's next step tokenizes whole); a dry run only reads it.
-        let found = key.as_deref().and_then(|k| match hashing {
+        let found = own.as_deref().and_then(|k| match hashing {
             Hashing::Keep => self.cache.take(k),
             _ => self.cache.lookup(k),
         });
+        // Nothing of its own (a session's first step): the last prompt that started as
+        // this one does, read and shared (other sessions start from it too).
+        let (found, start) = match found {
+            Some(found) => (Some(found), None),
+            None => {
+                let start = keys.start.map(of_model);
+                let found = start.as_deref().and_then(|k| self.cache.lookup(k));
+                (found, start)
+            }
+        };
         let same = found.as_ref().is_some_and(|(_, d)| d.matches(digest));
+        let keep = match hashing {
+            Hashing::Keep => KeepAs { own, start },
+            _ => KeepAs::default(),
+        };
         Kept {
-            key: key.filter(|_| hashing == Hashing::Keep),
+            keep,
             prev: found.map(|(p, _)| p),
             seed: self.seed_of(model),
             same,
         }
     }
+}
 
-    /// Keeps `hashed` as the session's last prompt, under a key from [`Self::kept`].
-    pub(super) fn remember(
+/// Where a step's prompt is looked for and kept: its own key (the session's context
+/// window, or a sessionless prompt's first bytes), and a session's first bytes, read
+/// when it has nothing of its own yet.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Keys<'a> {
+    own: Option<&'a str>,
+    start: Option<&'a str>,
+}
+
+/// The cache keys (model-qualified) a step's prompt is kept under.
+#[derive(Debug, Clone, Default)]
+pub(super) struct KeepAs {
+    own: Option<String>,
+    /// A session's first step is also kept as the start later sessions begin from.
+    start: Option<String>,
+}
+
+impl KeepAs {
+    /// Keeps `hashed` under every key.
+    pub(super) fn keep(
         &self,
-        key: Option<String>,
+        cache: &PromptCache,
         hashed: &Arc<HashedPrompt>,
         digest: InputDigest,
     ) {
-        if let Some(k) = key {
-            self.cache.keep(&k, hashed.clone(), digest);
+        for key in [&self.own, &self.start].into_iter().flatten() {
+            cache.keep(key, hashed.clone(), digest);
         }
+    }
+
+    /// Whether the prompt is kept at all (then it keeps restart points and little spare
+    /// capacity).
+    pub(super) fn any(&self) -> bool {
+        self.own.is_some() || self.start.is_some()
     }
 }
 
-/// A session's last prompt and where to keep its next one.
+/// The prompt a step starts from and where to keep the step's.
 pub(super) struct Kept {
-    key: Option<String>,
+    keep: KeepAs,
     prev: Option<Arc<HashedPrompt>>,
     /// The model's hash seed ([`PromptHasher::seed_of`]).
     seed: u64,

@@ -83,6 +83,9 @@ enum BenchCommand {
     /// A model's own tokenizer on an agent-sized chat prompt, from scratch and as a
     /// session's next step, next to the built-in tokenizer.
     Tokenize(ownerserve_bench::tokenize::TokenizeBenchArgs),
+    /// The router's CPU for an agent session's first request (Claude Code's, 88 KB), after
+    /// an earlier session sent the same system prompt and tools, and cold.
+    FirstStep(ownerserve_bench::first_step::FirstStepArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,6 +209,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Planner(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::planner::run(args)).await?
+            }
+            Command::Bench(BenchCommand::FirstStep(args)) => {
+                ownerserve_bench::first_step::run(args).await
             }
             Command::Bench(BenchCommand::Tokenize(args)) => {
                 tokio::task::spawn_blocking(move || ownerserve_bench::tokenize::run(args)).await?

@@ -165,6 +165,71 @@ async fn a_model_with_its_own_tokenizer_gets_the_engines_ids_and_keeps_them_per_
 }
 
 #[tokio::test]
+async fn a_new_session_starting_as_an_earlier_one_tokenizes_only_what_is_new() {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../workers-shim/tests/fixtures/tokenizers/local"
+    );
+    let own = ModelTokenizer::Own(Arc::new(
+        HfTokenizer::from_dir(std::path::Path::new(dir)).unwrap(),
+    ));
+    let new_hasher =
+        || PromptHasher::new(16, 1 << 20, [("tiny".to_owned(), own.clone())].into(), None);
+    let hasher = new_hasher();
+    let rid = HeaderValue::from_static("r1");
+    let system = "You are a coding agent. Tools: read, edit, run. ".repeat(60);
+    let first_step = |task: &str, system: &str| {
+        serde_json::to_vec(&serde_json::json!({"model": "tiny", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": task}]}))
+        .unwrap()
+    };
+    let mut reused = Vec::new();
+    for (session, task, system) in [
+        ("s1", "fix the failing test", system.clone()),
+        ("s2", "add a flag", system.clone()),
+        ("s3", "add a flag", format!("Another agent. {system}")),
+        ("s4", "rename the module", system.clone()),
+    ] {
+        let h = headers(match session {
+            "s1" => &[(SESSION, "s1")],
+            "s2" => &[(SESSION, "s2")],
+            "s3" => &[(SESSION, "s3")],
+            _ => &[(SESSION, "s4")],
+        });
+        let body = first_step(task, &system);
+        let parsed = parse(&body, Endpoint::ChatCompletions).unwrap();
+        let id = identify(&hasher, &h, &parsed, &rid, Hashing::Keep)
+            .await
+            .unwrap();
+        // The same tokens and hashes as tokenizing the prompt whole.
+        let (alone, no_session) = (new_hasher(), headers(&[]));
+        let whole = identify(&alone, &no_session, &parsed, &rid, Hashing::Peek)
+            .await
+            .unwrap();
+        assert_eq!(id.prompt.tokenized.tokens, whole.prompt.tokenized.tokens);
+        assert_eq!(
+            id.hashes(),
+            prompt_hashes(&id.prompt.tokenized.tokens, 16, XXH3_SEED)
+        );
+        reused.push((
+            id.prompt.tokenized.reused(),
+            id.prompt.tokenized.tokens.len(),
+        ));
+        assert!(hasher
+            .kept_prompt(&format!("tiny\u{1f}{session}"))
+            .is_some());
+    }
+    // The first session and one with another system prompt start from nothing; the
+    // others reuse the system prompt's tokens (all but the task's).
+    assert_eq!(reused[0].0, 0);
+    assert_eq!(reused[2].0, 0, "another start reuses nothing: {reused:?}");
+    for (r, total) in [reused[1], reused[3]] {
+        assert!(r > 0 && total - r < 40, "only the task is new: {reused:?}");
+    }
+}
+
+#[tokio::test]
 async fn agent_api_bodies_render_through_the_models_chat_template_like_chat() {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
