@@ -2,6 +2,11 @@
 //! (last applied log id, membership), with snapshots written atomically to a file
 //! ([`SnapshotFile`], read back in any format this release reads) and loaded again at
 //! start.
+//!
+//! A snapshot of a large state takes seconds of CPU (a million sessions: 230 MB of JSON).
+//! `apply` waits only for a copy of the state, taken under its lock; the encoding, the
+//! file's write and fsync, and an installed snapshot's parsing run on a blocking thread,
+//! off the async runtime's threads that serve the node's Raft RPCs and writes meanwhile.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -94,19 +99,24 @@ impl StateMachineStore {
     }
 
     /// The state now, as a snapshot file: what a snapshot and a backup
-    /// (`GET /admin/v1/snapshot`) hold.
+    /// (`GET /admin/v1/snapshot`) hold. The state is copied under its lock and encoded
+    /// after it is released, so `apply` waits for the copy only; the encoding takes
+    /// seconds for a large state: call this off the async runtime's threads.
     pub fn snapshot_file(&self) -> Result<SnapshotFile, FormatError> {
-        let st = self.state.read().unwrap_or_else(|e| e.into_inner());
-        let snapshot_id = match st.last_applied {
-            Some(l) => format!("{}-{}", l.leader_id, l.index),
-            None => "empty".to_owned(),
+        let (meta, state) = {
+            let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let snapshot_id = match st.last_applied {
+                Some(l) => format!("{}-{}", l.leader_id, l.index),
+                None => "empty".to_owned(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: st.last_applied,
+                last_membership: st.membership.clone(),
+                snapshot_id,
+            };
+            (meta, st.clone())
         };
-        let meta = SnapshotMeta {
-            last_log_id: st.last_applied,
-            last_membership: st.membership.clone(),
-            snapshot_id,
-        };
-        SnapshotFile::of(meta, &st)
+        SnapshotFile::of(meta, &state)
     }
 
     fn persist(&self, file: &SnapshotFile) -> StoreResult<()> {
@@ -120,12 +130,29 @@ impl StateMachineStore {
     }
 }
 
+/// Runs `f` on a blocking thread (CPU-bound work of seconds: encoding, parsing, writing a
+/// snapshot), off the async runtime's threads; `make` labels a thread that panicked.
+async fn off_runtime<T: Send + 'static>(
+    make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(done) => done,
+        Err(e) => Err(io_err(make, &e)),
+    }
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
-        let file = self
-            .snapshot_file()
-            .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
-        self.persist(&file)?;
+        let store = self.clone();
+        let file = off_runtime(StorageIOError::read_state_machine, move || {
+            let file = store
+                .snapshot_file()
+                .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
+            store.persist(&file)?;
+            Ok(file)
+        })
+        .await?;
         let snapshot = Snapshot {
             meta: file.meta.clone(),
             snapshot: Box::new(Cursor::new(file.data.clone())),
@@ -199,24 +226,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StoreResult<()> {
         let data = snapshot.into_inner();
-        let state = MachineState::parse(&data).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                openraft::AnyError::new(&e),
-            ))
-        })?;
-        let file = SnapshotFile {
-            format: Format::CURRENT,
-            meta: meta.clone(),
-            data,
-        };
-        self.persist(&file)?;
+        let (store, meta) = (self.clone(), meta.clone());
+        let (state, file) = off_runtime(StorageIOError::write_state_machine, move || {
+            let state = MachineState::parse(&data).map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(
+                    Some(meta.signature()),
+                    openraft::AnyError::new(&e),
+                ))
+            })?;
+            let file = SnapshotFile {
+                format: Format::CURRENT,
+                meta,
+                data,
+            };
+            store.persist(&file)?;
+            Ok((state, file))
+        })
+        .await?;
         let last = state.last_applied.map_or(0, |l| l.index);
         let mut current = self.state.write().unwrap_or_else(|e| e.into_inner());
-        *current = state;
+        let replaced = std::mem::replace(&mut *current, state);
         self.feed.reset(last);
         drop(current);
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        // A large state takes a while to free: after the lock is released.
+        drop(replaced);
         Ok(())
     }
 
