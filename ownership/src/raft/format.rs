@@ -202,32 +202,41 @@ impl SnapshotFile {
         MachineState::parse(&self.data)
     }
 
-    /// The file's bytes, in this release's format. The state's JSON is copied in as it is:
-    /// it was written by `serde_json` ([`SnapshotFile::of`]) or read as JSON
-    /// ([`SnapshotFile::parse`], an `InstallSnapshot` parsed before it is kept).
-    pub fn to_bytes(&self) -> Result<Vec<u8>, FormatError> {
+    /// The file's bytes before the state's JSON: `{"format":3,"meta":{..},"state":`.
+    fn head(&self) -> Result<Vec<u8>, FormatError> {
         let json = |source| FormatError::Json {
             what: "snapshot file",
             source,
         };
-        let mut out = Vec::with_capacity(self.data.len() + 1024);
-        out.extend_from_slice(b"{\"format\":");
-        serde_json::to_writer(&mut out, &Format::CURRENT).map_err(json)?;
-        out.extend_from_slice(b",\"meta\":");
-        serde_json::to_writer(&mut out, &self.meta).map_err(json)?;
-        out.extend_from_slice(b",\"state\":");
+        let mut head = b"{\"format\":".to_vec();
+        serde_json::to_writer(&mut head, &Format::CURRENT).map_err(json)?;
+        head.extend_from_slice(b",\"meta\":");
+        serde_json::to_writer(&mut head, &self.meta).map_err(json)?;
+        head.extend_from_slice(b",\"state\":");
+        Ok(head)
+    }
+
+    /// The file's bytes, in this release's format. The state's JSON is copied in as it is:
+    /// it was written by `serde_json` ([`SnapshotFile::of`]) or read as JSON
+    /// ([`SnapshotFile::parse`], an `InstallSnapshot` parsed before it is kept).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, FormatError> {
+        let mut out = self.head()?;
+        out.reserve(self.data.len() + 1);
         out.extend_from_slice(&self.data);
         out.push(b'}');
         Ok(out)
     }
 
     /// Writes the file at `path` atomically: a temporary file beside it, fsynced, renamed
-    /// over it, and the folder fsynced, so a crash leaves the old file or the new one.
+    /// over it, and the folder fsynced, so a crash leaves the old file or the new one. The
+    /// state's JSON goes to the file from where it is, without a copy of the whole file.
     pub fn write(&self, path: &Path) -> Result<(), FormatError> {
-        let bytes = self.to_bytes()?;
-        write_atomically(path, &bytes).map_err(|source| FormatError::Write {
-            path: path.to_owned(),
-            source,
+        let head = self.head()?;
+        write_parts_atomically(path, &[&head, &self.data, b"}"]).map_err(|source| {
+            FormatError::Write {
+                path: path.to_owned(),
+                source,
+            }
         })
     }
 }
@@ -235,9 +244,16 @@ impl SnapshotFile {
 /// Writes `bytes` at `path` atomically (a temporary file, fsync, rename, fsync of the
 /// folder).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_parts_atomically(path, &[bytes])
+}
+
+/// Writes `parts`, one after another, at `path` atomically (as [`write_atomically`]).
+fn write_parts_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
+    for part in parts {
+        f.write_all(part)?;
+    }
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     let dir = match path.parent() {

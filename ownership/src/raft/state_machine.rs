@@ -145,18 +145,18 @@ async fn off_runtime<T: Send + 'static>(
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
         let store = self.clone();
-        let file = off_runtime(StorageIOError::read_state_machine, move || {
+        let (file, snapshot) = off_runtime(StorageIOError::read_state_machine, move || {
             let file = store
                 .snapshot_file()
                 .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
             store.persist(&file)?;
-            Ok(file)
+            let snapshot = Snapshot {
+                meta: file.meta.clone(),
+                snapshot: Box::new(Cursor::new(file.data.clone())),
+            };
+            Ok((file, snapshot))
         })
         .await?;
-        let snapshot = Snapshot {
-            meta: file.meta.clone(),
-            snapshot: Box::new(Cursor::new(file.data.clone())),
-        };
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
         Ok(snapshot)
     }
