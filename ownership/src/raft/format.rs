@@ -10,12 +10,12 @@
 //!   `version` (`crate::version`), tenants' budgets and lapsed owners. A 0.1.0 reader
 //!   ignores those (so a node can be rolled back to 0.1.0 while the directory still runs
 //!   version 1: the fields are empty until version 2).
-//! - 3 (0.3.0): the snapshot file keeps the state's JSON as it is, under `state`, where
-//!   formats 1 and 2 kept its bytes as an array of numbers under `data` (3.5 times the
-//!   state's size, and most of a build's and a load's time at a million sessions). The
-//!   state's JSON and the log's entries are format 2's; what an `InstallSnapshot` ships
-//!   (the state's JSON) is unchanged, so nodes of 0.1.0 and of this release still send
-//!   each other snapshots during a rolling upgrade. A 0.1.0 node does not read a format 3
+//! - 3 (0.2.0, written since before its release): the snapshot file keeps the state's JSON
+//!   as it is, under `state`, where formats 1 and 2 kept its bytes as an array of numbers
+//!   under `data` (3.5 times the state's size, and most of a build's and a load's time at
+//!   a million sessions). The state's JSON (labelled 3) and the log's entries keep format
+//!   2's shape; what an `InstallSnapshot` ships (the state's JSON) is unchanged, so nodes
+//!   of 0.1.0 and of this release still send each other snapshots during a rolling upgrade. A 0.1.0 node does not read a format 3
 //!   file: a node rolled back to 0.1.0 starts from its log alone, or from a snapshot its
 //!   leader sends.
 //!
