@@ -119,14 +119,31 @@ impl StateMachineStore {
         SnapshotFile::of(meta, &state)
     }
 
-    fn persist(&self, file: &SnapshotFile) -> StoreResult<()> {
-        let Some(path) = &self.path else {
+    /// Writes `file` as the current snapshot and keeps it, unless `built` (this node's own
+    /// build) and a newer one is kept already: a build runs beside `install_snapshot`, and
+    /// one that ends after a newer snapshot was installed must not replace it, on disk or
+    /// in memory (a restart would load the older one, short of the log the install
+    /// truncated). Holds the current snapshot's lock while it writes, so the two are
+    /// written one after the other.
+    fn keep(&self, file: SnapshotFile, built: bool) -> StoreResult<()> {
+        let mut current = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if built
+            && current
+                .as_ref()
+                .is_some_and(|c| c.meta.last_log_id > file.meta.last_log_id)
+        {
             return Ok(());
-        };
-        file.write(path).map_err(|e| {
-            StorageIOError::write_snapshot(Some(file.meta.signature()), openraft::AnyError::new(&e))
-                .into()
-        })
+        }
+        if let Some(path) = &self.path {
+            file.write(path).map_err(|e| {
+                StorageError::from(StorageIOError::write_snapshot(
+                    Some(file.meta.signature()),
+                    openraft::AnyError::new(&e),
+                ))
+            })?;
+        }
+        *current = Some(file);
+        Ok(())
     }
 }
 
@@ -145,20 +162,18 @@ async fn off_runtime<T: Send + 'static>(
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
         let store = self.clone();
-        let (file, snapshot) = off_runtime(StorageIOError::read_state_machine, move || {
+        off_runtime(StorageIOError::read_state_machine, move || {
             let file = store
                 .snapshot_file()
                 .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
-            store.persist(&file)?;
             let snapshot = Snapshot {
                 meta: file.meta.clone(),
                 snapshot: Box::new(Cursor::new(file.data.clone())),
             };
-            Ok((file, snapshot))
+            store.keep(file, true)?;
+            Ok(snapshot)
         })
-        .await?;
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
-        Ok(snapshot)
+        .await
     }
 }
 
@@ -227,7 +242,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> StoreResult<()> {
         let data = snapshot.into_inner();
         let (store, meta) = (self.clone(), meta.clone());
-        let (state, file) = off_runtime(StorageIOError::write_state_machine, move || {
+        let state = off_runtime(StorageIOError::write_state_machine, move || {
             let state = MachineState::parse(&data).map_err(|e| {
                 StorageError::from(StorageIOError::read_snapshot(
                     Some(meta.signature()),
@@ -239,8 +254,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 meta,
                 data,
             };
-            store.persist(&file)?;
-            Ok((state, file))
+            store.keep(file, false)?;
+            Ok(state)
         })
         .await?;
         let last = state.last_applied.map_or(0, |l| l.index);
@@ -248,7 +263,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let replaced = std::mem::replace(&mut *current, state);
         self.feed.reset(last);
         drop(current);
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
         // A large state takes a while to free: after the lock is released.
         drop(replaced);
         Ok(())
@@ -264,5 +278,54 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 meta: s.meta,
                 snapshot: Box::new(Cursor::new(s.data)),
             }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn file_at(index: u64) -> SnapshotFile {
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+            ..SnapshotMeta::default()
+        };
+        SnapshotFile::of(meta, &MachineState::default()).unwrap()
+    }
+
+    fn kept(store: &StateMachineStore) -> Option<u64> {
+        store
+            .snapshot
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|f| f.meta.last_log_id.map(|l| l.index))
+    }
+
+    #[test]
+    fn a_build_ending_after_a_newer_install_does_not_replace_it_on_disk_or_in_memory() {
+        let dir = std::env::temp_dir().join(format!("ownerserve-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = StateMachineStore::open(Some(&dir), 500).unwrap();
+        let on_disk = || {
+            let bytes = std::fs::read(dir.join(SNAPSHOT_FILE)).unwrap();
+            SnapshotFile::parse(&bytes)
+                .unwrap()
+                .meta
+                .last_log_id
+                .map(|l| l.index)
+        };
+        store.keep(file_at(200), false).unwrap();
+        store.keep(file_at(150), true).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(200), Some(200)));
+        // A newer build replaces it; an install always does.
+        store.keep(file_at(300), true).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(300), Some(300)));
+        store.keep(file_at(250), false).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(250), Some(250)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
