@@ -113,7 +113,7 @@ pub fn table(points: &[Point], nodes: &[usize], tail_rate: u64) {
         "",
     );
     row(
-        "snapshot file: MB (= InstallSnapshot bytes), × the JSON",
+        "snapshot file: MB, × the JSON",
         snap(|s| {
             format!(
                 "{:.0} ({:.1}×)",
@@ -131,6 +131,11 @@ pub fn table(points: &[Point], nodes: &[usize], tail_rate: u64) {
     row(
         "snapshot build (encode, file, fsync), s (× floor)",
         snap(|s| format!("{:.2} ({:.1}×)", s.build_s, s.build_s / s.encode_s)),
+        "",
+    );
+    row(
+        "longest apply of an entry during the build, ms",
+        snap(|s| format!("{:.1}", s.apply_wait_s * 1e3)),
         "",
     );
     row(

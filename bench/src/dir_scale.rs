@@ -114,9 +114,9 @@ async fn in_process(points: &mut [Point]) -> anyhow::Result<()> {
         p.snapshot = dir_snapshot::measure(&mut grown, &dir).await?;
         let s = &p.snapshot;
         say(&format!(
-            "  {}: state machine {:.0} B/session (process {:.0} MB before); state JSON {:.0} MB, encode {:.2} s, decode {:.2} s; node's snapshot: build {:.2} s, file {:.0} MB, install {:.2} s, load {:.2} s",
+            "  {}: state machine {:.0} B/session (process {:.0} MB before); state JSON {:.0} MB, encode {:.2} s, decode {:.2} s; node's snapshot: build {:.2} s (longest apply beside it {:.1} ms), file {:.0} MB, install {:.2} s, load {:.2} s",
             short(p.n), p.memory_b, grown.rss_before() as f64 / 1e6, mb(s.state_bytes), s.encode_s,
-            s.decode_s, s.build_s, mb(s.file_bytes), s.install_s, s.load_s
+            s.decode_s, s.build_s, s.apply_wait_s * 1e3, mb(s.file_bytes), s.install_s, s.load_s
         ));
     }
     Ok(())

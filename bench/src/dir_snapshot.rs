@@ -1,7 +1,8 @@
 //! `bench directory`'s in-process side: the pure state machine grown session by session
 //! (its resident memory at each count), and a node's snapshot of it through the node's own
 //! code (`StateMachineStore`: install, build, load at start), beside the floor of each, the
-//! bare `serde_json` encoding and decoding of the same state.
+//! bare `serde_json` encoding and decoding of the same state; and how long the node's
+//! `apply` waits while a snapshot is built beside it.
 
 use std::io::Cursor;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::bail;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine, SnapshotMeta};
-use openraft::{CommittedLeaderId, LogId};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 
 use ownerserve_ownership::ids::{LeaseId, SessionId, WorkerId};
 use ownerserve_ownership::raft::state_machine::{MachineState, StateMachineStore};
@@ -100,6 +101,41 @@ fn envelope(command: Command) -> Envelope {
     }
 }
 
+/// Builds `store`'s snapshot while applying entries after `last` to it one at a time (Raft
+/// blanks: an apply's lock and bookkeeping, no command), as a node applies what it commits
+/// while openraft builds its snapshot on another task; the build's seconds and the longest
+/// apply's.
+async fn build_beside_applies(
+    store: &mut StateMachineStore,
+    last: u64,
+) -> anyhow::Result<(f64, f64)> {
+    let mut builder = store.get_snapshot_builder().await;
+    let mut building = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    building.spawn(async move {
+        let built = builder.build_snapshot().await;
+        (built.map(drop), started.elapsed().as_secs_f64())
+    });
+    let (mut index, mut longest) = (last, 0f64);
+    let build_s = loop {
+        if let Some(done) = building.try_join_next() {
+            let (built, secs) = done?;
+            built?;
+            break secs;
+        }
+        index += 1;
+        let entry = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Blank,
+        };
+        let t = Instant::now();
+        store.apply([entry]).await?;
+        longest = longest.max(t.elapsed().as_secs_f64());
+        tokio::task::yield_now().await;
+    };
+    Ok((build_s, longest))
+}
+
 /// A snapshot of one directory, timed.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SnapshotFigures {
@@ -111,7 +147,10 @@ pub struct SnapshotFigures {
     pub decode_s: f64,
     /// `StateMachineStore::build_snapshot`: encode, write the file, fsync; seconds.
     pub build_s: f64,
-    /// Bytes of the snapshot file it wrote (the same encoding an `InstallSnapshot` sends).
+    /// The longest `StateMachineStore::apply` of one entry while the build ran (entries
+    /// applied one after another beside it, as a node keeps applying): seconds.
+    pub apply_wait_s: f64,
+    /// Bytes of the snapshot file it wrote.
     pub file_bytes: u64,
     /// `StateMachineStore::install_snapshot` of the state's JSON (a follower receiving it).
     pub install_s: f64,
@@ -159,10 +198,7 @@ async fn measure_in(grown: &mut Grown, dir: &Path) -> anyhow::Result<SnapshotFig
         .install_snapshot(&meta, Box::new(Cursor::new(data)))
         .await?;
     let install_s = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    let built = store.get_snapshot_builder().await.build_snapshot().await?;
-    let build_s = t.elapsed().as_secs_f64();
-    drop(built);
+    let (build_s, apply_wait_s) = build_beside_applies(&mut store, grown.index).await?;
     drop(store);
     let file_bytes = std::fs::read_dir(dir)?
         .filter_map(Result::ok)
@@ -184,6 +220,7 @@ async fn measure_in(grown: &mut Grown, dir: &Path) -> anyhow::Result<SnapshotFig
         encode_s,
         decode_s,
         build_s,
+        apply_wait_s,
         file_bytes,
         install_s,
         load_s,

@@ -346,18 +346,28 @@ async fn cluster(State(n): State<Arc<Node>>) -> Response {
     .into_response()
 }
 
+/// The state as a snapshot file's bytes, encoded on a blocking thread: seconds of CPU
+/// for a large state, which the runtime's threads keep serving beside.
+async fn encode_backup(n: &Arc<Node>) -> Result<Vec<u8>, String> {
+    let machine = n.machine.clone();
+    match tokio::task::spawn_blocking(move || machine.snapshot_file()?.to_bytes()).await {
+        Ok(encoded) => encoded.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `GET /admin/v1/snapshot` (admin token): the state as of every write acknowledged before
 /// the call (a read barrier, then the state read under its lock at one index), as a
 /// snapshot file (`crate::raft::format`): a backup, and what `ctl directory restore` reads.
 async fn snapshot(State(n): State<Arc<Node>>) -> Response {
     match n.read_barrier().await {
-        Ok(()) => match n.machine.snapshot_file().and_then(|f| f.to_bytes()) {
+        Ok(()) => match encode_backup(&n).await {
             Ok(bytes) => (
                 [(axum::http::header::CONTENT_TYPE, "application/json")],
                 bytes,
             )
                 .into_response(),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string(), json!({})),
+            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e, json!({})),
         },
         Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
             forward(&n, f.leader_id)

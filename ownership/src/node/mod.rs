@@ -7,6 +7,8 @@
 //! # Layout
 //! - this file: [`Node`], starting it, proposing commands, linearizable read barriers.
 //! - `upgrade`: rolling upgrades (the version raised, newer commands held meanwhile).
+//! - `snapshot_schedule`: when the node builds its snapshot (every 5,000 entries, each
+//!   voter at its own phase, so members do not all build at once).
 //! - `rpc`: the Raft RPC server (and the fault tests' partition route); `api`: the
 //!   directory API; [`admin`]: the operator API; `answer`: the error answers both give.
 //! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
@@ -35,6 +37,7 @@ pub mod replica;
 mod rpc;
 mod run;
 pub mod secret;
+mod snapshot_schedule;
 mod upgrade;
 mod watch;
 
@@ -193,6 +196,9 @@ impl Node {
             // so a follower behind the leader's log never caught up (`bench directory
             // --scale`). A follower that dies mid-send only holds its own stream this long.
             install_snapshot_timeout: INSTALL_SNAPSHOT_TIMEOUT_MS,
+            // Built when `snapshot_schedule` asks: openraft's own policy has every member
+            // build at the same index, all at once.
+            snapshot_policy: openraft::SnapshotPolicy::Never,
             ..Default::default()
         }
         .validate()
@@ -240,6 +246,7 @@ impl Node {
                 .map_err(NodeError::Election)?;
             node.raise_version().await;
         }
+        tracker.spawn(snapshot_schedule::run(node.clone(), cancel.clone()));
         let (ticking, cancel) = (node.clone(), cancel.clone());
         let every = Duration::from_millis(s.tick_ms.max(10));
         tracker.spawn(async move {

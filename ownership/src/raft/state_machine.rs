@@ -2,6 +2,11 @@
 //! (last applied log id, membership), with snapshots written atomically to a file
 //! ([`SnapshotFile`], read back in any format this release reads) and loaded again at
 //! start.
+//!
+//! A snapshot of a large state takes seconds of CPU (a million sessions: 230 MB of JSON).
+//! `apply` waits only for a copy of the state, taken under its lock; the encoding, the
+//! file's write and fsync, and an installed snapshot's parsing run on a blocking thread,
+//! off the async runtime's threads that serve the node's Raft RPCs and writes meanwhile.
 
 use std::io::Cursor;
 use std::path::{Path, PathBuf};
@@ -94,44 +99,81 @@ impl StateMachineStore {
     }
 
     /// The state now, as a snapshot file: what a snapshot and a backup
-    /// (`GET /admin/v1/snapshot`) hold.
+    /// (`GET /admin/v1/snapshot`) hold. The state is copied under its lock and encoded
+    /// after it is released, so `apply` waits for the copy only; the encoding takes
+    /// seconds for a large state: call this off the async runtime's threads.
     pub fn snapshot_file(&self) -> Result<SnapshotFile, FormatError> {
-        let st = self.state.read().unwrap_or_else(|e| e.into_inner());
-        let snapshot_id = match st.last_applied {
-            Some(l) => format!("{}-{}", l.leader_id, l.index),
-            None => "empty".to_owned(),
+        let (meta, state) = {
+            let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+            let snapshot_id = match st.last_applied {
+                Some(l) => format!("{}-{}", l.leader_id, l.index),
+                None => "empty".to_owned(),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: st.last_applied,
+                last_membership: st.membership.clone(),
+                snapshot_id,
+            };
+            (meta, st.clone())
         };
-        let meta = SnapshotMeta {
-            last_log_id: st.last_applied,
-            last_membership: st.membership.clone(),
-            snapshot_id,
-        };
-        SnapshotFile::of(meta, &st)
+        SnapshotFile::of(meta, &state)
     }
 
-    fn persist(&self, file: &SnapshotFile) -> StoreResult<()> {
-        let Some(path) = &self.path else {
+    /// Writes `file` as the current snapshot and keeps it, unless `built` (this node's own
+    /// build) and a newer one is kept already: a build runs beside `install_snapshot`, and
+    /// one that ends after a newer snapshot was installed must not replace it, on disk or
+    /// in memory (a restart would load the older one, short of the log the install
+    /// truncated). Holds the current snapshot's lock while it writes, so the two are
+    /// written one after the other.
+    fn keep(&self, file: SnapshotFile, built: bool) -> StoreResult<()> {
+        let mut current = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+        if built
+            && current
+                .as_ref()
+                .is_some_and(|c| c.meta.last_log_id > file.meta.last_log_id)
+        {
             return Ok(());
-        };
-        file.write(path).map_err(|e| {
-            StorageIOError::write_snapshot(Some(file.meta.signature()), openraft::AnyError::new(&e))
-                .into()
-        })
+        }
+        if let Some(path) = &self.path {
+            file.write(path).map_err(|e| {
+                StorageError::from(StorageIOError::write_snapshot(
+                    Some(file.meta.signature()),
+                    openraft::AnyError::new(&e),
+                ))
+            })?;
+        }
+        *current = Some(file);
+        Ok(())
+    }
+}
+
+/// Runs `f` on a blocking thread (CPU-bound work of seconds: encoding, parsing, writing a
+/// snapshot), off the async runtime's threads; `make` labels a thread that panicked.
+async fn off_runtime<T: Send + 'static>(
+    make: fn(openraft::AnyError) -> StorageIOError<NodeId>,
+    f: impl FnOnce() -> StoreResult<T> + Send + 'static,
+) -> StoreResult<T> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(done) => done,
+        Err(e) => Err(io_err(make, &e)),
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
-        let file = self
-            .snapshot_file()
-            .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
-        self.persist(&file)?;
-        let snapshot = Snapshot {
-            meta: file.meta.clone(),
-            snapshot: Box::new(Cursor::new(file.data.clone())),
-        };
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
-        Ok(snapshot)
+        let store = self.clone();
+        off_runtime(StorageIOError::read_state_machine, move || {
+            let file = store
+                .snapshot_file()
+                .map_err(|e| io_err(StorageIOError::read_state_machine, &e))?;
+            let snapshot = Snapshot {
+                meta: file.meta.clone(),
+                snapshot: Box::new(Cursor::new(file.data.clone())),
+            };
+            store.keep(file, true)?;
+            Ok(snapshot)
+        })
+        .await
     }
 }
 
@@ -199,24 +241,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StoreResult<()> {
         let data = snapshot.into_inner();
-        let state = MachineState::parse(&data).map_err(|e| {
-            StorageError::from(StorageIOError::read_snapshot(
-                Some(meta.signature()),
-                openraft::AnyError::new(&e),
-            ))
-        })?;
-        let file = SnapshotFile {
-            format: Format::CURRENT,
-            meta: meta.clone(),
-            data,
-        };
-        self.persist(&file)?;
+        let (store, meta) = (self.clone(), meta.clone());
+        let state = off_runtime(StorageIOError::write_state_machine, move || {
+            let state = MachineState::parse(&data).map_err(|e| {
+                StorageError::from(StorageIOError::read_snapshot(
+                    Some(meta.signature()),
+                    openraft::AnyError::new(&e),
+                ))
+            })?;
+            let file = SnapshotFile {
+                format: Format::CURRENT,
+                meta,
+                data,
+            };
+            store.keep(file, false)?;
+            Ok(state)
+        })
+        .await?;
         let last = state.last_applied.map_or(0, |l| l.index);
         let mut current = self.state.write().unwrap_or_else(|e| e.into_inner());
-        *current = state;
+        let replaced = std::mem::replace(&mut *current, state);
         self.feed.reset(last);
         drop(current);
-        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        // A large state takes a while to free: after the lock is released.
+        drop(replaced);
         Ok(())
     }
 
@@ -230,5 +278,54 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 meta: s.meta,
                 snapshot: Box::new(Cursor::new(s.data)),
             }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::CommittedLeaderId;
+
+    use super::*;
+
+    fn file_at(index: u64) -> SnapshotFile {
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+            ..SnapshotMeta::default()
+        };
+        SnapshotFile::of(meta, &MachineState::default()).unwrap()
+    }
+
+    fn kept(store: &StateMachineStore) -> Option<u64> {
+        store
+            .snapshot
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|f| f.meta.last_log_id.map(|l| l.index))
+    }
+
+    #[test]
+    fn a_build_ending_after_a_newer_install_does_not_replace_it_on_disk_or_in_memory() {
+        let dir = std::env::temp_dir().join(format!("ownerserve-keep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = StateMachineStore::open(Some(&dir), 500).unwrap();
+        let on_disk = || {
+            let bytes = std::fs::read(dir.join(SNAPSHOT_FILE)).unwrap();
+            SnapshotFile::parse(&bytes)
+                .unwrap()
+                .meta
+                .last_log_id
+                .map(|l| l.index)
+        };
+        store.keep(file_at(200), false).unwrap();
+        store.keep(file_at(150), true).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(200), Some(200)));
+        // A newer build replaces it; an install always does.
+        store.keep(file_at(300), true).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(300), Some(300)));
+        store.keep(file_at(250), false).unwrap();
+        assert_eq!((kept(&store), on_disk()), (Some(250), Some(250)));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
