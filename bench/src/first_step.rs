@@ -5,10 +5,10 @@
 //! request at a time, to an OwnerServe router in front of two static nginx backends (as
 //! `bench proxy --peers` starts them); the router's CPU time (every thread's, from
 //! `/proc/<pid>/task/*/schedstat`, less what it spends idle over as long) is divided by the
-//! requests. Same run, same requests: the sessions' system prompts each starting their own
-//! way (nothing seen before: the cold case), the built-in tokenizer, and `round_robin`,
-//! which tokenizes nothing (the proxy's floor). Routers are pinned to one CPU, nginx and
-//! this client to the other; a router not measured waits stopped.
+//! requests. Same run: sessions whose system prompt starts with a line of their own, and
+//! sessions whose every text is their own (nothing seen before); the built-in tokenizer;
+//! and `round_robin`, which tokenizes nothing (the proxy's floor). Routers are pinned to
+//! one CPU, nginx and this client to the other; a router not measured waits stopped.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -46,23 +46,28 @@ pub struct FirstStepArgs {
 enum Case {
     /// Every session sends the system prompt and tools an earlier session sent.
     Shared,
-    /// Every session's system prompt starts its own way.
-    Cold,
+    /// As `Shared`, but every session's system prompt has a first line of its own: the
+    /// rest of the text was seen before (the tokenizer's own cache of long texts still
+    /// finds it), the prompt cache's first bytes were not.
+    NewStart,
+    /// Every text block and tool description starts with the session's name: nothing
+    /// was seen before.
+    Scratch,
 }
 
 impl Case {
     fn name(self) -> &'static str {
         match self {
             Case::Shared => "after an earlier session",
-            Case::Cold => "nothing seen before",
+            Case::NewStart => "a first line of its own",
+            Case::Scratch => "every text its own",
         }
     }
 }
 
 /// The capture's body for session `id`: its own task (the last text block), model `m`
-/// (the backends' and the tokenizer's name), no streaming; `cold` starts its system
-/// prompt with the session's name.
-fn first_request(capture: &Value, id: &str, cold: bool) -> anyhow::Result<Vec<u8>> {
+/// (the backends' and the tokenizer's name), no streaming; edited as `case` says.
+fn first_request(capture: &Value, id: &str, case: Case) -> anyhow::Result<Vec<u8>> {
     let mut body = capture
         .get(0)
         .and_then(|c| c.get("body"))
@@ -77,10 +82,23 @@ fn first_request(capture: &Value, id: &str, cold: bool) -> anyhow::Result<Vec<u8
         .and_then(|parts| parts.last_mut())
         .context("the capture's message has no text blocks")?;
     task["text"] = Value::from(format!("Task of session {id}: find why the build fails."));
-    if cold {
-        let system = &mut body["system"][0]["text"];
-        let text = system.as_str().unwrap_or_default().to_owned();
-        *system = Value::from(format!("Session {id}. {text}"));
+    let salt = |text: &mut Value| {
+        let old = text.as_str().unwrap_or_default().to_owned();
+        *text = Value::from(format!("Session {id}. {old}"));
+    };
+    match case {
+        Case::Shared => {}
+        Case::NewStart => salt(&mut body["system"][0]["text"]),
+        Case::Scratch => {
+            for (kind, field) in [("system", "text"), ("tools", "description")] {
+                if let Some(blocks) = body[kind].as_array_mut() {
+                    blocks.iter_mut().for_each(|b| salt(&mut b[field]));
+                }
+            }
+            if let Some(parts) = body["messages"][0]["content"].as_array_mut() {
+                parts.iter_mut().for_each(|p| salt(&mut p["text"]));
+            }
+        }
     }
     Ok(serde_json::to_vec(&body)?)
 }
@@ -209,25 +227,24 @@ pub async fn run(args: FirstStepArgs) -> anyhow::Result<()> {
     let n = args.sessions.max(1);
     say(&format!(
         "bench first-step: Claude Code's first request ({} KB), {n} new sessions per case, {} rounds; router CPU per request (ms, idle subtracted)",
-        first_request(&capture, "x", false)?.len() / 1024,
+        first_request(&capture, "x", Case::Shared)?.len() / 1024,
         args.rounds
     ));
-    let cases = [Case::Shared, Case::Cold];
+    let cases = [Case::Shared, Case::NewStart, Case::Scratch];
     let mut results: Vec<Vec<Vec<Measured>>> = vec![vec![Vec::new(); cases.len()]; routers.len()];
     for round in 0..args.rounds.max(1) {
         for (r, router) in routers.iter().enumerate() {
             router.group.resume();
             let idle = idle_ns_per_s(router.group.pid(), Duration::from_millis(1500)).await?;
             for (c, case) in cases.iter().enumerate() {
-                let cold = *case == Case::Cold;
                 // The earlier session: its system prompt and tools are what the next ones send.
                 let earlier = format!("r{round}-{r}-{c}-earlier");
-                let body = first_request(&capture, &earlier, cold)?;
+                let body = first_request(&capture, &earlier, *case)?;
                 measure(&client, router, &[(earlier, body)], 0.0).await?;
                 let bodies = (0..n)
                     .map(|i| {
                         let id = format!("r{round}-{r}-{c}-{i}");
-                        first_request(&capture, &id, cold).map(|b| (id, b))
+                        first_request(&capture, &id, *case).map(|b| (id, b))
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 results[r][c].push(measure(&client, router, &bodies, idle).await?);
@@ -249,11 +266,12 @@ pub async fn run(args: FirstStepArgs) -> anyhow::Result<()> {
         }
     }
     let median = |r: usize, c: usize| spread(results[r][c].iter().map(|m| m.cpu_ms).collect()).1;
-    let (shared, cold, floor) = (median(0, 0), median(0, 1), median(2, 0));
+    let (shared, start, scratch, floor) = (median(0, 0), median(0, 1), median(0, 2), median(2, 0));
     say(&format!(
-        "DeepSeek-V4 tokenizer, after an earlier session: {shared:.2} ms (target ≤ {TARGET_MS} ms: {}); cold {cold:.2} ms ({:.1}x); round_robin's floor {floor:.2} ms",
+        "DeepSeek-V4 tokenizer, after an earlier session: {shared:.2} ms (target ≤ {TARGET_MS} ms: {}); a first line of its own {start:.2} ms ({:.1}x), every text its own {scratch:.2} ms ({:.1}x); round_robin's floor {floor:.2} ms",
         if shared <= TARGET_MS { "met" } else { "not met" },
-        cold / shared.max(1e-9)
+        start / shared.max(1e-9),
+        scratch / shared.max(1e-9)
     ));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
@@ -274,22 +292,37 @@ mod tests {
     use ownerserve_shim::openai::{parse, Endpoint};
 
     #[test]
-    fn each_session_sends_the_capture_with_its_own_task_and_cold_ones_their_own_start() {
+    fn each_session_sends_the_capture_with_its_own_task_and_texts_as_its_case_says() {
         let capture: Value = serde_json::from_str(CAPTURE).unwrap();
-        let a = first_request(&capture, "a", false).unwrap();
-        let b = first_request(&capture, "b", false).unwrap();
-        let cold = first_request(&capture, "a", true).unwrap();
+        let body = |id, case| first_request(&capture, id, case).unwrap();
+        let [a, b, start, scratch] = [
+            body("a", Case::Shared),
+            body("b", Case::Shared),
+            body("a", Case::NewStart),
+            body("a", Case::Scratch),
+        ];
         assert!(a.len() > 80 * 1024, "Claude Code's first request is ~88 KB");
-        for body in [&a, &b, &cold] {
+        for body in [&a, &b, &start, &scratch] {
             parse(body, Endpoint::Messages).unwrap();
         }
         let v = |x: &[u8]| serde_json::from_slice::<Value>(x).unwrap();
-        let (a, b, cold) = (v(&a), v(&b), v(&cold));
+        let (a, b, start, scratch) = (v(&a), v(&b), v(&start), v(&scratch));
         // Two sessions send the same system prompt and tools, each its own task.
         assert_eq!((&a["system"], &a["tools"]), (&b["system"], &b["tools"]));
         assert_ne!(a["messages"], b["messages"]);
-        // A cold session's system prompt starts its own way.
-        assert_ne!(a["system"][0], cold["system"][0]);
-        assert_eq!(a["system"][1], cold["system"][1]);
+        // A first line of its own: only the system prompt's first block differs.
+        assert_ne!(a["system"][0], start["system"][0]);
+        assert_eq!(a["system"][1], start["system"][1]);
+        assert_eq!(a["tools"], start["tools"]);
+        // Every text its own: every system block, tool and message part differs.
+        for kind in ["system", "tools"] {
+            let (x, y) = (
+                a[kind].as_array().unwrap(),
+                scratch[kind].as_array().unwrap(),
+            );
+            assert!(x.iter().zip(y).all(|(p, q)| p != q), "{kind}");
+        }
+        let parts = |m: &Value| m["messages"][0]["content"].as_array().unwrap().clone();
+        assert!(parts(&a).iter().zip(&parts(&scratch)).all(|(p, q)| p != q));
     }
 }
