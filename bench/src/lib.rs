@@ -22,6 +22,10 @@
 //!   ([`dir_snapshot`]: memory, snapshots) and on clusters ([`dir_live`]: writes, a new
 //!   replica's catch-up, a node's recovery), printed and drawn by [`dir_report`];
 //!   [`dir_cluster`]: the local cluster itself.
+//! - [`replicas`]: 1, 2, 4 routers sharing one directory in front of one sim fleet:
+//!   throughput and CPU per request as routers are added, and ownership held across them;
+//!   [`replicas_load`]: its session clients, [`replicas_report`]: its figures and ratios,
+//!   [`ownership_check`]: the steps' workers and epochs against the directory's owners.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
 //! - [`tokenize`]: a model's own tokenizer on an agent-sized chat prompt, from scratch and
@@ -42,12 +46,16 @@ pub mod directory;
 pub mod fuzz;
 pub mod kv;
 pub mod overload;
+pub mod ownership_check;
 pub mod peer_fleet;
 pub mod peer_load;
 pub mod peers;
 pub mod planner;
 pub mod proxy;
 pub mod replica;
+pub mod replicas;
+pub mod replicas_load;
+pub mod replicas_report;
 pub mod sim;
 pub mod tokenize;
 
