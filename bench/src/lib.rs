@@ -24,7 +24,7 @@
 //!   [`dir_cluster`]: the local cluster itself.
 //! - [`replicas`]: 1, 2, 4 routers sharing one directory in front of one sim fleet:
 //!   throughput and CPU per request as routers are added, and ownership held across them;
-//!   [`replicas_load`]: its session clients, [`replicas_report`]: its figures and ratios,
+//!   [`replicas_fleet`]: its processes and counters, [`replicas_load`]: its session clients, [`replicas_report`]: its figures and ratios,
 //!   [`ownership_check`]: the steps' workers and epochs against the directory's owners.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
@@ -54,6 +54,7 @@ pub mod planner;
 pub mod proxy;
 pub mod replica;
 pub mod replicas;
+pub mod replicas_fleet;
 pub mod replicas_load;
 pub mod replicas_report;
 pub mod sim;

@@ -80,6 +80,13 @@ pub fn check(served: &BTreeMap<String, Vec<Served>>, owners: &BTreeMap<String, O
     v
 }
 
+/// The sessions served by two workers without a new epoch, with their steps (to show).
+pub fn splits(
+    served: &BTreeMap<String, Vec<Served>>,
+) -> impl Iterator<Item = (&String, &Vec<Served>)> {
+    served.iter().filter(|(_, steps)| is_split(steps))
+}
+
 /// Whether consecutive steps changed workers without a higher epoch, or an epoch went back.
 fn is_split(steps: &[Served]) -> bool {
     let mut highest: Option<u64> = None;
@@ -163,6 +170,18 @@ mod tests {
         );
         assert_eq!((v.moved, v.split), (0, 1));
         assert!(!v.held());
+        let served = BTreeMap::from([
+            (
+                "split".to_owned(),
+                vec![step("w0", Some(1)), step("w1", Some(1))],
+            ),
+            (
+                "held".to_owned(),
+                vec![step("w0", Some(1)), step("w1", Some(2))],
+            ),
+        ]);
+        let found: Vec<&String> = splits(&served).map(|(id, _)| id).collect();
+        assert_eq!(found, vec!["split"]);
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct Plan {
     pub run: String,
     pub model: String,
     pub max_tokens: u32,
+    /// Bytes of the system prompt every session shares.
+    pub system_bytes: usize,
 }
 
 /// What the clients saw.
@@ -78,8 +80,6 @@ fn words(bytes: usize, seed: u64) -> String {
     out
 }
 
-/// Bytes of the system prompt every session shares.
-const SYSTEM_BYTES: usize = 1024;
 /// Bytes of a session's first user message and of each later user turn.
 const TURN_BYTES: usize = 256;
 
@@ -116,7 +116,7 @@ struct ClientSeen {
 pub async fn drive(http: &reqwest::Client, plan: &Plan, window: Duration) -> Seen {
     let started = Instant::now();
     let deadline = started + window;
-    let system = words(SYSTEM_BYTES, 1);
+    let system = words(plan.system_bytes, 1);
     let mut clients = tokio::task::JoinSet::new();
     for c in 0..plan.clients {
         let (http, plan, system) = (http.clone(), plan.clone(), system.clone());
@@ -241,6 +241,7 @@ mod tests {
             run: "t".into(),
             model: "m".into(),
             max_tokens: 4,
+            system_bytes: 1024,
         }
     }
 
@@ -260,7 +261,7 @@ mod tests {
     #[test]
     fn each_step_is_a_valid_chat_request_growing_by_a_turn() {
         let p = plan(1, 0);
-        let system = words(SYSTEM_BYTES, 1);
+        let system = words(p.system_bytes, 1);
         let first = body(&p, &system, "t-c0-s0", 7, 0);
         let third = body(&p, &system, "t-c0-s0", 7, 2);
         for b in [&first, &third] {

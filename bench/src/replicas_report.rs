@@ -24,6 +24,9 @@ pub struct Sample {
     pub p99_ms: f64,
     /// CPU seconds of every router process over the window.
     pub router_cpu_s: f64,
+    /// CPU the routers used per second with no load (their timers, replicas, health checks
+    /// and scrapes), all of them together, in cores.
+    pub router_idle_cores: f64,
     /// CPU seconds of the directory's nodes over the window: all, and the busiest one.
     pub directory_cpu_s: f64,
     pub directory_busiest_cpu_s: f64,
@@ -50,6 +53,8 @@ pub struct Row {
     pub per_router_cpu_s: f64,
     /// Share of the wall time the routers kept one core busy (1.0: one core's worth).
     pub router_cores: f64,
+    /// Router CPU milliseconds per request less what the routers use idle.
+    pub router_busy_cpu_ms: f64,
     pub directory_cpu_ms: f64,
     /// Requests per second the busiest directory node could take on one core.
     pub directory_ceiling_rps: f64,
@@ -83,6 +88,7 @@ pub fn rows(samples: &[Sample]) -> Vec<Row> {
             router_cpu_ms: per(s.router_cpu_s * 1e3, n),
             per_router_cpu_s: per(n, s.router_cpu_s),
             router_cores: per(s.router_cpu_s, s.secs),
+            router_busy_cpu_ms: per((s.router_cpu_s - s.router_idle_cores * s.secs) * 1e3, n),
             directory_cpu_ms: per(s.directory_cpu_s * 1e3, n),
             directory_ceiling_rps: per(n, s.directory_busiest_cpu_s),
             log_entries_per_request: per(s.log_entries as f64, n),
@@ -113,18 +119,19 @@ pub const TARGET_EFFICIENCY: f64 = 0.9;
 /// The table (Markdown) of `samples`, one line each; the first is the baseline.
 pub fn table(samples: &[Sample]) -> Vec<String> {
     let mut out = vec![
-        "| routers | req/s | req/s per router | p50 / p99 ms | router CPU ms/req | req per router-CPU-s | router cores busy | directory CPU ms/req | directory ceiling req/s | log entries / commands per req | claims won / lost / failed | throughput vs base | per-router-CPU vs base | projected scaling (own cores) | sessions (cross-router) | split / disagree / unfenced steps |".to_owned(),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned(),
+        "| routers | req/s | req/s per router | p50 / p99 ms | router CPU ms/req | less idle ms/req | req per router-CPU-s | router cores busy | directory CPU ms/req | directory ceiling req/s | log entries / commands per req | claims won / lost / failed | throughput vs base | per-router-CPU vs base | projected scaling (own cores) | sessions (cross-router) | split / disagree / unfenced steps |".to_owned(),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned(),
     ];
     for (s, r) in samples.iter().zip(rows(samples)) {
         out.push(format!(
-            "| {} | {:.0} | {:.0} | {:.2} / {:.2} | {:.3} | {:.0} | {:.2} | {:.3} | {:.0} | {:.3} / {:.3} | {} / {} / {} | {:.2}x | {:.2}x | {:.2}x of {:.0}x | {} ({}) | {} / {} / {} |",
+            "| {} | {:.0} | {:.0} | {:.2} / {:.2} | {:.3} | {:.3} | {:.0} | {:.2} | {:.3} | {:.0} | {:.3} / {:.3} | {} / {} / {} | {:.2}x | {:.2}x | {:.2}x of {:.0}x | {} ({}) | {} / {} / {} |",
             r.routers,
             r.rps,
             r.rps_per_router,
             s.p50_ms,
             s.p99_ms,
             r.router_cpu_ms,
+            r.router_busy_cpu_ms,
             r.per_router_cpu_s,
             r.router_cores,
             r.directory_cpu_ms,
@@ -189,6 +196,7 @@ mod tests {
             p50_ms: 1.0,
             p99_ms: 2.0,
             router_cpu_s,
+            router_idle_cores: 0.1,
             directory_cpu_s: 2.0,
             directory_busiest_cpu_s: 1.0,
             load_cpu_s: 9.0,
@@ -211,6 +219,7 @@ mod tests {
         );
         assert_eq!(base.rps, 1000.0);
         assert_eq!(base.router_cpu_ms, 1.0);
+        assert!((base.router_busy_cpu_ms - 0.9).abs() < 1e-12);
         assert_eq!(base.per_router_cpu_s, 1000.0);
         assert_eq!(base.directory_ceiling_rps, 10_000.0);
         assert_eq!(base.log_entries_per_request, 0.1);
