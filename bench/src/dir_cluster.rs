@@ -117,6 +117,14 @@ impl Cluster {
             .map_or(0, |p| rss_of(&format!("/proc/{}/status", p.pid())))
     }
 
+    /// The process ids of the nodes running now.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes
+            .iter()
+            .filter_map(|n| n.process.as_ref().map(Reaped::pid))
+            .collect()
+    }
+
     /// Node `i`'s data folder.
     pub fn data_dir(&self, i: usize) -> PathBuf {
         self.dir.join(format!("node{}", i + 1))

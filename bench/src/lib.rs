@@ -22,6 +22,10 @@
 //!   ([`dir_snapshot`]: memory, snapshots) and on clusters ([`dir_live`]: writes, a new
 //!   replica's catch-up, a node's recovery), printed and drawn by [`dir_report`];
 //!   [`dir_cluster`]: the local cluster itself.
+//! - [`replicas`]: 1, 2, 4 routers sharing one directory in front of one sim fleet:
+//!   throughput and CPU per request as routers are added, and ownership held across them;
+//!   [`replicas_fleet`]: its processes and counters, [`replicas_load`]: its session clients, [`replicas_report`]: its figures and ratios,
+//!   [`ownership_check`]: the steps' workers and epochs against the directory's owners.
 //! - [`planner`]: planner decision latency (hash + plan) for a long prompt over a fleet.
 //! - [`sim`]: trace simulator throughput.
 //! - [`first_step`]: the router's CPU for Claude Code's first request of a new session,
@@ -45,12 +49,17 @@ pub mod first_step;
 pub mod fuzz;
 pub mod kv;
 pub mod overload;
+pub mod ownership_check;
 pub mod peer_fleet;
 pub mod peer_load;
 pub mod peers;
 pub mod planner;
 pub mod proxy;
 pub mod replica;
+pub mod replicas;
+pub mod replicas_fleet;
+pub mod replicas_load;
+pub mod replicas_report;
 pub mod sim;
 pub mod tokenize;
 

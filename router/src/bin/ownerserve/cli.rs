@@ -70,6 +70,9 @@ enum BenchCommand {
     Kv(ownerserve_bench::kv::KvBenchArgs),
     /// Ownership writes on a local 3-node directory cluster, and memory for 1M sessions.
     Directory(ownerserve_bench::directory::DirectoryBenchArgs),
+    /// 1, 2, 4 routers sharing one directory in front of one sim fleet: throughput, CPU
+    /// per request and ownership held across them.
+    Replicas(ownerserve_bench::replicas::ReplicasArgs),
     /// Planner decision latency (hash + plan) over a fleet for a long prompt.
     Planner(ownerserve_bench::planner::PlannerBenchArgs),
     /// A flood of concurrent long streams against `up`: served, shed, unanswered, /health
@@ -197,6 +200,9 @@ impl Cli {
             }
             Command::Bench(BenchCommand::Directory(args)) => {
                 ownerserve_bench::directory::run(args).await
+            }
+            Command::Bench(BenchCommand::Replicas(args)) => {
+                ownerserve_bench::replicas::run(args).await
             }
             Command::Bench(BenchCommand::Overload(args)) => {
                 ownerserve_bench::overload::run(args).await
