@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Plots a curve from an `ownerserve bench ...` Markdown table read on stdin, for
 docs/BENCHMARKS.md: one line per series (rows grouped by a column), x and y picked by
-header text. A cell like "41.2 / 63.9" gives its first number, or the one at `--part`.
+header text. A cell like "41.2 / 63.9" gives its first number, or the one at `--part`
+(or at `K` for a `--y "header#K"`, so one plot can take different numbers of cells).
 Needs matplotlib (`pip install matplotlib`); the benches themselves do not.
 
     ownerserve bench planner --workers 8,64,256,1024 | scripts/plot_bench.py \\
@@ -45,7 +46,8 @@ def column(row, name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--x", required=True, help="header text of the x column")
-    ap.add_argument("--y", required=True, action="append", help="header text of a y column")
+    ap.add_argument("--y", required=True, action="append",
+                    help="header text of a y column, optionally #K: the cell's K-th number")
     ap.add_argument("--part", type=int, default=0, help="which number of a y cell")
     ap.add_argument("--series", help="header text of the column naming each line")
     ap.add_argument("--title", default="")
@@ -61,11 +63,16 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     for y in args.y:
+        part, shown = args.part, y
+        if "#" in y:
+            y, k = y.rsplit("#", 1)
+            part = int(k)
         lines = {}
         for r in rows:
             label = column(r, args.series) if args.series else ""
-            label = f"{y}: {label}" if len(args.y) > 1 or not label else label
-            point = (number(column(r, args.x), 0), number(column(r, y), args.part))
+            if len(args.y) > 1 or not label:
+                label = f"{shown}: {label}" if label else shown
+            point = (number(column(r, args.x), 0), number(column(r, y), part))
             if None not in point:
                 lines.setdefault(label, []).append(point)
         for label, pts in lines.items():

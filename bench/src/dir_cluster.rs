@@ -114,7 +114,8 @@ impl Cluster {
         self.nodes
             .get(i)
             .and_then(|n| n.process.as_ref())
-            .map_or(0, |p| rss_of(&format!("/proc/{}/status", p.pid())))
+            .and_then(|p| crate::proc_stats::rss_kb(p.pid()))
+            .map_or(0, |kb| kb * 1024)
     }
 
     /// The process ids of the nodes running now.
@@ -135,25 +136,12 @@ impl Cluster {
 fn start_node(args: &[String]) -> anyhow::Result<(Reaped, String)> {
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.push("--exit-with-stdin");
-    start_tied(&args, "listening on")
-}
-
-/// Resident memory of the process whose `/proc/<pid>/status` is at `status`, in bytes.
-fn rss_of(status: &str) -> u64 {
-    std::fs::read_to_string(status)
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    start_tied(&args, &[], "listening on")
 }
 
 /// This process's resident memory, in bytes (0 where `/proc` cannot tell).
 pub fn own_rss_bytes() -> u64 {
-    rss_of("/proc/self/status")
+    crate::proc_stats::own_rss_kb().map_or(0, |kb| kb * 1024)
 }
 
 /// An HTTP client presenting the cluster's secret.

@@ -9,11 +9,15 @@
 //! - [`peers`]: OwnerServe next to nginx and SMG on the same static backends
 //!   (`bench proxy --peers`); [`peer_fleet`] starts those processes, [`peer_load`] makes the
 //!   bodies and wrk scripts and reads wrk's figures.
-//! - [`child_output`]: the address a started child prints, its other output drained.
+//! - [`child_output`]: the address a started child prints, its other output drained;
+//!   [`proc_stats`]: a process's memory, threads and descriptors from `/proc`.
 //! - [`classes`]: admission classes under overload: interactive time to first token
 //!   unloaded, beside batch and background floods, and with the floods unlabelled.
 //! - [`overload`]: a flood of concurrent long streams against `up`: who is served, shed
 //!   or left without an answer, `/health` latency and the router's memory meanwhile.
+//! - [`soak`]: `up --ha`'s topology for N minutes under agent traffic and a fault every
+//!   few minutes: memory, descriptors, tasks, p99 TTFT, lost writes and the directory's
+//!   invariants, judged against issue 66's acceptance.
 //! - [`fuzz`]: the mutation engine behind `ownerserve fuzz` (the binary wires the targets).
 //! - [`kv`]: the KV routing hot paths (hashing, event ingest, prefix match and cost).
 //! - [`directory`]: ownership writes on a local 3-node cluster, and memory for 1M sessions;
@@ -54,6 +58,7 @@ pub mod peer_fleet;
 pub mod peer_load;
 pub mod peers;
 pub mod planner;
+pub mod proc_stats;
 pub mod proxy;
 pub mod replica;
 pub mod replicas;
@@ -61,6 +66,7 @@ pub mod replicas_fleet;
 pub mod replicas_load;
 pub mod replicas_report;
 pub mod sim;
+pub mod soak;
 pub mod tokenize;
 
 /// Percentile (0..=100) of sorted samples.

@@ -42,6 +42,18 @@ impl Reaped {
     pub fn pid(&self) -> u32 {
         self.0.id()
     }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, ...) to the child with the `kill` command.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .context("cannot run kill")?;
+        if !status.success() {
+            bail!("kill {signal} {} failed: {status}", self.pid());
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Reaped {
@@ -53,21 +65,32 @@ impl Drop for Reaped {
 
 /// Starts `ownerserve <args>` and returns it with the URL it prints after `marker`.
 pub fn start(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
-    start_with(args, marker, Stdio::inherit())
+    spawn(args, &[], marker, Stdio::inherit())
 }
 
-/// [`start`] with the child's standard input a pipe this process holds open as long as
-/// the child is kept: a child started with `--exit-with-stdin` then stops when this
-/// process dies, even killed before it could reap it.
-pub fn start_tied(args: &[&str], marker: &str) -> anyhow::Result<(Reaped, String)> {
-    start_with(args, marker, Stdio::piped())
+/// [`start`] with `envs` set too (secrets stay out of the process list) and the child's
+/// standard input a pipe this process holds open as long as the child is kept: a child
+/// started with `--exit-with-stdin` then stops when this process dies, even killed before
+/// it could reap it.
+pub fn start_tied(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    marker: &str,
+) -> anyhow::Result<(Reaped, String)> {
+    spawn(args, envs, marker, Stdio::piped())
 }
 
-fn start_with(args: &[&str], marker: &str, stdin: Stdio) -> anyhow::Result<(Reaped, String)> {
+fn spawn(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    marker: &str,
+    stdin: Stdio,
+) -> anyhow::Result<(Reaped, String)> {
     let exe = std::env::current_exe().context("cannot find the ownerserve binary")?;
     let mut child = Command::new(exe)
         .args(args)
         .env("OWNERSERVE_LOG", "error,openraft=off")
+        .envs(envs.iter().copied())
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -10,7 +10,8 @@
 //! - [`request_id`]: the `X-Request-Id` kept or made; [`tracked`]: the one layer that
 //!   gives each request its id, JSON error shape and [`http_metrics`], and puts
 //!   it in [`request_scope`] for its log lines.
-//! - [`exposition`]: the Prometheus text exposition and registration helpers.
+//! - [`exposition`]: the Prometheus text exposition and registration helpers;
+//!   [`runtime_metrics`]: the runtime's live tasks, read at scrape time.
 //! - [`process`]: printed lines, binding a listener, signals into a cancellation.
 //! - [`serve`]: serving an app over HTTP/1 with connection limits and timeouts.
 //!
@@ -27,5 +28,6 @@ pub mod process;
 pub mod rate_limit;
 pub mod request_id;
 pub mod request_scope;
+pub mod runtime_metrics;
 pub mod serve;
 pub mod tracked;

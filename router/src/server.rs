@@ -362,6 +362,7 @@ fn telemetry(policy: &str) -> prometheus::Result<(ProxyMetrics, Telemetry)> {
     let telemetry = Telemetry {
         fleet: FleetMetrics::register(&registry)?,
         http: Arc::new(HttpMetrics::register(&registry)?),
+        runtime: ownerserve_edge::runtime_metrics::RuntimeMetrics::register(&registry)?,
         registry,
     };
     Ok((proxy, telemetry))

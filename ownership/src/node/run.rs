@@ -18,6 +18,7 @@ use ownerserve_edge::auth::{Origin, Tokens};
 use ownerserve_edge::exposition;
 use ownerserve_edge::http_metrics::HttpMetrics;
 use ownerserve_edge::process::{bind, cancel_on_signal, say};
+use ownerserve_edge::runtime_metrics::RuntimeMetrics;
 
 use super::metrics::DirectoryMetrics;
 use super::secret::{self, ClusterSecret};
@@ -159,6 +160,7 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
     }
     let registry = prometheus::Registry::new();
     let http_metrics = Arc::new(HttpMetrics::register(&registry)?);
+    let runtime = RuntimeMetrics::register(&registry)?;
     let node = Node::start(
         NodeSettings {
             id: args.id,
@@ -186,7 +188,7 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
         listener.local_addr().map_err(NodeError::Serve)?
     ));
     let tokens = Arc::new(tokens);
-    let mut app = app(node.clone(), tokens.clone(), Arc::new(registry));
+    let mut app = app(node.clone(), tokens.clone(), Arc::new(registry), runtime);
     if args.fault_injection {
         app = app.merge(rpc::fault_routes(node.clone(), tokens));
     }
@@ -202,10 +204,16 @@ pub async fn run(args: DirectoryArgs) -> Result<(), NodeError> {
 
 /// Every route of a node: Raft RPCs, the directory API, the operator API (bearer tokens)
 /// and `/metrics`.
-fn app(node: Arc<Node>, tokens: Arc<Tokens>, registry: Arc<prometheus::Registry>) -> Router {
-    let metrics = Router::new()
-        .route("/metrics", get(metrics))
-        .with_state((node.clone(), registry));
+fn app(
+    node: Arc<Node>,
+    tokens: Arc<Tokens>,
+    registry: Arc<prometheus::Registry>,
+    runtime: RuntimeMetrics,
+) -> Router {
+    let metrics =
+        Router::new()
+            .route("/metrics", get(metrics))
+            .with_state((node.clone(), registry, runtime));
     let mut cluster = rpc::routes(node.clone()).merge(api::routes(node.clone()));
     if let Some(s) = &node.secret {
         cluster = cluster.route_layer(axum::middleware::from_fn_with_state(
@@ -216,9 +224,12 @@ fn app(node: Arc<Node>, tokens: Arc<Tokens>, registry: Arc<prometheus::Registry>
     cluster.merge(admin::routes(node, tokens)).merge(metrics)
 }
 
-/// `GET /metrics`: the node's directory and Raft metrics, read now.
-async fn metrics(State((n, registry)): State<(Arc<Node>, Arc<prometheus::Registry>)>) -> Response {
+/// `GET /metrics`: the node's directory, Raft and runtime metrics, read now.
+async fn metrics(
+    State((n, registry, runtime)): State<(Arc<Node>, Arc<prometheus::Registry>, RuntimeMetrics)>,
+) -> Response {
     n.metrics.refresh(&n);
+    runtime.refresh();
     (
         [(header::CONTENT_TYPE, exposition::CONTENT_TYPE)],
         exposition::render(&registry),

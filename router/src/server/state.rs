@@ -28,6 +28,7 @@ pub struct Telemetry {
     pub registry: prometheus::Registry,
     pub fleet: FleetMetrics,
     pub http: Arc<HttpMetrics>,
+    pub runtime: ownerserve_edge::runtime_metrics::RuntimeMetrics,
 }
 
 /// Shared state of the router's handlers.

@@ -81,6 +81,9 @@ enum BenchCommand {
     /// Admission classes under overload: interactive time to first token unloaded, beside
     /// batch and background floods, and with the floods unlabelled (one class).
     Classes(ownerserve_bench::classes::ClassesArgs),
+    /// `up --ha`'s topology for N minutes under agent traffic with a fault every few
+    /// minutes: memory, descriptors, tasks, p99 TTFT, lost writes and directory invariants.
+    Soak(ownerserve_bench::soak::SoakArgs),
     /// Trace simulator throughput (10,000 agent requests; an hour of Mooncake traffic).
     Sim(ownerserve_bench::sim::SimBenchArgs),
     /// A model's own tokenizer on an agent-sized chat prompt, from scratch and as a
@@ -207,6 +210,7 @@ impl Cli {
             Command::Bench(BenchCommand::Overload(args)) => {
                 ownerserve_bench::overload::run(args).await
             }
+            Command::Bench(BenchCommand::Soak(args)) => ownerserve_bench::soak::run(args).await,
             Command::Bench(BenchCommand::Classes(args)) => {
                 ownerserve_bench::classes::run(args).await
             }
