@@ -53,6 +53,8 @@ def main():
     ap.add_argument("--title", default="")
     ap.add_argument("--ylabel", default="")
     ap.add_argument("--log", action="store_true", help="log-log axes")
+    ap.add_argument("--bars", action="store_true",
+                    help="grouped bars: the x column's cells as categories, a bar per y column")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = table(sys.stdin.read().splitlines(), args.x)
@@ -62,7 +64,15 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
-    for y in args.y:
+    if args.bars:
+        cats = [column(r, args.x) for r in rows]
+        width = 0.8 / len(args.y)
+        for i, y in enumerate(args.y):
+            ys = [number(column(r, y), args.part) or 0 for r in rows]
+            ax.bar([c + i * width for c in range(len(cats))], ys, width, label=y)
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cats))])
+        ax.set_xticklabels([c[:28] for c in cats], fontsize=7)
+    for y in [] if args.bars else args.y:
         part, shown = args.part, y
         if "#" in y:
             y, k = y.rsplit("#", 1)
