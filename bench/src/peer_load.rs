@@ -36,8 +36,8 @@ impl Mode {
 }
 
 /// A deterministic word stream like a long agent prompt: `tokNNNN` words (the DeepSeek-V4
-/// tokenizer makes ~40K tokens of 171 KB of them).
-fn words(bytes: usize, seed: u64) -> String {
+/// tokenizer makes ~40K tokens of 171 KB of them), seeded (so sessions differ).
+pub(crate) fn words(bytes: usize, seed: u64) -> String {
     let mut out = String::with_capacity(bytes + 16);
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     while out.len() < bytes {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::ownership_check::Served;
+use crate::peer_load::words;
 
 /// What the clients send.
 #[derive(Debug, Clone)]
@@ -64,20 +65,6 @@ pub fn router_of(plan: &Plan, client: usize, session: usize, step: usize) -> usi
         true => (home + step) % n,
         false => home,
     }
-}
-
-/// Words filling `bytes`, seeded (so sessions differ).
-fn words(bytes: usize, seed: u64) -> String {
-    let mut out = String::with_capacity(bytes + 16);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while out.len() < bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let _ = write!(out, "w{} ", x % 5000);
-    }
-    out.truncate(bytes);
-    out
 }
 
 /// Bytes of a session's first user message and of each later user turn.
