@@ -50,6 +50,18 @@ async fn write(http: &reqwest::Client, url: &str, command: Value) -> Value {
 }
 
 /// Claims sessions `from..to` for `lease` in batches of 128 (about 18 KB of log a batch).
+/// A 10-minute lease for worker 0, granted through the leader at `url`.
+async fn grant_lease(http: &reqwest::Client, url: &str) -> u64 {
+    write(
+        http,
+        url,
+        json!({"GrantLease": {"worker": 0, "ttl_ms": 600_000}}),
+    )
+    .await["outcome"]["LeaseGranted"]["lease"]
+        .as_u64()
+        .unwrap()
+}
+
 async fn claim_sessions(http: &reqwest::Client, url: &str, lease: u64, from: usize, to: usize) {
     for lo in (from..to).step_by(128) {
         let commands: Vec<Value> = (lo..(lo + 128).min(to))
@@ -102,14 +114,7 @@ async fn a_follower_catches_up_by_appends_of_more_than_two_megabytes() {
     let mut nodes = DirectoryNodes::start(3, "lagging-appends", &[]);
     let http = client();
     let (l, url) = leader(&nodes).await;
-    let lease = write(
-        &http,
-        &url,
-        json!({"GrantLease": {"worker": 0, "ttl_ms": 600_000}}),
-    )
-    .await["outcome"]["LeaseGranted"]["lease"]
-        .as_u64()
-        .unwrap();
+    let lease = grant_lease(&http, &url).await;
     let f = l % 3 + 1;
     nodes.kill(f);
     // 250 batches: about 4.5 MB of entries, still in the leader's log.
@@ -122,14 +127,7 @@ async fn a_follower_behind_the_leaders_log_catches_up_from_its_snapshot() {
     let mut nodes = DirectoryNodes::start(3, "lagging-snapshot", &[]);
     let http = client();
     let (l, url) = leader(&nodes).await;
-    let lease = write(
-        &http,
-        &url,
-        json!({"GrantLease": {"worker": 0, "ttl_ms": 600_000}}),
-    )
-    .await["outcome"]["LeaseGranted"]["lease"]
-        .as_u64()
-        .unwrap();
+    let lease = grant_lease(&http, &url).await;
     // 20,000 sessions: a 5 MB state, two snapshot chunks.
     claim_sessions(&http, &url, lease, 0, 20_000).await;
     let f = l % 3 + 1;
