@@ -264,13 +264,15 @@ async fn start_directory(
                 client: Some(Arc::new(Embedded(node))),
             }
         }
-        DirectorySetup::Remote { urls, secret } => {
-            let remote = Arc::new(Remote::connect(
-                urls.clone(),
-                secret.as_ref(),
-                tracker,
-                shutdown.clone(),
-            ));
+        DirectorySetup::Remote {
+            urls,
+            secret,
+            read_lease,
+        } => {
+            let remote = Arc::new(
+                Remote::connect(urls.clone(), secret.as_ref(), tracker, shutdown.clone())
+                    .with_read_lease(*read_lease),
+            );
             Directories {
                 node: None,
                 remote: Some(remote.clone()),

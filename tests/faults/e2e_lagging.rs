@@ -24,7 +24,7 @@ async fn status(url: &str) -> Option<Value> {
 }
 
 /// A leader's node number and URL, once one is elected.
-async fn leader(nodes: &DirectoryNodes) -> (usize, String) {
+pub(crate) async fn leader(nodes: &DirectoryNodes) -> (usize, String) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         for i in 1..=nodes.len() {

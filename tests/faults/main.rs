@@ -17,5 +17,6 @@ mod e2e_directory;
 mod e2e_ha;
 mod e2e_lagging;
 mod e2e_linearizability;
+mod e2e_read_lease;
 mod e2e_router_restart;
 mod e2e_upgrade;

@@ -18,6 +18,7 @@ use crate::{Command, Directory, Outcome};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::plan::ArtifactView;
 
+use super::read_lease::ReadLease;
 use super::replica::Replica;
 use super::Node;
 
@@ -120,9 +121,16 @@ pub trait DirectoryClient: Send + Sync {
     /// [`CATCH_UP`]); whether it does.
     fn catch_up(&self) -> BoxFuture<'_, bool>;
 
-    /// Whether the local copy can be read without catching up first: it heard from the
-    /// cluster lately.
+    /// Whether the local copy can be read without catching up first: it holds a read
+    /// sent within its read lease (`read_lease`).
     fn fresh(&self) -> bool;
+
+    /// How long a move of a session off a live owner waits after its commit before its
+    /// first step is sent: the span other routers read their copies as current for
+    /// (`read_lease`). Zero where no other router reads this directory (an embedded node).
+    fn read_lease(&self) -> Duration {
+        Duration::ZERO
+    }
 
     /// Whether the local copy has read the cluster's state at least once (a remote
     /// cluster's replica starts empty; an embedded node is its own copy). Until then a
@@ -183,6 +191,10 @@ pub const COMMIT_PATIENCE: Duration = Duration::from_secs(10);
 /// The longest a replica is waited for to apply a read index.
 pub const CATCH_UP: Duration = Duration::from_secs(5);
 
+/// How long a replica is given to apply a read index from the node it follows before it
+/// follows another (a follower applies a commit within a heartbeat or two).
+const MOVE_ON_AFTER: Duration = Duration::from_secs(1);
+
 /// A directory cluster over HTTP: writes go to the last known leader (a 421 names the new
 /// one, a dead node moves on to the next); lookups read the router's live [`Replica`].
 pub struct Remote {
@@ -190,6 +202,7 @@ pub struct Remote {
     urls: Vec<String>,
     leader: AtomicUsize,
     replica: Arc<Replica>,
+    lease: ReadLease,
 }
 
 impl Remote {
@@ -207,7 +220,15 @@ impl Remote {
             replica: Replica::follow(urls.clone(), secret, tracker, cancel),
             urls,
             leader: AtomicUsize::new(0),
+            lease: ReadLease::new(super::read_lease::READ_LEASE),
         }
+    }
+
+    /// The same client with reads current for `span` (and moves waiting as long); every
+    /// router of a cluster must use the same span.
+    pub fn with_read_lease(mut self, span: Duration) -> Self {
+        self.lease = ReadLease::new(span);
+        self
     }
 
     /// The live replica lookups read.
@@ -251,6 +272,8 @@ impl Remote {
 
     /// Commits `command` at the leader: its outcome and log index.
     pub async fn commit(&self, command: Command) -> Result<(Outcome, u64), DirectoryError> {
+        // Every commit is a read index (`read_lease`), from when it was first sent.
+        let asked = tokio::time::Instant::now();
         let body = json!({ "command": command });
         let mut last = DirectoryError::Unavailable("no directory urls".into());
         // Through an election: a dead leader's followers still name it for a second or two.
@@ -284,7 +307,9 @@ impl Remote {
             if status.is_success() {
                 let outcome = serde_json::from_value(v["outcome"].clone())
                     .map_err(|e| DirectoryError::Protocol(e.to_string()))?;
-                return Ok((outcome, v["log_index"].as_u64().unwrap_or(0)));
+                let index = v["log_index"].as_u64().unwrap_or(0);
+                self.lease.note(asked, index);
+                return Ok((outcome, index));
             }
             let leader_addr = v["leader_addr"].as_str().map(str::to_owned);
             last = if status == reqwest::StatusCode::MISDIRECTED_REQUEST {
@@ -323,14 +348,31 @@ impl DirectoryClient for Remote {
             .read(|d| Lookup::read(d, session, hashes, block))
     }
 
-    /// A read index from the leader, then the replica applies up to it (ReadIndex).
+    /// A read index from the leader, then the replica applies up to it (ReadIndex). One at
+    /// a time: a caller that waited while another's read was sent after it arrived has
+    /// what it asked for.
     fn catch_up(&self) -> BoxFuture<'_, bool> {
         Box::pin(async {
+            let arrived = tokio::time::Instant::now();
             let caught_up = async {
-                match self.read_index().await {
-                    Ok(index) => self.replica.wait_applied(index, CATCH_UP).await,
-                    Err(_) => false,
+                let _turn = self.lease.turn().await;
+                if self
+                    .lease
+                    .current(self.replica.applied())
+                    .is_some_and(|sent| sent >= arrived)
+                {
+                    return true;
                 }
+                let Ok(index) = self.read_index().await else {
+                    return false;
+                };
+                if self.replica.wait_applied(index, MOVE_ON_AFTER).await {
+                    return true;
+                }
+                // The node it follows does not apply what the leader committed (cut off
+                // from the leader, or far behind): follow another.
+                self.replica.move_on();
+                self.replica.wait_applied(index, CATCH_UP).await
             };
             tokio::time::timeout(CATCH_UP, caught_up)
                 .await
@@ -338,9 +380,13 @@ impl DirectoryClient for Remote {
         })
     }
 
-    /// Heard from a node within two heartbeats, and read its state once.
+    /// Read the cluster's state once, and holds a read sent within the read lease.
     fn fresh(&self) -> bool {
-        self.replica.synced() && self.replica.heard_within(2 * super::watch::HEARTBEAT)
+        self.replica.synced() && self.lease.held(self.replica.applied())
+    }
+
+    fn read_lease(&self) -> Duration {
+        self.lease.span()
     }
 
     fn synced(&self) -> bool {

@@ -14,7 +14,8 @@
 //! - [`client`]: how a router reaches the directory ([`DirectoryClient`]: [`Embedded`] in
 //!   process, [`Remote`] over HTTP) and what it reads ([`Lookup`]); [`replica`]: the live
 //!   copy a router of a remote cluster reads from, fed by `watch` (a node's applied log as
-//!   a stream).
+//!   a stream); [`read_lease`]: how long that copy is read as current, and how long a move
+//!   waits before its first step.
 //! - [`metrics`]: the node's Prometheus metrics; `error`: [`NodeError`].
 //! - `run`: `ownerserve directory` ([`DirectoryArgs`], [`run`]), every route of a node on
 //!   one listener; [`secret`]: the cluster secret that guards the Raft RPCs and the
@@ -33,6 +34,7 @@ mod api;
 pub mod client;
 mod error;
 pub mod metrics;
+pub mod read_lease;
 pub mod replica;
 mod rpc;
 mod run;

@@ -36,10 +36,9 @@ pub struct Replica {
     entries: AtomicU64,
     /// Times it had to (re)connect.
     reconnects: AtomicU64,
-    /// When it last read a line from a node (unix ms): a node sends one at least every
-    /// [`HEARTBEAT`], so silence longer than that means the replica may be behind.
-    heard_ms: AtomicU64,
     applied_tx: tokio::sync::watch::Sender<u64>,
+    /// Asks it to leave the node it follows for the next one (`move_on`).
+    move_on: tokio::sync::Notify,
 }
 
 /// Why a stream was left.
@@ -57,6 +56,10 @@ enum Broken {
     Line(String),
     #[error("entry {got} after {had}: a gap")]
     Gap { had: u64, got: u64 },
+    /// The node it followed did not bring it to a read index in time (a follower cut off
+    /// from its leader still answers, and still sends heartbeats).
+    #[error("behind a read index: following the next node")]
+    Behind,
     /// An entry this router's release cannot apply (the cluster was upgraded past it):
     /// applied by older rules the replica would diverge, so it stops there.
     #[error("entry {index}: {source}")]
@@ -126,11 +129,10 @@ impl Replica {
         )
     }
 
-    /// Whether it read from a node within `within` (a router that was paused, or cut off,
-    /// must not trust what it holds before catching up).
-    pub fn heard_within(&self, within: Duration) -> bool {
-        let heard = self.heard_ms.load(Ordering::Acquire);
-        super::unix_ms().saturating_sub(heard) <= within.as_millis() as u64
+    /// Leaves the node it follows for the next one, resuming from its own index: the node
+    /// did not bring it to a read index in time.
+    pub fn move_on(&self) {
+        self.move_on.notify_one();
     }
 
     /// Wakes on every index applied.
@@ -186,10 +188,12 @@ impl Replica {
         let quiet = HEARTBEAT * 3;
         let mut buf: Vec<u8> = Vec::new();
         loop {
-            let chunk = tokio::time::timeout(quiet, resp.chunk())
-                .await
-                .map_err(|_| Broken::Quiet(quiet))??
-                .ok_or(Broken::Ended)?;
+            let chunk = tokio::select! {
+                read = tokio::time::timeout(quiet, resp.chunk()) => read
+                    .map_err(|_| Broken::Quiet(quiet))??
+                    .ok_or(Broken::Ended)?,
+                () = self.move_on.notified() => return Err(Broken::Behind),
+            };
             // Only the new bytes can end the line: a snapshot line of a large directory
             // comes in thousands of chunks, and searching it all again after each one
             // took minutes at a million sessions (`bench directory --scale`).
@@ -211,18 +215,6 @@ impl Replica {
     /// Applies one line of the stream.
     fn take(&self, line: &[u8]) -> Result<(), Broken> {
         let parsed = WatchLine::parse(line).map_err(|e| Broken::Line(e.to_string()))?;
-        // Heard from the cluster as of when the line was written, not read: lines buffered
-        // while this process was paused are old news, and the replica must catch up
-        // before it is read as current. (Clocks of different machines differ; the node's
-        // stamp is compared with this one's, so a skew shifts the 2 s freshness window.)
-        let written_ms = match &parsed {
-            WatchLine::Heartbeat { sent_ms, .. } if *sent_ms > 0 => *sent_ms,
-            WatchLine::Entry {
-                entry: Some(env), ..
-            } => env.now_ms,
-            _ => super::unix_ms(),
-        };
-        self.heard_ms.fetch_max(written_ms, Ordering::AcqRel);
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         let had = self.applied();
         let index = match parsed {

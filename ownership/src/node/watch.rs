@@ -48,9 +48,9 @@ pub enum WatchLine {
     },
     Heartbeat {
         heartbeat: u64,
-        /// When the node sent it (Unix ms): a line read late (the follower was paused and
-        /// its socket buffered the stream) must not make the follower look current. 0 from
-        /// a node that does not say.
+        /// When the node sent it (Unix ms; 0 from a node that does not say). Routers of
+        /// the previous release judge their replica's freshness by it; this release's
+        /// routers go by their read lease (`read_lease`) instead.
         #[serde(default)]
         sent_ms: u64,
     },

@@ -18,6 +18,8 @@ pub enum DirectorySetup {
     Remote {
         urls: Vec<String>,
         secret: Option<ClusterSecret>,
+        /// How long the replica is read as current after a read (`read_lease_ms`).
+        read_lease: std::time::Duration,
     },
 }
 
@@ -54,7 +56,11 @@ pub(super) fn directory_setup(s: &RouterSettings) -> Result<DirectorySetup, Conf
                     None
                 }
             };
-            DirectorySetup::Remote { urls, secret }
+            DirectorySetup::Remote {
+                urls,
+                secret,
+                read_lease: std::time::Duration::from_millis(s.read_lease_ms),
+            }
         }
     })
 }

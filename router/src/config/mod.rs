@@ -199,6 +199,10 @@ pub struct RouterSettings {
     /// How long a new session's step waits for its owner claim to commit before it goes
     /// where it was planned, unrecorded (a directory electing a leader).
     pub ownership_claim_timeout_ms: u64,
+    /// How long a `remote` directory's replica is read as current after a read sent to
+    /// the leader, and how long a move off a live owner waits before its first step; the
+    /// same on every router of a cluster.
+    pub read_lease_ms: u64,
     /// The cost planner's model: a preset name or a `.toml` preset file.
     pub planner_model: String,
     /// The cost planner's GPU per worker: a preset name or a `.toml` preset file.
@@ -396,6 +400,7 @@ impl Default for RouterSettings {
             worker_lease_ttl_ms: 10_000,
             ownership_flush_ms: 50,
             ownership_claim_timeout_ms: 5_000,
+            read_lease_ms: 200,
             planner_model: "llama-3.1-8b".to_owned(),
             planner_gpu: "h100".to_owned(),
             planner_gpus: 1,

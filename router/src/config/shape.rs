@@ -73,6 +73,7 @@ pub(super) const MOVED: &[(&str, &str)] = &[
         "ownership_claim_timeout_ms",
         "directory.ownership_claim_timeout_ms",
     ),
+    ("read_lease_ms", "directory.read_lease_ms"),
     ("planner_model", "planner.model"),
     ("models", "planner.models"),
     ("planner_gpu", "planner.gpu"),

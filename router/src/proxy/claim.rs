@@ -12,6 +12,10 @@
 //! copied (`dispatch`) when this process dispatches it; the endpoint picker, which only
 //! answers where the gateway sends the request, claims a migration like any other move.
 //!
+//! A claim that takes a session off an owner (a known session) waits out the read lease
+//! after it commits (`settle_move`), as a migration's flip does, so no router still
+//! reading its copy as current sends the next step to the owner it left.
+//!
 //! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
 //! it the step goes where it was planned, unrecorded (no epoch fences it there: the one it
 //! was planned against is the previous owner's, `dispatch::Dispatcher::prepare`), and is
@@ -88,11 +92,15 @@ pub async fn settle(
     // Moving off an owner: CAS on its epoch; without one: CAS on absence.
     let expect = lookup.owner.and(lookup.epoch);
     let client = sync.client();
+    // Whether the directory held the session under another epoch than none (the claim may
+    // take it off an owner some router still reads as live).
+    let mut known = lookup.epoch.is_some();
     let answered = tokio::time::timeout(st.cfg.ownership_claim_timeout, async {
         match client.write(claim(expect)).await {
             // The session moved on since the replica read it: take it only if no live
             // owner holds it, else learn who does.
             Ok(Outcome::Rejected(Rejection::StaleEpoch { .. })) if expect.is_some() => {
+                known = true;
                 client.write(claim(None)).await
             }
             other => other,
@@ -115,6 +123,9 @@ pub async fn settle(
         }
     };
     st.metrics.claim(settled.name());
+    if matches!(settled, Settled::Won(_)) && known {
+        settle_move(st).await;
+    }
     let mut settled_lookup = *lookup;
     match settled {
         Settled::Won(epoch) => {
@@ -201,10 +212,23 @@ pub fn route(
     }
 }
 
+/// A move of a session off an owner committed: wait out the other routers' read lease
+/// before its first step is sent, so none of them still sends the session's next step to
+/// the owner it left (`ownerserve_ownership::node::read_lease`).
+pub async fn settle_move(st: &AppState) {
+    if let Some(sync) = &st.ownership {
+        let lease = sync.client().read_lease();
+        if !lease.is_zero() {
+            st.metrics.move_settled();
+            tokio::time::sleep(lease).await;
+        }
+    }
+}
+
 /// Brings the router's copy of the directory up to the leader's commit index before a
-/// step is planned on it: `always` (a step found its view stale), or when the copy has not
-/// heard from the cluster lately (this router was paused, or cut off). Bounded; a copy
-/// that cannot catch up is read as it is.
+/// step is planned on it: `always` (a step found its view stale), or when the copy holds
+/// no read sent within its read lease (this router was idle, paused, or cut off). Bounded;
+/// a copy that cannot catch up is read as it is.
 pub async fn catch_up(st: &AppState, always: bool) {
     if let Some(sync) = &st.ownership {
         if always || !sync.client().fresh() {

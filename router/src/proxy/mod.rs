@@ -380,6 +380,14 @@ impl Attempt<'_> {
         if prepared.stale {
             return Err(ForwardError::StaleView);
         }
+        // A migration flipped its session to a new epoch: no router may still send the
+        // next step to the owner it left.
+        let migrated = matches!(decision.dispatch, Dispatch::Migrate { .. })
+            && prepared.epoch.is_some()
+            && prepared.epoch != self.step.lookup.epoch;
+        if migrated {
+            claim::settle_move(st).await;
+        }
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,

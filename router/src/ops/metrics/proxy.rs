@@ -69,6 +69,8 @@ pub struct ProxyMetrics {
     shed: IntCounterVec,
     /// New sessions' owner claims, by result.
     claims: IntCounterVec,
+    /// Moves off an owner that waited out the read lease (each waits `read_lease_ms`).
+    moves_settled: IntCounter,
     /// Parked sessions' KV lifecycle.
     pub lifecycle: super::lifecycle::LifecycleMetrics,
     /// Admission by class and tenant.
@@ -161,6 +163,11 @@ impl ProxyMetrics {
             "Owner claims committed before a session's first step (or a step of a session without a live owner): won, lost to another router (the step went to the winner), or failed (no answer within ownership_claim_timeout_ms; the step went where planned).",
             &["result"],
         )?;
+        let moves_settled = counter(
+            registry,
+            "ownerserve_ownership_moves_settled_total",
+            "Moves of a session off an owner (a claim or a migration's flip) that waited out the read lease (read_lease_ms) before their first step, so no router sends the session's next step to the owner it left.",
+        )?;
         let ownership_records_dropped = counter(
             registry,
             "ownerserve_ownership_records_dropped_total",
@@ -214,6 +221,7 @@ impl ProxyMetrics {
             demotions,
             shed,
             claims,
+            moves_settled,
             ownership_records_dropped,
             lifecycle: super::lifecycle::LifecycleMetrics::register(registry)?,
             admission: super::admission::AdmissionMetrics::register(registry)?,
@@ -224,6 +232,11 @@ impl ProxyMetrics {
     /// Counts a session owner claim by its result.
     pub fn claim(&self, result: &str) {
         self.claims.with_label_values(&[result]).inc();
+    }
+
+    /// Counts a move that waits out the read lease before its first step.
+    pub fn move_settled(&self) {
+        self.moves_settled.inc();
     }
 
     /// Counts a request shed by admission control or its key's rate limit.
