@@ -400,7 +400,7 @@ impl Default for RouterSettings {
             worker_lease_ttl_ms: 10_000,
             ownership_flush_ms: 50,
             ownership_claim_timeout_ms: 5_000,
-            read_lease_ms: 200,
+            read_lease_ms: 100,
             planner_model: "llama-3.1-8b".to_owned(),
             planner_gpu: "h100".to_owned(),
             planner_gpus: 1,
