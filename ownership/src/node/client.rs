@@ -125,8 +125,8 @@ pub trait DirectoryClient: Send + Sync {
     /// sent within its read lease (`read_lease`).
     fn fresh(&self) -> bool;
 
-    /// How long a move of a session off a live owner waits after its commit before its
-    /// first step is sent: the span other routers read their copies as current for
+    /// How long after its commit a move of a session off a live owner holds its first
+    /// step's answer: the span other routers read their copies as current for
     /// (`read_lease`). Zero where no other router reads this directory (an embedded node).
     fn read_lease(&self) -> Duration {
         Duration::ZERO

@@ -8,12 +8,13 @@
 //! machines). A router that sends nothing for that long (idle, paused, cut off) asks the
 //! leader for a read index before its next step plans on the replica.
 //!
-//! The other half is on the writer: a move of a session off a live owner waits the same
-//! span after its commit before its first step is sent. A step that stays on its owner
-//! without a round trip was planned on a read sent at most that span ago, so either that
-//! read saw the move, or the step was planned before the move's first step was sent: a
-//! session's steps never go back to the owner it left (`bench replicas` counted 34 and 7
-//! such sessions with 2 and 4 routers before, a replica being one step behind).
+//! The other half is on the writer: a move of a session off a live owner holds its first
+//! step's answer until the same span has passed since its commit (the step runs on the new
+//! owner meanwhile). A client sends a session's next step only once it has that answer, and
+//! a router that plans it on its owner without a round trip read a copy sent for at most
+//! that span before: after the move's commit, so the copy holds the move. A session's steps
+//! never go back to the owner it left (`bench replicas` counted 34 and 7 such sessions with
+//! 2 and 4 routers before, a replica being one step behind).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The default span a read stays current; a move waits as long. Every router of a cluster
+/// The default span a read stays current; a move's first answer is held as long. Every router of a cluster
 /// must use the same span (`directory.read_lease_ms`). Twice the routers' default flush
 /// interval (50 ms): a router under traffic sends a read that often, so its steps rarely
 /// ask the leader; each move costs this much more before its first step.
@@ -59,7 +60,7 @@ impl ReadLease {
         }
     }
 
-    /// How long a read stays current, and a move waits after its commit.
+    /// How long a read stays current, and a move's first answer is held after its commit.
     pub fn span(&self) -> Duration {
         self.span
     }

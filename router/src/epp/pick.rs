@@ -138,7 +138,7 @@ async fn picked(
         // owner the directory records.
         dispatches: false,
     };
-    let (decision, lookup, _) = planned.decide(st, id, None, endpoint).await?;
+    let (decision, lookup, _, _) = planned.decide(st, id, None, endpoint).await?;
     let Some(worker) = st.registry.get(decision.worker) else {
         return Err(ApiError::NoHealthyWorker {
             model: parsed.model.to_string(),

@@ -12,9 +12,10 @@
 //! copied (`dispatch`) when this process dispatches it; the endpoint picker, which only
 //! answers where the gateway sends the request, claims a migration like any other move.
 //!
-//! A claim that takes a session off an owner (a known session) waits out the read lease
-//! after it commits (`settle_move`), as a migration's flip does, so no router still
-//! reading its copy as current sends the next step to the owner it left.
+//! A claim that takes a session off an owner (a known session) holds its step's answer
+//! until the read lease has run out after the commit (`settle_move`), as a migration's flip
+//! does, so no router still reading its copy as current sends the next step to the owner
+//! it left.
 //!
 //! The claim waits `ownership_claim_timeout` at most (a directory electing a leader); past
 //! it the step goes where it was planned, unrecorded (no epoch fences it there: the one it
@@ -26,6 +27,8 @@ use ownerserve_ownership::node::Lookup;
 use ownerserve_ownership::{Command, Outcome, Rejection};
 use ownerserve_planner::ids::WorkerId;
 use ownerserve_planner::policy::{Decision, Dispatch};
+
+use tokio::time::Instant;
 
 use super::identity::Identity;
 use crate::ownership::ownership_sync::owner_claim;
@@ -59,34 +62,40 @@ impl Settled {
 }
 
 /// Claims the session for `decision`'s worker if that is not its owner, and answers how it
-/// went and the lookup the step is dispatched under (the won or winning owner and epoch).
-/// A migration is left to its dispatch (`dispatches`), which flips the owner after the KV
-/// copy; without one (the endpoint picker) it is claimed here like any move.
+/// went, the lookup the step is dispatched under (the won or winning owner and epoch), and,
+/// when the claim took the session off an owner, the moment its first step's answer may
+/// reach the client (`settle_until`). A migration is left to its dispatch (`dispatches`),
+/// which flips the owner after the KV copy; without one (the endpoint picker) it is claimed
+/// here like any move.
 pub async fn settle(
     st: &AppState,
     id: &Identity<'_>,
     lookup: &Lookup,
     decision: &Decision,
     dispatches: bool,
-) -> (Settled, Lookup) {
+) -> (Settled, Lookup, Option<Instant>) {
     let (Some(sync), Some(session)) = (&st.ownership, id.session) else {
-        return (Settled::Unclaimed, *lookup);
+        return (Settled::Unclaimed, *lookup, None);
     };
     if !st.policy.needs().directory || !lookup.consulted {
-        return (Settled::Unclaimed, *lookup);
+        return (Settled::Unclaimed, *lookup, None);
     }
     if let Some(child) = &id.child {
         // The parent keeps its owner and epoch; the fork is fenced as its child
         // (`fork_fence`) once the child is committed, else as the parent.
-        return (fork(st, session, child, lookup, decision).await, *lookup);
+        return (
+            fork(st, session, child, lookup, decision).await,
+            *lookup,
+            None,
+        );
     }
     let migrates = dispatches && matches!(decision.dispatch, Dispatch::Migrate { .. });
     let needed = !migrates && lookup.owner != Some(decision.worker);
     if !needed {
-        return (Settled::Unclaimed, *lookup);
+        return (Settled::Unclaimed, *lookup, None);
     }
     let Some(lease) = sync.lease_of(decision.worker) else {
-        return (Settled::Failed, *lookup);
+        return (Settled::Failed, *lookup, None);
     };
     let claim = |expect_epoch| owner_claim(session, lease, expect_epoch);
     // Moving off an owner: CAS on its epoch; without one: CAS on absence.
@@ -123,9 +132,9 @@ pub async fn settle(
         }
     };
     st.metrics.claim(settled.name());
-    if matches!(settled, Settled::Won(_)) && known {
-        settle_move(st).await;
-    }
+    let settle_until = (matches!(settled, Settled::Won(_)) && known)
+        .then(|| settle_move(st))
+        .flatten();
     let mut settled_lookup = *lookup;
     match settled {
         Settled::Won(epoch) => {
@@ -138,7 +147,7 @@ pub async fn settle(
         }
         Settled::Unclaimed | Settled::Failed => {}
     }
-    (settled, settled_lookup)
+    (settled, settled_lookup, settle_until)
 }
 
 /// A fork starts its child session on `decision`'s worker, committed before dispatch and
@@ -212,17 +221,18 @@ pub fn route(
     }
 }
 
-/// A move of a session off an owner committed: wait out the other routers' read lease
-/// before its first step is sent, so none of them still sends the session's next step to
-/// the owner it left (`ownerserve_ownership::node::read_lease`).
-pub async fn settle_move(st: &AppState) {
-    if let Some(sync) = &st.ownership {
-        let lease = sync.client().read_lease();
-        if !lease.is_zero() {
-            st.metrics.move_settled();
-            tokio::time::sleep(lease).await;
-        }
+/// A move of a session off an owner committed just now: its first step's answer reaches
+/// the client only once the other routers' read lease has run out, so none of them still
+/// sends the session's next step to the owner it left
+/// (`ownerserve_ownership::node::read_lease`). The step itself runs meanwhile (a prefill on
+/// the new owner usually takes longer). `None`: no router reads this directory but this one.
+pub fn settle_move(st: &AppState) -> Option<Instant> {
+    let lease = st.ownership.as_ref()?.client().read_lease();
+    if lease.is_zero() {
+        return None;
     }
+    st.metrics.move_settled();
+    Some(Instant::now() + lease)
 }
 
 /// Brings the router's copy of the directory up to the leader's commit index before a

@@ -108,7 +108,8 @@ async fn serve(
             failed: &failed,
             dispatches: true,
         };
-        let (decision, lookup, fork_fence) = planned.decide(st, id, pinned, endpoint).await?;
+        let (decision, lookup, fork_fence, settle_until) =
+            planned.decide(st, id, pinned, endpoint).await?;
         let step = dispatch::Step {
             path: endpoint.path(),
             body: &req.body,
@@ -135,6 +136,7 @@ async fn serve(
             started,
             stores_response: parsed.store,
             endpoint,
+            settle_until,
         };
         match attempt.run(&decision, &worker, cached).await {
             // The slot is held until the response body ends.
@@ -193,16 +195,25 @@ impl Planned<'_> {
         endpoint: Endpoint,
     ) -> Result<Decided<'i>, ApiError> {
         let view = self.view;
-        let (mut decision, lookup, fork_fence) = match pinned {
-            Some(owner) => (Decision::single(owner), view.lookup, None),
+        let (mut decision, lookup, fork_fence, settle_until) = match pinned {
+            Some(owner) => (Decision::single(owner), view.lookup, None, None),
             None => {
                 let decision = st.policy.choose(&view.route, self.candidates)?;
-                let settled = claim::settle(st, id, &view.lookup, &decision, self.dispatches).await;
-                let fork_fence = claim::fork_fence(id, settled.0);
+                let (settled, claimed, settle_until) =
+                    claim::settle(st, id, &view.lookup, &decision, self.dispatches).await;
+                let fork_fence = claim::fork_fence(id, settled);
                 let (decision, lookup) =
-                    claim::route(st, settled, &view.lookup, decision, self.failed);
-                (decision, lookup, fork_fence)
+                    claim::route(st, (settled, claimed), &view.lookup, decision, self.failed);
+                (decision, lookup, fork_fence, settle_until)
             }
+        };
+        // The gateway sends the request as soon as the pick is answered: a move waits here.
+        let settle_until = match (settle_until, self.dispatches) {
+            (Some(t), false) => {
+                tokio::time::sleep_until(t).await;
+                None
+            }
+            (t, _) => t,
         };
         if !crate::api::endpoints::of(endpoint).disaggregable
             && matches!(decision.dispatch, Dispatch::Disaggregated { .. })
@@ -210,16 +221,17 @@ impl Planned<'_> {
             st.metrics.fallback(decision.action());
             decision.dispatch = Dispatch::Single;
         }
-        Ok((decision, lookup, fork_fence))
+        Ok((decision, lookup, fork_fence, settle_until))
     }
 }
 
-/// A step's decision, the lookup it is dispatched under, and a fork's committed child to
-/// fence it as.
+/// A step's decision, the lookup it is dispatched under, a fork's committed child to
+/// fence it as, and when a move's answer may reach the client (`claim::settle_move`).
 pub(crate) type Decided<'i> = (
     Decision,
     ownerserve_ownership::node::Lookup,
     Option<(&'i str, ownerserve_ownership::ids::Epoch)>,
+    Option<tokio::time::Instant>,
 );
 
 /// The decision's worker and the blocks of the prompt it caches, or no healthy worker.
@@ -300,6 +312,9 @@ struct Attempt<'a> {
     stores_response: bool,
     /// The API whose error event ends a stream that fails.
     endpoint: Endpoint,
+    /// The step moved its session off an owner: its answer waits until then
+    /// (`claim::settle_move`).
+    settle_until: Option<tokio::time::Instant>,
 }
 
 impl Attempt<'_> {
@@ -365,6 +380,22 @@ impl Attempt<'_> {
         )
     }
 
+    /// When the answer may reach the client: a claimed move's moment, or, when a migration
+    /// flipped its session to a new epoch, the read lease from now (`claim::settle_move`).
+    fn settle_until(
+        &self,
+        decision: &Decision,
+        prepared: &dispatch::Prepared,
+    ) -> Option<tokio::time::Instant> {
+        let migrated = matches!(decision.dispatch, Dispatch::Migrate { .. })
+            && prepared.epoch.is_some()
+            && prepared.epoch != self.step.lookup.epoch;
+        match migrated {
+            true => claim::settle_move(self.st),
+            false => self.settle_until,
+        }
+    }
+
     /// Runs the legs and sends the decode request, then feedback (the last stage) consumes
     /// the attempt's outcome and the relay streams the answer; `cached_blocks` of the
     /// prompt are already on `worker`.
@@ -380,14 +411,7 @@ impl Attempt<'_> {
         if prepared.stale {
             return Err(ForwardError::StaleView);
         }
-        // A migration flipped its session to a new epoch: no router may still send the
-        // next step to the owner it left.
-        let migrated = matches!(decision.dispatch, Dispatch::Migrate { .. })
-            && prepared.epoch.is_some()
-            && prepared.epoch != self.step.lookup.epoch;
-        if migrated {
-            claim::settle_move(st).await;
-        }
+        let settle_until = self.settle_until(decision, &prepared);
         st.metrics.dispatched(action, self.started.elapsed());
         let sent = dispatch::send(
             &st.upstream,
@@ -409,6 +433,11 @@ impl Attempt<'_> {
             },
         );
         let sent = sent?;
+        // The engine works on the step meanwhile; the client sees nothing before then, so
+        // the session's next step cannot reach a router still reading the move as unmade.
+        if let Some(t) = settle_until {
+            tokio::time::sleep_until(t).await;
+        }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let reason = decision
                 .plan

@@ -69,7 +69,7 @@ pub struct ProxyMetrics {
     shed: IntCounterVec,
     /// New sessions' owner claims, by result.
     claims: IntCounterVec,
-    /// Moves off an owner that waited out the read lease (each waits `read_lease_ms`).
+    /// Moves off an owner whose first answer was held for the read lease.
     moves_settled: IntCounter,
     /// Parked sessions' KV lifecycle.
     pub lifecycle: super::lifecycle::LifecycleMetrics,
@@ -166,7 +166,7 @@ impl ProxyMetrics {
         let moves_settled = counter(
             registry,
             "ownerserve_ownership_moves_settled_total",
-            "Moves of a session off an owner (a claim or a migration's flip) that waited out the read lease (read_lease_ms) before their first step, so no router sends the session's next step to the owner it left.",
+            "Moves of a session off an owner (a claim or a migration's flip) whose first step's answer was held until the read lease (read_lease_ms) had passed since the move's commit, so no router sends the session's next step to the owner it left.",
         )?;
         let ownership_records_dropped = counter(
             registry,
@@ -234,7 +234,7 @@ impl ProxyMetrics {
         self.claims.with_label_values(&[result]).inc();
     }
 
-    /// Counts a move that waits out the read lease before its first step.
+    /// Counts a move whose first answer is held for the read lease.
     pub fn move_settled(&self) {
         self.moves_settled.inc();
     }
