@@ -171,6 +171,11 @@ impl Feed {
         Some(k.entries.iter().skip(skip).take(max).cloned().collect())
     }
 
+    /// The estimated bytes of the entries kept ([`entry_bytes`] summed).
+    pub fn bytes(&self) -> usize {
+        self.kept().bytes
+    }
+
     /// The last applied index.
     pub fn last(&self) -> u64 {
         self.kept().last
@@ -313,7 +318,7 @@ mod tests {
             kept.iter().map(|e| e.0).collect::<Vec<_>>(),
             (16..=25).collect::<Vec<_>>()
         );
-        assert!(feed.kept().bytes <= 10 * each);
+        assert!(feed.bytes() <= 10 * each);
         // An entry larger than the whole budget is still kept, alone.
         feed.push_within(26, batch_of(1_000), 1_000, 10 * each);
         assert_eq!(feed.since(25, 100).expect("kept").len(), 1);
@@ -325,6 +330,6 @@ mod tests {
         assert_eq!(feed.since(26, 100).expect("kept").len(), 14);
         // A reset forgets the bytes too.
         feed.reset(100);
-        assert_eq!(feed.kept().bytes, 0);
+        assert_eq!(feed.bytes(), 0);
     }
 }
