@@ -7,8 +7,8 @@
 //! The byte bound is what holds memory: an entry is a batch of up to `MAX_BATCH`
 //! commands, so 65,536 of them can weigh anything from a few MB to GBs. Each entry's size
 //! is estimated once, when it is pushed, as the length of its JSON (strings and ids
-//! dominate a command; its JSON is within a small factor of its heap size) plus a fixed
-//! cost per entry.
+//! dominate a command; its JSON is within a small factor of its heap size), a batch's
+//! vector of commands, and a fixed cost per entry.
 //!
 //! Entries are pushed by the state machine while it holds its state's write lock, so a
 //! snapshot read under the read lock at index `i` is followed, in this feed, by exactly the
@@ -43,16 +43,24 @@ const ENTRY_OVERHEAD_BYTES: usize =
 /// and membership entries only advance the index).
 pub type FedEntry = (u64, Option<Arc<Envelope>>);
 
-/// The estimated size of an entry with `envelope` ([`KEPT_BYTES`]).
+/// The estimated size of an entry with `envelope` ([`KEPT_BYTES`]): its JSON, plus a
+/// batch's slots (each command of a batch takes a whole `Command` in its vector, more
+/// than a small command's JSON).
 pub fn entry_bytes(envelope: Option<&Envelope>) -> usize {
-    let json = envelope.map_or(0, |e| {
-        let mut counted = CountedBytes(0);
-        // A command always serializes (no maps with non-string keys); a failure counts
-        // what was written before it.
-        let _ = serde_json::to_writer(&mut counted, e);
-        counted.0
-    });
-    ENTRY_OVERHEAD_BYTES + json
+    let Some(e) = envelope else {
+        return ENTRY_OVERHEAD_BYTES;
+    };
+    let mut counted = CountedBytes(0);
+    // A command always serializes (no maps with non-string keys); a failure counts what
+    // was written before it.
+    let _ = serde_json::to_writer(&mut counted, e);
+    let slots = match &e.command {
+        crate::Command::Batch { commands } => {
+            commands.len() * std::mem::size_of::<crate::Command>()
+        }
+        _ => 0,
+    };
+    ENTRY_OVERHEAD_BYTES + counted.0 + slots
 }
 
 /// A writer that only counts what is written to it.
@@ -255,7 +263,7 @@ mod tests {
         let json = serde_json::to_vec(&batch_of(100))
             .expect("serializes")
             .len();
-        assert_eq!(hundred, blank + json);
+        assert_eq!(hundred, blank + json + 100 * std::mem::size_of::<Command>());
         assert!(hundred - blank > 10 * (one - blank), "grows with the batch");
     }
 
