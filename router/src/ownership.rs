@@ -1,8 +1,10 @@
 //! What the router does with the ownership directory: what it records there and the
 //! workers' leases (`ownership_sync`), idle sessions and the returns they will send
-//! (`sessions`), their demotion (`demotion`) and the operator view of a remote cluster
-//! from this router's replica (`replica_admin`). The directory itself is `ownerserve_ownership`'s.
+//! (`sessions`), their demotion and the ending of those their clients closed (`demotion`,
+//! `closing`), and the operator view of a remote cluster from this router's replica
+//! (`replica_admin`). The directory itself is `ownerserve_ownership`'s.
 
+pub(crate) mod closing;
 pub(crate) mod demotion;
 pub(crate) mod lifecycle;
 pub(crate) mod ownership_sync;

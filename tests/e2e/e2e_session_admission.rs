@@ -3,7 +3,8 @@
 //! that capacity from the worker's metrics. Session A's first step (~1,000 tokens) is
 //! admitted and tracked. Session B's first step (~800 tokens) would not fit beside A's
 //! context: it is held, its request slot given back, while A's own next step goes at once;
-//! `/admin/v1/lifecycle` shows what admission counts. When A's client closes A, B goes.
+//! `/admin/v1/lifecycle` shows what admission counts. When A's client closes A, B goes,
+//! and A is ended in the directory (not merely demoted).
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::{
     chat_body, client, eventually, get_json, get_text, metric, planner_router, words, Proc,
+    READ_TOKEN,
 };
 use serde_json::{json, Value};
 
@@ -113,4 +115,14 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
     assert!(went >= closing, "B went before A closed");
     assert_eq!(admissions(&router, "held").await, 1.0);
     assert_eq!(admissions(&router, "timed_out").await, 0.0);
+    // A is over: the directory no longer holds it.
+    let url = format!("{}/admin/v1/sessions/a", router.url);
+    eventually(Duration::from_secs(10), "A ended in the directory", || {
+        let url = url.clone();
+        async move {
+            let r = client().get(&url).bearer_auth(READ_TOKEN).send().await;
+            r.unwrap().status() == 404
+        }
+    })
+    .await;
 }

@@ -200,13 +200,17 @@ pub struct Audit {
     /// Sessions missing whose worker was killed since their answer: ended with its lease
     /// (the directory's rule for a worker that does not come back in time), not lost.
     pub sessions_ended: usize,
+    /// Sessions missing that their client closed: ended at its word (`EndSession`), not
+    /// lost.
+    pub sessions_closed: usize,
     pub sessions: usize,
     pub artifacts: usize,
     pub responses: usize,
 }
 
 /// Checks `d` (read after `read_at_s`) against the invariants, the ledger and the epochs
-/// clients were given (`records.epochs`; `records.kills` says which workers died since).
+/// clients were given (`records.epochs`; `records.kills` says which workers died since,
+/// `records.closed` which sessions their clients closed).
 pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) -> Audit {
     let violations = ownerserve_ownership::invariants::check(d)
         .into_iter()
@@ -224,7 +228,7 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
             ));
         }
     }
-    let (mut sessions_lost, mut sessions_ended) = (Vec::new(), 0);
+    let (mut sessions_lost, mut sessions_ended, mut sessions_closed) = (Vec::new(), 0, 0);
     for (id, a) in &records.epochs {
         if a.at_s >= read_at_s {
             continue;
@@ -237,6 +241,7 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
         });
         match d.sessions.get(&SessionId(id.clone())) {
             None if killed_since => sessions_ended += 1,
+            None if records.closed.contains(id) => sessions_closed += 1,
             None => sessions_lost.push(format!("{id}: answered at epoch {}, missing", a.epoch)),
             Some(s) if s.epoch.0 < a.epoch => sessions_lost.push(format!(
                 "{id}: answered at epoch {}, directory at {}",
@@ -250,6 +255,7 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
         ledger_lost,
         sessions_lost,
         sessions_ended,
+        sessions_closed,
         sessions: d.sessions.len(),
         artifacts: d.artifacts.len(),
         responses: d.responses.len(),
@@ -312,7 +318,7 @@ mod tests {
     }
 
     #[test]
-    fn a_session_missing_is_lost_unless_its_worker_was_killed_since_its_answer() {
+    fn a_session_missing_is_lost_unless_its_worker_was_killed_since_or_its_client_closed_it() {
         let d = Directory::new(500);
         let answered = |worker: &str| Answered {
             epoch: 7,
@@ -327,5 +333,10 @@ mod tests {
         let a = audit(&d, 2.0, &Ledger::default(), &records);
         assert_eq!(a.sessions_lost, ["t: answered at epoch 7, missing"]);
         assert_eq!(a.sessions_ended, 1);
+        // Its client closed it: ended, not lost.
+        records.closed.insert("t".into());
+        let a = audit(&d, 2.0, &Ledger::default(), &records);
+        assert!(a.sessions_lost.is_empty());
+        assert_eq!((a.sessions_ended, a.sessions_closed), (1, 1));
     }
 }

@@ -266,11 +266,18 @@ impl Run<'_> {
             .map(|a| a.sessions_ended)
             .max()
             .unwrap_or(0);
+        let closed = self
+            .checks
+            .iter()
+            .filter_map(|c| c.audit.as_ref())
+            .map(|a| a.sessions_closed)
+            .max()
+            .unwrap_or(0);
         // A read may fail during an election; the last one, once healed, may not.
         let last_read = self.checks.last().is_some_and(|c| c.audit.is_some());
         pass &= lost.is_empty() && violations.is_empty() && last_read;
         lines.push(format!(
-            "- lost acknowledged writes: {} — {} ({} ledger writes; {} sessions' epochs, {ended} ended with a killed worker's lease; {} Responses turns){}",
+            "- lost acknowledged writes: {} — {} ({} ledger writes; {} sessions' epochs, {ended} ended with a killed worker's lease, {closed} ended by their clients' close; {} Responses turns){}",
             mark(lost.is_empty()),
             lost.len(),
             self.ledger_writes,

@@ -14,7 +14,7 @@
 //! every answer that ran under an ownership epoch records the session's epoch, which the
 //! directory must never fall behind.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,8 @@ pub struct Records {
     pub requests: Vec<Request>,
     /// Session → the answer that ran under its highest epoch.
     pub epochs: HashMap<String, Answered>,
+    /// Sessions whose client sent a close (the directory ends them).
+    pub closed: HashSet<String>,
     /// Worker name → seconds of each kill -9 (a stored response dies with its worker).
     pub kills: HashMap<String, Vec<f64>>,
 }
@@ -182,6 +184,13 @@ impl Traffic {
                               "max_tokens": s.max_tokens, "stream": s.stream});
         if s.fork.is_some() {
             body["n"] = json!(2);
+        }
+        if s.close {
+            self.records
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .closed
+                .insert(session.to_owned());
         }
         let (at_s, t, sent) = self
             .send(home, api, |router| {

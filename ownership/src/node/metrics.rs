@@ -78,6 +78,9 @@ const RAFT_FIGURES: [(&str, &str); 8] = [
 #[derive(Debug, Clone)]
 pub struct DirectoryMetrics {
     leases: IntGauge,
+    /// What this node keeps of its applied entries for the routers that follow it
+    /// (`raft::feed`), estimated bytes.
+    feed_bytes: IntGauge,
     prefixes: IntGaugeVec,
     sessions: IntGaugeVec,
     pinned: IntGauge,
@@ -99,6 +102,11 @@ impl DirectoryMetrics {
                 registry,
                 "ownerserve_directory_leases",
                 "Worker leases in this node's directory state.",
+            )?,
+            feed_bytes: int_gauge(
+                registry,
+                "ownerserve_directory_feed_bytes",
+                "Estimated bytes of the applied entries this node keeps for the routers that follow it (at most 65,536 entries or 64 MiB).",
             )?,
             prefixes: int_gauge_vec(
                 registry,
@@ -258,6 +266,7 @@ impl DirectoryMetrics {
         ] {
             sync_counter(&self.changes.with_label_values(&[change]), total);
         }
+        self.feed_bytes.set(count(node.machine.feed().bytes()));
         let m = node.raft.metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: Vec<u64> = membership.voter_ids().collect();

@@ -9,7 +9,8 @@ pub const SESSION_ID: HeaderName = HeaderName::from_static("x-session-id");
 /// Request: the step forks its session (`1`/`true`, or the child session's name).
 pub const FORK: HeaderName = HeaderName::from_static("x-ownerserve-fork");
 /// Request: what the client asks of its session's life: `close` (end it once this
-/// response ends: its ownership and its KV's pins are released) or `keep-alive` (`bind`,
+/// response ends: it is ended in the directory, its KV's pins released, the prompts the
+/// router kept for it dropped) or `keep-alive` (`bind`,
 /// `open`; optionally `; timeout=<s>`, default 300: it does not lapse before, and its KV is
 /// kept as for a session sure to return). Dynamo's `nvext.session_control` in the body
 /// says the same.

@@ -1,11 +1,15 @@
-//! The idle-session sweep: a session idle past its lease (derived from its predicted
-//! tool-call gap) is demoted in the directory, keeping its sealed prefix artifact, and its
-//! owner drops the unsealed tail from HBM. An engine with a host-DRAM tier offloads the
+//! The release sweep. A session idle past its lease (derived from its predicted tool-call
+//! gap) is demoted in the directory, keeping its sealed prefix artifact, and its owner
+//! drops the unsealed tail from HBM. An engine with a host-DRAM tier offloads the
 //! dropped tail there instead of losing it (the sim engine's `drop`; vLLM's offloading
 //! connector holds evicted blocks the same way), and its `BlockStored` events with medium
 //! CPU tell the KV index. Its next step is planned as a resume: `tail_recompute` where the
 //! artifact is (restoring the tail from host memory when that beats recomputing it), or a
 //! fetch or recompute elsewhere.
+//!
+//! A session its client closed is over: its kept prompts are dropped at once
+//! (`PromptHasher::forget_session`) and it is ended in the directory ([`super::closing`]),
+//! its owner dropping its tail the same way.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +17,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
 
-use ownerserve_ownership::ids::SessionId;
+use ownerserve_ownership::ids::{Epoch, SessionId};
 use ownerserve_ownership::{Command, Outcome};
+use ownerserve_planner::ids::WorkerId;
 use ownerserve_shim::engines::{self, sim::DropRequest};
 
+use crate::ownership::closing::Closing;
 use crate::ownership::sessions::{now_ms, Lapsed};
 use crate::server::state::AppState;
 
@@ -41,12 +47,17 @@ fn idle_window_ms(lease_ms: u64) -> u64 {
 pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
     let sweep = async {
         let mut every = tokio::time::interval(SWEEP_EVERY);
+        let mut closing = Closing::default();
         loop {
             every.tick().await;
             // Closed by their clients first: they asked for it.
             for closed in st.sessions.take_closed() {
-                demote(&st, closed).await;
+                st.prompts.forget_session(&closed.session);
+                if st.ownership.is_some() {
+                    closing.watch(closed, now_ms());
+                }
             }
+            end_closed(&st, &mut closing).await;
             for lapsed in st.sessions.lapsed(now_ms()) {
                 demote(&st, lapsed).await;
             }
@@ -55,6 +66,41 @@ pub async fn run(st: Arc<AppState>, cancel: CancellationToken) {
     tokio::select! {
         () = cancel.cancelled() => {}
         () = sweep => {}
+    }
+}
+
+/// Ends the closed sessions the directory (this router's replica) still shows.
+async fn end_closed(st: &AppState, closing: &mut Closing) {
+    let Some(sync) = &st.ownership else { return };
+    let Some(directory) = st.sources().directory else {
+        return;
+    };
+    let block = st.kv.block_size() as u64;
+    let due = closing.due(
+        now_ms(),
+        |session| st.sessions.tracks(session),
+        |session| {
+            let lookup = directory.lookup(Some(session), &[], block);
+            (lookup.owner, lookup.epoch)
+        },
+    );
+    for command in due {
+        let Command::EndSession { session, epoch } = &command else {
+            continue;
+        };
+        let (session, epoch) = (session.0.clone(), *epoch);
+        match sync.client().write(command).await {
+            Ok(Outcome::SessionEnded) => {}
+            other => {
+                tracing::debug!(%session, ?other, "closed session not ended");
+                continue;
+            }
+        }
+        st.metrics.session_ended();
+        tracing::debug!(%session, "closed session ended");
+        if let Some((owner, tail)) = closing.ended(&session, epoch) {
+            drop_tail(st, owner, session, epoch, tail).await;
+        }
     }
 }
 
@@ -88,6 +134,12 @@ async fn demote(st: &AppState, l: Lapsed) {
     }
     st.metrics.demoted();
     tracing::debug!(session = %l.session, tail_blocks = l.tail.len(), "idle session demoted");
+    drop_tail(st, owner, l.session, epoch, l.tail).await;
+}
+
+/// Has `owner` drop `session`'s unsealed `tail` (its blocks past the sealed prefix), once
+/// the directory no longer has it decoded there.
+async fn drop_tail(st: &AppState, owner: WorkerId, session: String, epoch: Epoch, tail: Vec<u64>) {
     let Some(w) = st.registry.get(owner) else {
         return;
     };
@@ -96,12 +148,12 @@ async fn demote(st: &AppState, l: Lapsed) {
     let Some(drop_path) = engines::protocol(w.spec.engine).drop_path() else {
         return;
     };
-    if l.tail.is_empty() {
+    if tail.is_empty() {
         return;
     }
     let drop = DropRequest {
-        block_hashes: l.tail,
-        session: Some(l.session),
+        block_hashes: tail,
+        session: Some(session),
         epoch: Some(epoch.0),
     };
     let body = Bytes::from(serde_json::to_vec(&drop).unwrap_or_default());

@@ -5,6 +5,8 @@
 //! again) takes the kept prompt as it is, without rendering or tokenizing anything. A step
 //! that keeps its own prompt takes the entry out when the cache is its only holder
 //! ([`PromptCache::take`]), so the step extends it in place instead of copying it.
+//! A session its client closed is over: its entries go at once ([`PromptCache::forget`])
+//! rather than wait for the budget to push them out.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -148,9 +150,36 @@ impl PromptCache {
             .insert(session.to_owned(), (tick, prompt, input));
     }
 
-    /// Bytes held now.
-    #[cfg(test)]
-    fn bytes(&self) -> usize {
+    /// Drops every entry kept under `name` for any model (keys `<model>\u{1f}<name>`), and
+    /// under its context windows (`<model>\u{1f}<name>:<n>`, Codex's windows of thread
+    /// `name`): a closed session's prompts. Entries kept under a prompt's first bytes
+    /// (`#…`, shared by every session starting the same way) stay. One pass over the
+    /// keys: a close is rare beside steps. Returns the bytes freed.
+    pub fn forget(&self, name: &str) -> usize {
+        let of_name = |key: &str| {
+            key.split_once('\u{1f}').is_some_and(|(_, kept_as)| {
+                kept_as
+                    .strip_prefix(name)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+            })
+        };
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let lru = &mut *guard;
+        let keys: Vec<String> = lru.entries.keys().filter(|k| of_name(k)).cloned().collect();
+        let mut freed = 0;
+        for key in keys {
+            if let Some((used, prompt, _)) = lru.entries.remove(&key) {
+                lru.order.remove(&used);
+                let size = prompt.heap_bytes() + key.len();
+                lru.bytes -= size;
+                freed += size;
+            }
+        }
+        freed
+    }
+
+    /// Bytes held now (prompts' heap and keys, as the budget counts them).
+    pub fn bytes(&self) -> usize {
         self.inner.lock().unwrap_or_else(|e| e.into_inner()).bytes
     }
 }
@@ -191,6 +220,41 @@ mod tests {
         let off = PromptCache::new(0);
         off.put("a", prompt(16));
         assert!(off.get("a").is_none());
+    }
+
+    #[test]
+    fn a_closed_session_s_prompts_are_forgotten_under_every_model_and_window() {
+        let cache = PromptCache::new(1 << 24);
+        let kept = [
+            "m\u{1f}s",
+            "other\u{1f}s",
+            "m\u{1f}s:2",
+            "m\u{1f}#0123456789abcdef",
+            "m\u{1f}s2",
+            "m\u{1f}t",
+        ];
+        for key in kept {
+            cache.put(key, prompt(160));
+        }
+        let each = prompt(160).heap_bytes();
+        let freed = cache.forget("s");
+        assert_eq!(
+            freed,
+            3 * each + "m\u{1f}s".len() + "other\u{1f}s".len() + "m\u{1f}s:2".len()
+        );
+        for key in ["m\u{1f}s", "other\u{1f}s", "m\u{1f}s:2"] {
+            assert!(cache.get(key).is_none(), "{key} forgotten");
+        }
+        // Another session's, and the shared start of every session, stay.
+        for key in ["m\u{1f}#0123456789abcdef", "m\u{1f}s2", "m\u{1f}t"] {
+            assert!(cache.get(key).is_some(), "{key} kept");
+        }
+        let left: usize = ["m\u{1f}#0123456789abcdef", "m\u{1f}s2", "m\u{1f}t"]
+            .iter()
+            .map(|k| each + k.len())
+            .sum();
+        assert_eq!(cache.bytes(), left);
+        assert_eq!(cache.forget("s"), 0, "nothing left of it");
     }
 
     #[test]

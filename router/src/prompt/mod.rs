@@ -9,7 +9,8 @@
 //!   the digest and key a prompt is kept under.
 //! - [`cache`]: each session's last prompt. Its next step tokenizes and hashes only what it
 //!   adds, extending the kept prompt's vectors in place when nobody else holds it
-//!   (`PromptCache::take`, `KeptPrompt`).
+//!   (`PromptCache::take`, `KeptPrompt`); a closed session's go at once
+//!   ([`PromptHasher::forget_session`]).
 //! - [`flights`]: prompts over `OFFLOAD_PROMPT_BYTES` (16 KiB) are rendered, tokenized and
 //!   hashed on the blocking pool, one computation per input at a time.
 //! - [`error`]: why a prompt's computation failed, as the client's error.
@@ -92,6 +93,18 @@ impl PromptHasher {
             tokenizers,
             engines,
         }
+    }
+
+    /// Forgets the prompts kept for session `session` (every model's, every context
+    /// window's): its client closed it, so no step will extend them. Returns the bytes
+    /// freed.
+    pub fn forget_session(&self, session: &str) -> usize {
+        self.cache.forget(session)
+    }
+
+    /// Bytes of prompts kept now.
+    pub fn cached_bytes(&self) -> usize {
+        self.cache.bytes()
     }
 
     /// Whether a prompt is being computed on the blocking pool right now.

@@ -2,7 +2,8 @@
 //! action (every policy), the cost planner's decisions by action and step class with
 //! each cost term summed, fallbacks, where a known session's step ran against its
 //! directory owner, KV bytes moved by kind, migrations and the migration budget spent,
-//! demotions, queue time and time to first token.
+//! demotions and closed sessions ended, the prompts kept for sessions' next steps, queue
+//! time and time to first token.
 
 use std::time::Duration;
 
@@ -61,6 +62,10 @@ pub struct ProxyMetrics {
     /// Share of the cost planner's migration budget spent at its last decision.
     migration_budget_spent: Gauge,
     demotions: IntCounter,
+    /// Sessions their clients closed, ended in the directory.
+    sessions_ended: IntCounter,
+    /// Bytes of the prompts kept for sessions' next steps (`prompt::cache`), set at scrape.
+    prompt_cache_bytes: Gauge,
     /// Routed requests whose ownership records were dropped: the directory sync was
     /// 4,096 records behind (`ownership_sync::MAX_QUEUED`; a directory outage), or their
     /// batch was refused whole.
@@ -151,6 +156,16 @@ impl ProxyMetrics {
             "ownerserve_session_demotions_total",
             "Idle sessions demoted when their lease lapsed.",
         )?;
+        let sessions_ended = counter(
+            registry,
+            "ownerserve_sessions_ended_total",
+            "Sessions their clients closed (x-ownerserve-session-control: close), ended in the directory.",
+        )?;
+        let prompt_cache_bytes = gauge(
+            registry,
+            "ownerserve_prompt_cache_bytes",
+            "Bytes of the prompts the router keeps so a session's next step tokenizes only what it adds (within prompt_cache_mb; a closed session's go at once).",
+        )?;
         let shed = counter_vec(
             registry,
             "ownerserve_admission_shed_total",
@@ -219,6 +234,8 @@ impl ProxyMetrics {
             migrations,
             migration_budget_spent,
             demotions,
+            sessions_ended,
+            prompt_cache_bytes,
             shed,
             claims,
             moves_settled,
@@ -317,6 +334,16 @@ impl ProxyMetrics {
         self.demotions.inc();
     }
 
+    /// A session its client closed was ended in the directory.
+    pub fn session_ended(&self) {
+        self.sessions_ended.inc();
+    }
+
+    /// The prompt cache holds `bytes` now.
+    pub fn prompt_cache(&self, bytes: usize) {
+        self.prompt_cache_bytes.set(bytes as f64);
+    }
+
     /// The decode leg of a step executed as `a` goes out `after` its arrival.
     pub fn dispatched(&self, a: Action, after: Duration) {
         self.of(a).queue_time.observe(after.as_secs_f64());
@@ -358,6 +385,8 @@ mod tests {
             "ownerserve_planner_decisions_total{action=\"colocate\",class=\"cold_resume\"} 0",
             "ownerserve_planner_cost_seconds_total{action=\"migrate\",term=\"network\"} 0",
             "# TYPE ownerserve_session_demotions_total counter",
+            "ownerserve_sessions_ended_total 0",
+            "ownerserve_prompt_cache_bytes 0",
             "# TYPE ownerserve_time_to_first_token_seconds histogram",
         ] {
             assert!(text.contains(line), "missing {line}\n{text}");

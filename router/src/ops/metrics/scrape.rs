@@ -11,11 +11,12 @@ use serde_json::json;
 
 use crate::server::state::AppState;
 
-/// `GET /metrics`: the fleet, the runtime and the embedded directory read now, then the
-/// exposition.
+/// `GET /metrics`: the fleet, the runtime, the prompt cache and the embedded directory
+/// read now, then the exposition.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     st.telemetry.fleet.refresh(&st.registry, &st.kv);
     st.telemetry.runtime.refresh();
+    st.metrics.prompt_cache(st.prompts.cached_bytes());
     if let Some(node) = &st.directory {
         node.metrics.refresh(node);
     }
