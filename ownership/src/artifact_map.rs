@@ -84,6 +84,14 @@ impl ArtifactMap {
         Some(old)
     }
 
+    /// Removes `key`'s artifact, dropping it from the index; the artifact, if there was one.
+    pub fn remove(&mut self, key: &PrefixKey) -> Option<Artifact> {
+        let old = self.by_key.remove(key)?;
+        self.keys.remove(key);
+        self.index(&old, false);
+        Some(old)
+    }
+
     /// `key`'s artifact, to change its owner, locations, counts or access time (never its
     /// `blocks` or `checkpoints`, which the index was built from).
     pub fn get_mut(&mut self, key: &PrefixKey) -> Option<&mut Artifact> {
@@ -449,6 +457,50 @@ mod tests {
         let fresh: ArtifactMap = [(key, artifact(1, 9, false))].into_iter().collect();
         assert_eq!(m, fresh);
         assert!(m.checkpoints.is_empty());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, failure_persistence: None, ..Default::default() })]
+
+        /// Any sequence of inserts, replacements and removes leaves the index what
+        /// rebuilding it from the artifacts alone gives, and a lookup finds exactly the
+        /// ends of the artifacts still there.
+        #[test]
+        fn inserts_and_removes_keep_the_index_true(
+            ops in proptest::collection::vec((0u64..4, 1u32..40, proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()), 1..60)
+        ) {
+            let mut m = ArtifactMap::default();
+            for (c, end, checkpointed, remove) in ops {
+                let key = PrefixKey(chain(c, end)[end as usize - 1]);
+                if remove {
+                    let had = m.contains_key(&key);
+                    proptest::prop_assert_eq!(m.remove(&key).is_some(), had);
+                } else {
+                    m.insert(key, artifact(c, end, checkpointed));
+                }
+                let rebuilt: ArtifactMap = m.by_key.clone().into_iter().collect();
+                proptest::prop_assert_eq!(&m, &rebuilt);
+                proptest::prop_assert_eq!(m.keys.len(), m.by_key.len());
+                for c in 0..4 {
+                    let found: Vec<u32> = m.prefix_ends(&chain(c, 40)).collect();
+                    let mut held: Vec<u32> = m
+                        .iter()
+                        .filter(|(k, a)| **k == PrefixKey(chain(c, a.blocks.1)[a.blocks.1 as usize - 1]))
+                        .map(|(_, a)| a.blocks.1)
+                        .collect();
+                    held.sort_unstable_by(|a, b| b.cmp(a));
+                    let mut found_sorted = found.clone();
+                    found_sorted.dedup();
+                    proptest::prop_assert_eq!(found_sorted, held);
+                }
+            }
+            // Removing everything leaves an empty index.
+            let keys: Vec<PrefixKey> = m.keys().copied().collect();
+            for k in keys {
+                m.remove(&k);
+            }
+            proptest::prop_assert_eq!(m, ArtifactMap::default());
+        }
     }
 
     #[test]

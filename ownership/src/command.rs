@@ -84,6 +84,16 @@ pub enum Command {
     },
     /// Gives up ownership (the copies stay as read-only replicas).
     Release { key: PrefixKey, epoch: Epoch },
+    /// Forgets a prefix artifact nothing uses: removed only if its epoch is still `epoch`,
+    /// no session is built on it (`ref_count` 0) and the directory's clock says it was
+    /// last accessed at least `idle_ms` ago; detached from its owner's lease if it has
+    /// one. A later claim of the same prefix creates it afresh. Needs version 3
+    /// (`Version::RETENTION`).
+    ForgetArtifact {
+        key: PrefixKey,
+        epoch: Epoch,
+        idle_ms: u64,
+    },
     /// Registers a read-only copy of an artifact on `worker`.
     ReplicateReadOnly {
         key: PrefixKey,
@@ -189,6 +199,7 @@ impl Command {
             Command::Claim { .. } => "claim",
             Command::Extend { .. } => "extend",
             Command::Release { .. } => "release",
+            Command::ForgetArtifact { .. } => "forget_artifact",
             Command::ReplicateReadOnly { .. } => "replicate_read_only",
             Command::Migrate { .. } => "migrate",
             Command::SetDecodeOwner { .. } => "set_decode_owner",
@@ -216,6 +227,7 @@ impl Command {
             Command::SpendTokens { .. }
             | Command::HoldTenantSession { .. }
             | Command::ReleaseTenantSession { .. } => Version::LAPSED_OWNERS_AND_TENANTS,
+            Command::ForgetArtifact { .. } => Version::RETENTION,
             Command::Batch { commands } => commands
                 .iter()
                 .map(Command::needs)

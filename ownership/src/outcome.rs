@@ -30,6 +30,8 @@ pub enum Outcome {
         owner: Owner,
     },
     Released,
+    /// A prefix artifact was forgotten (`ForgetArtifact`).
+    Forgotten,
     Replicated,
     SessionEnded,
     Ticked {
@@ -110,6 +112,16 @@ pub enum Rejection {
         since_ms: u64,
         idle_ms: u64,
     },
+    /// `ForgetArtifact` of an artifact sessions are still built on.
+    #[error("{refs} sessions are built on {key:?}")]
+    Referenced { key: PrefixKey, refs: u32 },
+    /// `ForgetArtifact` of an artifact accessed within the idle window it was given.
+    #[error("{key:?} was accessed {since_ms} ms ago, within the {idle_ms} ms it must be idle")]
+    RecentlyAccessed {
+        key: PrefixKey,
+        since_ms: u64,
+        idle_ms: u64,
+    },
 }
 
 impl Rejection {
@@ -131,6 +143,8 @@ impl Rejection {
             Rejection::RecentlyWritten { .. } => "recently_written",
             Rejection::BadTenant { .. } => "bad_tenant",
             Rejection::NeedsVersion { .. } => "needs_version",
+            Rejection::Referenced { .. } => "referenced",
+            Rejection::RecentlyAccessed { .. } => "recently_accessed",
         }
     }
 
@@ -141,6 +155,8 @@ impl Rejection {
             Rejection::StaleEpoch { .. }
                 | Rejection::StaleRetry { .. }
                 | Rejection::RecentlyWritten { .. }
+                | Rejection::Referenced { .. }
+                | Rejection::RecentlyAccessed { .. }
         )
     }
 }

@@ -15,6 +15,7 @@
 //! |---|---|---|
 //! | 1 | 0.1.0 (a state without a version) | a lapsed lease's sessions that nothing else holds end, its stored responses are lost |
 //! | 2 | 0.2.0 | they wait for their worker (`Directory::lapsed`, `StoredResponse::lapsed_until_ms`); tenant budgets (`SpendTokens`, `HoldTenantSession`, `ReleaseTenantSession`) |
+//! | 3 | after 0.2.0 | an unreferenced, idle prefix artifact can be forgotten (`ForgetArtifact`) |
 
 use serde::{Deserialize, Serialize};
 
@@ -29,8 +30,10 @@ impl Version {
     /// The lease grace rule (a lapsed lease's sessions and stored responses wait for their
     /// worker) and tenant budgets.
     pub const LAPSED_OWNERS_AND_TENANTS: Version = Version(2);
+    /// Forgetting prefix artifacts (`Command::ForgetArtifact`).
+    pub const RETENTION: Version = Version(3);
     /// The newest version this release knows.
-    pub const CURRENT: Version = Version(2);
+    pub const CURRENT: Version = Version(3);
 
     /// [`Version::FIRST`], for serde: a state written before versions were.
     pub fn first() -> Version {

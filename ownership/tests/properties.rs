@@ -1,7 +1,9 @@
 //! Model-based property tests over random command sequences (proptest; failures shrink to
 //! a minimal sequence). After every step: the state invariants hold, epochs never decrease
-//! and strictly increase whenever a key's owner changes, and a key whose owner's lease is
-//! still live is only ever taken by an explicit release, migration, revocation or epoch CAS.
+//! (a forgotten artifact that comes back is owned above every epoch it had) and strictly
+//! increase whenever a key's owner changes, and a key whose owner's lease is
+//! still live is only ever taken by an explicit release, forget, migration, revocation or
+//! epoch CAS.
 //! At the end: replaying the log gives the same state, and the snapshot round-trips.
 #![allow(clippy::expect_used, reason = "tests: a failure should panic")]
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
@@ -49,6 +51,12 @@ enum Op {
     Release {
         key: u8,
         cas: Cas,
+    },
+    /// Forgets an artifact idle for `idle_s` seconds (refused while referenced).
+    Forget {
+        key: u8,
+        cas: Cas,
+        idle_s: u8,
     },
     Replicate {
         key: u8,
@@ -113,6 +121,7 @@ fn single_op() -> impl Strategy<Value = Op> {
         5 => (k.clone(), slot.clone(), proptest::option::of(cas())).prop_map(|(key, slot, cas)| Op::Claim { key, slot, cas }),
         2 => (k.clone(), k.clone(), cas()).prop_map(|(key, parent, cas)| Op::Extend { key, parent, cas }),
         2 => (k.clone(), cas()).prop_map(|(key, cas)| Op::Release { key, cas }),
+        2 => (k.clone(), cas(), 0u8..3).prop_map(|(key, cas, idle_s)| Op::Forget { key, cas, idle_s }),
         2 => (k.clone(), 0u8..3).prop_map(|(key, worker)| Op::Replicate { key, worker }),
         2 => (k.clone(), slot.clone(), cas()).prop_map(|(key, slot, cas)| Op::Migrate { key, slot, cas }),
         3 => (0u8..4, slot.clone(), proptest::option::of(k.clone()), proptest::option::of(cas()))
@@ -194,6 +203,14 @@ fn command(d: &Directory, granted: &[LeaseId], op: &Op) -> Command {
                 epoch: prefix_epoch(key, cas),
             }
         }
+        Op::Forget { key, cas, idle_s } => {
+            let key = PrefixKey(u64::from(key));
+            Command::ForgetArtifact {
+                key,
+                epoch: prefix_epoch(key, cas),
+                idle_ms: u64::from(idle_s) * 1000,
+            }
+        }
         Op::Replicate { key, worker } => Command::ReplicateReadOnly {
             key: PrefixKey(u64::from(key)),
             worker: WorkerId(u32::from(worker)),
@@ -273,7 +290,9 @@ fn owners(d: &Directory) -> BTreeMap<Key, (Option<Owner>, Epoch)> {
 /// The key and epoch a fenced command presents, if it is fenced.
 fn fence(cmd: &Command) -> Option<(Key, Epoch)> {
     match cmd {
-        Command::Release { key, epoch } => Some((Key::Prefix(*key), *epoch)),
+        Command::Release { key, epoch } | Command::ForgetArtifact { key, epoch, .. } => {
+            Some((Key::Prefix(*key), *epoch))
+        }
         Command::Migrate {
             key, from_epoch, ..
         } => Some((Key::Prefix(*key), *from_epoch)),
@@ -301,14 +320,30 @@ fn fence(cmd: &Command) -> Option<(Key, Epoch)> {
     }
 }
 
+/// The artifacts `cmd` forgot, by its `outcome`.
+fn forgotten_by(cmd: &Command, outcome: &Outcome) -> Vec<Key> {
+    match (cmd, outcome) {
+        (Command::ForgetArtifact { key, .. }, Outcome::Forgotten) => vec![Key::Prefix(*key)],
+        (Command::Batch { commands }, Outcome::Batch { outcomes }) => commands
+            .iter()
+            .zip(outcomes)
+            .flat_map(|(c, o)| forgotten_by(c, o))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Whether `cmd` may legitimately take `key` from a live owner holding `lease`.
 fn may_take(cmd: &Command, key: &Key, lease: LeaseId) -> bool {
     match (cmd, key) {
         (Command::Batch { commands }, _) => commands.iter().any(|c| may_take(c, key, lease)),
         (Command::RevokeLease { lease: l }, _) => *l == lease,
-        (Command::Release { key: k, .. } | Command::Migrate { key: k, .. }, Key::Prefix(p)) => {
-            k == p
-        }
+        (
+            Command::Release { key: k, .. }
+            | Command::Migrate { key: k, .. }
+            | Command::ForgetArtifact { key: k, .. },
+            Key::Prefix(p),
+        ) => k == p,
         (
             Command::Claim {
                 key: k,
@@ -341,6 +376,7 @@ proptest! {
         let mut now_ms = 1_000;
         let mut seq = 0u64;
         let mut high_water: BTreeMap<Key, Epoch> = BTreeMap::new();
+        let mut forgotten: BTreeMap<Key, Epoch> = BTreeMap::new();
         for (index, (advance, op)) in (1u64..).zip(&ops) {
             now_ms += advance;
             let env = match (op, log.last()) {
@@ -377,11 +413,31 @@ proptest! {
             }
             prop_assert_eq!(invariants::check(&d), vec![], "after {:?}", op);
             let after = owners(&d);
+            // A forgotten artifact (or ended session) starts afresh if it comes back; an
+            // owner it then gets is fenced above every epoch it had before.
+            // (Forgotten by this entry, or gone after it: a batch may forget a key and
+            // create it again.)
+            // (A retry is answered from the dedup table: it forgets nothing again.)
+            let forgot = if replayed { Vec::new() } else { forgotten_by(&env.command, &outcome) };
+            let gone: Vec<Key> = high_water
+                .keys()
+                .filter(|k| !after.contains_key(*k) || forgot.contains(*k))
+                .cloned()
+                .collect();
+            for key in gone {
+                if let Some(e) = high_water.remove(&key) {
+                    let top = forgotten.entry(key).or_insert(e);
+                    *top = (*top).max(e);
+                }
+            }
             for (key, (owner, epoch)) in &after {
                 if let Some(prev) = high_water.get(key) {
                     prop_assert!(epoch >= prev, "{:?} epoch went back from {:?} to {:?}", key, prev, epoch);
                 }
-                if let Some((old_owner, old_epoch)) = before.get(key) {
+                if let (Some(o), Some(old)) = (owner, forgotten.get(key)) {
+                    prop_assert!(o.epoch > *old, "{:?} came back owned under {:?}, not above its old {:?}", key, o.epoch, old);
+                }
+                if let Some((old_owner, old_epoch)) = before.get(key).filter(|_| !forgot.contains(key)) {
                     if old_owner != owner {
                         prop_assert!(epoch > old_epoch, "{:?} changed owner without a new epoch", key);
                     }

@@ -150,16 +150,21 @@ async fn a_backup_restored_into_a_new_cluster_has_its_sessions_owners_and_epochs
         "{out} after {newest}"
     );
     // The new cluster runs this release's directory version.
-    crate::common::eventually(Duration::from_secs(10), "directory version 2", || {
-        let (c, url) = (c.clone(), new.url(1));
-        async move {
-            let v: Value = match c.get(format!("{url}/directory/v1/cluster")).send().await {
-                Ok(r) => r.json().await.unwrap_or_default(),
-                Err(_) => return false,
-            };
-            v["version"]["runs"] == 2
-        }
-    })
+    let current = ownerserve_ownership::version::Version::CURRENT.0;
+    crate::common::eventually(
+        Duration::from_secs(10),
+        "this release's directory version",
+        || {
+            let (c, url) = (c.clone(), new.url(1));
+            async move {
+                let v: Value = match c.get(format!("{url}/directory/v1/cluster")).send().await {
+                    Ok(r) => r.json().await.unwrap_or_default(),
+                    Err(_) => return false,
+                };
+                v["version"]["runs"] == current
+            }
+        },
+    )
     .await;
     std::fs::remove_file(&file).unwrap();
 }

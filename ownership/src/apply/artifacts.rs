@@ -1,6 +1,11 @@
 //! Prefix artifacts: claim (first writer owns; a live owner's claim stands), extend (seal
 //! the next artifact under the same owner, fenced by the parent's epoch), release,
-//! read-only replicas, and migrate (CAS on the epoch; the target must hold a copy).
+//! forget (an unreferenced artifact idle long enough, fenced by its epoch), read-only
+//! replicas, and migrate (CAS on the epoch; the target must hold a copy).
+//!
+//! A forgotten artifact may still be named as `parent` by a longer one: nothing but
+//! `extend` reads a parent, and it refuses a missing one (`UnknownPrefix`), as for a
+//! parent never claimed.
 
 use super::{Outcome, Rejection};
 use crate::command::{checkpoint_blocks, ArtifactSpec};
@@ -167,6 +172,43 @@ impl Directory {
             a.epoch = epoch;
         }
         Outcome::Released
+    }
+
+    /// Removes `key`'s artifact if its epoch is still `given`, no session is built on it
+    /// and it was last accessed at least `idle_ms` before the directory's clock; its owner's
+    /// lease lets go of it.
+    pub(super) fn forget(&mut self, key: PrefixKey, given: Epoch, idle_ms: u64) -> Outcome {
+        let Some(a) = self.artifacts.get(&key) else {
+            return Rejection::UnknownPrefix(key).into();
+        };
+        if a.epoch != given {
+            return Rejection::StaleEpoch {
+                current: a.epoch,
+                given,
+            }
+            .into();
+        }
+        if a.ref_count > 0 {
+            return Rejection::Referenced {
+                key,
+                refs: a.ref_count,
+            }
+            .into();
+        }
+        let since_ms = self.now_ms.saturating_sub(a.last_access_ms);
+        if since_ms < idle_ms {
+            return Rejection::RecentlyAccessed {
+                key,
+                since_ms,
+                idle_ms,
+            }
+            .into();
+        }
+        if let Some(o) = a.owner {
+            self.detach(o.lease, &Key::Prefix(key));
+        }
+        self.artifacts.remove(&key);
+        Outcome::Forgotten
     }
 
     pub(super) fn replicate(&mut self, key: PrefixKey, worker: WorkerId, tier: Tier) -> Outcome {

@@ -98,6 +98,11 @@ impl Directory {
                 parent_epoch,
             } => self.extend(*key, spec, *parent_epoch, epoch),
             Command::Release { key, epoch: given } => self.release(*key, *given, epoch),
+            Command::ForgetArtifact {
+                key,
+                epoch: given,
+                idle_ms,
+            } => self.forget(*key, *given, *idle_ms),
             Command::ReplicateReadOnly { key, worker, tier } => {
                 self.replicate(*key, *worker, *tier)
             }

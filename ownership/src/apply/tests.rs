@@ -835,3 +835,164 @@ fn a_session_is_labelled_with_its_root_and_parent_without_moving() {
     log.run(label("kid", "kid", None));
     assert_eq!(log.d.sessions[&s("kid")].root, None, "its own root");
 }
+
+/// A directory where `P` is owned by `W0` under a 60 s lease and built on by session `s`,
+/// claimed at 1 s; the lease and `P`'s epoch.
+fn referenced_prefix(log: &mut Log) -> (LeaseId, Epoch) {
+    let a = log.lease(W0, 60_000);
+    let Outcome::Owned { epoch, .. } = log.run(claim(P, a)) else {
+        panic!("not claimed")
+    };
+    log.run(Command::SetDecodeOwner {
+        session: SessionId("s".into()),
+        lease: a,
+        prefix: Some(P),
+        tail_tokens: 3,
+        predicted_tool_gap_ms: None,
+        expect_epoch: None,
+    });
+    (a, epoch)
+}
+
+fn forget(epoch: Epoch, idle_ms: u64) -> Command {
+    Command::ForgetArtifact {
+        key: P,
+        epoch,
+        idle_ms,
+    }
+}
+
+#[test]
+fn an_unreferenced_idle_artifact_is_forgotten_and_its_owners_lease_lets_go() {
+    let mut log = Log::new();
+    let (a, epoch) = referenced_prefix(&mut log);
+    assert_eq!(
+        log.at(30_000).run(forget(epoch, 10_000)),
+        Outcome::Rejected(Rejection::Referenced { key: P, refs: 1 }),
+        "a session is built on it"
+    );
+    let s = SessionId("s".into());
+    let session_epoch = log.d.sessions[&s].epoch;
+    log.run(Command::EndSession {
+        session: s,
+        epoch: session_epoch,
+    });
+    assert_eq!(log.d.artifacts[&P].ref_count, 0);
+    assert_eq!(
+        log.run(forget(Epoch(epoch.0 + 1), 10_000)),
+        Outcome::Rejected(Rejection::StaleEpoch {
+            current: epoch,
+            given: Epoch(epoch.0 + 1)
+        })
+    );
+    assert_eq!(
+        log.run(forget(epoch, 60_000)),
+        Outcome::Rejected(Rejection::RecentlyAccessed {
+            key: P,
+            since_ms: 29_000,
+            idle_ms: 60_000
+        }),
+        "accessed (claimed) at 1 s, 29 s ago by the directory's clock"
+    );
+    assert!(log.d.artifacts.contains_key(&P));
+    assert!(log.d.leases[&a].keys.contains(&Key::Prefix(P)));
+
+    assert_eq!(log.run(forget(epoch, 29_000)), Outcome::Forgotten);
+    assert!(!log.d.artifacts.contains_key(&P));
+    assert!(
+        !log.d.leases[&a].keys.contains(&Key::Prefix(P)),
+        "its owner's lease no longer lists it"
+    );
+    assert_eq!(log.d.artifacts.prefix_ends(&[P.0]).count(), 0, "unindexed");
+    // A duplicate (another router's sweep) is refused, harmlessly.
+    assert_eq!(
+        log.run(forget(epoch, 29_000)),
+        Outcome::Rejected(Rejection::UnknownPrefix(P))
+    );
+    // Claimed again, it is created afresh under a newer epoch.
+    let Outcome::Owned { epoch: again, .. } = log.run(claim(P, a)) else {
+        panic!("not claimed again")
+    };
+    assert!(again > epoch);
+    assert!(log.d.leases[&a].keys.contains(&Key::Prefix(P)));
+}
+
+#[test]
+fn an_unowned_artifact_is_forgotten_and_an_extension_of_it_stays() {
+    let mut log = Log::new();
+    let a = log.lease(W0, 60_000);
+    let Outcome::Owned { epoch, .. } = log.run(claim(P, a)) else {
+        panic!("not claimed")
+    };
+    let child = PrefixKey(7);
+    log.run(Command::Extend {
+        key: child,
+        spec: ArtifactSpec {
+            parent: Some(P),
+            blocks: (64, 128),
+            ..spec()
+        },
+        parent_epoch: epoch,
+    });
+    let Outcome::Released = log.run(Command::Release { key: P, epoch }) else {
+        panic!("not released")
+    };
+    let released = log.d.artifacts[&P].epoch;
+    assert_eq!(log.d.artifacts[&P].owner, None);
+    assert_eq!(
+        log.at(5_000).run(forget(released, 1_000)),
+        Outcome::Forgotten
+    );
+    // The extension names a parent that is gone: it stays, and extending from the
+    // forgotten parent is refused as for one never claimed.
+    assert_eq!(log.d.artifacts[&child].parent, Some(P));
+    assert_eq!(
+        log.run(Command::Extend {
+            key: PrefixKey(8),
+            spec: ArtifactSpec {
+                parent: Some(P),
+                blocks: (64, 128),
+                ..spec()
+            },
+            parent_epoch: released,
+        }),
+        Outcome::Rejected(Rejection::UnknownPrefix(P))
+    );
+}
+
+#[test]
+fn forgetting_an_artifact_waits_for_version_3_alone_or_in_a_batch() {
+    let mut log = Log::new();
+    log.d.version = crate::version::Version(2);
+    let (a, epoch) = referenced_prefix(&mut log);
+    let s = SessionId("s".into());
+    let session_epoch = log.d.sessions[&s].epoch;
+    log.run(Command::EndSession {
+        session: s,
+        epoch: session_epoch,
+    });
+    let refused = Outcome::Rejected(Rejection::NeedsVersion {
+        needs: crate::version::Version(3),
+        runs: crate::version::Version(2),
+    });
+    assert_eq!(forget(epoch, 0).needs(), crate::version::Version::RETENTION);
+    assert_eq!(log.at(10_000).run(forget(epoch, 0)), refused);
+    assert_eq!(
+        log.run(Command::Batch {
+            commands: vec![Command::KeepAlive { lease: a }, forget(epoch, 0)]
+        }),
+        Outcome::Batch {
+            outcomes: vec![
+                Outcome::LeaseRenewed {
+                    expires_at_ms: 70_000
+                },
+                refused
+            ]
+        }
+    );
+    assert!(log.d.artifacts.contains_key(&P));
+    log.run(Command::SetVersion {
+        version: crate::version::Version(3),
+    });
+    assert_eq!(log.run(forget(epoch, 0)), Outcome::Forgotten);
+}

@@ -18,13 +18,14 @@ use ownerserve_edge::exposition::{
 use super::Node;
 
 /// Every command kind, to start their counters at zero.
-const COMMANDS: [&str; 17] = [
+const COMMANDS: [&str; 18] = [
     "grant_lease",
     "keep_alive",
     "revoke_lease",
     "claim",
     "extend",
     "release",
+    "forget_artifact",
     "replicate_read_only",
     "migrate",
     "set_decode_owner",
@@ -39,7 +40,7 @@ const COMMANDS: [&str; 17] = [
 ];
 
 /// Every rejection reason, likewise.
-const REJECTIONS: [&str; 12] = [
+const REJECTIONS: [&str; 14] = [
     "unknown_lease",
     "lease_expired",
     "unknown_prefix",
@@ -52,6 +53,8 @@ const REJECTIONS: [&str; 12] = [
     "bad_batch",
     "pinned",
     "bad_response_id",
+    "referenced",
+    "recently_accessed",
 ];
 
 const STATES: [(ServerState, &str); 5] = [

@@ -141,6 +141,15 @@ fn envelopes() -> Vec<Envelope> {
             },
         ),
         env(
+            12_001,
+            None,
+            Command::ForgetArtifact {
+                key: PrefixKey(43),
+                epoch: Epoch(1),
+                idle_ms: 1_000,
+            },
+        ),
+        env(
             12_002,
             Some((1, 2)),
             Command::RevokeLease { lease: LeaseId(2) },
@@ -206,6 +215,8 @@ pub(super) fn target() -> Target {
         "\"Fork\"",
         "\"Claim\"",
         "\"Migrate\"",
+        "\"ForgetArtifact\"",
+        "\"idle_ms\"",
         "\"lease\"",
         "\"epoch\"",
         "\"session\"",
