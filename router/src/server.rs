@@ -173,13 +173,17 @@ impl AppState {
     }
 }
 
-/// The tasks that read the built state: the idle-session demotion (with a directory), the
-/// parked sessions' KV lifecycle (`[router.sessions] lifecycle`) and
-/// the busy polling after each request's activity (`crate::proxy::busy_poll`; it yields while a
+/// The tasks that read the built state: the idle-session demotion and the retention sweep
+/// (with a directory), the parked sessions' KV lifecycle (`[router.sessions] lifecycle`)
+/// and the busy polling after each request's activity (`crate::proxy::busy_poll`; it yields while a
 /// prompt is tokenized on the blocking pool).
 fn spawn_state_tasks(state: &Arc<AppState>, tracker: &TaskTracker, shutdown: &CancellationToken) {
     if state.ownership.is_some() {
         tracker.spawn(crate::ownership::demotion::run(
+            state.clone(),
+            shutdown.clone(),
+        ));
+        tracker.spawn(crate::ownership::retention::run(
             state.clone(),
             shutdown.clone(),
         ));

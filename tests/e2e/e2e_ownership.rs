@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{chat_body, client, eventually, get_json, temp_config, Proc};
+use common::{chat_body, client, eventually, get_json, get_text, metric, temp_config, Proc};
 use serde_json::Value;
 
 async fn route(router: &str, session: &str, text: &str) -> String {
@@ -150,6 +150,59 @@ async fn a_dead_worker_s_ownership_expires_on_its_own() {
         .unwrap()
         .iter()
         .all(|o| o["needs_recompute"] == true && o["owner"].is_null()));
+}
+
+/// With 1 s retentions and 1 s idle leases, two routed sessions are demoted, then ended,
+/// and the prefixes they were built on forgotten: the directory is left with its leases.
+#[tokio::test]
+async fn retention_ends_idle_demoted_sessions_and_forgets_their_prefixes() {
+    let w = Proc::sim_worker(&["--instant"]);
+    let cfg = temp_config(
+        "retention.toml",
+        &format!(
+            "[router.directory]\nmode = \"embedded\"\nartifact_retention_s = 1\n\
+             session_retention_s = 1\n\n\
+             [router.sessions]\nlease_min_ms = 1000\nlease_max_ms = 1000\n\n\
+             [[workers]]\nname = \"w\"\nurl = \"{}\"\nrole = \"hybrid\"\n",
+            w.url
+        ),
+    );
+    let router = Proc::router(&[], &["--config", &cfg]);
+    for s in ["alpha", "beta"] {
+        route(&router.url, s, &long(s)).await;
+    }
+    sessions_recorded(&router.url, 2).await;
+    let url = router.url.clone();
+    eventually(
+        Duration::from_secs(20),
+        "sessions ended and prefixes forgotten",
+        || {
+            let url = url.clone();
+            async move {
+                let sessions = get_json(&format!("{url}/admin/v1/sessions")).await;
+                let owners = get_json(&format!("{url}/admin/v1/owners")).await;
+                sessions["sessions"].as_array().is_some_and(Vec::is_empty)
+                    && owners["owners"].as_array().is_some_and(Vec::is_empty)
+            }
+        },
+    )
+    .await;
+    let text = get_text(&format!("{}/metrics", router.url)).await;
+    assert!(
+        metric(
+            &text,
+            "ownerserve_directory_forgotten_total{kind=\"session\"}"
+        ) >= 2.0,
+        "{text}"
+    );
+    assert!(
+        metric(
+            &text,
+            "ownerserve_directory_forgotten_total{kind=\"artifact\"}"
+        ) >= 2.0
+    );
+    let leases = get_json(&format!("{}/admin/v1/leases", router.url)).await;
+    assert_eq!(leases["leases"].as_array().unwrap().len(), 1, "{leases}");
 }
 
 #[tokio::test]

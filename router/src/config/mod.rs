@@ -43,7 +43,7 @@ pub use kubernetes::{DiscoverySetup, KubernetesOverrides, KubernetesSettings, Po
 pub use policy::{KvAwareTable, PolicyTable, SessionAffinityTable};
 pub use tenants::{TenantSpec, TenantTable, Tenants};
 pub use tokenizers::ModelTokenizer;
-pub use validated::{BodySettings, RequestLimits, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
+pub use validated::{BodySettings, RequestLimits, Retention, RouterConfig, DEFAULT_KV_BLOCK_SIZE};
 pub use workers::{parse_worker_flag, worker_specs, worker_url, WorkerSpec};
 
 /// The `[router]` table, in its flat form: the sub-tables (`[router.limits]`, ...) and the
@@ -203,6 +203,12 @@ pub struct RouterSettings {
     /// the leader, and how long a move off a live owner waits before its first step; the
     /// same on every router of a cluster.
     pub read_lease_ms: u64,
+    /// How long a prefix artifact no session is built on stays in the directory after
+    /// its last access, seconds (the retention sweep forgets it then); `0`: kept forever.
+    pub directory_artifact_retention_s: u64,
+    /// How long a demoted session (no owner) stays in the directory after its last write,
+    /// seconds (the retention sweep ends it then); `0`: kept forever.
+    pub directory_session_retention_s: u64,
     /// The cost planner's model: a preset name or a `.toml` preset file.
     pub planner_model: String,
     /// The cost planner's GPU per worker: a preset name or a `.toml` preset file.
@@ -401,6 +407,8 @@ impl Default for RouterSettings {
             ownership_flush_ms: 50,
             ownership_claim_timeout_ms: 5_000,
             read_lease_ms: 100,
+            directory_artifact_retention_s: 600,
+            directory_session_retention_s: 600,
             planner_model: "llama-3.1-8b".to_owned(),
             planner_gpu: "h100".to_owned(),
             planner_gpus: 1,

@@ -110,6 +110,14 @@ pub(super) const MOVED: &[(&str, &str)] = &[
 /// first.
 pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
     ("worker_warmup_s", "health.warmup_s"),
+    (
+        "directory_artifact_retention_s",
+        "directory.artifact_retention_s",
+    ),
+    (
+        "directory_session_retention_s",
+        "directory.session_retention_s",
+    ),
     ("admission_classes", "admission.classes"),
     ("admission_default_class", "admission.default_class"),
     ("session_lifecycle", "sessions.lifecycle"),

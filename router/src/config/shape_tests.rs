@@ -442,3 +442,43 @@ fn the_new_session_keys_load_only_from_their_sub_table() {
     let flat = load(router_table("[router]\nsession_lifecycle = true\n")).unwrap_err();
     assert!(flat.contains("router.sessions.lifecycle"), "{flat}");
 }
+
+#[test]
+fn the_retention_keys_load_only_from_router_directory_and_default_to_600_s() {
+    let s = load(router_table(
+        "[router.directory]\nartifact_retention_s = 1\nsession_retention_s = 0\n",
+    ))
+    .unwrap();
+    assert_eq!(
+        (
+            s.directory_artifact_retention_s,
+            s.directory_session_retention_s
+        ),
+        (1, 0)
+    );
+    assert!(s.deprecated.is_empty());
+    let defaults = RouterSettings::default();
+    assert_eq!(
+        (
+            defaults.directory_artifact_retention_s,
+            defaults.directory_session_retention_s
+        ),
+        (600, 600)
+    );
+    let c = RouterConfig::validate(&s, two_workers()).unwrap();
+    assert_eq!(
+        c.retention,
+        Retention {
+            artifact: std::time::Duration::from_secs(1),
+            session: std::time::Duration::ZERO,
+        }
+    );
+    let flat = load(router_table(
+        "[router]\ndirectory_artifact_retention_s = 1\n",
+    ))
+    .unwrap_err();
+    assert!(
+        flat.contains("router.directory.artifact_retention_s"),
+        "{flat}"
+    );
+}

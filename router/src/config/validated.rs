@@ -80,6 +80,8 @@ pub struct RouterConfig {
     pub worker_lease_ttl: Duration,
     pub ownership_flush: Duration,
     pub ownership_claim_timeout: Duration,
+    /// What the retention sweep keeps in the directory (`ownership::retention`).
+    pub retention: Retention,
     /// What the cost planner prices plans with; startup refines it with what the engines
     /// report (`crate::fleet::step_budget::learn`).
     pub planner: OwnerServeConfig,
@@ -90,6 +92,16 @@ pub struct RouterConfig {
     pub sessions: SessionSettings,
     /// Workers discovered from the Kubernetes API (`None`: static workers only).
     pub discovery: Option<super::DiscoverySetup>,
+}
+
+/// How long the directory keeps what nothing uses (`[router.directory]`
+/// `artifact_retention_s`, `session_retention_s`); zero keeps it forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// A prefix artifact no session is built on, from its last access.
+    pub artifact: Duration,
+    /// A demoted session (no owner), from its last write.
+    pub session: Duration,
 }
 
 /// How much work one request may ask of the engines (checked at ingress).
@@ -252,6 +264,10 @@ impl RouterConfig {
             worker_lease_ttl: Duration::from_millis(s.worker_lease_ttl_ms),
             ownership_flush: Duration::from_millis(s.ownership_flush_ms.max(5)),
             ownership_claim_timeout: Duration::from_millis(s.ownership_claim_timeout_ms),
+            retention: Retention {
+                artifact: Duration::from_secs(s.directory_artifact_retention_s),
+                session: Duration::from_secs(s.directory_session_retention_s),
+            },
             planner,
             planner_time_scale: s.planner_time_scale,
             planner_calibrate: s.planner_calibrate,

@@ -2,7 +2,7 @@
 //! action (every policy), the cost planner's decisions by action and step class with
 //! each cost term summed, fallbacks, where a known session's step ran against its
 //! directory owner, KV bytes moved by kind, migrations and the migration budget spent,
-//! demotions and closed sessions ended, the prompts kept for sessions' next steps, queue
+//! demotions and closed sessions ended, what the retention sweep forgot, the prompts kept for sessions' next steps, queue
 //! time and time to first token.
 
 use std::time::Duration;
@@ -14,6 +14,9 @@ use ownerserve_planner::plan::{Action, Plan, StepClass};
 use ownerserve_edge::exposition::{
     counter, counter_vec, float_counter_vec, gauge, histogram_vec, LATENCY_BUCKETS,
 };
+
+/// What the retention sweep forgets, as `ownerserve_directory_forgotten_total`'s `kind`.
+pub const FORGOTTEN_KINDS: [&str; 2] = ["artifact", "session"];
 
 /// The cost terms of a plan, each in (weighted) seconds so they add up to its total.
 pub const COST_TERMS: [&str; 7] = [
@@ -64,6 +67,9 @@ pub struct ProxyMetrics {
     demotions: IntCounter,
     /// Sessions their clients closed, ended in the directory.
     sessions_ended: IntCounter,
+    /// What the retention sweep removed from the directory, by kind (`artifact`,
+    /// `session`).
+    forgotten: IntCounterVec,
     /// Bytes of the prompts kept for sessions' next steps (`prompt::cache`), set at scrape.
     prompt_cache_bytes: Gauge,
     /// Routed requests whose ownership records were dropped: the directory sync was
@@ -161,6 +167,15 @@ impl ProxyMetrics {
             "ownerserve_sessions_ended_total",
             "Sessions their clients closed (x-ownerserve-session-control: close), ended in the directory.",
         )?;
+        let forgotten = counter_vec(
+            registry,
+            "ownerserve_directory_forgotten_total",
+            "What this router's retention sweep removed from the directory: prefix artifacts no session used for directory.artifact_retention_s (kind=artifact), demoted sessions idle for directory.session_retention_s (kind=session).",
+            &["kind"],
+        )?;
+        for kind in FORGOTTEN_KINDS {
+            forgotten.with_label_values(&[kind]);
+        }
         let prompt_cache_bytes = gauge(
             registry,
             "ownerserve_prompt_cache_bytes",
@@ -235,6 +250,7 @@ impl ProxyMetrics {
             migration_budget_spent,
             demotions,
             sessions_ended,
+            forgotten,
             prompt_cache_bytes,
             shed,
             claims,
@@ -339,6 +355,12 @@ impl ProxyMetrics {
         self.sessions_ended.inc();
     }
 
+    /// The retention sweep removed `n` directory entries of `kind` (one of
+    /// [`FORGOTTEN_KINDS`]).
+    pub fn forgotten(&self, kind: &str, n: u64) {
+        self.forgotten.with_label_values(&[kind]).inc_by(n);
+    }
+
     /// The prompt cache holds `bytes` now.
     pub fn prompt_cache(&self, bytes: usize) {
         self.prompt_cache_bytes.set(bytes as f64);
@@ -386,6 +408,8 @@ mod tests {
             "ownerserve_planner_cost_seconds_total{action=\"migrate\",term=\"network\"} 0",
             "# TYPE ownerserve_session_demotions_total counter",
             "ownerserve_sessions_ended_total 0",
+            "ownerserve_directory_forgotten_total{kind=\"artifact\"} 0",
+            "ownerserve_directory_forgotten_total{kind=\"session\"} 0",
             "ownerserve_prompt_cache_bytes 0",
             "# TYPE ownerserve_time_to_first_token_seconds histogram",
         ] {
