@@ -152,17 +152,25 @@ impl Directory {
         }
     }
 
-    pub(super) fn release(&mut self, key: PrefixKey, given: Epoch, epoch: Epoch) -> Outcome {
-        let Some(a) = self.artifacts.get(&key) else {
-            return Rejection::UnknownPrefix(key).into();
-        };
-        if a.epoch != given {
-            return Rejection::StaleEpoch {
+    /// Artifact `key` if its epoch is still `given`; else the rejection to answer (the
+    /// artifacts' twin of `fenced_session`).
+    fn fenced_artifact(&self, key: PrefixKey, given: Epoch) -> Result<&Artifact, Outcome> {
+        match self.artifacts.get(&key) {
+            None => Err(Rejection::UnknownPrefix(key).into()),
+            Some(a) if a.epoch != given => Err(Rejection::StaleEpoch {
                 current: a.epoch,
                 given,
             }
-            .into();
+            .into()),
+            Some(a) => Ok(a),
         }
+    }
+
+    pub(super) fn release(&mut self, key: PrefixKey, given: Epoch, epoch: Epoch) -> Outcome {
+        let a = match self.fenced_artifact(key, given) {
+            Ok(a) => a,
+            Err(rejected) => return rejected,
+        };
         let Some(o) = a.owner else {
             return Rejection::NoOwner(key).into();
         };
@@ -178,16 +186,10 @@ impl Directory {
     /// and it was last accessed at least `idle_ms` before the directory's clock; its owner's
     /// lease lets go of it.
     pub(super) fn forget(&mut self, key: PrefixKey, given: Epoch, idle_ms: u64) -> Outcome {
-        let Some(a) = self.artifacts.get(&key) else {
-            return Rejection::UnknownPrefix(key).into();
+        let a = match self.fenced_artifact(key, given) {
+            Ok(a) => a,
+            Err(rejected) => return rejected,
         };
-        if a.epoch != given {
-            return Rejection::StaleEpoch {
-                current: a.epoch,
-                given,
-            }
-            .into();
-        }
         if a.ref_count > 0 {
             return Rejection::Referenced {
                 key,
