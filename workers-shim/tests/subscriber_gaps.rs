@@ -166,7 +166,7 @@ async fn replay_replies_with_a_topic_frame_are_accepted() {
         replayed.batches.iter().map(|b| b.seq).collect::<Vec<_>>(),
         vec![3, 4]
     );
-    assert_eq!(replayed.batches[1].batch, batch(4));
+    assert_eq!(replayed.batches[1].decode().unwrap(), batch(4));
     server.await.unwrap();
 }
 

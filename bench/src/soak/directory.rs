@@ -203,15 +203,31 @@ pub struct Audit {
     /// Sessions missing that their client closed: ended at its word (`EndSession`), not
     /// lost.
     pub sessions_closed: usize,
+    /// Sessions missing whose last answer is a session retention behind the read: ended
+    /// by the routers' retention sweep (idle and demoted that long), not lost.
+    pub sessions_retired: usize,
     pub sessions: usize,
     pub artifacts: usize,
     pub responses: usize,
 }
 
+/// How much earlier than its last answer a session's last directory write may be: the
+/// claim is written before the answer's headers come back (its record after the step
+/// comes later still), a second or so at the soak's load.
+const RETIRE_SLACK_S: f64 = 5.0;
+
 /// Checks `d` (read after `read_at_s`) against the invariants, the ledger and the epochs
 /// clients were given (`records.epochs`; `records.kills` says which workers died since,
-/// `records.closed` which sessions their clients closed).
-pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) -> Audit {
+/// `records.closed` which sessions their clients closed). The routers end a session
+/// idle for `retention_s` (0: never); one answered more recently than that (less
+/// [`RETIRE_SLACK_S`]) and missing is lost.
+pub fn audit(
+    d: &Directory,
+    read_at_s: f64,
+    ledger: &Ledger,
+    records: &Records,
+    retention_s: f64,
+) -> Audit {
     let violations = ownerserve_ownership::invariants::check(d)
         .into_iter()
         .map(|v| v.0)
@@ -228,7 +244,9 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
             ));
         }
     }
-    let (mut sessions_lost, mut sessions_ended, mut sessions_closed) = (Vec::new(), 0, 0);
+    let retired = |at_s: f64| retention_s > 0.0 && read_at_s >= at_s + retention_s - RETIRE_SLACK_S;
+    let (mut sessions_lost, mut sessions_ended, mut sessions_closed, mut sessions_retired) =
+        (Vec::new(), 0, 0, 0);
     for (id, a) in &records.epochs {
         if a.at_s >= read_at_s {
             continue;
@@ -242,6 +260,7 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
         match d.sessions.get(&SessionId(id.clone())) {
             None if killed_since => sessions_ended += 1,
             None if records.closed.contains(id) => sessions_closed += 1,
+            None if retired(a.at_s) => sessions_retired += 1,
             None => sessions_lost.push(format!("{id}: answered at epoch {}, missing", a.epoch)),
             Some(s) if s.epoch.0 < a.epoch => sessions_lost.push(format!(
                 "{id}: answered at epoch {}, directory at {}",
@@ -256,6 +275,7 @@ pub fn audit(d: &Directory, read_at_s: f64, ledger: &Ledger, records: &Records) 
         sessions_lost,
         sessions_ended,
         sessions_closed,
+        sessions_retired,
         sessions: d.sessions.len(),
         artifacts: d.artifacts.len(),
         responses: d.responses.len(),
@@ -304,21 +324,21 @@ mod tests {
         let mut ledger = Ledger::default();
         ledger.acked.insert(1, (5, 1.0));
         let none = Records::default();
-        assert_eq!(audit(&d, 2.0, &ledger, &none), {
+        assert_eq!(audit(&d, 2.0, &ledger, &none, 0.0), {
             Audit {
                 sessions: 1,
                 ..Audit::default()
             }
         });
         ledger.acked.insert(1, (9, 1.0));
-        assert_eq!(audit(&d, 2.0, &ledger, &none).ledger_lost.len(), 1);
+        assert_eq!(audit(&d, 2.0, &ledger, &none, 0.0).ledger_lost.len(), 1);
         // Acknowledged after the read began: the read may precede it.
         ledger.acked.insert(1, (9, 3.0));
-        assert!(audit(&d, 2.0, &ledger, &none).ledger_lost.is_empty());
+        assert!(audit(&d, 2.0, &ledger, &none, 0.0).ledger_lost.is_empty());
     }
 
     #[test]
-    fn a_session_missing_is_lost_unless_its_worker_was_killed_since_or_its_client_closed_it() {
+    fn a_session_missing_is_lost_unless_its_worker_died_its_client_closed_it_or_it_idled_out() {
         let d = Directory::new(500);
         let answered = |worker: &str| Answered {
             epoch: 7,
@@ -330,12 +350,30 @@ mod tests {
         records.epochs.insert("t".into(), answered("decode-1"));
         records.kills.insert("decode-0".into(), vec![1.5]);
         records.kills.insert("decode-1".into(), vec![0.5]);
-        let a = audit(&d, 2.0, &Ledger::default(), &records);
+        let a = audit(&d, 2.0, &Ledger::default(), &records, 0.0);
         assert_eq!(a.sessions_lost, ["t: answered at epoch 7, missing"]);
         assert_eq!(a.sessions_ended, 1);
+        // Idle a whole retention (less the slack) at the read: retired; just short: lost.
+        let a = audit(
+            &d,
+            1.0 + 120.0 - RETIRE_SLACK_S,
+            &Ledger::default(),
+            &records,
+            120.0,
+        );
+        assert!(a.sessions_lost.is_empty());
+        assert_eq!(a.sessions_retired, 1);
+        let a = audit(
+            &d,
+            1.0 + 119.0 - RETIRE_SLACK_S,
+            &Ledger::default(),
+            &records,
+            120.0,
+        );
+        assert_eq!(a.sessions_lost.len(), 1);
         // Its client closed it: ended, not lost.
         records.closed.insert("t".into());
-        let a = audit(&d, 2.0, &Ledger::default(), &records);
+        let a = audit(&d, 2.0, &Ledger::default(), &records, 0.0);
         assert!(a.sessions_lost.is_empty());
         assert_eq!((a.sessions_ended, a.sessions_closed), (1, 1));
     }

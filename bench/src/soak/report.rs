@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::directory::Audit;
 use super::faults::Fault;
 use super::sample::ProcSample;
 use super::topology::Part;
@@ -36,7 +37,7 @@ pub struct Limits {
 pub struct Check {
     pub at_s: f64,
     /// `None`: the state could not be read.
-    pub audit: Option<super::directory::Audit>,
+    pub audit: Option<Audit>,
 }
 
 /// Everything recorded in a run.
@@ -259,25 +260,24 @@ impl Run<'_> {
             ));
         }
         let (lost, violations, unread) = self.safety();
-        let ended = self
-            .checks
-            .iter()
-            .filter_map(|c| c.audit.as_ref())
-            .map(|a| a.sessions_ended)
-            .max()
-            .unwrap_or(0);
-        let closed = self
-            .checks
-            .iter()
-            .filter_map(|c| c.audit.as_ref())
-            .map(|a| a.sessions_closed)
-            .max()
-            .unwrap_or(0);
+        let most = |f: fn(&Audit) -> usize| {
+            self.checks
+                .iter()
+                .filter_map(|c| c.audit.as_ref())
+                .map(f)
+                .max()
+                .unwrap_or(0)
+        };
+        let (ended, closed, retired) = (
+            most(|a| a.sessions_ended),
+            most(|a| a.sessions_closed),
+            most(|a| a.sessions_retired),
+        );
         // A read may fail during an election; the last one, once healed, may not.
         let last_read = self.checks.last().is_some_and(|c| c.audit.is_some());
         pass &= lost.is_empty() && violations.is_empty() && last_read;
         lines.push(format!(
-            "- lost acknowledged writes: {} — {} ({} ledger writes; {} sessions' epochs, {ended} ended with a killed worker's lease, {closed} ended by their clients' close; {} Responses turns){}",
+            "- lost acknowledged writes: {} — {} ({} ledger writes; {} sessions' epochs, {ended} ended with a killed worker's lease, {closed} ended by their clients' close, {retired} by the retention sweep; {} Responses turns){}",
             mark(lost.is_empty()),
             lost.len(),
             self.ledger_writes,

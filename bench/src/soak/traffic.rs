@@ -8,8 +8,9 @@
 //! - a **Responses chain** of 3–6 turns (`store: true`, each naming the previous
 //!   response), which ends early when the worker holding it was killed.
 //!
-//! An agent keeps to one router and moves to the other when its router refuses the
-//! connection (as a load balancer would), retrying that request once there. Every
+//! An agent starts each piece of work on its own router and moves to the other when its
+//! router refuses the connection (as a load balancer would), retrying that request once
+//! there and keeping to it for the rest of that work. Every
 //! request is recorded with its outcome and, for streams, its time to the first frame;
 //! every answer that ran under an ownership epoch records the session's epoch, which the
 //! directory must never fall behind.
@@ -340,12 +341,14 @@ impl Traffic {
 /// Runs agent `id` until `stop`.
 pub async fn agent(tr: Arc<Traffic>, id: usize, seed: u64, stop: CancellationToken) {
     let mut rng = SplitMix64::new(seed.wrapping_mul(1_000_003).wrapping_add(id as u64));
-    let mut home = id % tr.routers.len();
     let system = system_prompt();
     for n in 0u64.. {
         if stop.is_cancelled() {
             return;
         }
+        // Each piece of work starts on the agent's own router, as a load balancer spreads
+        // new connections again once a router is back.
+        let mut home = id % tr.routers.len();
         let name = format!("soak-s{seed}-a{id}-{n}");
         if rng.next_f64() < 0.7 {
             chat_session(&tr, &mut home, &mut rng, &name, &system, &stop).await;

@@ -1,8 +1,14 @@
 //! What a node has applied, kept for the routers that follow it (`GET /directory/v1/watch`,
 //! see `node::watch`): the last log entries in order, at most [`KEPT`] of them and at most
-//! [`KEPT_BYTES`] of their estimated size, and a signal when more are applied. A follower
+//! a byte budget of their estimated size, and a signal when more are applied. A follower
 //! further behind than that starts again from a snapshot (the whole state, sent once: a
 //! heavier resume, but the path every new follower takes anyway).
+//!
+//! The budget follows the state's size: twice the node's last snapshot, within
+//! [`MIN_KEPT_BYTES`] and [`KEPT_BYTES`] ([`Feed::fit_to_snapshot`]). Entries beyond
+//! that weigh more than the state they lead to, and a follower that far behind is
+//! served as well by the snapshot; kept, they only hold memory (at a hundred sessions
+//! the fixed 64 MiB bound took hours to fill, and a node's memory grew all that while).
 //!
 //! The byte bound is what holds memory: an entry is a batch of up to `MAX_BATCH`
 //! commands, so 65,536 of them can weigh anything from a few MB to GBs. Each entry's size
@@ -15,6 +21,7 @@
 //! entries after `i` (unless they were already dropped for room).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -33,6 +40,11 @@ pub const KEPT: usize = 65_536;
 /// long partition, a slow reader) is sent the whole state again instead of the entries it
 /// missed.
 pub const KEPT_BYTES: usize = 64 << 20;
+
+/// The least budget [`Feed::fit_to_snapshot`] sets: 4 MiB, minutes of a small
+/// directory's writes, so a router restarted or paused for a while resumes from the
+/// entries it missed however small the state.
+pub const MIN_KEPT_BYTES: usize = 4 << 20;
 
 /// What an entry costs beyond its envelope's JSON: its slot in the queue, the `Arc` and
 /// the envelope's own struct.
@@ -105,6 +117,8 @@ impl Kept {
 #[derive(Debug)]
 pub struct Feed {
     kept: Mutex<Kept>,
+    /// Most bytes of entries kept: [`KEPT_BYTES`] until a snapshot sets it.
+    budget: AtomicUsize,
     applied: watch::Sender<u64>,
 }
 
@@ -118,6 +132,7 @@ impl Feed {
                 bytes: 0,
                 last,
             }),
+            budget: AtomicUsize::new(KEPT_BYTES),
             applied: watch::Sender::new(last),
         }
     }
@@ -127,9 +142,24 @@ impl Feed {
     }
 
     /// Records the entry at `index`, just applied, dropping the oldest beyond [`KEPT`]
-    /// entries or [`KEPT_BYTES`].
+    /// entries or the byte budget.
     pub fn push(&self, index: u64, envelope: Option<Envelope>) {
-        self.push_within(index, envelope, KEPT, KEPT_BYTES);
+        let budget = self.budget.load(Ordering::Relaxed);
+        self.push_within(index, envelope, KEPT, budget);
+    }
+
+    /// Sets the byte budget from the size of the snapshot just built or installed:
+    /// twice it, within [`MIN_KEPT_BYTES`] and [`KEPT_BYTES`]; drops the oldest entries
+    /// beyond it now.
+    pub fn fit_to_snapshot(&self, snapshot_bytes: usize) {
+        let budget = snapshot_bytes
+            .saturating_mul(2)
+            .clamp(MIN_KEPT_BYTES, KEPT_BYTES);
+        self.budget.store(budget, Ordering::Relaxed);
+        let mut k = self.kept();
+        while k.bytes > budget {
+            k.pop_oldest();
+        }
     }
 
     /// [`Self::push`] within `most` entries and `most_bytes`.
@@ -206,6 +236,47 @@ mod tests {
             client: None,
             command: Command::Tick,
         })
+    }
+
+    #[test]
+    fn a_snapshot_sets_the_budget_to_twice_its_size_within_the_bounds_and_trims_to_it() {
+        let feed = Feed::new(0);
+        let big = |i| {
+            Some(Envelope {
+                now_ms: i,
+                client: None,
+                command: Command::EndSession {
+                    session: crate::ids::SessionId("s".repeat(100_000)),
+                    epoch: crate::ids::Epoch(1),
+                },
+            })
+        };
+        for i in 1..=100 {
+            feed.push(i, big(i));
+        }
+        assert!(feed.bytes() > 9 << 20, "{}", feed.bytes());
+        // A tiny state: the floor.
+        feed.fit_to_snapshot(1_000);
+        assert!(feed.bytes() <= MIN_KEPT_BYTES && feed.bytes() > MIN_KEPT_BYTES - 200_000);
+        assert_eq!(feed.last(), 100);
+        assert!(feed.since(99, 10).is_some() && feed.since(50, 10).is_none());
+        // Later entries keep within it.
+        for i in 101..=200 {
+            feed.push(i, big(i));
+        }
+        assert!(feed.bytes() <= MIN_KEPT_BYTES);
+        // A larger state: twice its size.
+        feed.fit_to_snapshot(4 << 20);
+        for i in 201..=300 {
+            feed.push(i, big(i));
+        }
+        assert!(feed.bytes() <= 8 << 20 && feed.bytes() > (8 << 20) - 200_000);
+        // A huge one: the ceiling.
+        feed.fit_to_snapshot(1 << 30);
+        for i in 301..=1_000 {
+            feed.push(i, big(i));
+        }
+        assert!(feed.bytes() <= KEPT_BYTES && feed.bytes() > KEPT_BYTES - 200_000);
     }
 
     #[test]

@@ -79,11 +79,15 @@ impl StateMachineStore {
             snapshot = Some(file);
         }
         let last = state.last_applied.map_or(0, |l| l.index);
+        let feed = Feed::new(last);
+        if let Some(file) = &snapshot {
+            feed.fit_to_snapshot(file.data.len());
+        }
         Ok(Self {
             state: Arc::new(RwLock::new(state)),
             snapshot: Arc::new(Mutex::new(snapshot)),
             path,
-            feed: Arc::new(Feed::new(last)),
+            feed: Arc::new(feed),
         })
     }
 
@@ -142,6 +146,7 @@ impl StateMachineStore {
                 ))
             })?;
         }
+        self.feed.fit_to_snapshot(file.data.len());
         *current = Some(file);
         Ok(())
     }

@@ -29,7 +29,7 @@ use ownerserve_planner::kv_index::KvEvent;
 
 use super::normalize::normalize;
 use super::publisher::END_SEQ;
-use super::wire::{decode_batch, decode_message, decode_seq, WireBatch};
+use super::wire::{decode_batch, decode_message, decode_seq, DecodeError, WireBatch};
 
 /// Where normalised events go: the router's index, or a Redis Stream for other replicas.
 pub trait EventSink: Send + Sync {
@@ -365,7 +365,13 @@ impl Subscriber {
                 }
                 let b: ReplayedBatch = entry.remove();
                 bump(&self.stats.replayed_batches);
-                self.apply(b.seq, b.payload, b.batch, sink);
+                // A bad batch is applied empty, so that its place in the sequence is not a
+                // hole.
+                let batch = b.decode().unwrap_or_else(|_| {
+                    self.stats.trouble(&self.stats.malformed);
+                    WireBatch::default()
+                });
+                self.apply(b.seq, b.payload, batch, sink);
             }
             if ended && pending.is_empty() {
                 return;
@@ -409,13 +415,25 @@ const MAX_REPLAY_ROUNDS: u32 = 8;
 /// marker (which the ROUTER may have dropped). The publishers send a reply in one burst.
 const REPLAY_PAUSE: Duration = Duration::from_millis(300);
 
-/// One batch of a replay.
+/// One batch of a replay, as it came: decoded when it is applied, so a replay's batches
+/// are held at their wire size (msgpack) rather than decoded, and each decoded batch
+/// lives only while it is applied. A new router replays every worker's buffer at once
+/// (vLLM keeps 10,000 steps, each naming its blocks' tokens), hundreds of MB decoded an
+/// hour into a run, and the heap a process reached stays its resident size.
 #[derive(Debug, Clone)]
 pub struct ReplayedBatch {
     pub seq: u64,
     /// xxh3 of the payload bytes.
     pub payload: u64,
-    pub batch: WireBatch,
+    /// The payload bytes.
+    pub raw: Bytes,
+}
+
+impl ReplayedBatch {
+    /// The batch the payload holds.
+    pub fn decode(&self) -> Result<WireBatch, DecodeError> {
+        decode_batch(&self.raw)
+    }
 }
 
 /// What one replay request brought back, in the order it came.
@@ -425,7 +443,8 @@ pub struct Replay {
     /// The end marker came: the publisher sent everything it held from the start asked
     /// for (though a ROUTER may still have dropped some of it: see the sequence numbers).
     pub ended: bool,
-    /// Frames that did not decode: their batches are kept empty.
+    /// Frames whose sequence number did not decode (dropped; a batch that does not
+    /// decode is applied empty, see [`ReplayedBatch::decode`]).
     pub malformed: u64,
 }
 
@@ -510,20 +529,15 @@ async fn fetch_replay_on_socket(
     }
     let mut malformed = 0;
     let mut batches = Vec::with_capacity(raw.len());
-    for (seq, payload) in &raw {
-        let Ok(seq) = decode_seq(seq) else {
+    for (seq, payload) in raw {
+        let Ok(seq) = decode_seq(&seq) else {
             malformed += 1;
             continue;
         };
-        // A bad batch is kept, empty, so that its place in the sequence is not a hole.
-        let batch = decode_batch(payload).unwrap_or_else(|_| {
-            malformed += 1;
-            WireBatch::default()
-        });
         batches.push(ReplayedBatch {
             seq,
-            payload: xxh3_64(payload),
-            batch,
+            payload: xxh3_64(&payload),
+            raw: payload,
         });
     }
     Ok(Replay {

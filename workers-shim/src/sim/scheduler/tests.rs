@@ -500,6 +500,7 @@ fn received_blocks_chain_under_the_given_parent_and_runs_split_at_known_blocks()
     let mut s = engine(64, 8192);
     let prompt = tokens(1, 64);
     let hashes = hashes_of(&prompt);
+    s.insert_cached(None, &hashes[..1], &prompt[..16]);
     s.insert_cached(Some(hashes[0]), &hashes[1..2], &prompt[16..32]);
     let update = s.insert_cached(Some(hashes[0]), &hashes[1..], &prompt[16..]);
     assert_eq!(update.blocks, 3);
@@ -520,11 +521,35 @@ fn received_blocks_chain_under_the_given_parent_and_runs_split_at_known_blocks()
             tokens: prompt[16..].to_vec(),
         }
     );
+    assert_eq!(s.read_cached(&hashes).blocks, 4);
+}
+
+#[test]
+fn received_blocks_hang_only_under_a_parent_held_here_and_never_evict_it() {
+    let prompt = tokens(1, 64);
+    let hashes = hashes_of(&prompt);
+    // The parent is not cached here: nothing is, and nothing is announced under it.
+    let mut s = engine(64, 8192);
     assert_eq!(
-        s.read_cached(&hashes),
-        CachedRun::default(),
-        "block 0 is missing"
+        s.insert_cached(Some(hashes[0]), &hashes[1..], &prompt[16..]),
+        CacheUpdate::default()
     );
+    assert_eq!(s.cached_prefix(&hashes), 0);
+    // Two blocks, the parent the least recently freed: room is made elsewhere or not at
+    // all, and the parent stays.
+    let mut s = engine(2, 8192);
+    s.insert_cached(None, &hashes[..1], &prompt[..16]);
+    let update = s.insert_cached(Some(hashes[0]), &hashes[1..], &prompt[16..]);
+    assert_eq!(update.blocks, 1, "one free block besides the parent");
+    assert!(
+        update
+            .events
+            .iter()
+            .all(|e| !matches!(e, CacheEvent::Removed { .. })),
+        "{:?}",
+        update.events
+    );
+    assert_eq!(s.cached_prefix(&hashes), 2);
 }
 
 #[test]

@@ -60,7 +60,8 @@ impl Scheduler {
     /// engine had computed them: later prompts hit them and `Stored` events announce them.
     /// `tokens` holds `block_size` tokens per hash. Stops when no free block is left, so
     /// the result is always a prefix of `hashes`; `blocks` counts the leading hashes now
-    /// cached (inserted or already there). The last block becomes the first to evict.
+    /// cached (inserted or already there), none when `parent` is not cached here. The
+    /// last block becomes the first to evict.
     pub fn insert_cached(
         &mut self,
         parent: Option<u64>,
@@ -70,8 +71,24 @@ impl Scheduler {
         let bs = self.block_size();
         let mut evicted = Vec::new();
         let mut stored: Vec<CacheEvent> = Vec::new();
-        // Held while inserting, so making room never evicts an earlier block of the chain.
-        let mut held = Vec::with_capacity(hashes.len());
+        // Held while inserting, so making room never evicts an earlier block of the chain,
+        // nor its parent: an engine caches a block only under a parent it holds (a request
+        // holds its whole prefix), and a `Stored` under a parent already removed is
+        // refused by every KV index that follows the events. Nothing is cached under a
+        // parent that is gone.
+        let mut held = Vec::with_capacity(hashes.len() + 1);
+        if let Some(p) = parent {
+            match self.pool.acquire_cached(p) {
+                Some(b) => held.push(b),
+                None => {
+                    return CacheUpdate {
+                        blocks: 0,
+                        events: Vec::new(),
+                    }
+                }
+            }
+        }
+        let under = held.len();
         for (i, (&hash, block_tokens)) in hashes.iter().zip(tokens.chunks_exact(bs)).enumerate() {
             let prev = if i == 0 { parent } else { Some(hashes[i - 1]) };
             match self.pool.insert(hash, prev, block_tokens, &mut evicted) {
@@ -98,7 +115,7 @@ impl Scheduler {
                 None => break,
             }
         }
-        let blocks = held.len();
+        let blocks = held.len() - under;
         self.unpin(&held);
         let mut events = self.eviction_events(evicted);
         if self.cfg.emit_cache_events {
