@@ -88,8 +88,8 @@ pub struct SoakArgs {
 ///   memory criterion would measure its filling; at 8 MB it is full before minute 10,
 ///   and the criterion measures what grows past a full cache.
 pub const SOAK_ROUTER: [(&str, i64); 3] = [
-    ("directory_session_retention_s", 120),
-    ("directory_artifact_retention_s", 120),
+    ("directory.session_retention_s", 120),
+    ("directory.artifact_retention_s", 120),
     ("prompt_cache_mb", 8),
 ];
 
@@ -181,7 +181,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<()> {
     let retention_s = router_set
         .iter()
         .rev()
-        .find(|(k, _)| k == "directory_session_retention_s")
+        .find(|(k, _)| k.replace('.', "_") == "directory_session_retention_s")
         .and_then(|(_, v)| v.as_integer())
         .map_or(0.0, |s| s as f64);
     let mut topo = Topology::start(secret.clone(), token.clone(), &router_set).await?;

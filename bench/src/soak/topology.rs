@@ -366,7 +366,7 @@ pub fn router_file(
         sim_f64("time_scale", 1.0).into(),
     );
     for (key, value) in set {
-        router.insert(key.clone(), value.clone());
+        set_key(&mut router, key, value.clone());
     }
     let entries: Vec<toml::Value> = workers
         .iter()
@@ -385,6 +385,18 @@ pub fn router_file(
     out.insert("router".into(), toml::Value::Table(router));
     out.insert("workers".into(), toml::Value::Array(entries));
     Ok(toml::to_string(&out)?)
+}
+
+/// Sets `key` in the `[router]` table: a dotted key (`directory.session_retention_s`)
+/// in its sub-table when the file has that sub-table, else as the flat key it stands for
+/// (`directory_session_retention_s`), the two spellings the router's config accepts.
+fn set_key(router: &mut toml::Table, key: &str, value: toml::Value) {
+    if let Some((table, rest)) = key.split_once('.') {
+        if let Some(toml::Value::Table(t)) = router.get_mut(table) {
+            return set_key(t, rest, value);
+        }
+    }
+    router.insert(key.replace('.', "_"), value);
 }
 
 /// Ports below the kernel's ephemeral range, free now, none handed out twice.
@@ -466,7 +478,13 @@ mod tests {
             kv_events: "tcp://127.0.0.1:2".into(),
             kv_replay: "tcp://127.0.0.1:3".into(),
         }];
-        let set = [("prompt_cache_mb".to_owned(), toml::Value::Integer(0))];
+        let set = [
+            ("prompt_cache_mb".to_owned(), toml::Value::Integer(0)),
+            (
+                "directory.session_retention_s".to_owned(),
+                toml::Value::Integer(120),
+            ),
+        ];
         let text = router_file(UP_TOML, &["http://127.0.0.1:9".into()], &workers, &set).unwrap();
         let t: toml::Table = toml::from_str(&text).unwrap();
         let r = &t["router"];
@@ -486,5 +504,9 @@ mod tests {
             Some("tcp://127.0.0.1:2")
         );
         assert_eq!(r["prompt_cache_mb"].as_integer(), Some(0));
+        assert_eq!(
+            r["directory"]["session_retention_s"].as_integer(),
+            Some(120)
+        );
     }
 }
