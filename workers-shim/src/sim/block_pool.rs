@@ -65,6 +65,13 @@ pub struct BlockPool {
     cached: HashMap<u64, BlockId>,
     /// Blocks holding a hash `cached` maps to another block (duplicates), oldest first.
     dups: HashMap<u64, Vec<u32>>,
+    /// How many registered blocks (duplicates included) hang under each hash. A hash
+    /// with blocks under it is not evicted on request ([`Self::evict`]): the cache stays
+    /// prefix-closed, as an engine's LRU keeps it (a request holds its whole prefix and
+    /// frees it tail first, so a parent is never freed before its children). Every KV
+    /// index that follows the events relies on it: a child announced under a parent
+    /// already removed is refused.
+    children: HashMap<u64, u32>,
     free_head: u32,
     free_tail: u32,
     num_free: usize,
@@ -139,6 +146,7 @@ impl BlockPool {
             blocks,
             cached: HashMap::default(),
             dups: HashMap::default(),
+            children: HashMap::default(),
             free_head: if num_blocks == 0 { NIL } else { 0 },
             free_tail: num_blocks.checked_sub(1).unwrap_or(NIL),
             num_free: num_blocks as usize,
@@ -216,11 +224,13 @@ impl BlockPool {
         let block = &mut self.blocks[i as usize];
         block.ref_cnt = 1;
         if let Some(h) = block.hash.take() {
+            let parent = block.parent;
             self.evictions += 1;
             evicted.push(h);
             if self.forget(i, h) {
                 self.offload(i, h);
             }
+            self.unparent(parent);
         }
         Some(BlockId(i))
     }
@@ -264,6 +274,9 @@ impl BlockPool {
         block.hash = Some(hash);
         block.parent = parent;
         block.tokens.clear();
+        if let Some(p) = parent {
+            *self.children.entry(p).or_default() += 1;
+        }
         block.tokens.extend_from_slice(tokens);
         match self.cached.entry(hash) {
             Entry::Vacant(e) => {
@@ -304,9 +317,10 @@ impl BlockPool {
         Insert::Stored(id)
     }
 
-    /// Forgets the cached content `hash` if no request holds its block (offloading it to
-    /// the host tier if there is one); the block goes to the front of the free list (reused
-    /// first). Returns whether it was dropped from HBM.
+    /// Forgets the cached content `hash` if no request holds its block and, when it is
+    /// the last block holding `hash`, no cached block hangs under it (offloading it to the
+    /// host tier if there is one); the block goes to the front of the free list (reused
+    /// first). Returns whether it was dropped from HBM. A chain is evicted tail first.
     pub fn evict(&mut self, hash: u64) -> bool {
         let Some(&id) = self.cached.get(&hash) else {
             return false;
@@ -314,16 +328,31 @@ impl BlockPool {
         if self.blocks[id.0 as usize].ref_cnt > 0 {
             return false;
         }
+        if !self.dups.contains_key(&hash) && self.children.contains_key(&hash) {
+            return false;
+        }
         self.unlink(id.0);
         if self.forget(id.0, hash) {
             self.offload(id.0, hash);
         }
         let block = &mut self.blocks[id.0 as usize];
+        let parent = block.parent.take();
         block.hash = None;
-        block.parent = None;
         block.tokens.clear();
+        self.unparent(parent);
         self.push_head(id.0);
         true
+    }
+
+    /// One block fewer under `parent`.
+    fn unparent(&mut self, parent: Option<u64>) {
+        let Some(p) = parent else { return };
+        if let Some(n) = self.children.get_mut(&p) {
+            *n -= 1;
+            if *n == 0 {
+                self.children.remove(&p);
+            }
+        }
     }
 
     /// Forgets every cached hash (vLLM's `reset_prefix_cache`), the host tier's included
@@ -338,6 +367,7 @@ impl BlockPool {
         }
         self.cached.clear();
         self.dups.clear();
+        self.children.clear();
         self.host.clear();
         self.host.take_changes();
         true
@@ -605,6 +635,34 @@ mod tests {
         assert_eq!(pool.num_free(), 3);
         assert_eq!(pool.allocate(&mut Vec::new()), Some(a), "reused first");
         assert_eq!(pool.evictions(), 0, "a drop is not an eviction");
+    }
+
+    #[test]
+    fn a_block_with_a_cached_child_is_not_evicted_on_request_unless_a_copy_stays() {
+        let mut pool = BlockPool::new(4);
+        let put = |pool: &mut BlockPool, hash, parent| {
+            let id = pool.allocate(&mut Vec::new()).unwrap();
+            pool.register(id, hash, parent, &[]);
+            id
+        };
+        let (a, b) = (put(&mut pool, 1, None), put(&mut pool, 2, Some(1)));
+        pool.free([b, a]);
+        assert!(!pool.evict(1), "block 2 hangs under it");
+        assert!(pool.evict(2) && pool.evict(1), "tail first");
+        // A second copy of the parent: one copy may go, the other keeps the child's place.
+        let (a, b) = (put(&mut pool, 1, None), put(&mut pool, 2, Some(1)));
+        let dup = put(&mut pool, 1, None);
+        pool.free([b, dup, a]);
+        assert!(pool.evict(1), "a copy stays");
+        assert_eq!(pool.longest_cached_prefix(&[1, 2]), 2);
+        assert!(!pool.evict(1), "the last copy, block 2 under it");
+        // An LRU eviction of the child frees the parent for a drop.
+        let mut evicted = Vec::new();
+        while evicted.is_empty() {
+            pool.allocate(&mut evicted).unwrap();
+        }
+        assert_eq!(evicted, [2]);
+        assert!(pool.evict(1));
     }
 
     #[test]

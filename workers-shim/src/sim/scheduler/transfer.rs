@@ -124,12 +124,15 @@ impl Scheduler {
         CacheUpdate { blocks, events }
     }
 
-    /// Evicts the cached blocks of `hashes` that no request (or pin) holds from HBM; with a
-    /// host tier they are offloaded there (a demoted session's KV then restores at PCIe
+    /// Evicts the cached blocks of `hashes` (a chain, in order) that no request (or pin)
+    /// holds and nothing else cached hangs under from HBM, tail first; with a host tier
+    /// they are offloaded there (a demoted session's KV then restores at PCIe
     /// speed instead of being recomputed).
     pub fn drop_cached(&mut self, hashes: &[u64]) -> CacheUpdate {
+        // Tail first: a block is dropped only once nothing cached hangs under it.
         let dropped: Vec<u64> = hashes
             .iter()
+            .rev()
             .copied()
             .filter(|&h| self.pool.evict(h))
             .collect();
