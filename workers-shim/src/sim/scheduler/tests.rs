@@ -438,6 +438,17 @@ fn engine_with(cfg: SchedulerConfig) -> Scheduler {
     Scheduler::new(cfg, model, Roofline::new(&gpu, 1, Efficiency::default()))
 }
 
+fn assert_evicts_nothing(update: &CacheUpdate) {
+    assert!(
+        update
+            .events
+            .iter()
+            .all(|e| !matches!(e, CacheEvent::Removed { .. })),
+        "{:?}",
+        update.events
+    );
+}
+
 fn hashes_of(tokens: &[u32]) -> Vec<u64> {
     ownerserve_planner::hash::prompt_hashes(tokens, 16, XXH3_SEED)
 }
@@ -541,14 +552,7 @@ fn received_blocks_hang_only_under_a_parent_held_here_and_never_evict_it() {
     s.insert_cached(None, &hashes[..1], &prompt[..16]);
     let update = s.insert_cached(Some(hashes[0]), &hashes[1..], &prompt[16..]);
     assert_eq!(update.blocks, 1, "one free block besides the parent");
-    assert!(
-        update
-            .events
-            .iter()
-            .all(|e| !matches!(e, CacheEvent::Removed { .. })),
-        "{:?}",
-        update.events
-    );
+    assert_evicts_nothing(&update);
     assert_eq!(s.cached_prefix(&hashes), 2);
 }
 
@@ -596,14 +600,7 @@ fn a_reservation_evicts_when_the_copy_starts_and_the_copy_lands_in_it() {
     let update = s.insert_cached(None, &hashes, &prompt);
     // The copy fills the reserved blocks: nothing more is evicted.
     assert_eq!(update.blocks, 2);
-    assert!(
-        update
-            .events
-            .iter()
-            .all(|e| !matches!(e, CacheEvent::Removed { .. })),
-        "{:?}",
-        update.events
-    );
+    assert_evicts_nothing(&update);
     assert_eq!(s.cached_prefix(&old_hashes), 2);
 }
 
