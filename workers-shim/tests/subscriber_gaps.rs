@@ -262,3 +262,50 @@ async fn asked(server: tokio::task::JoinHandle<Vec<u64>>) -> Vec<u64> {
         .expect("the ROUTER got every request it scripted")
         .unwrap()
 }
+
+#[tokio::test]
+async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
+    let publisher = Publisher::bind(
+        "tcp://127.0.0.1:0",
+        Some("tcp://127.0.0.1:0"),
+        Encoding::Map,
+        "",
+        100,
+    )
+    .await
+    .unwrap();
+    let replay = publisher.replay_endpoint.clone();
+    let endpoint = publisher.endpoint.clone();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let tasks = tokio_util::task::TaskTracker::new();
+    tasks.spawn(publisher.run(rx, cancel.clone()));
+    for i in 0..4 {
+        tx.send(batch(i)).unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    let gate = ownerserve_shim::kv_events::subscriber::replay_gate();
+    let held = gate.clone().acquire_owned().await.unwrap();
+    let index = std::sync::Arc::new(SharedIndex::new(KvIndexConfig::default()));
+    let cfg = SubscriberConfig::new(WorkerId(0), endpoint, replay, 16).gated(gate.clone());
+    let (sub_index, done) = (index.clone(), CancellationToken::new());
+    let finished = done.clone();
+    let waiting = tokio::spawn(async move {
+        let mut sub = Subscriber::new(cfg);
+        // Batch 3 with nothing before it: a gap, filled by a replay.
+        sub.on_message(frames(3, &batch(3)), &*sub_index).await;
+        finished.cancel();
+        sub.stats.replayed_batches.load(Ordering::Relaxed)
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!done.is_cancelled(), "another replay holds the gate");
+    assert_eq!(index.lock().len(), 0);
+    drop(held);
+    let replayed = waiting.await.unwrap();
+    assert!(replayed >= 3, "{replayed}");
+    assert_eq!(index.lock().len(), 4, "the whole chain once its turn came");
+    cancel.cancel();
+    tasks.close();
+    tasks.wait().await;
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -19,7 +20,7 @@ use ownerserve_planner::policy::WorkerView;
 use ownerserve_shim::kv_events::redis_fanout::{follow, FanoutConfig, RedisPublisher};
 use ownerserve_shim::kv_events::shared_index::SharedIndex;
 use ownerserve_shim::kv_events::subscriber::{
-    EventSink, Subscriber, SubscriberConfig, SubscriberStats,
+    replay_gate, EventSink, Subscriber, SubscriberConfig, SubscriberStats,
 };
 use ownerserve_shim::load_metrics::{kv_capacity_tokens, parse_load};
 
@@ -36,6 +37,8 @@ pub struct KvRouting {
     started: Instant,
     /// Event counters per worker with a subscriber.
     subscribers: std::sync::RwLock<Vec<(WorkerId, Arc<SubscriberStats>)>>,
+    /// The subscribers' replays take turns (`subscriber::replay_gate`).
+    replay_gate: Arc<Semaphore>,
 }
 
 impl KvRouting {
@@ -53,6 +56,7 @@ impl KvRouting {
                     .map(|w| (w.id, Arc::default()))
                     .collect(),
             ),
+            replay_gate: replay_gate(),
         }
     }
 
@@ -346,7 +350,8 @@ pub fn spawn(
             continue;
         };
         let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
-            .named(&w.spec.name);
+            .named(&w.spec.name)
+            .gated(kv.replay_gate.clone());
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
         tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
@@ -502,7 +507,8 @@ pub fn subscribe_joined(
         .push((w.id, stats.clone()));
     let sink: Arc<dyn EventSink> = kv.index.clone();
     let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
-        .named(&w.spec.name);
+        .named(&w.spec.name)
+        .gated(kv.replay_gate.clone());
     let stop = cancel.child_token();
     let (retired, stopper) = (w.retired().clone(), stop.clone());
     tracker.spawn(async move {
