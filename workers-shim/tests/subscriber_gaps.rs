@@ -291,7 +291,7 @@ async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
     let cfg = SubscriberConfig::new(WorkerId(0), endpoint, replay, 16).gated(gate.clone());
     let (sub_index, done) = (index.clone(), CancellationToken::new());
     let finished = done.clone();
-    let waiting = tokio::spawn(async move {
+    let waiting = tasks.spawn(async move {
         let mut sub = Subscriber::new(cfg);
         // Batch 3 with nothing before it: a gap, filled by a replay.
         sub.on_message(frames(3, &batch(3)), &*sub_index).await;

@@ -214,7 +214,7 @@ pub struct Audit {
 /// How much earlier than its last answer a session's last directory write may be: the
 /// claim is written before the answer's headers come back (its record after the step
 /// comes later still), a second or so at the soak's load.
-const RETIRE_SLACK_S: f64 = 5.0;
+pub const RETIRE_SLACK_S: f64 = 5.0;
 
 /// Checks `d` (read after `read_at_s`) against the invariants, the ledger and the epochs
 /// clients were given (`records.epochs`; `records.kills` says which workers died since,
