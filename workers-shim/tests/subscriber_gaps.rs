@@ -43,8 +43,17 @@ fn frames(seq: u64, b: &WireBatch) -> Vec<Bytes> {
     ]
 }
 
-#[tokio::test]
-async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
+/// A publisher (with a replay socket) that has published batches `0..n`.
+struct Serving {
+    endpoint: String,
+    replay: Option<String>,
+    /// The publisher's input, kept open while it serves.
+    _tx: mpsc::UnboundedSender<WireBatch>,
+    cancel: CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+async fn serving(n: u64) -> Serving {
     let publisher = Publisher::bind(
         "tcp://127.0.0.1:0",
         Some("tcp://127.0.0.1:0"),
@@ -59,11 +68,29 @@ async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
     let (tx, rx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let tasks = tokio_util::task::TaskTracker::new();
-    let task = tasks.spawn(publisher.run(rx, cancel.clone()));
-    for i in 0..6 {
+    tasks.spawn(publisher.run(rx, cancel.clone()));
+    for i in 0..n {
         tx.send(batch(i)).unwrap();
     }
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    Serving {
+        endpoint,
+        replay,
+        _tx: tx,
+        cancel,
+        tasks,
+    }
+}
+
+#[tokio::test]
+async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
+    let Serving {
+        endpoint,
+        replay,
+        _tx,
+        cancel,
+        tasks,
+    } = serving(6).await;
 
     let index = SharedIndex::new(KvIndexConfig::default());
     let mut sub = Subscriber::new(SubscriberConfig::new(WorkerId(0), endpoint, replay, 16));
@@ -88,7 +115,8 @@ async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
     assert_eq!(sub.stats.batches.load(Ordering::Relaxed), 6);
     assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 0);
     cancel.cancel();
-    task.await.unwrap();
+    tasks.close();
+    tasks.wait().await;
 }
 
 #[tokio::test]
@@ -265,25 +293,13 @@ async fn asked(server: tokio::task::JoinHandle<Vec<u64>>) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
-    let publisher = Publisher::bind(
-        "tcp://127.0.0.1:0",
-        Some("tcp://127.0.0.1:0"),
-        Encoding::Map,
-        "",
-        100,
-    )
-    .await
-    .unwrap();
-    let replay = publisher.replay_endpoint.clone();
-    let endpoint = publisher.endpoint.clone();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let cancel = CancellationToken::new();
-    let tasks = tokio_util::task::TaskTracker::new();
-    tasks.spawn(publisher.run(rx, cancel.clone()));
-    for i in 0..4 {
-        tx.send(batch(i)).unwrap();
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let Serving {
+        endpoint,
+        replay,
+        _tx,
+        cancel,
+        tasks,
+    } = serving(4).await;
 
     let gate = ownerserve_shim::kv_events::subscriber::replay_gate();
     let held = gate.clone().acquire_owned().await.unwrap();
