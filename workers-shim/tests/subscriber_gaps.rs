@@ -53,6 +53,14 @@ struct Serving {
     tasks: tokio_util::task::TaskTracker,
 }
 
+impl Serving {
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
 async fn serving(n: u64) -> Serving {
     let publisher = Publisher::bind(
         "tcp://127.0.0.1:0",
@@ -84,13 +92,8 @@ async fn serving(n: u64) -> Serving {
 
 #[tokio::test]
 async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
-    let Serving {
-        endpoint,
-        replay,
-        _tx,
-        cancel,
-        tasks,
-    } = serving(6).await;
+    let srv = serving(6).await;
+    let (endpoint, replay) = (srv.endpoint.clone(), srv.replay.clone());
 
     let index = SharedIndex::new(KvIndexConfig::default());
     let mut sub = Subscriber::new(SubscriberConfig::new(WorkerId(0), endpoint, replay, 16));
@@ -114,9 +117,7 @@ async fn a_gap_in_the_live_stream_is_replayed_and_a_new_engine_is_detected() {
     sub.on_message(frames(0, &batch(0)), &index).await;
     assert_eq!(sub.stats.batches.load(Ordering::Relaxed), 6);
     assert_eq!(sub.stats.restarts.load(Ordering::Relaxed), 0);
-    cancel.cancel();
-    tasks.close();
-    tasks.wait().await;
+    srv.stop().await;
 }
 
 #[tokio::test]
@@ -293,13 +294,8 @@ async fn asked(server: tokio::task::JoinHandle<Vec<u64>>) -> Vec<u64> {
 
 #[tokio::test]
 async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
-    let Serving {
-        endpoint,
-        replay,
-        _tx,
-        cancel,
-        tasks,
-    } = serving(4).await;
+    let srv = serving(4).await;
+    let (endpoint, replay) = (srv.endpoint.clone(), srv.replay.clone());
 
     let gate = ownerserve_shim::kv_events::subscriber::replay_gate();
     let held = gate.clone().acquire_owned().await.unwrap();
@@ -307,7 +303,7 @@ async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
     let cfg = SubscriberConfig::new(WorkerId(0), endpoint, replay, 16).gated(gate.clone());
     let (sub_index, done) = (index.clone(), CancellationToken::new());
     let finished = done.clone();
-    let waiting = tasks.spawn(async move {
+    let waiting = srv.tasks.spawn(async move {
         let mut sub = Subscriber::new(cfg);
         // Batch 3 with nothing before it: a gap, filled by a replay.
         sub.on_message(frames(3, &batch(3)), &*sub_index).await;
@@ -321,7 +317,5 @@ async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
     let replayed = waiting.await.unwrap();
     assert!(replayed >= 3, "{replayed}");
     assert_eq!(index.lock().len(), 4, "the whole chain once its turn came");
-    cancel.cancel();
-    tasks.close();
-    tasks.wait().await;
+    srv.stop().await;
 }

@@ -69,6 +69,14 @@ impl KvRouting {
         self.block_size
     }
 
+    /// How `w`'s events on `endpoint` are subscribed to: named after it, its replays
+    /// taking turns with the other workers'.
+    fn subscriber_config(&self, w: &Worker, endpoint: String) -> SubscriberConfig {
+        SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), self.block_size)
+            .named(&w.spec.name)
+            .gated(self.replay_gate.clone())
+    }
+
     /// Tokens of the blocks the index says `worker` holds in GPU memory: what fills its
     /// KV cache (its host-tier holds do not).
     pub fn worker_gpu_tokens(&self, worker: WorkerId) -> u64 {
@@ -349,9 +357,7 @@ pub fn spawn(
         let Some(stats) = kv.stats_of(w.id) else {
             continue;
         };
-        let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
-            .named(&w.spec.name)
-            .gated(kv.replay_gate.clone());
+        let cfg = kv.subscriber_config(w, endpoint);
         let (cancel, name) = (cancel.clone(), w.spec.name.clone());
         tracker.spawn(supervise(cfg, stats, sink, cancel, name, tracker.clone()));
     }
@@ -506,9 +512,7 @@ pub fn subscribe_joined(
         .unwrap_or_else(|e| e.into_inner())
         .push((w.id, stats.clone()));
     let sink: Arc<dyn EventSink> = kv.index.clone();
-    let cfg = SubscriberConfig::new(w.id, endpoint, w.spec.kv_replay.clone(), kv.block_size)
-        .named(&w.spec.name)
-        .gated(kv.replay_gate.clone());
+    let cfg = kv.subscriber_config(w, endpoint);
     let stop = cancel.child_token();
     let (retired, stopper) = (w.retired().clone(), stop.clone());
     tracker.spawn(async move {
