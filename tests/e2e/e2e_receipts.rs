@@ -196,3 +196,60 @@ async fn a_client_that_asks_gets_the_checked_receipt_in_its_usage() {
         "{usage_event}"
     );
 }
+
+/// A Responses follow-up runs on the engine after its stored conversation, a prompt the
+/// router never saw: the cache the engine reports for it is not held to the router's
+/// promise (it was counted a surplus, and marked every such worker's index degraded).
+#[tokio::test]
+async fn a_responses_follow_up_is_not_held_to_a_promise_on_a_prompt_the_router_never_saw() {
+    let worker = Proc::sim_worker(&["--instant"]);
+    let router = Proc::router(
+        &[format!("{},role=hybrid,name=a", worker.url)],
+        &["--policy", "kv_aware"],
+    );
+    let mut previous: Option<String> = None;
+    let mut cached = Vec::new();
+    for turn in 0..3 {
+        let mut body = serde_json::json!({
+            "model": common::MODEL,
+            "input": doc(&format!("turn{turn}"), 40),
+            "max_output_tokens": 4,
+        });
+        if let Some(p) = &previous {
+            body["previous_response_id"] = serde_json::json!(p);
+        }
+        let resp = client()
+            .post(format!("{}/v1/responses", router.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let answer: serde_json::Value = resp.json().await.unwrap();
+        previous = Some(answer["id"].as_str().unwrap().to_owned());
+        cached.push(
+            answer["usage"]["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert!(
+        cached[1] > 0 && cached[2] > cached[1],
+        "the engine ran each stored conversation from its cache: {cached:?}"
+    );
+    let text = get_text(&format!("{}/metrics", router.url)).await;
+    let count = |outcome: &str| {
+        metric(
+            &text,
+            &format!(
+                "ownerserve_cache_receipts_total{{model=\"{}\",outcome=\"{outcome}\",worker=\"a\"}}",
+                common::MODEL
+            ),
+        )
+    };
+    assert_eq!(
+        (count("kept"), count("unchecked"), count("surplus")),
+        (1.0, 2.0, 0.0),
+        "the first turn is checked, its follow-ups are not: {text}"
+    );
+}

@@ -135,6 +135,7 @@ async fn serve(
             client_headers: headers,
             started,
             stores_response: parsed.store,
+            continues_stored: parsed.previous_response_id.is_some(),
             endpoint,
             settle_until,
         };
@@ -310,6 +311,10 @@ struct Attempt<'a> {
     started: Instant,
     /// A stored Responses answer: its owner is recorded as it is relayed.
     stores_response: bool,
+    /// A Responses follow-up: the engine runs its stored conversation before this input,
+    /// a prompt the router never saw, so the cache the engine reports is not held to the
+    /// router's promise (its receipt is unchecked).
+    continues_stored: bool,
     /// The API whose error event ends a stream that fails.
     endpoint: Endpoint,
     /// The step moved its session off an owner: its answer waits until then
@@ -370,7 +375,9 @@ impl Attempt<'_> {
             predicted_cached: receipt::Receipt::promise(prompt, cached_blocks, block),
             epoch: prepared.epoch.map(|e| e.0),
             index: self.st.kv.mode_of(worker),
-            checkable: matches!(decision.dispatch, Dispatch::Single) && !prepared.fell_back,
+            checkable: matches!(decision.dispatch, Dispatch::Single)
+                && !prepared.fell_back
+                && !self.continues_stored,
             block,
         };
         receipt::Check::new(

@@ -23,7 +23,8 @@ pub struct Receipt {
     /// How far the index of the worker's cache could be trusted when the step was planned.
     pub index: IndexMode,
     /// Whether the engine's report can be held to the promise: the whole step ran where the
-    /// prefix was (no transfer leg, no fallback).
+    /// prefix was (no transfer leg, no fallback) on the prompt the router saw (not a
+    /// Responses follow-up, which the engine runs after its stored conversation).
     pub checkable: bool,
     /// The engines' block size: a report within one block of the promise keeps it.
     pub block: u64,

@@ -153,7 +153,7 @@ impl FleetMetrics {
             receipts: counter_vec(
                 registry,
                 "ownerserve_cache_receipts_total",
-                "Answered steps by worker, its model and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way).",
+                "Answered steps by worker, its model and what the engine's cached_tokens said of the cache the router promised: kept (within a block), missed (less), surplus (more: the router did not see that cache), unreported (no usage in the answer), unchecked (a transfer leg, whose reuse the decode engine reports its own way, or a Responses follow-up, whose prompt the engine builds from its stored conversation).",
                 &["worker", "model", "outcome"],
             )?,
             promised: counter_vec(
