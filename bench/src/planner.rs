@@ -127,6 +127,7 @@ fn fleet(args: &PlannerBenchArgs, model: &ModelSpec, gpu: &GpuSpec, size: u32) {
         thresholds: ClassThresholds::default(),
         exhaustive,
         migration_budget: MigrationBudget::UNLIMITED,
+        move_hold_s: 0.0,
     };
     // The session's previous step: this prompt without its last 1,000 tokens (the tool
     // output this step adds), as the router keeps it (`router.prompt_cache_mb`).

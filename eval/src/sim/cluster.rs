@@ -287,6 +287,8 @@ impl Cluster {
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: first.scheduler.pcie_bytes_per_s,
             prefill_workers_decode: self.prefill_workers_decode,
+            // No router replica reads the simulator's directory: no move is held.
+            move_hold_s: 0.0,
         })
     }
 }

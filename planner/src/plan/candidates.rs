@@ -695,6 +695,13 @@ impl Pricing<'_, '_> {
                 compute_s * compute_on.later_arrivals(compute_s),
             )
             .with_decode(self.input.weights, on_decoder.decode_s);
+        // A later term (a restore from host, a leg's wait) is not subtracted from the
+        // hold: it is priced at most that much above the wait.
+        let cost = if self.input.moves_to(decode_on.id) {
+            cost.with_move_hold(self.input.move_hold_s)
+        } else {
+            cost
+        };
         Candidate {
             action,
             compute_on: compute_on.id,

@@ -5,7 +5,8 @@ use serde::Serialize;
 use super::Weights;
 
 /// `C = T_queue + T_compute + T_network + T_restore + λ·M_hbm + μ·I_decode + T_evict +
-/// ν·D_queue + ρ·D_decode (+ H_migrate) (+ κ·R_dup for a fork's copy) (+ T_host)`, with each
+/// ν·D_queue + ρ·D_decode (+ H_migrate) (+ κ·R_dup for a fork's copy) (+ T_host)
+/// (+ T_hold for a move off the owner)`, with each
 /// term kept so the explain output can show why a candidate won or lost.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostTerms {
@@ -45,6 +46,11 @@ pub struct CostTerms {
     /// Decode-seconds of the step's expected decode on its decode worker, its own and what
     /// it adds to the sequences running there (`decode.rs`); weighted by ρ.
     pub decode_s: f64,
+    /// How long the step's answer waits past its own work because it moves the session off
+    /// its owner: the router holds a move's first answer until its read lease has run out
+    /// (`PlanInput::move_hold_s`), less the queue, compute and transfer the step takes
+    /// meanwhile, seconds; 0 for a step that stays, and wherever no hold is set.
+    pub move_hold_s: f64,
     /// The weighted sum, seconds.
     pub total: f64,
 }
@@ -79,6 +85,7 @@ impl CostTerms {
             duplicate_s: 0.0,
             host_restore_s: 0.0,
             decode_s: 0.0,
+            move_hold_s: 0.0,
             total,
         }
     }
@@ -87,6 +94,16 @@ impl CostTerms {
     pub fn with_host_restore(mut self, s: f64) -> Self {
         self.host_restore_s = s;
         self.total += s;
+        self
+    }
+
+    /// The same terms with the wait of a move's answer for a hold of `hold_s` seconds from
+    /// now: what of it the step's queue, compute and transfer do not already take.
+    pub fn with_move_hold(mut self, hold_s: f64) -> Self {
+        let busy_s = self.queue_s + self.compute_s + self.network_s + self.restore_s;
+        let wait_s = (hold_s - busy_s).max(0.0);
+        self.move_hold_s = wait_s;
+        self.total += wait_s;
         self
     }
 

@@ -370,12 +370,23 @@ pub struct PlanInput<'a> {
     pub exhaustive: bool,
     /// What is left of the planner's migration budget (`Weights::migration_budget`).
     pub migration_budget: MigrationBudget,
+    /// Seconds the answer of a step that moves its session off its owner is held (the
+    /// router's read lease on a remote directory, so no other router still sends the
+    /// session to the owner it left): priced as `CostTerms::move_hold_s`. 0 where no
+    /// other router reads the directory, and in the simulator.
+    pub move_hold_s: f64,
 }
 
 impl PlanInput<'_> {
     /// Whether the step forks its session (`n > 1` or the fork header).
     pub fn is_fork(&self) -> bool {
         self.samples > 1 || self.fork
+    }
+
+    /// Whether decoding on `worker` moves the session off its owner (a fork's branch is a
+    /// session of its own, so it moves nothing).
+    pub fn moves_to(&self, worker: WorkerId) -> bool {
+        !self.is_fork() && self.decode_owner.is_some_and(|o| o != worker)
     }
 
     /// The step's class, from the directory's view of the session and the KV index.

@@ -57,6 +57,7 @@ struct Scenario {
     weights: Weights,
     exhaustive: bool,
     migration_budget: MigrationBudget,
+    move_hold_s: f64,
 }
 
 impl Scenario {
@@ -73,6 +74,7 @@ impl Scenario {
             weights: Weights::default(),
             exhaustive: false,
             migration_budget: MigrationBudget::UNLIMITED,
+            move_hold_s: 0.0,
         }
     }
 
@@ -98,6 +100,7 @@ impl Scenario {
             thresholds: ClassThresholds::default(),
             exhaustive: self.exhaustive,
             migration_budget: self.migration_budget,
+            move_hold_s: self.move_hold_s,
         }
     }
 }
@@ -461,6 +464,7 @@ fn no_available_worker_is_an_error() {
         thresholds: ClassThresholds::default(),
         exhaustive: false,
         migration_budget: MigrationBudget::UNLIMITED,
+        move_hold_s: 0.0,
     })
     .unwrap_err();
     assert_eq!(err, PlanError::NoWorker);
@@ -1469,4 +1473,52 @@ fn a_step_admits_and_prices_a_few_dozen_workers_whatever_the_fleet_size() {
             "owner {owner:?}: (admitted, priced) {counted:?} on 64, 256 and 1,024 workers"
         );
     }
+}
+
+/// A move's answer is held for the router's read lease: a session leaves an owner a little
+/// busier than a peer only when the hold is not set, and the hold costs a move nothing
+/// that its own queue and compute outlast. A fork's branch is a new session and moves
+/// nothing.
+#[test]
+fn a_move_pays_the_wait_for_its_answer_s_hold_beyond_its_own_work() {
+    let mut owner = worker(0, Role::Hybrid);
+    owner.cached_tokens = 1_792;
+    let scenario = |hold_s: f64, queue_s: f64| {
+        let mut o = owner.clone();
+        o.queue_s = queue_s;
+        let mut s = Scenario::new(2_000, vec![o, worker(1, Role::Hybrid)]);
+        s.decode_owner = Some(0);
+        s.move_hold_s = hold_s;
+        s
+    };
+    let free = scenario(0.0, 0.08).plan();
+    assert_eq!(free.chosen.decode_on, WorkerId(1), "{free:#?}");
+    assert_eq!(free.chosen.cost.move_hold_s, 0.0);
+
+    let held = scenario(0.1, 0.08).plan();
+    assert_chosen(&held, Action::Colocate, 0);
+    let moved = held
+        .candidates
+        .iter()
+        .find(|c| c.decode_on == WorkerId(1))
+        .unwrap();
+    let c = moved.cost;
+    let own_work = c.queue_s + c.compute_s + c.network_s + c.restore_s;
+    assert!((c.move_hold_s - (0.1 - own_work)).abs() < 1e-12, "{c:#?}");
+
+    // A swamped owner loses the session all the same; behind a peer's own queue longer
+    // than the hold, the move waits for nothing more.
+    let mut swamped = scenario(0.1, 2.0);
+    swamped.workers[1].queue_s = 0.5;
+    let p = swamped.plan();
+    assert_eq!(p.chosen.decode_on, WorkerId(1), "{p:#?}");
+    assert_eq!(p.chosen.cost.move_hold_s, 0.0);
+
+    let mut fork = scenario(0.1, 0.08);
+    fork.fork = true;
+    let p = fork.plan();
+    assert!(
+        p.candidates.iter().all(|c| c.cost.move_hold_s == 0.0),
+        "{p:#?}"
+    );
 }

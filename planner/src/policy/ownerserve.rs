@@ -52,6 +52,9 @@ pub struct OwnerServeConfig {
     /// decoding: an operator who split the fleet may have sized its prefill instances for
     /// prefill only.
     pub prefill_workers_decode: PrefillWorkersDecode,
+    /// Seconds a move's first answer is held (`PlanInput::move_hold_s`): the router's read
+    /// lease on a remote directory; 0 elsewhere and in the simulator.
+    pub move_hold_s: f64,
 }
 
 impl OwnerServeConfig {
@@ -77,6 +80,7 @@ impl OwnerServeConfig {
             thresholds: ClassThresholds::default(),
             pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
             prefill_workers_decode: PrefillWorkersDecode::default(),
+            move_hold_s: 0.0,
         })
     }
 
@@ -289,6 +293,7 @@ impl OwnerServe {
             thresholds: self.cfg.thresholds,
             exhaustive,
             migration_budget: self.migration_budget(prompt_kv_bytes(model, prompt)),
+            move_hold_s: self.cfg.move_hold_s,
         };
         plan(&input).map_err(|_| PolicyError::NoHealthyWorker)
     }

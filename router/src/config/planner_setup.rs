@@ -11,7 +11,7 @@ use ownerserve_planner::roofline::{Efficiency, Roofline};
 use ownerserve_planner::spec::{GpuSpec, ModelSpec};
 use ownerserve_shim::sim::config::load;
 
-use super::{ConfigError, RouterSettings, WorkerSpec};
+use super::{ConfigError, DirectoryMode, RouterSettings, WorkerSpec};
 
 /// The spec of each served model: every preset under its `served_name`, then
 /// `router.models` (a preset name or a `.toml` file per served name) over them.
@@ -142,7 +142,18 @@ pub(super) fn planner_setup(
         // holds, medium CPU): the planner GPU preset's host link.
         pcie_bytes_per_s: gpu.pcie_gbs * 1e9,
         prefill_workers_decode: s.planner_prefill_workers_decode,
+        move_hold_s: move_hold_s(s),
     })
+}
+
+/// How long a move's first answer is held, which the planner prices
+/// (`claim::settle_move`): the read lease of a remote directory, which other routers may
+/// read; nothing where this router alone reads its directory.
+fn move_hold_s(s: &RouterSettings) -> f64 {
+    match s.directory {
+        DirectoryMode::Remote => s.read_lease_ms as f64 / 1e3,
+        DirectoryMode::Off | DirectoryMode::Embedded => 0.0,
+    }
 }
 
 /// Per worker, its roofline and its engine's step budget, where they differ from the

@@ -342,3 +342,20 @@ fn the_migration_budget_reaches_the_planner() {
         assert!(err.contains("planner_migration_budget"), "{err}");
     }
 }
+
+/// The planner prices a move's held answer for the read lease of a remote directory, the
+/// hold `claim::settle_move` applies; nothing with a directory only this router reads.
+#[test]
+fn a_remote_directory_s_read_lease_is_the_hold_the_planner_prices_a_move_for() {
+    let one = || one_decoder(EngineKind::Vllm);
+    let embedded = RouterConfig::validate(&RouterSettings::default(), one()).unwrap();
+    assert_eq!(embedded.planner.move_hold_s, 0.0);
+    let remote = RouterSettings {
+        directory: DirectoryMode::Remote,
+        directory_urls: vec!["http://127.0.0.1:1".to_owned()],
+        read_lease_ms: 250,
+        ..RouterSettings::default()
+    };
+    let cfg = RouterConfig::validate(&remote, one()).unwrap();
+    assert_eq!(cfg.planner.move_hold_s, 0.25);
+}
