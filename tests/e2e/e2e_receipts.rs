@@ -31,6 +31,17 @@ async fn receipt(router: &str, content: &str) -> std::collections::HashMap<Strin
         .collect()
 }
 
+/// Worker `a`'s answered steps with `outcome`, from a scrape of the router's `/metrics`.
+fn receipts_of_a(metrics: &str, outcome: &str) -> f64 {
+    metric(
+        metrics,
+        &format!(
+            "ownerserve_cache_receipts_total{{model=\"{}\",outcome=\"{outcome}\",worker=\"a\"}}",
+            common::MODEL
+        ),
+    )
+}
+
 fn doc(tag: &str, lines: usize) -> String {
     (0..lines).map(|i| format!("{tag} line {i}; ")).collect()
 }
@@ -71,15 +82,7 @@ async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
     assert_eq!(workers["workers"][0]["index"], "approximate");
 
     let text = get_text(&format!("{}/metrics", router.url)).await;
-    let count = |outcome: &str| {
-        metric(
-            &text,
-            &format!(
-                "ownerserve_cache_receipts_total{{model=\"{}\",outcome=\"{outcome}\",worker=\"a\"}}",
-                common::MODEL
-            ),
-        )
-    };
+    let count = |outcome: &str| receipts_of_a(&text, outcome);
     assert!(count("kept") >= 1.0, "{text}");
     assert!(
         count("missed") >= 1.0,
@@ -238,15 +241,7 @@ async fn a_responses_follow_up_is_not_held_to_a_promise_on_a_prompt_the_router_n
         "the engine ran each stored conversation from its cache: {cached:?}"
     );
     let text = get_text(&format!("{}/metrics", router.url)).await;
-    let count = |outcome: &str| {
-        metric(
-            &text,
-            &format!(
-                "ownerserve_cache_receipts_total{{model=\"{}\",outcome=\"{outcome}\",worker=\"a\"}}",
-                common::MODEL
-            ),
-        )
-    };
+    let count = |outcome: &str| receipts_of_a(&text, outcome);
     assert_eq!(
         (count("kept"), count("unchecked"), count("surplus")),
         (1.0, 2.0, 0.0),
