@@ -145,16 +145,6 @@ impl Cli {
         };
         asked.unwrap_or(RouterSettings::default().worker_threads)
     }
-
-    /// Whether this command serves traffic until stopped (`up`, `router`, `epp`).
-    pub fn serves(&self) -> bool {
-        match self.command {
-            Command::Up(_) | Command::Router(_) => true,
-            #[cfg(feature = "kubernetes")]
-            Command::Epp(_) => true,
-            _ => false,
-        }
-    }
 }
 
 impl RouterArgs {

@@ -8,23 +8,27 @@
 //!   `replay` (`ownerserve_eval::commands`).
 //! - [`fuzz`]: `ownerserve fuzz`, the fuzz targets of every parser that takes outside
 //!   bytes, on `ownerserve_bench::fuzz`'s mutation engine.
-//! - [`huge_pages`]: the serving commands re-execute themselves with glibc's malloc asking
-//!   for transparent huge pages.
+//!
+//! The allocator is mimalloc: it returns freed pages to the OS, where glibc's malloc kept
+//! them in its per-thread arenas and a long-running router or directory node grew by a
+//! third in 12 minutes of the soak (`docs/BENCHMARKS.md`, `bench soak`). Where the
+//! kernel's transparent huge pages wait to be asked (`madvise` mode), mimalloc asks for its
+//! arenas, so the router's large tables (the KV index, the prompt cache) sit on 2 MiB pages
+//! with no setting; `MIMALLOC_ALLOW_THP=0` turns that off.
 #![forbid(unsafe_code)]
 
 mod cli;
 mod fuzz;
-mod huge_pages;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    if cli.serves() {
-        huge_pages::reexec_with_huge_pages();
-    }
     let mut runtime = match cli.worker_threads() {
         1 => tokio::runtime::Builder::new_current_thread(),
         n => {
