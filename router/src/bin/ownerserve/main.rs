@@ -11,10 +11,10 @@
 //!
 //! The allocator is mimalloc: it returns freed pages to the OS, where glibc's malloc kept
 //! them in its per-thread arenas (an hour's soak: a directory node +35% on glibc, +5% on
-//! mimalloc; `docs/BENCHMARKS.md`, `bench soak`). Where the
-//! kernel's transparent huge pages wait to be asked (`madvise` mode), mimalloc asks for its
-//! arenas, so the router's large tables (the KV index, the prompt cache) sit on 2 MiB pages
-//! with no setting; `MIMALLOC_ALLOW_THP=0` turns that off.
+//! mimalloc; `docs/BENCHMARKS.md`, `bench soak`). Where the kernel's transparent huge pages
+//! wait to be asked (`madvise` mode), mimalloc asks for its arenas, so the router's large
+//! tables (the KV index, the prompt cache) sit on 2 MiB pages with no setting;
+//! `MIMALLOC_ALLOW_THP=0` turns that off.
 #![forbid(unsafe_code)]
 
 mod cli;
