@@ -31,6 +31,17 @@ async fn receipt(router: &str, content: &str) -> std::collections::HashMap<Strin
         .collect()
 }
 
+/// A sim worker started with `args`, named `a`, and a `kv_aware` router before it; bound as
+/// `(worker, router)`, the router is dropped first.
+fn worker_a_behind_kv_aware(args: &[&str]) -> (Proc, Proc) {
+    let worker = Proc::sim_worker(args);
+    let router = Proc::router(
+        &[format!("{},role=hybrid,name=a", worker.url)],
+        &["--policy", "kv_aware"],
+    );
+    (worker, router)
+}
+
 /// Worker `a`'s answered steps with `outcome`, from a scrape of the router's `/metrics`.
 fn receipts_of_a(metrics: &str, outcome: &str) -> f64 {
     metric(
@@ -50,11 +61,7 @@ fn doc(tag: &str, lines: usize) -> String {
 async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
     // No KV events: the router's index is what it routed (approximate), and a pool of 64
     // blocks of 16 tokens forgets a prompt once others have filled it.
-    let worker = Proc::sim_worker(&["--instant", "--max-kv-blocks", "64"]);
-    let router = Proc::router(
-        &[format!("{},role=hybrid,name=a", worker.url)],
-        &["--policy", "kv_aware"],
-    );
+    let (_worker, router) = worker_a_behind_kv_aware(&["--instant", "--max-kv-blocks", "64"]);
     let prefix = doc("repo", 40);
     let first = receipt(&router.url, &format!("{prefix} q1")).await;
     assert_eq!(first["worker"], "a");
@@ -146,11 +153,7 @@ async fn a_worker_whose_events_flow_is_exact_and_one_without_any_yet_is_degraded
 
 #[tokio::test]
 async fn a_client_that_asks_gets_the_checked_receipt_in_its_usage() {
-    let worker = Proc::sim_worker(&["--instant"]);
-    let router = Proc::router(
-        &[format!("{},role=hybrid,name=a", worker.url)],
-        &["--policy", "kv_aware"],
-    );
+    let (_worker, router) = worker_a_behind_kv_aware(&["--instant"]);
     let prefix = doc("shared", 40);
     let ask = |content: String, stream: bool, asks: bool| {
         let mut body = chat_body(&content, 2);
@@ -205,11 +208,7 @@ async fn a_client_that_asks_gets_the_checked_receipt_in_its_usage() {
 /// promise (it was counted a surplus, and marked every such worker's index degraded).
 #[tokio::test]
 async fn a_responses_follow_up_is_not_held_to_a_promise_on_a_prompt_the_router_never_saw() {
-    let worker = Proc::sim_worker(&["--instant"]);
-    let router = Proc::router(
-        &[format!("{},role=hybrid,name=a", worker.url)],
-        &["--policy", "kv_aware"],
-    );
+    let (_worker, router) = worker_a_behind_kv_aware(&["--instant"]);
     let mut previous: Option<String> = None;
     let mut cached = Vec::new();
     for turn in 0..3 {
