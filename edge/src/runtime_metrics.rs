@@ -1,15 +1,33 @@
 //! The tokio runtime's live tasks, read at scrape time: every server's background work is
 //! tasks, so a task that never ends (a leak) shows as a count that only grows
-//! (`ownerserve bench soak` watches it).
+//! (`ownerserve bench soak` watches it). Beside them, the allocator's live and resident
+//! bytes, where the binary installed a [`HeapProbe`]: resident far above live is memory the
+//! allocator keeps, live that only grows is the program's.
+
+use std::sync::OnceLock;
 
 use prometheus::{IntGauge, Registry};
 
 use crate::exposition::int_gauge;
 
-/// `ownerserve_runtime_alive_tasks`.
+/// The allocator's bytes: `(allocated, resident)`, or `None` where it cannot tell.
+pub type HeapProbe = fn() -> Option<(u64, u64)>;
+
+static HEAP_PROBE: OnceLock<HeapProbe> = OnceLock::new();
+
+/// Installs the process's heap probe (the binary's, which knows its allocator); a second
+/// call is ignored.
+pub fn install_heap_probe(probe: HeapProbe) {
+    let _ = HEAP_PROBE.set(probe);
+}
+
+/// `ownerserve_runtime_alive_tasks`, `ownerserve_heap_allocated_bytes`,
+/// `ownerserve_heap_resident_bytes`.
 #[derive(Debug, Clone)]
 pub struct RuntimeMetrics {
     alive_tasks: IntGauge,
+    heap_allocated: IntGauge,
+    heap_resident: IntGauge,
 }
 
 impl RuntimeMetrics {
@@ -20,6 +38,16 @@ impl RuntimeMetrics {
                 "ownerserve_runtime_alive_tasks",
                 "Tasks alive on this process's tokio runtime (spawned and not yet ended).",
             )?,
+            heap_allocated: int_gauge(
+                registry,
+                "ownerserve_heap_allocated_bytes",
+                "Bytes the process holds allocated (live), by its allocator's count; 0 where unknown.",
+            )?,
+            heap_resident: int_gauge(
+                registry,
+                "ownerserve_heap_resident_bytes",
+                "Bytes of the allocator's pages resident in memory (live, free but not yet returned, and its own metadata); 0 where unknown.",
+            )?,
         })
     }
 
@@ -29,6 +57,12 @@ impl RuntimeMetrics {
             let alive = handle.metrics().num_alive_tasks();
             self.alive_tasks
                 .set(i64::try_from(alive).unwrap_or(i64::MAX));
+        }
+        if let Some((allocated, resident)) = HEAP_PROBE.get().and_then(|probe| probe()) {
+            self.heap_allocated
+                .set(i64::try_from(allocated).unwrap_or(i64::MAX));
+            self.heap_resident
+                .set(i64::try_from(resident).unwrap_or(i64::MAX));
         }
     }
 }

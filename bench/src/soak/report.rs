@@ -127,9 +127,10 @@ impl Run<'_> {
         let rss = |s: &ProcSample| Some(s.rss_kb as f64 / 1024.0);
         let fds = |s: &ProcSample| Some(s.fds as f64);
         let tasks = |s: &ProcSample| s.tasks.map(|t| t as f64);
+        let heap = |s: &ProcSample| s.heap_kb.map(|k| k as f64 / 1024.0);
         let mut out = vec![
-            "| minute | requests | errors | TTFT p50 / p99 ms | RSS MB routers a / b | RSS MB nodes 1 / 2 / 3 | RSS MB workers | fds routers a / b | fds nodes 1 / 2 / 3 | tasks routers a / b | tasks nodes 1 / 2 / 3 | directory sessions | violations / lost | faults |".to_owned(),
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
+            "| minute | requests | errors | TTFT p50 / p99 ms | RSS MB routers a / b | live heap MB routers a / b | RSS MB nodes 1 / 2 / 3 | live heap MB nodes 1 / 2 / 3 | RSS MB workers | fds routers a / b | fds nodes 1 / 2 / 3 | tasks routers a / b | tasks nodes 1 / 2 / 3 | directory sessions | violations / lost | faults |".to_owned(),
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|".to_owned(),
         ];
         for m in 1..=self.minutes {
             let reqs: Vec<&Request> = self
@@ -164,12 +165,14 @@ impl Run<'_> {
                 .map(|f| format!("{} {}", f.kind.verb(), f.victim))
                 .collect();
             out.push(format!(
-                "| {m} | {} | {errors} | {:.0} / {:.0} | {} | {} | {} | {} | {} | {} | {} | {sessions} | {violations} / {lost} | {} |",
+                "| {m} | {} | {errors} | {:.0} / {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {sessions} | {violations} / {lost} | {} |",
                 reqs.len(),
                 percentile(&t, 50.0),
                 percentile(&t, 99.0),
                 self.cells(&routers, m, rss),
+                self.cells(&routers, m, heap),
                 self.cells(&nodes, m, rss),
+                self.cells(&nodes, m, heap),
                 self.cells(&workers, m, rss),
                 self.cells(&routers, m, fds),
                 self.cells(&nodes, m, fds),
@@ -387,6 +390,7 @@ mod tests {
             fds,
             threads: 4,
             tasks: Some(10),
+            heap_kb: None,
         }
     }
 

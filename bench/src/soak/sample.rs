@@ -1,7 +1,8 @@
 //! What the soak samples every few seconds: each process's resident memory, open file
 //! descriptors and threads (from `/proc`), and the live tokio tasks of the processes that
 //! export them (`ownerserve_runtime_alive_tasks` on `/metrics`: routers and directory
-//! nodes).
+//! nodes) with their live heap (`ownerserve_heap_allocated_bytes`): RSS that grows while
+//! the live heap stays is the allocator's, not a leak.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -11,6 +12,9 @@ use crate::proc_stats::{open_fds, rss_kb, threads};
 
 /// The gauge of live tokio tasks on a server's `/metrics`.
 pub const TASKS_METRIC: &str = "ownerserve_runtime_alive_tasks";
+
+/// The gauge of the live heap's bytes on a server's `/metrics`.
+pub const HEAP_METRIC: &str = "ownerserve_heap_allocated_bytes";
 
 /// One process at one moment.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +26,8 @@ pub struct ProcSample {
     pub fds: u64,
     pub threads: u64,
     pub tasks: Option<u64>,
+    /// Live heap, KiB (where the process exports it).
+    pub heap_kb: Option<u64>,
 }
 
 /// The running processes: pid and `/metrics` URL (if any) per part, kept current by the
@@ -53,11 +59,14 @@ pub async fn sample(http: &reqwest::Client, pids: &Pids, at_s: f64) -> Vec<ProcS
         else {
             continue;
         };
-        let mut tasks = None;
+        let (mut tasks, mut heap_kb) = (None, None);
         if let Some(url) = metrics {
             if let Ok(r) = http.get(url).send().await {
                 if let Ok(text) = r.text().await {
                     tasks = gauge(&text, TASKS_METRIC).map(|v| v as u64);
+                    heap_kb = gauge(&text, HEAP_METRIC)
+                        .filter(|&b| b > 0.0)
+                        .map(|b| b as u64 / 1024);
                 }
             }
         }
@@ -68,6 +77,7 @@ pub async fn sample(http: &reqwest::Client, pids: &Pids, at_s: f64) -> Vec<ProcS
             fds,
             threads,
             tasks,
+            heap_kb,
         });
     }
     out

@@ -9,12 +9,11 @@
 //! - [`fuzz`]: `ownerserve fuzz`, the fuzz targets of every parser that takes outside
 //!   bytes, on `ownerserve_bench::fuzz`'s mutation engine.
 //!
-//! The allocator is mimalloc: it returns freed pages to the OS, where glibc's malloc kept
-//! them in its per-thread arenas (an hour's soak: a directory node +35% on glibc, +5% on
-//! mimalloc; `docs/BENCHMARKS.md`, `bench soak`). Where the kernel's transparent huge pages
-//! wait to be asked (`madvise` mode), mimalloc asks for its arenas, so the router's large
-//! tables (the KV index, the prompt cache) sit on 2 MiB pages with no setting;
-//! `MIMALLOC_ALLOW_THP=0` turns that off.
+//! The allocator is jemalloc, with background threads: they return a thread's freed pages
+//! to the OS ten seconds after it freed them, whatever that thread does next. glibc's
+//! per-thread arenas kept them (an hour's soak: a directory node +35%), and so did mimalloc
+//! for a router (+55%; `docs/BENCHMARKS.md`, `bench soak`). Its live and resident bytes are
+//! `ownerserve_heap_allocated_bytes` and `ownerserve_heap_resident_bytes` on `/metrics`.
 #![forbid(unsafe_code)]
 
 mod cli;
@@ -25,9 +24,20 @@ use std::process::ExitCode;
 use clap::Parser;
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's live and resident bytes, as of now (its statistics are refreshed by
+/// advancing its epoch).
+fn heap() -> Option<(u64, u64)> {
+    use tikv_jemalloc_ctl::{epoch, stats};
+    epoch::advance().ok()?;
+    let allocated = stats::allocated::read().ok()?;
+    let resident = stats::resident::read().ok()?;
+    Some((allocated as u64, resident as u64))
+}
 
 fn main() -> ExitCode {
+    ownerserve_edge::runtime_metrics::install_heap_probe(heap);
     let cli = cli::Cli::parse();
     let mut runtime = match cli.worker_threads() {
         1 => tokio::runtime::Builder::new_current_thread(),
