@@ -319,3 +319,37 @@ async fn a_replay_waits_its_turn_at_the_gate_and_then_fills_the_gap() {
     assert_eq!(index.lock().len(), 4, "the whole chain once its turn came");
     srv.stop().await;
 }
+
+/// A stop does not wait for a replay: the engine's replay socket here accepts and never
+/// answers, so the subscriber's catch-up after connecting would wait out its whole timeout.
+#[tokio::test]
+async fn a_stop_does_not_wait_for_a_replay_that_never_answers() {
+    let srv = serving(2).await;
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let replay = format!("tcp://{}", silent.local_addr().unwrap());
+    // Dropped at the end, which aborts it.
+    let mut peer = tokio::task::JoinSet::new();
+    peer.spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let mut cfg = SubscriberConfig::new(WorkerId(0), srv.endpoint.clone(), Some(replay), 16);
+    cfg.replay_timeout = std::time::Duration::from_secs(60);
+    let index = SharedIndex::new(KvIndexConfig::default());
+    let cancel = CancellationToken::new();
+    let mut run = tokio::task::JoinSet::new();
+    {
+        let cancel = cancel.clone();
+        run.spawn(async move { Subscriber::new(cfg).run(&index, &cancel).await });
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    cancel.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(2), run.join_next())
+        .await
+        .expect("the subscriber stopped within 2 s of its cancel, mid-replay")
+        .expect("the run was spawned")
+        .unwrap();
+    srv.stop().await;
+}

@@ -390,7 +390,7 @@ mod tests {
             fds,
             threads: 4,
             tasks: Some(10),
-            heap_kb: None,
+            heap_kb: Some(rss_mb.saturating_sub(10) * 1024),
         }
     }
 
@@ -502,7 +502,7 @@ mod tests {
         let table = run.table();
         assert_eq!(table.len(), 4);
         assert!(
-            table[3].starts_with("| 2 | 1 | 0 | 110 / 110 | 105 / 200 | 40 |"),
+            table[3].starts_with("| 2 | 1 | 0 | 110 / 110 | 105 / 200 | 95 / 190 | 40 |"),
             "{}",
             table[3]
         );

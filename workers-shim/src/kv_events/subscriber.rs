@@ -204,8 +204,13 @@ impl Subscriber {
                     // Catch up at once: history a new router has never seen, or what was
                     // published while this socket was down (or by a new engine).
                     self.rewind_if_forgotten();
+                    // A replay waits its turn and then up to its timeout: a stop must not
+                    // wait behind every worker's.
                     if self.cfg.replay_endpoint.is_some() {
-                        self.resync(sink).await;
+                        tokio::select! {
+                            _ = self.resync(sink) => {}
+                            () = cancel.cancelled() => return,
+                        }
                     }
                 }
                 Ok(Err(e)) => {
@@ -225,7 +230,11 @@ impl Subscriber {
                 };
                 match msg {
                     Err(_idle) => break,
-                    Ok(Ok(msg)) => self.on_message(msg.into_vec(), sink).await,
+                    Ok(Ok(msg)) => tokio::select! {
+                        // A gap in the sequence replays (`resync`), as above.
+                        () = self.on_message(msg.into_vec(), sink) => {}
+                        () = cancel.cancelled() => return,
+                    },
                     Ok(Err(e)) => {
                         tracing::warn!(worker = %self.cfg.name, endpoint = %self.cfg.endpoint, error = %e, "kv events: socket failed, reconnecting");
                         break;
