@@ -87,4 +87,16 @@ mod tests {
         tracker.wait().await;
         assert!(crate::exposition::render(&registry).contains("ownerserve_runtime_alive_tasks "));
     }
+
+    #[test]
+    fn the_heap_gauges_read_the_installed_probe() {
+        let registry = Registry::new();
+        let m = RuntimeMetrics::register(&registry).unwrap();
+        m.refresh();
+        assert_eq!(m.heap_allocated.get(), 0, "no probe, no figure");
+        install_heap_probe(|| Some((5 << 20, 7 << 20)));
+        m.refresh();
+        assert_eq!(m.heap_allocated.get(), 5 << 20);
+        assert_eq!(m.heap_resident.get(), 7 << 20);
+    }
 }

@@ -367,6 +367,20 @@ async fn policy_is_chosen_by_flag_or_env_and_bad_names_fail_fast() {
     );
 }
 
+/// The binary's allocator reports what it holds: live bytes, and resident at least as many.
+#[tokio::test]
+async fn the_binary_exports_its_live_and_resident_heap() {
+    let stack = Proc::up(&["--instant", "true"]);
+    let text = common::get_text(&format!("{}/metrics", stack.url)).await;
+    let live = common::metric(&text, "ownerserve_heap_allocated_bytes");
+    let resident = common::metric(&text, "ownerserve_heap_resident_bytes");
+    assert!(live > 1e6, "live heap {live} B");
+    assert!(
+        resident >= live,
+        "resident {resident} B below live {live} B"
+    );
+}
+
 #[tokio::test]
 async fn up_stops_cleanly_on_ctrl_c() {
     let mut stack = Proc::up(&["--instant", "true"]);
