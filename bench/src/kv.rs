@@ -11,6 +11,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+use ownerserve_edge::runtime_metrics::heap_now;
 use ownerserve_planner::hash::{prompt_hashes, XXH3_SEED};
 use ownerserve_planner::ids::{Role, WorkerId};
 use ownerserve_planner::kv_index::{
@@ -457,7 +458,9 @@ const SCALE_EVENT_BLOCKS: usize = 8;
 
 /// The KV index as the fleet grows: for each size in `args.scale` (block-locations), an
 /// index of 100K-token chains, each held by `args.holders` of `args.workers` workers, built
-/// from empty; the resident memory it took per block-location; the lookup of a stored
+/// from empty; the memory it took per block-location (the live heap's growth where the
+/// binary's allocator counts it, and the resident set's, which also holds what the
+/// allocator freed and has not yet returned); the lookup of a stored
 /// chain's next step (its holders matched) next to hashing it; and events of 8 blocks applied into
 /// the full index (each store evicts as many) next to the same events into an empty one.
 fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
@@ -467,7 +470,7 @@ fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
     say(&format!(
         "bench kv --scale: {workers} workers, each block on {holders} of them, chains of {SCALE_CHAIN_BLOCKS} blocks of {BLOCK} tokens, {n} lookups, one thread"
     ));
-    say("| block-locations | blocks | resident memory per location (per block) | lookup p50 / p99 µs | baseline: hash the prompt, p50 / p99 µs | events applied into the full index, /s (blocks/s) | baseline: into an empty index, /s | ratio |");
+    say("| block-locations | blocks | live heap per location (per block); RSS per location | lookup p50 / p99 µs | baseline: hash the prompt, p50 / p99 µs | events applied into the full index, /s (blocks/s) | baseline: into an empty index, /s | ratio |");
     say("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let empty_rate = apply_rate(
         &mut KvIndex::new(KvIndexConfig {
@@ -480,6 +483,7 @@ fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
     for &locations in &args.scale {
         let blocks = (locations / holders as usize).max(SCALE_CHAIN_BLOCKS);
         let before = super::directory::rss_bytes();
+        let live_before = heap_now().map(|(live, _)| live);
         let mut ix = KvIndex::new(KvIndexConfig {
             block_size: BLOCK,
             max_blocks: blocks,
@@ -495,7 +499,23 @@ fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
             chain += 1;
         }
         let grown = super::directory::rss_bytes().saturating_sub(before) as f64;
+        let live = live_before
+            .zip(heap_now())
+            .map(|(b, (now, _))| now.saturating_sub(b) as f64);
         let (stored, held) = (ix.len(), ix.len() * holders as usize);
+        let memory = match live {
+            Some(live) => format!(
+                "{:.0} B ({:.0} B); {:.0} B",
+                live / held as f64,
+                live / stored as f64,
+                grown / held as f64
+            ),
+            None => format!(
+                "–; {:.0} B ({:.0} B a block)",
+                grown / held as f64,
+                grown / stored as f64
+            ),
+        };
         // The last chain's session's next step: its prompt and 1,000 new tokens.
         last.extend(random_tokens(rng, 1_000));
         let query = prompt_hashes(&last, BLOCK, XXH3_SEED);
@@ -510,9 +530,7 @@ fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
         });
         let full_rate = apply_rate(&mut ix, workers, rng);
         say(&format!(
-            "| {held} | {stored} | {:.0} B ({:.0} B) | {:.2} / {:.2} | {:.1} / {:.1} | {:.2} M ({:.2} M) | {:.2} M | {:.2}x |",
-            grown / held as f64,
-            grown / stored as f64,
+            "| {held} | {stored} | {memory} | {:.2} / {:.2} | {:.1} / {:.1} | {:.2} M ({:.2} M) | {:.2} M | {:.2}x |",
             percentile(&lookup, 50.0),
             percentile(&lookup, 99.0),
             percentile(&hash, 50.0),

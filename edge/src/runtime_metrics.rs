@@ -21,6 +21,12 @@ pub fn install_heap_probe(probe: HeapProbe) {
     let _ = HEAP_PROBE.set(probe);
 }
 
+/// The process's heap now, `(allocated, resident)` bytes, by its installed probe (`None`
+/// without one).
+pub fn heap_now() -> Option<(u64, u64)> {
+    HEAP_PROBE.get().and_then(|probe| probe())
+}
+
 /// `ownerserve_runtime_alive_tasks`, `ownerserve_heap_allocated_bytes`,
 /// `ownerserve_heap_resident_bytes`.
 #[derive(Debug, Clone)]
@@ -58,7 +64,7 @@ impl RuntimeMetrics {
             self.alive_tasks
                 .set(i64::try_from(alive).unwrap_or(i64::MAX));
         }
-        if let Some((allocated, resident)) = HEAP_PROBE.get().and_then(|probe| probe()) {
+        if let Some((allocated, resident)) = heap_now() {
             self.heap_allocated
                 .set(i64::try_from(allocated).unwrap_or(i64::MAX));
             self.heap_resident
