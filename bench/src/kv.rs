@@ -503,19 +503,14 @@ fn scale(args: &KvBenchArgs, rng: &mut SplitMix64) -> anyhow::Result<()> {
             .zip(heap_now())
             .map(|(b, (now, _))| now.saturating_sub(b) as f64);
         let (stored, held) = (ix.len(), ix.len() * holders as usize);
-        let memory = match live {
-            Some(live) => format!(
-                "{:.0} B ({:.0} B); {:.0} B",
+        let live = live.map_or("–".to_owned(), |live| {
+            format!(
+                "{:.0} B ({:.0} B)",
                 live / held as f64,
-                live / stored as f64,
-                grown / held as f64
-            ),
-            None => format!(
-                "–; {:.0} B ({:.0} B a block)",
-                grown / held as f64,
-                grown / stored as f64
-            ),
-        };
+                live / stored as f64
+            )
+        });
+        let memory = format!("{live}; {:.0} B", grown / held as f64);
         // The last chain's session's next step: its prompt and 1,000 new tokens.
         last.extend(random_tokens(rng, 1_000));
         let query = prompt_hashes(&last, BLOCK, XXH3_SEED);
