@@ -67,6 +67,8 @@ pub enum ApiError {
     NotFound { method: String, path: String },
     #[error("no worker is named `{0}`")]
     UnknownWorker(String),
+    #[error("worker `{0}` has no KV event stream applied since this router's index last forgot it: nothing to copy")]
+    NoKvCopy(String),
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
     /// A bug or a shutdown cut the request short inside the router.
@@ -208,6 +210,12 @@ impl ApiError {
                 "invalid_request_error",
                 None,
                 "unknown_worker",
+            ),
+            NoKvCopy(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                None,
+                "no_kv_copy",
             ),
             MethodNotAllowed { .. } => (
                 StatusCode::METHOD_NOT_ALLOWED,

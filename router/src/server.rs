@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::fleet::engine_report;
 use crate::fleet::health::{self, HealthSettings};
 use crate::fleet::kv::{self, KvRouting};
+use crate::fleet::kv_copy;
 use crate::fleet::registry::Registry;
 use crate::fleet::step_budget;
 use crate::ops::metrics::fleet::FleetMetrics;
@@ -113,17 +114,7 @@ impl AppState {
         let kv = Arc::new(KvRouting::new(index, cfg.kv_approx_ttl, &registry));
         warn_unpriced_models(&registry, &cfg.planner);
         health::spawn(client, &registry, health, tracker, shutdown);
-        kv::spawn(&kv, &registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;
-        if let Some(every) = cfg.scrape_interval {
-            kv::spawn_scrapers(
-                &registry,
-                client,
-                every,
-                cfg.health_timeout,
-                tracker,
-                shutdown,
-            );
-        }
+        start_kv(&cfg, client, &kv, &registry, (tracker, shutdown)).await?;
         start_discovery(&cfg, client, &kv, &registry, (tracker, shutdown))?;
         let directories = start_directory(&cfg, &telemetry, tracker, shutdown).await?;
         let ownership = directories.client.map(|c| {
@@ -202,6 +193,30 @@ fn spawn_state_tasks(state: &Arc<AppState>, tracker: &TaskTracker, shutdown: &Ca
             crate::proxy::busy_poll::run(&st.busy_poll, handing_off, &shutdown).await;
         });
     }
+}
+
+/// Fills the KV index from peer routers (`kv.peers`), then starts its event subscribers
+/// (and fan-out, expiry) and the engines' load scrapers.
+async fn start_kv(
+    cfg: &RouterConfig,
+    client: &upstream::HttpClient,
+    kv: &Arc<KvRouting>,
+    registry: &Arc<Registry>,
+    (tracker, shutdown): (&TaskTracker, &CancellationToken),
+) -> anyhow::Result<()> {
+    let max_blocks = cfg.kv_index.max_blocks;
+    let token = cfg.tokens.admin();
+    let peers = &cfg.kv_peers;
+    kv_copy::copy_from_peers(
+        &kv.index, &kv.copies, registry, peers, client, token, max_blocks,
+    )
+    .await;
+    kv::spawn(kv, registry, cfg.kv_fanout.as_ref(), tracker, shutdown)?;
+    if let Some(every) = cfg.scrape_interval {
+        let timeout = cfg.health_timeout;
+        kv::spawn_scrapers(registry, client, every, timeout, tracker, shutdown);
+    }
+    Ok(())
 }
 
 /// Starts Kubernetes discovery when configured, each joining worker with its tasks.
@@ -298,10 +313,11 @@ struct Directories {
 /// The operator API the router serves itself (the directory's is added by
 /// `replica_admin` or the embedded node): each route once, for [`app`] and for the test
 /// that holds `docs/openapi.json` to the routes served.
-pub(crate) fn admin_routes() -> [AdminRoute<Arc<AppState>>; 7] {
+pub(crate) fn admin_routes() -> [AdminRoute<Arc<AppState>>; 8] {
     [
         admin_route("/admin/v1/workers", Method::GET, workers),
         admin_route("/admin/v1/kv", Method::GET, kv_index),
+        admin_route("/admin/v1/kv/workers/{name}/copy", Method::GET, kv_copy),
         admin_route("/admin/v1/lifecycle", Method::GET, lifecycle),
         admin_route("/admin/v1/plan/explain", Method::POST, plan_explain),
         admin_route("/admin/v1/workers/{name}/drain", Method::POST, drain),
@@ -431,6 +447,20 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
 
 async fn kv_index(State(st): State<Arc<AppState>>) -> Response {
     Json(st.kv.describe(&st.registry)).into_response()
+}
+
+/// `GET /admin/v1/kv/workers/{name}/copy`: the worker's event-fed blocks in this router's
+/// index and the stream position they end with, for a starting peer (`kv_copy`); 404 for
+/// a worker without an event stream applied since the index last forgot it.
+async fn kv_copy(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    let Some(w) = st.registry.by_name(&name) else {
+        return ApiError::UnknownWorker(name).into_response();
+    };
+    let copy = st.kv.index.lock().copy_worker(w.id);
+    match copy {
+        Some(copy) => Json(copy).into_response(),
+        None => ApiError::NoKvCopy(name).into_response(),
+    }
 }
 
 async fn workers(State(st): State<Arc<AppState>>) -> Response {

@@ -268,3 +268,103 @@ async fn a_worker_marked_down_leaves_the_index_and_its_blocks_return_by_replay()
         "{kv}"
     );
 }
+
+/// The router's `/admin/v1/kv` view of its one worker.
+async fn worker_kv(router: &str) -> serde_json::Value {
+    common::get_json(&format!("{router}/admin/v1/kv")).await["workers"][0].clone()
+}
+
+/// Waits until `router`'s index of its worker has not changed for half a second; returns
+/// that worker's digest.
+async fn settled_digest(router: &str) -> String {
+    let mut last = String::new();
+    let mut same = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while std::time::Instant::now() < deadline {
+        let d = worker_kv(router).await["digest"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        same = if d == last { same + 1 } else { 0 };
+        if same >= 5 {
+            return d;
+        }
+        last = d;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{router}'s index did not settle");
+}
+
+/// A router started beside a long-running engine (a rolling upgrade) copies a peer router's
+/// index (`router.kv.peers`): it knows the chains stored before the engine's replay buffer
+/// begins, and takes the blocks the engine later stores under them, as the peer does. A
+/// router without the copy misses those chains and refuses what is stored under them.
+#[tokio::test]
+async fn a_new_router_copies_a_peers_index_from_before_the_engines_replay_buffer() {
+    // The engine keeps its last 4 event batches for replay.
+    let (w, events, replay) =
+        Proc::sim_worker_with_events(&["--instant", "--kv-events-buffer-steps", "4"]);
+    let worker = format!("{},kv_events={events},kv_replay={replay}", w.url);
+    let peer = Proc::router(std::slice::from_ref(&worker), &[]);
+    for i in 0..12 {
+        send(&peer.url, &prompt(i)).await;
+    }
+    let before = settled_digest(&peer.url).await;
+    let cfg = common::temp_config(
+        "kv-peers.toml",
+        &format!("[router.kv]\npeers = [\"{}\"]\n", peer.url),
+    );
+    let copied = Proc::router(std::slice::from_ref(&worker), &["--config", &cfg]);
+    let alone = Proc::router(std::slice::from_ref(&worker), &[]);
+    assert_eq!(settled_digest(&copied.url).await, before);
+    let kv = worker_kv(&copied.url).await;
+    assert_eq!(kv["copied_from"]["peer"], peer.url.as_str(), "{kv}");
+    assert_eq!(kv["blocks"], worker_kv(&peer.url).await["blocks"], "{kv}");
+    // The replay alone reaches back 4 batches, not 12 prompts.
+    let kv_alone = worker_kv(&alone.url).await;
+    assert!(
+        kv_alone["blocks"].as_u64().unwrap() < kv["blocks"].as_u64().unwrap(),
+        "{kv_alone} against {kv}"
+    );
+
+    // The first prompt's session goes on (sent to the engine itself): its new blocks chain
+    // under blocks stored long before the replay buffer's first batch.
+    send(
+        &w.url,
+        &format!(
+            "{} and then some more words to fill new blocks {}",
+            prompt(0),
+            prompt(99)
+        ),
+    )
+    .await;
+    let after = settled_digest(&peer.url).await;
+    assert_ne!(after, before);
+    eventually(
+        Duration::from_secs(10),
+        "the copy follows the engine",
+        || {
+            let (url, after) = (copied.url.clone(), after.clone());
+            async move { worker_kv(&url).await["digest"] == after.as_str() }
+        },
+    )
+    .await;
+    let rejected = |r: &str| {
+        let r = r.to_owned();
+        async move {
+            common::get_json(&format!("{r}/admin/v1/kv")).await["stats"]["events_rejected"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    assert_eq!(rejected(&copied.url).await, 0);
+    eventually(
+        Duration::from_secs(10),
+        "the router without the copy refuses the new blocks",
+        || {
+            let f = rejected(&alone.url);
+            async move { f.await > 0 }
+        },
+    )
+    .await;
+}

@@ -12,13 +12,15 @@
 //!
 //! Files: `event.rs` (the events' shape), `matching.rs` (the bisection), `node_store.rs`
 //! (the blocks, in a slab behind a map of slots), `fast_hash.rs` (the maps' hasher),
-//! `expiry_queue.rs` (approximate-mode expiries, compacted a chunk at a time).
+//! `expiry_queue.rs` (approximate-mode expiries, compacted a chunk at a time),
+//! `peer_copy.rs` (a worker's holds copied into another router's index).
 
 mod event;
 mod expiry_queue;
 mod fast_hash;
 mod matching;
 mod node_store;
+mod peer_copy;
 #[cfg(test)]
 mod tests;
 
@@ -32,6 +34,7 @@ use node_store::NodeStore;
 
 pub use event::{KvEvent, Tier};
 pub use matching::{MatchScratch, WorkerMatch};
+pub use peer_copy::{CopiedHold, CopyError, StreamPosition, WorkerCopy};
 
 use crate::hash::{block_seed, local_block_hash, sequence_hash};
 use crate::ids::WorkerId;
@@ -250,6 +253,8 @@ pub struct KvIndex {
     /// can go without breaking a chain, and a chain is as recent as its leaf (a match
     /// touches the deepest block it reached), so popping the first is LRU by chain.
     leaves: BTreeSet<(u64, u64)>,
+    /// Per event-fed worker: how far its stream is applied (`peer_copy.rs`).
+    positions: FastMap<WorkerId, StreamPosition>,
     tick: u64,
     stats: IndexStats,
 }
@@ -268,6 +273,7 @@ impl KvIndex {
             gpu_holds: FastMap::default(),
             expiries: ExpiryQueue::default(),
             leaves: BTreeSet::new(),
+            positions: FastMap::default(),
             tick: 0,
             stats: IndexStats::default(),
         }
@@ -621,6 +627,7 @@ impl KvIndex {
 
     /// Forgets everything `worker` holds (engine reset or worker gone).
     pub fn clear_worker(&mut self, worker: WorkerId) {
+        self.positions.remove(&worker);
         let mut touched: Vec<u64> = self
             .engine_ids
             .remove(&worker)

@@ -166,6 +166,11 @@ pub struct RouterSettings {
     pub kv_redis_stream_prefix: String,
     /// Approximate length the streams are trimmed to.
     pub kv_redis_maxlen: usize,
+    /// `http://host:port` of router replicas whose KV index this router copies at startup,
+    /// worker by worker, before it follows the engines' events from where the copy ends
+    /// (the first that answers for a worker; none, or none answering: the engines' replay
+    /// buffers alone).
+    pub kv_peers: Vec<String>,
     /// Bearer token with the admin scope for `/admin/v1`; generated and printed if unset.
     pub admin_token: Option<String>,
     /// Bearer token that may only read `/admin/v1`.
@@ -393,6 +398,7 @@ impl Default for RouterSettings {
             kv_redis_role: FanoutRole::Publish,
             kv_redis_stream_prefix: "ownerserve:kv".to_owned(),
             kv_redis_maxlen: 100_000,
+            kv_peers: Vec::new(),
             admin_token: None,
             read_token: None,
             api_keys: Vec::new(),

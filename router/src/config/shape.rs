@@ -118,6 +118,7 @@ pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
         "directory_session_retention_s",
         "directory.session_retention_s",
     ),
+    ("kv_peers", "kv.peers"),
     ("admission_classes", "admission.classes"),
     ("admission_default_class", "admission.default_class"),
     ("session_lifecycle", "sessions.lifecycle"),

@@ -15,6 +15,7 @@ use ownerserve_shim::kv_events::redis_fanout::FanoutConfig;
 use super::directory::{directory_setup, DirectorySetup};
 use super::planner_setup::{baseline_settings, planner_setup, with_planner};
 use super::tokenizers::{load_tokenizers, ModelTokenizer};
+use super::workers::worker_url;
 use super::{ConfigError, FanoutRole, RouterSettings, WorkerSpec};
 use ownerserve_edge::auth::{Origin, Tokens};
 use ownerserve_edge::rate_limit::RateLimit;
@@ -73,6 +74,8 @@ pub struct RouterConfig {
     /// it parks at once).
     pub busy_poll: Duration,
     pub kv_fanout: Option<(FanoutConfig, FanoutRole)>,
+    /// Router replicas whose KV index is copied at startup (`kv.peers`).
+    pub kv_peers: Vec<String>,
     pub tokens: Tokens,
     /// Whether the admin token was generated (and must be printed).
     pub token_origin: Origin,
@@ -258,6 +261,7 @@ impl RouterConfig {
                     s.kv_redis_role,
                 )
             }),
+            kv_peers: kv_peers(s)?,
             tokens,
             token_origin,
             directory,
@@ -482,6 +486,14 @@ fn admission_settings(
             )
             .map_err(|why| ConfigError::invalid("router", "admission.classes", why))?,
     })
+}
+
+/// `kv.peers`, each a checked `http://host:port`.
+fn kv_peers(s: &RouterSettings) -> Result<Vec<String>, ConfigError> {
+    s.kv_peers
+        .iter()
+        .map(|u| worker_url(u).map_err(|e| ConfigError::router("kv.peers", e)))
+        .collect()
 }
 
 /// Each client key's tenant, in `api_keys`' order: the plain keys have none.

@@ -26,6 +26,7 @@ use ownerserve_shim::load_metrics::{kv_capacity_tokens, parse_load};
 
 use crate::config::{FanoutRole, DEFAULT_KV_BLOCK_SIZE};
 use crate::fleet::engine_report::EngineReport;
+use crate::fleet::kv_copy::{CopiedFrom, Copies};
 use crate::fleet::registry::{Registry, Worker};
 use crate::upstream::{get_small, HttpClient};
 
@@ -39,6 +40,8 @@ pub struct KvRouting {
     subscribers: std::sync::RwLock<Vec<(WorkerId, Arc<SubscriberStats>)>>,
     /// The subscribers' replays take turns (`subscriber::replay_gate`).
     replay_gate: Arc<Semaphore>,
+    /// What was copied from peer routers at startup (`kv_copy`).
+    pub copies: Copies,
 }
 
 impl KvRouting {
@@ -57,6 +60,7 @@ impl KvRouting {
                     .collect(),
             ),
             replay_gate: replay_gate(),
+            copies: Copies::default(),
         }
     }
 
@@ -206,6 +210,7 @@ impl KvRouting {
                         },
                         index: self.mode_of(w).name(),
                         events,
+                        copied_from: self.copies.of(w.id),
                     }
                 })
                 .collect(),
@@ -287,6 +292,9 @@ struct WorkerKv {
     /// `exact`, `degraded` or `approximate` ([`IndexMode`]).
     index: &'static str,
     events: Option<EventCounters>,
+    /// The peer router this worker's blocks were copied from at startup, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    copied_from: Option<CopiedFrom>,
 }
 
 #[derive(Debug, Serialize)]

@@ -133,13 +133,34 @@ pub async fn get_small_as(
     authorization: Option<&HeaderValue>,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
+    get_bounded_as(
+        client,
+        base_url,
+        path,
+        authorization,
+        SMALL_ANSWER_BYTES,
+        timeout,
+    )
+    .await
+}
+
+/// [`get_small_as`] for an answer of up to `limit` bytes (a peer router's copy of its KV
+/// index).
+pub async fn get_bounded_as(
+    client: &HttpClient,
+    base_url: &str,
+    path: &str,
+    authorization: Option<&HeaderValue>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let uri = worker_uri(base_url, path)?;
     let body = Bytes::new();
     let build = || {
         let auth = authorization.map(|a| (header::AUTHORIZATION, a.clone()));
         built(&Method::GET, &uri, auth, &body)
     };
-    send_small(client, build, timeout).await
+    send_bounded(client, build, limit, timeout).await
 }
 
 /// POSTs a JSON body with `headers` to `path` on a worker and reads its (small) answer:
@@ -166,12 +187,16 @@ async fn post_small(
             &body,
         )
     };
-    send_small(client, build, timeout).await
+    send_bounded(client, build, SMALL_ANSWER_BYTES, timeout).await
 }
 
-async fn send_small(
+/// The most a small answer may hold.
+const SMALL_ANSWER_BYTES: usize = 1 << 20;
+
+async fn send_bounded(
     client: &HttpClient,
     build: impl Fn() -> Request<Bytes>,
+    limit: usize,
     timeout: Duration,
 ) -> Result<(hyper::StatusCode, Bytes), ForwardError> {
     let read = async {
@@ -183,7 +208,7 @@ async fn send_small(
             }
         })?;
         let status = resp.status();
-        let body = Limited::new(resp.into_body(), 1 << 20)
+        let body = Limited::new(resp.into_body(), limit)
             .collect()
             .await
             .map_err(|_| ForwardError::Failed)?

@@ -3,7 +3,7 @@
 use std::sync::{Mutex, MutexGuard};
 
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::kv_index::{KvEvent, KvIndex, KvIndexConfig};
+use ownerserve_planner::kv_index::{KvEvent, KvIndex, KvIndexConfig, StreamPosition};
 
 use super::subscriber::EventSink;
 
@@ -28,18 +28,33 @@ impl SharedIndex {
 
 impl EventSink for SharedIndex {
     fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) -> usize {
+        apply_events(&mut self.lock(), worker, &events)
+    }
+
+    fn apply_at(&self, worker: WorkerId, events: Vec<KvEvent>, at: StreamPosition) -> usize {
         let mut ix = self.lock();
-        let mut refused = 0;
-        for ev in &events {
-            if let Err(e) = ix.apply(worker, ev) {
-                tracing::debug!(%worker, error = %e, "kv index: event rejected");
-                refused += 1;
-            }
-        }
+        let refused = apply_events(&mut ix, worker, &events);
+        ix.set_position(worker, at);
         refused
+    }
+
+    fn position(&self, worker: WorkerId) -> Option<StreamPosition> {
+        self.lock().position(worker)
     }
 
     fn reset(&self, worker: WorkerId) {
         self.lock().clear_worker(worker);
     }
+}
+
+/// Applies `events` of `worker` to `ix`; returns how many it refused.
+fn apply_events(ix: &mut KvIndex, worker: WorkerId, events: &[KvEvent]) -> usize {
+    let mut refused = 0;
+    for ev in events {
+        if let Err(e) = ix.apply(worker, ev) {
+            tracing::debug!(%worker, error = %e, "kv index: event rejected");
+            refused += 1;
+        }
+    }
+    refused
 }

@@ -26,7 +26,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 use ownerserve_planner::ids::WorkerId;
-use ownerserve_planner::kv_index::KvEvent;
+use ownerserve_planner::kv_index::{KvEvent, StreamPosition};
 
 use super::normalize::normalize;
 use super::publisher::END_SEQ;
@@ -39,6 +39,20 @@ pub trait EventSink: Send + Sync {
     fn apply(&self, worker: WorkerId, events: Vec<KvEvent>) -> usize;
     /// Forgets everything `worker` holds (its engine restarted).
     fn reset(&self, worker: WorkerId);
+    /// Applies a batch as [`EventSink::apply`] does and records `at`, its place in
+    /// `worker`'s stream, with it (under one lock: a copy of the index names the batch its
+    /// holds end with). A sink that keeps no position only applies.
+    fn apply_at(&self, worker: WorkerId, events: Vec<KvEvent>, at: StreamPosition) -> usize {
+        let _ = at;
+        self.apply(worker, events)
+    }
+    /// How far the sink has applied `worker`'s stream, if it keeps that: where a
+    /// subscriber that starts resumes it (after a copy from a peer router, or a restart of
+    /// the subscriber's task).
+    fn position(&self, worker: WorkerId) -> Option<StreamPosition> {
+        let _ = worker;
+        None
+    }
 }
 
 /// One worker's event source.
@@ -191,6 +205,12 @@ impl Subscriber {
 
     /// Receives and applies events until `cancel` fires, reconnecting with capped backoff.
     pub async fn run(&mut self, sink: &dyn EventSink, cancel: &CancellationToken) {
+        if self.last_seq.is_none() {
+            if let Some(at) = sink.position(self.cfg.worker) {
+                self.last_seq = Some(at.seq);
+                self.last_payload = at.payload;
+            }
+        }
         let mut backoff = Duration::from_millis(50);
         while !cancel.is_cancelled() {
             let mut socket = SubSocket::new();
@@ -310,7 +330,7 @@ impl Subscriber {
             .events
             .fetch_add(events.len() as u64, Ordering::Relaxed);
         bump(&self.stats.batches);
-        let refused = sink.apply(self.cfg.worker, events);
+        let refused = sink.apply_at(self.cfg.worker, events, StreamPosition { seq, payload });
         if refused > 0 {
             self.stats
                 .refused
