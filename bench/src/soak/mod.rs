@@ -13,6 +13,7 @@
 
 pub mod directory;
 pub mod faults;
+pub mod kv_agreement;
 pub mod report;
 pub mod sample;
 pub mod topology;
@@ -370,6 +371,10 @@ async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         d.map(|d| directory::audit(&d, at_s, &ledger, &records, retention_s))
     };
     lock(&shared.checks).push(Check { at_s, audit });
+    let router_names: Vec<String> = (0..topology::ROUTERS)
+        .map(|i| topo.name(Part::Router(i)))
+        .collect();
+    let kv_line = kv_agreement::line(&checks.admin, &topo.router_urls(), &router_names).await;
     drop(topo);
 
     let records = lock(&shared.records);
@@ -395,6 +400,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<()> {
     for line in run.table() {
         say(&line);
     }
+    say(&kv_line);
     let limits = Limits {
         growth: 0.10,
         drift: 0.20,

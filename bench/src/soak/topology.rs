@@ -104,7 +104,8 @@ impl Topology {
             dir,
             procs: Default::default(),
         };
-        let config = router_file(UP_TOML, &t.node_urls(), &t.worker_entries(), router_set)?;
+        let (nodes, workers, routers) = (t.node_urls(), t.worker_entries(), t.router_urls());
+        let config = router_file(UP_TOML, &nodes, &workers, &routers, router_set)?;
         std::fs::write(&t.router_config, config)?;
         for i in 0..NODES {
             t.launch(Part::Node(i), i == 0).await?;
@@ -312,11 +313,14 @@ pub fn fleet(up_toml: &str) -> anyhow::Result<Vec<(String, u64)>> {
 
 /// The routers' config: `up.toml`'s `[router]` on the remote directory at `nodes` (the
 /// secret and admin token come from the environment), priced as `up` prices its fleet,
-/// in front of `workers`, with the `set` keys (`--router-set`) on top.
+/// in front of `workers`, each router copying the others' KV index when it (re)starts
+/// (`kv.peers` = `routers`, its own URL among them refusing while it starts), with the
+/// `set` keys (`--router-set`) on top.
 pub fn router_file(
     up_toml: &str,
     nodes: &[String],
     workers: &[WorkerEntry],
+    routers: &[String],
     set: &[(String, toml::Value)],
 ) -> anyhow::Result<String> {
     let file: toml::Table = toml::from_str(up_toml).context("up.toml")?;
@@ -365,6 +369,18 @@ pub fn router_file(
         "planner_time_scale".into(),
         sim_f64("time_scale", 1.0).into(),
     );
+    let peers = toml::Value::Array(routers.iter().map(|u| u.clone().into()).collect());
+    match router.get_mut("kv") {
+        Some(toml::Value::Table(kv)) => {
+            kv.insert("peers".into(), peers);
+        }
+        _ => {
+            router.insert(
+                "kv".into(),
+                toml::Value::Table([("peers".into(), peers)].into_iter().collect()),
+            );
+        }
+    }
     for (key, value) in set {
         set_key(&mut router, key, value.clone());
     }
@@ -485,7 +501,9 @@ mod tests {
                 toml::Value::Integer(120),
             ),
         ];
-        let text = router_file(UP_TOML, &["http://127.0.0.1:9".into()], &workers, &set).unwrap();
+        let routers = ["http://127.0.0.1:7".into(), "http://127.0.0.1:8".into()];
+        let nodes = ["http://127.0.0.1:9".into()];
+        let text = router_file(UP_TOML, &nodes, &workers, &routers, &set).unwrap();
         let t: toml::Table = toml::from_str(&text).unwrap();
         let r = &t["router"];
         assert_eq!(r["directory"]["mode"].as_str(), Some("remote"));
@@ -503,6 +521,7 @@ mod tests {
             t["workers"][0]["kv_events"].as_str(),
             Some("tcp://127.0.0.1:2")
         );
+        assert_eq!(r["kv"]["peers"][1].as_str(), Some("http://127.0.0.1:8"));
         assert_eq!(r["prompt_cache_mb"].as_integer(), Some(0));
         assert_eq!(
             r["directory"]["session_retention_s"].as_integer(),
