@@ -137,6 +137,10 @@ pub struct SimulateArgs {
     /// beside the live sessions'; the wait counts in its TTFT.
     #[arg(long)]
     admission: bool,
+    /// With `--admission`: the share of the fleet's KV kept for the live sessions' growth
+    /// (`[router.sessions] admission_headroom`, 0 to 0.9).
+    #[arg(long, requires = "admission", default_value_t = 0.0, value_parser = headroom)]
+    admission_headroom: f64,
     /// Also print, per policy, what its sessions' returning steps (every step after a
     /// session's first) paid: prefill tokens recomputed after their tool gap and TTFT.
     #[arg(long)]
@@ -375,6 +379,17 @@ fn migration_share(text: &str) -> Result<f64, String> {
     }
 }
 
+/// An admission headroom: a share from 0 to `MAX_HEADROOM` (as the router refuses others).
+fn headroom(text: &str) -> Result<f64, String> {
+    use ownerserve_planner::lifecycle::admission::MAX_HEADROOM;
+    match text.parse::<f64>() {
+        Ok(h) if (0.0..=MAX_HEADROOM).contains(&h) => Ok(h),
+        _ => Err(format!(
+            "{text:?}: a share of the fleet's KV from 0 to {MAX_HEADROOM}"
+        )),
+    }
+}
+
 /// Runs the simulator and prints one summary line per policy, then a Markdown table.
 pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
     let wl = args.workload.build()?;
@@ -400,6 +415,7 @@ pub fn simulate(args: SimulateArgs) -> Result<(), CommandError> {
         lifecycle: args.lifecycle,
         lifecycle_oracle: args.lifecycle_oracle,
         admission: args.admission,
+        admission_headroom: args.admission_headroom,
         ..SimOptions::default()
     };
     let runs = report::run_all(&wl, &cluster, &policies(&args.policy), &opts, args.quiet)?;

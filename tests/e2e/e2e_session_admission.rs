@@ -126,3 +126,65 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
     })
     .await;
 }
+
+/// With `admission_headroom = 0.5`, half the fleet's KV is kept for the live sessions'
+/// growth: session B's first step, which fits beside A's context in the whole KV, waits
+/// until A's client closes A.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_holds_a_session_that_fits_beside_the_live_ones() {
+    let workers = vec![Proc::sim_worker(&["--max-kv-blocks", "100"])];
+    let config = format!("{ADMISSION}admission_headroom = 0.5\n");
+    let router = planner_router("headroom.toml", &workers, &["hybrid"], &config);
+    eventually(
+        Duration::from_secs(10),
+        "the worker's KV capacity",
+        || async {
+            let w = get_json(&format!("{}/admin/v1/workers", router.url)).await;
+            w["workers"][0]["kv_capacity_tokens"].as_u64() == Some(1600)
+        },
+    )
+    .await;
+    let a_first = chat_body(&words("alpha", 200), 4);
+    let a = step(&router, "a", &a_first, None).await;
+    let a_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
+
+    let b_first = chat_body(&words("bravo", 120), 4);
+    let router_url = router.url.clone();
+    let mut held = tokio::task::JoinSet::new();
+    held.spawn(async move {
+        let resp = client()
+            .post(format!("{router_url}/v1/chat/completions"))
+            .header("x-session-id", "b")
+            .json(&b_first)
+            .send()
+            .await
+            .unwrap();
+        let at = Instant::now();
+        (resp.json::<Value>().await.unwrap(), at)
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        held.try_join_next().is_none(),
+        "B went though the headroom is taken"
+    );
+    let closing = Instant::now();
+    let said = a["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    let mut a_next = a_first.clone();
+    a_next["messages"] = json!([
+        a_first["messages"][0],
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "tool result: done"},
+    ]);
+    step(&router, "a", &a_next, Some("close")).await;
+    let (b, went) = tokio::time::timeout(Duration::from_secs(10), held.join_next())
+        .await
+        .expect("B goes once A closed")
+        .expect("B's task")
+        .unwrap();
+    assert!(went >= closing, "B went before A closed");
+    let b_tokens = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    // Without the headroom B would have gone at once; with it, A and B exceed the half.
+    assert!(a_tokens + b_tokens <= 1600, "{a_tokens} + {b_tokens}");
+    assert!(a_tokens + b_tokens > 800, "{a_tokens} + {b_tokens}");
+    assert_eq!(admissions(&router, "held").await, 1.0);
+}

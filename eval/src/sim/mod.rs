@@ -49,6 +49,9 @@ pub struct SimOptions {
     /// `ownerserve` holds a new session's first step while the fleet's KV memory cannot
     /// hold its context beside the live sessions' (`[router.sessions] admission`).
     pub admission: bool,
+    /// The share of the fleet's KV admission keeps for the live sessions' growth
+    /// (`[router.sessions] admission_headroom`).
+    pub admission_headroom: f64,
 }
 
 impl Default for SimOptions {
@@ -62,6 +65,7 @@ impl Default for SimOptions {
             lifecycle: false,
             lifecycle_oracle: false,
             admission: false,
+            admission_headroom: 0.0,
         }
     }
 }

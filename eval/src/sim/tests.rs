@@ -333,3 +333,41 @@ fn the_lifecycle_runs_for_ownerserve_only_and_keeps_parked_sessions_under_a_floo
         "deterministic"
     );
 }
+
+#[test]
+fn admission_headroom_keeps_returns_cached() {
+    // More live context than two workers hold: admission holds first steps, and with
+    // half the KV kept for the live sessions' growth their returns thrash less (so they
+    // also end sooner, and the first steps held wait less in all: 16 s against 100 s).
+    let wl = crate::scenario::WorkloadSpec {
+        workload: "long-gap".into(),
+        sessions: Some(12),
+        ..Default::default()
+    }
+    .build()
+    .expect("long-gap");
+    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    let admitted = |headroom: f64| {
+        let opts = SimOptions {
+            admission: true,
+            admission_headroom: headroom,
+            ..SimOptions::default()
+        };
+        let r = run_one("ownerserve", &wl, &c, &opts, &|_| {}).expect("runs");
+        assert_eq!(r.steps.len(), wl.num_requests());
+        let waited: f64 = r.steps.iter().map(|s| s.placement.admit_wait_s).sum();
+        let computed: u64 = r
+            .steps
+            .iter()
+            .filter(|s| s.step > 0)
+            .map(|s| u64::from(s.prompt_tokens - s.cached_tokens))
+            .sum();
+        (waited, computed)
+    };
+    let (none, half) = (admitted(0.0), admitted(0.5));
+    assert!(none.0 > 0.0 && half.0 > 0.0, "{none:?} against {half:?}");
+    assert!(
+        half.1 * 2 < none.1,
+        "returns computed: {none:?} against {half:?}"
+    );
+}

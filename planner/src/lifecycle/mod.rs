@@ -35,7 +35,7 @@ use serde::Serialize;
 use crate::roofline::{prefill_pairs, Roofline, StepFigures};
 use crate::spec::ModelSpec;
 
-pub use admission::admits;
+pub use admission::{admission_room, admits};
 pub use gap::{Ending, EndingGaps, GapEstimate, GapStats};
 pub use parked::{Effect, KvPlace, ParkedKv, Returned};
 pub use session::{SessionLife, EVICTED_BELOW, REVISE_MS};

@@ -281,6 +281,9 @@ pub struct RouterSettings {
     pub session_admission: bool,
     /// The longest a first step waits for admission, ms; then it goes anyway.
     pub session_admission_max_wait_ms: u64,
+    /// The share of the fleet's KV admission keeps for the live sessions' growth
+    /// (`ownerserve_planner::lifecycle::admission_room`), 0 to 0.9.
+    pub session_admission_headroom: f64,
     /// Log lines as `text` or `json` (overridden by `--log-format` / `OWNERSERVE_LOG_FORMAT`).
     pub log_format: LogFormat,
     /// `router.X is deprecated: use router.Y`, one per deprecated key the file used
@@ -439,6 +442,7 @@ impl Default for RouterSettings {
             session_return_priority: true,
             session_admission: false,
             session_admission_max_wait_ms: 120_000,
+            session_admission_headroom: 0.0,
             session_lease_min_ms: 5_000,
             session_lease_max_ms: 600_000,
             log_format: LogFormat::Text,

@@ -130,6 +130,7 @@ pub(super) const NESTED_ONLY: &[(&str, &str)] = &[
         "session_admission_max_wait_ms",
         "sessions.admission_max_wait_ms",
     ),
+    ("session_admission_headroom", "sessions.admission_headroom"),
 ];
 
 /// Every key that lives in a sub-table: (field, path).

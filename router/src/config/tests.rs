@@ -72,6 +72,15 @@ fn errors_name_the_section_and_key() {
         }),
         "router.health_timeout_ms: must be positive"
     );
+    for headroom in [-0.1, 0.95, f64::NAN] {
+        assert_eq!(
+            bad(RouterSettings {
+                session_admission_headroom: headroom,
+                ..d()
+            }),
+            "router.sessions.admission_headroom: must be a share from 0 to 0.9"
+        );
+    }
     assert_eq!(
         bad(RouterSettings {
             kv_redis_url: Some("http://r".into()),

@@ -294,6 +294,8 @@ pub struct SessionSettings {
     pub return_priority: bool,
     /// A new session's first step waits for room in the fleet's KV, at most this long.
     pub admission: Option<std::time::Duration>,
+    /// The share of the fleet's KV admission keeps for the live sessions' growth.
+    pub admission_headroom: f64,
 }
 
 impl SessionSettings {
@@ -313,6 +315,7 @@ impl SessionSettings {
             admission: s
                 .session_admission
                 .then(|| std::time::Duration::from_millis(s.session_admission_max_wait_ms)),
+            admission_headroom: s.session_admission_headroom,
         }
     }
 }
@@ -359,25 +362,7 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
             "must be positive",
         ));
     }
-    if !(s.session_lease_factor > 0.0 && s.session_lease_factor.is_finite()) {
-        return Err(ConfigError::router(
-            "session_lease_factor",
-            "must be positive",
-        ));
-    }
-    let (median, p90) = (s.session_gap_prior_median_s, s.session_gap_prior_p90_s);
-    if !(median > 0.0 && median.is_finite() && p90 >= median && p90.is_finite()) {
-        return Err(ConfigError::router(
-            "session_gap_prior_median_s",
-            "must be positive, and session_gap_prior_p90_s at least as long",
-        ));
-    }
-    if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {
-        return Err(ConfigError::router(
-            "session_lease_min_ms",
-            "must be positive and at most session_lease_max_ms",
-        ));
-    }
+    check_sessions(s)?;
     if s.worker_lease_ttl_ms < 300 {
         return Err(ConfigError::router(
             "worker_lease_ttl_ms",
@@ -412,6 +397,37 @@ fn check_numbers(s: &RouterSettings) -> Result<(), ConfigError> {
         return Err(ConfigError::router(
             "health_failure_threshold",
             "must be at least 1",
+        ));
+    }
+    Ok(())
+}
+
+/// `[router.sessions]`'s numbers.
+fn check_sessions(s: &RouterSettings) -> Result<(), ConfigError> {
+    if !(s.session_lease_factor > 0.0 && s.session_lease_factor.is_finite()) {
+        return Err(ConfigError::router(
+            "session_lease_factor",
+            "must be positive",
+        ));
+    }
+    let headroom = s.session_admission_headroom;
+    if !(0.0..=ownerserve_planner::lifecycle::admission::MAX_HEADROOM).contains(&headroom) {
+        return Err(ConfigError::router(
+            "sessions.admission_headroom",
+            "must be a share from 0 to 0.9",
+        ));
+    }
+    let (median, p90) = (s.session_gap_prior_median_s, s.session_gap_prior_p90_s);
+    if !(median > 0.0 && median.is_finite() && p90 >= median && p90.is_finite()) {
+        return Err(ConfigError::router(
+            "session_gap_prior_median_s",
+            "must be positive, and session_gap_prior_p90_s at least as long",
+        ));
+    }
+    if s.session_lease_min_ms == 0 || s.session_lease_max_ms < s.session_lease_min_ms {
+        return Err(ConfigError::router(
+            "session_lease_min_ms",
+            "must be positive and at most session_lease_max_ms",
         ));
     }
     Ok(())

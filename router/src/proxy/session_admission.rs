@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use ownerserve_planner::lifecycle::admission_room;
 use ownerserve_shim::openai::ParsedRequest;
 
 use super::admission::Ticket;
@@ -50,8 +51,9 @@ pub(crate) async fn wait_for_room(
             .registry
             .healthy_kv_capacity(&parsed.model)
             .is_none_or(|capacity| {
+                let room = admission_room(capacity, st.cfg.sessions.admission_headroom);
                 st.sessions
-                    .admit(session, &parsed.model, tokens, capacity, now_ms())
+                    .admit(session, &parsed.model, tokens, room, now_ms())
             });
         if room {
             st.metrics

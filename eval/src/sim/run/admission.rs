@@ -6,7 +6,7 @@
 //! its first step until its idle lease lapses). The step counts as sent when it first
 //! arrived.
 
-use ownerserve_planner::lifecycle::admits;
+use ownerserve_planner::lifecycle::{admission_room, admits};
 
 use super::super::events::Event;
 use super::*;
@@ -17,17 +17,20 @@ const RETRY_S: f64 = 0.1;
 #[derive(Debug)]
 pub(super) struct Admission {
     on: bool,
+    /// The share of the fleet's KV kept for the live sessions' growth.
+    headroom: f64,
     /// Per session: when its held step first arrived (NaN if none is held).
     pub waiting_since: Vec<f64>,
-    /// The fleet's HBM KV, tokens: what the engines report to the router (a host tier is
-    /// not reported, so not counted).
+    /// The fleet's HBM KV, tokens, less the headroom: what the engines report to the
+    /// router (a host tier is not reported, so not counted).
     capacity_tokens: Option<u64>,
 }
 
 impl Admission {
-    pub fn new(on: bool, sessions: usize) -> Self {
+    pub fn new(on: bool, headroom: f64, sessions: usize) -> Self {
         Self {
             on,
+            headroom,
             waiting_since: vec![f64::NAN; sessions],
             capacity_tokens: None,
         }
@@ -41,11 +44,14 @@ impl Sim<'_> {
             return true;
         }
         let block = u64::from(self.block);
+        let headroom = self.admission.headroom;
         let capacity = *self.admission.capacity_tokens.get_or_insert_with(|| {
-            self.engines
+            let kv = self
+                .engines
                 .iter()
                 .map(|e| e.sched.pool().capacity() as u64 * block)
-                .sum()
+                .sum();
+            admission_room(kv, headroom)
         });
         let live: u64 = self
             .idle

@@ -220,7 +220,11 @@ impl<'w> Sim<'w> {
             host_restored_bytes: 0,
             kv_bytes_per_token,
             lifecycle: lifecycle::Lifecycle::new(lifecycle_on),
-            admission: admission::Admission::new(opts.admission && policy_is_ownerserve, n),
+            admission: admission::Admission::new(
+                opts.admission && policy_is_ownerserve,
+                opts.admission_headroom,
+                n,
+            ),
             now_s: 0.0,
         }
     }
