@@ -317,7 +317,7 @@ class Decoding:
             t.join()
 
 
-class Busy:
+class Busy(Decoding):
     """`n` streams through router `r` that decode for as long as the block runs, however
     fast the engine decodes (a tiny CPU model decodes ~1,000 tokens a second: 1,500-token
     generations were over before the step they were to load ran, CI stop 76): each asks
@@ -326,8 +326,8 @@ class Busy:
     it was still decoding when closed, else what ended it first."""
 
     def __init__(self, r, n, tokens=MAX_MODEL_LEN // 2):
-        self.r, self.n, self.tokens = r, n, tokens
-        self.outcomes, self.threads, self.done = [], [], threading.Event()
+        super().__init__(r, n, tokens)
+        self.outcomes, self.done = [], threading.Event()
 
     def stream(self, k):
         body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": f"busy {k}"}],
@@ -356,16 +356,9 @@ class Busy:
             outcome = f"failed: {e}"
         self.outcomes.append(outcome)
 
-    def __enter__(self):
-        self.threads = [threading.Thread(target=self.stream, args=(k,)) for k in range(self.n)]
-        for t in self.threads:
-            t.start()
-        return self
-
     def __exit__(self, *exc):
         self.done.set()
-        for t in self.threads:
-            t.join()
+        super().__exit__(*exc)
 
 
 def settle(r, quiet_s=1.0, deadline_s=20.0):

@@ -310,9 +310,11 @@ async fn a_new_router_copies_a_peers_index_from_before_the_engines_replay_buffer
         send(&peer.url, &prompt(i)).await;
     }
     let before = settled_digest(&peer.url).await;
+    // The first peer listed is down: the next one is asked.
+    let down = format!("http://127.0.0.1:{}", common::free_port());
     let cfg = common::temp_config(
         "kv-peers.toml",
-        &format!("[router.kv]\npeers = [\"{}\"]\n", peer.url),
+        &format!("[router.kv]\npeers = [\"{down}\", \"{}\"]\n", peer.url),
     );
     let copied = Proc::router(std::slice::from_ref(&worker), &["--config", &cfg]);
     let alone = Proc::router(std::slice::from_ref(&worker), &[]);

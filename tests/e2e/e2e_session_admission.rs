@@ -4,7 +4,8 @@
 //! admitted and tracked. Session B's first step (~800 tokens) would not fit beside A's
 //! context: it is held, its request slot given back, while A's own next step goes at once;
 //! `/admin/v1/lifecycle` shows what admission counts. When A's client closes A, B goes,
-//! and A is ended in the directory (not merely demoted).
+//! and A is ended in the directory (not merely demoted). With `admission_headroom = 0.5`, a
+//! B that fits beside A in the whole KV waits too.
 
 #![allow(clippy::unwrap_used, reason = "tests: a failure should panic")]
 
@@ -43,20 +44,63 @@ async fn admissions(router: &Proc, outcome: &str) -> f64 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
+/// A planner router with `config` before one sim worker holding 1,600 tokens of KV, once
+/// the router has read that capacity from the worker's metrics.
+async fn router_before_1600_tokens(name: &str, config: &str) -> (Vec<Proc>, Proc) {
     let workers = vec![Proc::sim_worker(&["--max-kv-blocks", "100"])];
-    let router = planner_router("admission.toml", &workers, &["hybrid"], ADMISSION);
-    let capacity = |w: &Value| w["workers"][0]["kv_capacity_tokens"].as_u64();
+    let router = planner_router(name, &workers, &["hybrid"], config);
     eventually(
         Duration::from_secs(10),
         "the worker's KV capacity",
         || async {
             let w = get_json(&format!("{}/admin/v1/workers", router.url)).await;
-            capacity(&w) == Some(1600)
+            w["workers"][0]["kv_capacity_tokens"].as_u64() == Some(1600)
         },
     )
     .await;
+    (workers, router)
+}
+
+/// Sends `body` as session `session`'s step in the background: its answer and when it came.
+fn in_background(
+    router: &Proc,
+    session: &'static str,
+    body: Value,
+) -> tokio::task::JoinSet<(Value, Instant)> {
+    let mut set = tokio::task::JoinSet::new();
+    let url = router.url.clone();
+    set.spawn(async move {
+        let resp = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .header("x-session-id", session)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let at = Instant::now();
+        (resp.json::<Value>().await.unwrap(), at)
+    });
+    set
+}
+
+/// `first` continued by an assistant turn saying what `answer` said and a tool result.
+fn next_turn(first: &Value, answer: &Value) -> Value {
+    let said = answer["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or("");
+    let mut next = first.clone();
+    next["messages"] = json!([
+        first["messages"][0],
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "tool result: 3 tests passed"},
+    ]);
+    next
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
+    let (_workers, router) = router_before_1600_tokens("admission.toml", ADMISSION).await;
 
     let a_first = chat_body(&words("alpha", 330), 4);
     let a = step(&router, "a", &a_first, None).await;
@@ -65,19 +109,7 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
     assert_eq!(admissions(&router, "admitted").await, 1.0);
 
     // B does not fit beside A: held.
-    let b_first = chat_body(&words("bravo", 270), 4);
-    let mut held = tokio::task::JoinSet::new();
-    let router_url = router.url.clone();
-    held.spawn(async move {
-        let resp = client()
-            .post(format!("{router_url}/v1/chat/completions"))
-            .header("x-session-id", "b")
-            .json(&b_first)
-            .send()
-            .await
-            .unwrap();
-        (resp.status().as_u16(), Instant::now())
-    });
+    let mut held = in_background(&router, "b", chat_body(&words("bravo", 270), 4));
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
         held.try_join_next().is_none(),
@@ -96,22 +128,15 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
     assert_eq!(view["admitted_tokens"], json!({}), "{view}");
 
     // A's own next step (an assistant turn in it) goes at once; then A's client closes A.
-    let said = a["choices"][0]["message"]["content"].as_str().unwrap_or("");
-    let mut a_next = a_first.clone();
-    a_next["messages"] = json!([
-        a_first["messages"][0],
-        {"role": "assistant", "content": said},
-        {"role": "user", "content": "tool result: 3 tests passed"},
-    ]);
+    let a_next = next_turn(&a_first, &a);
     let closing = Instant::now();
     step(&router, "a", &a_next, Some("close")).await;
 
-    let (status, went) = tokio::time::timeout(Duration::from_secs(10), held.join_next())
+    let (_, went) = tokio::time::timeout(Duration::from_secs(10), held.join_next())
         .await
         .expect("B goes once A closed")
         .expect("B's task")
         .unwrap();
-    assert_eq!(status, 200);
     assert!(went >= closing, "B went before A closed");
     assert_eq!(admissions(&router, "held").await, 1.0);
     assert_eq!(admissions(&router, "timed_out").await, 0.0);
@@ -132,50 +157,20 @@ async fn a_new_session_waits_for_room_and_goes_when_a_live_one_closes() {
 /// until A's client closes A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headroom_holds_a_session_that_fits_beside_the_live_ones() {
-    let workers = vec![Proc::sim_worker(&["--max-kv-blocks", "100"])];
     let config = format!("{ADMISSION}admission_headroom = 0.5\n");
-    let router = planner_router("headroom.toml", &workers, &["hybrid"], &config);
-    eventually(
-        Duration::from_secs(10),
-        "the worker's KV capacity",
-        || async {
-            let w = get_json(&format!("{}/admin/v1/workers", router.url)).await;
-            w["workers"][0]["kv_capacity_tokens"].as_u64() == Some(1600)
-        },
-    )
-    .await;
+    let (_workers, router) = router_before_1600_tokens("headroom.toml", &config).await;
     let a_first = chat_body(&words("alpha", 200), 4);
     let a = step(&router, "a", &a_first, None).await;
     let a_tokens = a["usage"]["prompt_tokens"].as_u64().unwrap();
 
-    let b_first = chat_body(&words("bravo", 120), 4);
-    let router_url = router.url.clone();
-    let mut held = tokio::task::JoinSet::new();
-    held.spawn(async move {
-        let resp = client()
-            .post(format!("{router_url}/v1/chat/completions"))
-            .header("x-session-id", "b")
-            .json(&b_first)
-            .send()
-            .await
-            .unwrap();
-        let at = Instant::now();
-        (resp.json::<Value>().await.unwrap(), at)
-    });
+    let mut held = in_background(&router, "b", chat_body(&words("bravo", 120), 4));
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(
         held.try_join_next().is_none(),
         "B went though the headroom is taken"
     );
     let closing = Instant::now();
-    let said = a["choices"][0]["message"]["content"].as_str().unwrap_or("");
-    let mut a_next = a_first.clone();
-    a_next["messages"] = json!([
-        a_first["messages"][0],
-        {"role": "assistant", "content": said},
-        {"role": "user", "content": "tool result: done"},
-    ]);
-    step(&router, "a", &a_next, Some("close")).await;
+    step(&router, "a", &next_turn(&a_first, &a), Some("close")).await;
     let (b, went) = tokio::time::timeout(Duration::from_secs(10), held.join_next())
         .await
         .expect("B goes once A closed")

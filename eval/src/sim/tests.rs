@@ -295,15 +295,7 @@ fn a_move_whose_copy_is_under_way_is_counted_as_heading_to_its_worker() {
 
 #[test]
 fn the_lifecycle_runs_for_ownerserve_only_and_keeps_parked_sessions_under_a_flood() {
-    // Long tool gaps, contexts of 30-120K tokens, more sessions than two workers hold.
-    let wl = crate::scenario::WorkloadSpec {
-        workload: "long-gap".into(),
-        sessions: Some(12),
-        ..Default::default()
-    }
-    .build()
-    .expect("long-gap");
-    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    let (wl, c) = long_gap_on_two_workers();
     let on = SimOptions {
         lifecycle: true,
         ..SimOptions::default()
@@ -339,14 +331,7 @@ fn admission_headroom_keeps_returns_cached() {
     // More live context than two workers hold: admission holds first steps, and with
     // half the KV kept for the live sessions' growth their returns thrash less (so they
     // also end sooner, and the first steps held wait less in all: 16 s against 100 s).
-    let wl = crate::scenario::WorkloadSpec {
-        workload: "long-gap".into(),
-        sessions: Some(12),
-        ..Default::default()
-    }
-    .build()
-    .expect("long-gap");
-    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    let (wl, c) = long_gap_on_two_workers();
     let admitted = |headroom: f64| {
         let opts = SimOptions {
             admission: true,
@@ -370,4 +355,17 @@ fn admission_headroom_keeps_returns_cached() {
         half.1 * 2 < none.1,
         "returns computed: {none:?} against {half:?}"
     );
+}
+
+/// Long tool gaps, contexts of 30-120K tokens, more sessions than two workers hold.
+fn long_gap_on_two_workers() -> (Workload, Cluster) {
+    let wl = crate::scenario::WorkloadSpec {
+        workload: "long-gap".into(),
+        sessions: Some(12),
+        ..Default::default()
+    }
+    .build()
+    .expect("long-gap");
+    let c = Cluster::parse("2h", &SimSettings::default()).expect("cluster");
+    (wl, c)
 }

@@ -66,9 +66,10 @@ impl Copies {
 
 /// Takes each event-fed worker's holds into `index` from the first of `peers` that has
 /// them (recording it in `copies`), calling them with this router's admin `token`
-/// (replicas share their tokens). Call it before the subscribers start. A peer that is
-/// down, refuses, or sends what cannot be taken is logged and the next one asked; a worker
-/// no peer answers for is left to its engine's replay.
+/// (replicas share their tokens). Call it before the subscribers start. A peer that
+/// refuses or sends what cannot be taken is logged and the next one asked (one that does
+/// not answer at all is skipped from then on); a worker no peer answers for is left to its
+/// engine's replay.
 pub async fn copy_from_peers(
     index: &SharedIndex,
     copies: &Copies,
@@ -86,9 +87,15 @@ pub async fn copy_from_peers(
     let limit = max_blocks
         .saturating_mul(3 * BYTES_PER_HOLD)
         .saturating_add(COPY_SLACK_BYTES);
+    // A peer that did not answer at all (down, still starting, hung) is not asked again:
+    // the router's start waits at most one timeout per peer.
+    let mut silent: Vec<&String> = Vec::new();
     for w in registry.all().iter().filter(|w| w.spec.kv_events.is_some()) {
         let path = format!("/admin/v1/kv/workers/{}/copy", w.spec.name);
         for peer in peers {
+            if silent.contains(&peer) {
+                continue;
+            }
             let copy = match get_bounded_as(client, peer, &path, auth.as_ref(), limit, COPY_TIMEOUT)
                 .await
             {
@@ -96,7 +103,10 @@ pub async fn copy_from_peers(
                     serde_json::from_slice::<WorkerCopy>(&body).map_err(|e| e.to_string())
                 }
                 Ok((status, _)) => Err(format!("answered {status}")),
-                Err(e) => Err(e.to_string()),
+                Err(e) => {
+                    silent.push(peer);
+                    Err(e.to_string())
+                }
             };
             let taken = copy.and_then(|c| {
                 let taken = index.lock().take_copy(w.id, &c);
