@@ -321,6 +321,8 @@ async fn a_new_router_copies_a_peers_index_from_before_the_engines_replay_buffer
     assert_eq!(settled_digest(&copied.url).await, before);
     let kv = worker_kv(&copied.url).await;
     assert_eq!(kv["copied_from"]["peer"], peer.url.as_str(), "{kv}");
+    // The copy stands for the events before it, though none came since.
+    assert_eq!(kv["index"], "exact", "{kv}");
     assert_eq!(kv["blocks"], worker_kv(&peer.url).await["blocks"], "{kv}");
     // The replay alone reaches back 4 batches, not 12 prompts.
     let kv_alone = worker_kv(&alone.url).await;

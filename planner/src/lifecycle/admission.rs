@@ -16,7 +16,7 @@ pub const MAX_HEADROOM: f64 = 0.9;
 /// The KV, tokens, the live sessions' contexts may fill before a new session waits: the
 /// fleet's `capacity_tokens` less a `headroom` share (clamped to `0..=MAX_HEADROOM`) kept
 /// for the live sessions' growth. An agent's context grows every turn (Claude Code's
-/// sessions from ~20K tokens at their first step to ~75K on average), so a fleet filled to
+/// sessions from ~28K tokens at their first step to ~75K on average), so a fleet filled to
 /// its capacity by first steps overflows a few turns later, and every return recomputes
 /// what the others evicted. The headroom trades first steps' waits for returns' hits;
 /// docs/EVALUATION.md ("Tool gaps") measures the trade.

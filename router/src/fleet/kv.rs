@@ -158,7 +158,8 @@ impl KvRouting {
 
     /// `worker`'s subscriber counters, if its events are subscribed to.
     /// How far the index of `worker`'s cache can be trusted now: `Approximate` without an
-    /// event stream (routing-derived entries), `Degraded` before its first event, for
+    /// event stream (routing-derived entries), `Degraded` before its first event (or copy
+    /// from a peer router), for
     /// [`DEGRADED_FOR`] after it lost, garbled, refused or could not replay events (or its
     /// subscriber restarted), or while its route receipts diverge from what its engine
     /// reports; `Exact` otherwise.
@@ -170,7 +171,9 @@ impl KvRouting {
         let trouble = s.last_trouble_ms.load(Relaxed);
         let now = ownerserve_ownership::node::unix_ms();
         let recent = trouble > 0 && now.saturating_sub(trouble) < DEGRADED_FOR.as_millis() as u64;
-        if s.batches.load(Relaxed) == 0 || recent || worker.receipts_diverge() {
+        // A copy from a peer router stands for the events before it.
+        let unfed = s.batches.load(Relaxed) == 0 && self.copies.of(worker.id).is_none();
+        if unfed || recent || worker.receipts_diverge() {
             IndexMode::Degraded
         } else {
             IndexMode::Exact
