@@ -172,7 +172,7 @@ impl KvRouting {
         let now = ownerserve_ownership::node::unix_ms();
         let recent = trouble > 0 && now.saturating_sub(trouble) < DEGRADED_FOR.as_millis() as u64;
         // A copy from a peer router stands for the events before it.
-        let unfed = s.batches.load(Relaxed) == 0 && self.copies.of(worker.id).is_none();
+        let unfed = s.batches.load(Relaxed) == 0 && !self.copies.contains(worker.id);
         if unfed || recent || worker.receipts_diverge() {
             IndexMode::Degraded
         } else {

@@ -56,6 +56,14 @@ impl Copies {
             .cloned()
     }
 
+    /// Whether `worker`'s blocks were copied (on the request path: no clone).
+    pub fn contains(&self, worker: WorkerId) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&worker)
+    }
+
     fn record(&self, worker: WorkerId, from: CopiedFrom) {
         self.0
             .lock()
