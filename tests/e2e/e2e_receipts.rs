@@ -68,6 +68,7 @@ async fn receipts_promise_what_the_index_holds_and_count_the_misses() {
     assert_eq!(first["index"], "approximate");
     assert_eq!(first["predicted_cached"], "0");
     assert_eq!(first["epoch"], "-");
+    assert_eq!(first["priority"], "0", "an interactive step, not returning");
 
     let again = receipt(&router.url, &format!("{prefix} q2")).await;
     assert!(

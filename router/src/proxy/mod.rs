@@ -379,6 +379,7 @@ impl Attempt<'_> {
                 && !prepared.fell_back
                 && !self.continues_stored,
             block,
+            priority: self.step.priority,
         };
         receipt::Check::new(
             receipt,

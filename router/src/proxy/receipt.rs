@@ -28,6 +28,9 @@ pub struct Receipt {
     pub checkable: bool,
     /// The engines' block size: a report within one block of the promise keeps it.
     pub block: u64,
+    /// The priority rank the step carried to its engine (lower runs sooner:
+    /// `admission::Class::engine_rank`).
+    pub priority: i8,
 }
 
 impl Receipt {
@@ -38,14 +41,17 @@ impl Receipt {
         (cached_blocks * block).min(prompt.saturating_sub(1) / block * block)
     }
 
-    /// `x-ownerserve-receipt`: `worker=…; action=…; predicted_cached=…; epoch=…; index=…`.
+    /// `x-ownerserve-receipt`:
+    /// `worker=…; action=…; predicted_cached=…; epoch=…; index=…; priority=…`.
     pub fn header(&self, worker: &str) -> Option<HeaderValue> {
         let epoch = self.epoch.map_or_else(|| "-".to_owned(), |e| e.to_string());
         HeaderValue::from_str(&format!(
-            "worker={worker}; action={}; predicted_cached={}; epoch={epoch}; index={}",
+            "worker={worker}; action={}; predicted_cached={}; epoch={epoch}; index={}; \
+             priority={}",
             self.action,
             self.predicted_cached,
-            self.index.name()
+            self.index.name(),
+            self.priority
         ))
         .ok()
     }
@@ -154,6 +160,7 @@ impl Check {
             "cached_tokens": self.reported,
             "epoch": self.receipt.epoch,
             "index": self.receipt.index.name(),
+            "priority": self.receipt.priority,
             "outcome": Outcome::of(&self.receipt, self.reported).name(),
         });
         let mut out = Vec::with_capacity(piece.len() + 256);
@@ -204,6 +211,7 @@ mod tests {
             index: IndexMode::Exact,
             checkable,
             block: 32,
+            priority: -1,
         }
     }
 
@@ -266,7 +274,7 @@ mod tests {
             v["usage"]["ownerserve_receipt"],
             serde_json::json!({"worker": "w0", "action": "colocate",
                 "predicted_cached_tokens": 640, "cached_tokens": 640, "epoch": 3,
-                "index": "exact", "outcome": "kept"})
+                "index": "exact", "priority": -1, "outcome": "kept"})
         );
         assert_eq!(v["usage"]["prompt_tokens"], 700);
         // A stream's usage event, an empty usage, and a null one (left alone).
@@ -296,7 +304,7 @@ mod tests {
         let h = receipt(640, true).header("w0").unwrap();
         assert_eq!(
             h.to_str().unwrap(),
-            "worker=w0; action=colocate; predicted_cached=640; epoch=3; index=exact"
+            "worker=w0; action=colocate; predicted_cached=640; epoch=3; index=exact; priority=-1"
         );
     }
 }
