@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use ownerserve_ownership::ids::{ClientId, SessionId, WorkerId};
 use ownerserve_ownership::{Command, Directory, Outcome};
 
+use super::topology::Part;
 use super::traffic::Records;
 
 /// Keys the ledger rewrites in turn.
@@ -85,6 +86,12 @@ pub async fn cluster_now(http: &reqwest::Client, urls: &[String]) -> (u64, Optio
         }
     }
     (applied, leader)
+}
+
+/// The directory's leader as a soak part, if a node names one.
+pub async fn leader_now(http: &reqwest::Client, urls: &[String]) -> Option<Part> {
+    let (_, leader) = cluster_now(http, urls).await;
+    Some(Part::Node(usize::try_from(leader?).ok()?.checked_sub(1)?))
 }
 
 /// Whether worker `id` holds a lease that has not expired.

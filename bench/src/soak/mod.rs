@@ -364,13 +364,18 @@ async fn soak(args: SoakArgs) -> anyhow::Result<()> {
         say("the topology was not healthy at the end; auditing anyway");
     }
     let at_s = since.elapsed().as_secs_f64();
+    let leader = directory::leader_now(&checks.cluster, &topo.node_urls()).await;
     let audit = {
         let d = directory::state(&checks.cluster, &topo.node_urls()).await;
         let ledger = lock(&shared.ledger);
         let records = lock(&shared.records);
         d.map(|d| directory::audit(&d, at_s, &ledger, &records, retention_s))
     };
-    lock(&shared.checks).push(Check { at_s, audit });
+    lock(&shared.checks).push(Check {
+        at_s,
+        audit,
+        leader,
+    });
     let router_names: Vec<String> = (0..topology::ROUTERS)
         .map(|i| topo.name(Part::Router(i)))
         .collect();
@@ -487,12 +492,17 @@ async fn auditor(
             _ = tick.tick() => {}
         }
         let at_s = since.elapsed().as_secs_f64();
+        let leader = directory::leader_now(&http, &urls).await;
         let d = directory::state(&http, &urls).await;
         let audit = d.map(|d| {
             let ledger = lock(&shared.ledger);
             let records = lock(&shared.records);
             directory::audit(&d, at_s, &ledger, &records, retention_s)
         });
-        lock(&shared.checks).push(Check { at_s, audit });
+        lock(&shared.checks).push(Check {
+            at_s,
+            audit,
+            leader,
+        });
     }
 }

@@ -5,7 +5,9 @@
 //! descriptors "at minute m" is the median of its samples in that minute. The baseline
 //! minute is the acceptance's minute 10 of an hour, scaled to shorter runs (minute 1 of 5;
 //! [`baseline_minute`]); a process restarted after that minute began cannot show growth
-//! since then and is not judged. Only OwnerServe's own processes (routers, directory
+//! since then and is not judged, and a directory node that became or stopped being the
+//! leader since then has its descriptors judged from its first whole minute in the role it
+//! ended in. Only OwnerServe's own processes (routers, directory
 //! nodes) are judged; the simulated workers stand in for engines and are shown. p99 TTFT
 //! drift compares the streams of a window of minutes from the baseline (10 minutes, or
 //! half of what is left) with the same span at the end, leaving out the streams sent
@@ -38,6 +40,8 @@ pub struct Check {
     pub at_s: f64,
     /// `None`: the state could not be read.
     pub audit: Option<Audit>,
+    /// The directory node that was leader, if one was named.
+    pub leader: Option<Part>,
 }
 
 /// Everything recorded in a run.
@@ -113,6 +117,37 @@ impl Run<'_> {
             })
             .collect();
         vals.join(" / ")
+    }
+
+    /// When directory node `part` last became or stopped being the leader, as the state
+    /// reads saw it (reads that named no leader skipped); `None` for other parts.
+    fn role_changed_at(&self, part: Part) -> Option<f64> {
+        if !matches!(part, Part::Node(_)) {
+            return None;
+        }
+        let mut last = None;
+        let mut changed = None;
+        for c in self.checks {
+            let Some(leader) = c.leader else { continue };
+            let leads = leader == part;
+            if last.is_some_and(|l| l != leads) {
+                changed = Some(c.at_s);
+            }
+            last = Some(leads);
+        }
+        changed
+    }
+
+    /// The minute a part's descriptors are judged from: the baseline, or for a directory node
+    /// whose role changed since then, its first whole minute in the role it ended in (a
+    /// leader holds a connection to each follower and router: more descriptors, not a
+    /// leak). `None`: the role changed in the last minute, so nothing is left to judge.
+    fn judged_from(&self, part: Part) -> Option<usize> {
+        let since = (self.baseline as f64 - 1.0) * 60.0;
+        match self.role_changed_at(part) {
+            Some(t) if t >= since => Some(minute_of(t) + 1).filter(|&m| m < self.minutes),
+            _ => Some(self.baseline),
+        }
     }
 
     fn of(&self, pred: fn(&Part) -> bool) -> Vec<Part> {
@@ -231,12 +266,17 @@ impl Run<'_> {
                     .restarts
                     .get(&part)
                     .is_some_and(|r| r.iter().any(|&t| t >= since));
-                if restarted {
+                // Descriptors follow a node's role; memory is judged from the baseline.
+                let from = match what {
+                    "fds" => self.judged_from(part),
+                    _ => Some(b),
+                };
+                let Some(from) = from.filter(|_| !restarted) else {
                     skipped.push(name.clone());
                     continue;
-                }
+                };
                 let (Some(base), Some(last)) = (
-                    self.at_minute(part, b, f),
+                    self.at_minute(part, from, f),
                     self.at_minute(part, self.minutes, f),
                 ) else {
                     ok = false;
@@ -245,8 +285,12 @@ impl Run<'_> {
                 };
                 let growth = last / base - 1.0;
                 ok &= growth <= limits.growth;
+                let role = match from == b {
+                    true => String::new(),
+                    false => format!(" from minute {from}, its role's first"),
+                };
                 judged.push(format!(
-                    "{name} {base:.1} → {last:.1} ({:+.1}%)",
+                    "{name}{role} {base:.1} → {last:.1} ({:+.1}%)",
                     growth * 100.0
                 ));
             }
@@ -258,7 +302,10 @@ impl Run<'_> {
                 judged.join("; "),
                 match skipped.is_empty() {
                     true => String::new(),
-                    false => format!(" (restarted since, not judged: {})", skipped.join(", ")),
+                    false => format!(
+                        " (restarted, or changed role in the last minute, since: not judged: {})",
+                        skipped.join(", ")
+                    ),
                 }
             ));
         }
@@ -439,6 +486,7 @@ mod tests {
         let checks = [Check {
             at_s: 80.0,
             audit: Some(Default::default()),
+            leader: Some(Part::Node(0)),
         }];
         let run = Run {
             minutes: 2,
@@ -506,6 +554,75 @@ mod tests {
             "{}",
             table[3]
         );
+    }
+
+    #[test]
+    fn a_node_that_took_or_lost_the_lead_is_judged_from_its_first_minute_in_that_role() {
+        let names = BTreeMap::from([
+            (Part::Node(0), "node-1".to_owned()),
+            (Part::Node(1), "node-2".to_owned()),
+            (Part::Node(2), "node-3".to_owned()),
+        ]);
+        // node-2 leads from 150 s (minute 3) with 10 more descriptors, then holds them;
+        // node-1 gives up the lead then with 5 fewer; node-3 keeps its role and leaks.
+        let mut samples = Vec::new();
+        for m in 0u32..6 {
+            let at_s = 60.0 * f64::from(m) + 30.0;
+            let (before, after) = (m < 2, m >= 2);
+            samples.push(sample(
+                at_s,
+                Part::Node(0),
+                30,
+                if before { 25 } else { 20 },
+            ));
+            samples.push(sample(at_s, Part::Node(1), 30, if after { 25 } else { 15 }));
+            samples.push(sample(at_s, Part::Node(2), 30, 15 + 2 * u64::from(m)));
+        }
+        let check = |at_s, leader: Option<usize>| Check {
+            at_s,
+            audit: Some(Default::default()),
+            leader: leader.map(Part::Node),
+        };
+        let mut checks = vec![
+            check(30.0, Some(0)),
+            check(140.0, None),
+            check(150.0, Some(1)),
+            check(330.0, Some(1)),
+        ];
+        let fds = |checks: &[Check]| {
+            let run = Run {
+                minutes: 6,
+                baseline: 1,
+                requests: &[],
+                samples: &samples,
+                checks,
+                faults: &[],
+                restarts: &BTreeMap::new(),
+                names: &names,
+                ledger_writes: 0,
+                sessions_with_epochs: 0,
+            };
+            let limits = Limits {
+                growth: 0.1,
+                drift: 0.2,
+                recover_s: 30.0,
+            };
+            run.verdict(limits, false).0[1].clone()
+        };
+        let line = fds(&checks);
+        assert!(line.contains("**FAIL**"), "node-3 leaks: {line}");
+        for judged in [
+            "node-1 from minute 4, its role's first 20.0 → 20.0 (+0.0%)",
+            "node-2 from minute 4, its role's first 25.0 → 25.0 (+0.0%)",
+            "node-3 15.0 → 25.0 (+66.7%)",
+        ] {
+            assert!(line.contains(judged), "{judged}: {line}");
+        }
+        // A lead taken in the last minute leaves nothing to judge of either node.
+        checks.push(check(310.0, Some(2)));
+        checks.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        let line = fds(&checks);
+        assert!(line.contains("not judged: node-2, node-3"), "{line}");
     }
 
     #[test]
