@@ -4,7 +4,10 @@
 //! (or the older `vllm:gpu_cache_usage_perc`), SGLang's `sglang:num_running_reqs` /
 //! `sglang:num_queue_reqs` / `sglang:token_usage`), whichever engine serves it. Counts are
 //! summed over label sets (data parallel ranks); samples of tensor-parallel ranks other
-//! than 0 are duplicates and skipped (SGLang's); KV usage is averaged. Comments,
+//! than 0 are duplicates and skipped (SGLang's), and so are per-priority breakdowns of a
+//! count (SGLang with priority scheduling exports the total under `priority=""` and each
+//! priority's share under `priority="<n>"`: summed, its queue read twice); KV usage is
+//! averaged. Comments,
 //! `_total`/`_created` series, timestamps and unknown metrics are ignored.
 //!
 //! Also the engine's KV capacity in tokens ([`kv_capacity_tokens`]): SGLang's
@@ -63,13 +66,14 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 }
 
 /// The metric names of the engine whose load gauge `name` is; `None` for any other
-/// sample, and for a tensor-parallel rank's duplicate.
+/// sample, for a tensor-parallel rank's duplicate and for one priority's share of a count.
 fn load_names(name: &str, labels: &str) -> Option<&'static MetricNames> {
     let names = engines::all()
         .map(|p| p.metric_names())
         .find(|n| n.is_load_gauge(name))?;
     let duplicate = names.per_tp_rank && label(labels, "tp_rank").is_some_and(|r| r != "0");
-    (!duplicate).then_some(names)
+    let share = exact_label(labels, "priority").is_some_and(|p| !p.is_empty());
+    (!duplicate && !share).then_some(names)
 }
 
 /// Parses an exposition into a load.
@@ -252,6 +256,23 @@ sglang:cache_hit_rate{model_name="m",tp_rank="0"} NaN
                 kv_capacity_tokens: None
             })
         );
+    }
+
+    #[test]
+    fn reads_sglang_totals_not_their_per_priority_shares() {
+        // SGLang 0.5.23 with `--enable-priority-scheduling`, 14 waiting (its own log's
+        // `#queue-req: 14`): read as 28 before the shares were skipped.
+        let l = r#"engine_type="unified",model_name="tiny",moe_ep_rank="0",pp_rank="0""#;
+        let text = format!(
+            "sglang:num_running_reqs{{{l},priority=\"\",tp_rank=\"0\"}} 2.0\n\
+             sglang:num_running_reqs{{{l},priority=\"0\",tp_rank=\"0\"}} 2.0\n\
+             sglang:num_queue_reqs{{{l},priority=\"\",tp_rank=\"0\"}} 14.0\n\
+             sglang:num_queue_reqs{{{l},priority=\"0\",tp_rank=\"0\"}} 12.0\n\
+             sglang:num_queue_reqs{{{l},priority=\"-1\",tp_rank=\"0\"}} 2.0\n\
+             sglang:token_usage{{{l},tp_rank=\"0\"}} 0.5\n"
+        );
+        let load = parse_load(&text).unwrap();
+        assert_eq!((load.running, load.waiting), (2.0, 14.0));
     }
 
     #[test]
