@@ -1058,12 +1058,11 @@ class LifecycleChecks:
                 # The returns go once the router has seen the queue in the engine (its
                 # scrape, every 0.5 s), not after a fixed sleep; a queue that never forms
                 # is printed with the result, which then shows no priority at work.
+                formed = lambda: (n := engines_waiting(r, self.token)) >= QUEUE_FORMED and n
                 try:
-                    waiting = wait_for("a queue in the engine",
-                                       lambda: (n := engines_waiting(r)) >= QUEUE_FORMED and n, 30,
-                                       0.25)
+                    waiting = wait_for("a queue in the engine", formed, 30, 0.25)
                 except AssertionError:
-                    waiting = engines_waiting(r)
+                    waiting = engines_waiting(r, self.token)
                 threads = [threading.Thread(target=back, args=(sid, body))
                            for sid, _, body in backs]
                 for t in threads:
@@ -1228,9 +1227,10 @@ def streamed_ttft(url, body, headers):
 QUEUE_FORMED = 8  # of the priority check's sixteen queued decodes, waiting in the engine
 
 
-def engines_waiting(r):
-    """Requests waiting in the engines behind router `r`, as it last scraped them."""
-    _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+def engines_waiting(r, token):
+    """Requests waiting in the engines behind router `r`, as it last scraped them
+    (`token`: its admin token)."""
+    _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {token}"})
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith("ownerserve_worker_waiting_requests"))
 
