@@ -795,7 +795,7 @@ class Suite:
         workers = prefill.worker_toml("prefill") + decode.worker_toml("decode")
         r = self.router("ownerserve-prefill-decodes", "ownerserve", workers, TOKENIZER_FIXTURE,
                         "planner_calibrate = false\n")
-        time.sleep(1.5)  # its scrapes see the decode engine's running streams
+        await_running(r, decode.name, 2)  # its scrapes see the decode engine's streams
         pools = {w["id"]: (w.get("kv_capacity_tokens"), w.get("kv_capacity_source"))
                  for w in admin(r.url, "/admin/v1/workers")["workers"]}
         status, h, n, plan, computed, pulled, ran = self.measured_step(r, prefill, decode, conv)
@@ -820,7 +820,7 @@ class Suite:
         # The planner sends a prefill away when the decode engine is busy decoding: a local
         # prefill would stall its running streams. Two long streams keep it busy.
         with Busy(planner, 2) as busy:
-            time.sleep(1.5)  # the streams are running and the engine's metrics scraped
+            await_running(planner, e1.name, 2)
             self.pd_step("ownerserve (decode engine busy)", planner, e0, e1,
                          conversation(rng, 300), "remote_prefill")
             self.pd_calibrated(planner, conversation(rng, 300))
@@ -1230,9 +1230,27 @@ QUEUE_FORMED = 8  # of the priority check's sixteen queued decodes, waiting in t
 def engines_waiting(r, token):
     """Requests waiting in the engines behind router `r`, as it last scraped them
     (`token`: its admin token)."""
+    return scraped(r, "ownerserve_worker_waiting_requests", token)
+
+
+def scraped(r, gauge, token=TOKEN, worker=None):
+    """Router `r`'s per-worker `gauge` (what it last scraped from the engines), summed over
+    its workers or of `worker` alone."""
     _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {token}"})
     return sum(float(line.split()[-1]) for line in text.splitlines()
-               if line.startswith("ownerserve_worker_waiting_requests"))
+               if line.startswith(gauge + "{")
+               and (worker is None or f'worker="{worker}"' in line))
+
+
+def await_running(r, worker, n):
+    """Waits (30 s at most) until router `r` has scraped `n` requests running on `worker`:
+    a plan made before would not see them."""
+    try:
+        wait_for(f"{n} running on {worker}, scraped",
+                 lambda: scraped(r, "ownerserve_worker_running_requests", worker=worker) >= n,
+                 30, 0.25)
+    except AssertionError as e:
+        print(f"INFO  {e}", flush=True)
 
 
 def write_model_config(model_dir):
