@@ -1235,8 +1235,10 @@ def engines_waiting(r, token):
 
 def scraped(r, gauge, token=TOKEN, worker=None):
     """Router `r`'s per-worker `gauge` (what it last scraped from the engines), summed over
-    its workers or of `worker` alone."""
+    its workers or of `worker` alone (0 if `/metrics` did not answer with them)."""
     _, _, text = http("GET", r.url + "/metrics", headers={"authorization": f"Bearer {token}"})
+    if not isinstance(text, str):
+        return 0.0
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith(gauge + "{")
                and (worker is None or f'worker="{worker}"' in line))
