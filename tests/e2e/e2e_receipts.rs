@@ -10,12 +10,22 @@ use common::{chat_body, client, get_text, metric, Proc};
 
 /// The receipt's fields by name.
 async fn receipt(router: &str, content: &str) -> std::collections::HashMap<String, String> {
-    let resp = client()
+    receipt_of_session(router, content, None).await
+}
+
+/// The receipt's fields by name, for a step of `session` if given.
+async fn receipt_of_session(
+    router: &str,
+    content: &str,
+    session: Option<&str>,
+) -> std::collections::HashMap<String, String> {
+    let mut req = client()
         .post(format!("{router}/v1/chat/completions"))
-        .json(&chat_body(content, 2))
-        .send()
-        .await
-        .unwrap();
+        .json(&chat_body(content, 2));
+    if let Some(s) = session {
+        req = req.header("x-session-id", s);
+    }
+    let resp = req.send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let header = resp.headers()["x-ownerserve-receipt"]
         .to_str()
@@ -55,6 +65,30 @@ fn receipts_of_a(metrics: &str, outcome: &str) -> f64 {
 
 fn doc(tag: &str, lines: usize) -> String {
     (0..lines).map(|i| format!("{tag} line {i}; ")).collect()
+}
+
+#[tokio::test]
+async fn a_return_from_a_tool_carries_its_raised_rank_in_the_receipt() {
+    let (_worker, router) = worker_a_behind_kv_aware(&["--instant"]);
+    let first = receipt_of_session(&router.url, &doc("agent", 20), Some("agent-1")).await;
+    assert_eq!(first["priority"], "0", "a first step ranks as its class");
+    // Its answer has ended: the session waits on a tool once the router counts it idle.
+    let tracked = format!("{}/admin/v1/lifecycle", router.url);
+    common::eventually(
+        std::time::Duration::from_secs(5),
+        "agent-1 idle",
+        || async {
+            let v = common::get_json(&tracked).await;
+            v["sessions"].as_array().is_some_and(|rows| {
+                rows.iter()
+                    .any(|r| r["session"] == "agent-1" && r["idle_ms"].is_u64())
+            })
+        },
+    )
+    .await;
+    let back = format!("{} tool result: 3 tests passed", doc("agent", 20));
+    let back = receipt_of_session(&router.url, &back, Some("agent-1")).await;
+    assert_eq!(back["priority"], "-1", "a return goes ahead of new prompts");
 }
 
 #[tokio::test]
