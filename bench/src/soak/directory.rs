@@ -19,7 +19,6 @@ use tokio_util::sync::CancellationToken;
 use ownerserve_ownership::ids::{ClientId, SessionId, WorkerId};
 use ownerserve_ownership::{Command, Directory, Outcome};
 
-use super::topology::Part;
 use super::traffic::Records;
 
 /// Keys the ledger rewrites in turn.
@@ -88,10 +87,10 @@ pub async fn cluster_now(http: &reqwest::Client, urls: &[String]) -> (u64, Optio
     (applied, leader)
 }
 
-/// The directory's leader as a soak part, if a node names one.
-pub async fn leader_now(http: &reqwest::Client, urls: &[String]) -> Option<Part> {
+/// The directory's leader (0-based node index, `Part::Node`'s), if a node names one.
+pub async fn leader_now(http: &reqwest::Client, urls: &[String]) -> Option<usize> {
     let (_, leader) = cluster_now(http, urls).await;
-    Some(Part::Node(usize::try_from(leader?).ok()?.checked_sub(1)?))
+    usize::try_from(leader?).ok()?.checked_sub(1)
 }
 
 /// Whether worker `id` holds a lease that has not expired.

@@ -306,8 +306,7 @@ async fn soak(args: SoakArgs) -> anyhow::Result<()> {
             r??;
             bail!("a soak task ended early");
         }
-        let (_, leader) = directory::cluster_now(&checks.cluster, &topo.node_urls()).await;
-        let leader = leader.and_then(|id| usize::try_from(id).ok()?.checked_sub(1));
+        let leader = directory::leader_now(&checks.cluster, &topo.node_urls()).await;
         let (kind, part) = faults::plan(faults.len(), leader, topo.workers());
         let at_s = since.elapsed().as_secs_f64();
         let victim = names[&part].clone();

@@ -40,8 +40,8 @@ pub struct Check {
     pub at_s: f64,
     /// `None`: the state could not be read.
     pub audit: Option<Audit>,
-    /// The directory node that was leader, if one was named.
-    pub leader: Option<Part>,
+    /// The directory node that was leader (its `Part::Node` index), if one was named.
+    pub leader: Option<usize>,
 }
 
 /// Everything recorded in a run.
@@ -129,7 +129,7 @@ impl Run<'_> {
         let mut changed = None;
         for c in self.checks {
             let Some(leader) = c.leader else { continue };
-            let leads = leader == part;
+            let leads = Part::Node(leader) == part;
             if last.is_some_and(|l| l != leads) {
                 changed = Some(c.at_s);
             }
@@ -486,7 +486,7 @@ mod tests {
         let checks = [Check {
             at_s: 80.0,
             audit: Some(Default::default()),
-            leader: Some(Part::Node(0)),
+            leader: Some(0),
         }];
         let run = Run {
             minutes: 2,
@@ -581,7 +581,7 @@ mod tests {
         let check = |at_s, leader: Option<usize>| Check {
             at_s,
             audit: Some(Default::default()),
-            leader: leader.map(Part::Node),
+            leader,
         };
         let mut checks = vec![
             check(30.0, Some(0)),
